@@ -1,0 +1,189 @@
+//! One type for "any of the five", for stores that hold several rules.
+
+use super::fixed_window::FixedWindowState;
+use super::sliding_log::SlidingLogState;
+use super::sliding_window::SlidingWindowState;
+use super::gcra::Tat;
+use super::{Algorithm, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
+use crate::clock::Micros;
+use crate::decision::Decision;
+use crate::error::CostTooLarge;
+use crate::quota::Quota;
+
+/// Any of the five algorithms, chosen at run time (from a configuration
+/// file, say).
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use spillway::algorithm::{Algorithm, AnyAlgorithm, FixedWindow};
+/// use spillway::Quota;
+///
+/// let any = AnyAlgorithm::from(FixedWindow::new(Quota::per_minute(NonZeroU32::new(100).unwrap())));
+/// assert_eq!(any.name(), "fixed_window");
+/// assert_eq!(any.capacity(), 100);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AnyAlgorithm {
+    /// See [`FixedWindow`].
+    FixedWindow(FixedWindow),
+    /// See [`SlidingLog`].
+    SlidingLog(SlidingLog),
+    /// See [`SlidingWindow`].
+    SlidingWindow(SlidingWindow),
+    /// See [`TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// See [`LeakyBucket`].
+    LeakyBucket(LeakyBucket),
+}
+
+/// The state of any of the five algorithms.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AnyState {
+    /// A key never seen (or forgotten): fresh for every algorithm.
+    #[default]
+    Fresh,
+    /// A fixed window's count.
+    FixedWindow(FixedWindowState),
+    /// A sliding log.
+    SlidingLog(SlidingLogState),
+    /// A sliding window's counts.
+    SlidingWindow(SlidingWindowState),
+    /// A token or leaky bucket's timestamp.
+    Bucket(Tat),
+}
+
+impl AnyAlgorithm {
+    /// The algorithm's name, as written in configuration files.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::FixedWindow(_) => "fixed_window",
+            Self::SlidingLog(_) => "sliding_log",
+            Self::SlidingWindow(_) => "sliding_window",
+            Self::TokenBucket(_) => "token_bucket",
+            Self::LeakyBucket(_) => "leaky_bucket",
+        }
+    }
+}
+
+/// Runs `$body` with `$a` bound to the concrete algorithm and `$s` to its
+/// state, turning a state of another kind (or `Fresh`) into a fresh one.
+macro_rules! dispatch {
+    ($self:expr, $state:expr, |$a:ident, $s:ident| $body:expr) => {
+        match $self {
+            AnyAlgorithm::FixedWindow($a) => {
+                let $s = state_of!($state, FixedWindow);
+                $body
+            }
+            AnyAlgorithm::SlidingLog($a) => {
+                let $s = state_of!($state, SlidingLog);
+                $body
+            }
+            AnyAlgorithm::SlidingWindow($a) => {
+                let $s = state_of!($state, SlidingWindow);
+                $body
+            }
+            AnyAlgorithm::TokenBucket($a) => {
+                let $s = state_of!($state, Bucket);
+                $body
+            }
+            AnyAlgorithm::LeakyBucket($a) => {
+                let $s = state_of!($state, Bucket);
+                $body
+            }
+        }
+    };
+}
+
+macro_rules! state_of {
+    ($state:expr, $variant:ident) => {{
+        if !matches!($state, AnyState::$variant(_)) {
+            *$state = AnyState::$variant(Default::default());
+        }
+        match $state {
+            AnyState::$variant(s) => s,
+            _ => unreachable!("just set to this variant"),
+        }
+    }};
+}
+
+impl Algorithm for AnyAlgorithm {
+    type State = AnyState;
+
+    fn quota(&self) -> Quota {
+        match self {
+            Self::FixedWindow(a) => a.quota(),
+            Self::SlidingLog(a) => a.quota(),
+            Self::SlidingWindow(a) => a.quota(),
+            Self::TokenBucket(a) => a.quota(),
+            Self::LeakyBucket(a) => a.quota(),
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        match self {
+            Self::FixedWindow(a) => a.capacity(),
+            Self::SlidingLog(a) => a.capacity(),
+            Self::SlidingWindow(a) => a.capacity(),
+            Self::TokenBucket(a) => a.capacity(),
+            Self::LeakyBucket(a) => a.capacity(),
+        }
+    }
+
+    fn check(&self, state: &mut AnyState, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+        let fresh = matches!(state, AnyState::Fresh);
+        let decision = dispatch!(self, state, |a, s| a.check(s, cost, now));
+        if fresh && !matches!(decision, Ok(Decision { allowed: true, .. })) {
+            // Keep "never seen" cheap to recognise.
+            *state = AnyState::Fresh;
+        }
+        decision
+    }
+
+    fn refund(&self, state: &mut AnyState, cost: u64, charged_at: Micros) {
+        if !matches!(state, AnyState::Fresh) {
+            dispatch!(self, state, |a, s| a.refund(s, cost, charged_at));
+        }
+    }
+
+    fn idle_at(&self, state: &AnyState) -> Micros {
+        match (self, state) {
+            (Self::FixedWindow(a), AnyState::FixedWindow(s)) => a.idle_at(s),
+            (Self::SlidingLog(a), AnyState::SlidingLog(s)) => a.idle_at(s),
+            (Self::SlidingWindow(a), AnyState::SlidingWindow(s)) => a.idle_at(s),
+            (Self::TokenBucket(a), AnyState::Bucket(s)) => a.idle_at(s),
+            (Self::LeakyBucket(a), AnyState::Bucket(s)) => a.idle_at(s),
+            // Fresh, or a state this algorithm would start over from.
+            _ => 0,
+        }
+    }
+}
+
+impl From<FixedWindow> for AnyAlgorithm {
+    fn from(a: FixedWindow) -> Self {
+        Self::FixedWindow(a)
+    }
+}
+
+impl From<SlidingLog> for AnyAlgorithm {
+    fn from(a: SlidingLog) -> Self {
+        Self::SlidingLog(a)
+    }
+}
+
+impl From<SlidingWindow> for AnyAlgorithm {
+    fn from(a: SlidingWindow) -> Self {
+        Self::SlidingWindow(a)
+    }
+}
+
+impl From<TokenBucket> for AnyAlgorithm {
+    fn from(a: TokenBucket) -> Self {
+        Self::TokenBucket(a)
+    }
+}
+
+impl From<LeakyBucket> for AnyAlgorithm {
+    fn from(a: LeakyBucket) -> Self {
+        Self::LeakyBucket(a)
+    }
+}

@@ -1,0 +1,165 @@
+//! Fixed window: at most `limit` per aligned window.
+//!
+//! Window `k` covers `[k*W, (k+1)*W)` on the clock's scale (the Unix epoch
+//! for the real clocks), and its count starts at zero. It is the cheapest
+//! algorithm (16 bytes of state) and the least exact: `limit` at the end of
+//! one window plus `limit` at the start of the next is `2 * limit` within a
+//! few microseconds.
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use std::time::Duration;
+//! use spillway::algorithm::{Algorithm, FixedWindow};
+//! use spillway::Quota;
+//!
+//! let fw = FixedWindow::new(Quota::per_second(NonZeroU32::new(2).unwrap()));
+//! let mut state = Default::default();
+//! assert!(fw.check(&mut state, 1, 999_000).unwrap().allowed);
+//! assert!(fw.check(&mut state, 1, 999_000).unwrap().allowed);
+//! let denied = fw.check(&mut state, 1, 999_500).unwrap();
+//! assert!(!denied.allowed);
+//! // The next window starts at 1 s: 500 µs from now.
+//! assert_eq!(denied.retry_after, Some(Duration::from_micros(500)));
+//! assert!(fw.check(&mut state, 1, 1_000_000).unwrap().allowed);
+//! ```
+
+use super::{Algorithm, ensure_fits};
+use crate::clock::Micros;
+use crate::decision::Decision;
+use crate::error::CostTooLarge;
+use crate::quota::Quota;
+
+/// The fixed window algorithm's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedWindow {
+    quota: Quota,
+}
+
+/// A key's count in its current window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FixedWindowState {
+    /// The index of the window the count belongs to (`now / window`).
+    pub window: u64,
+    /// The cost admitted in that window.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    /// `quota.limit()` per aligned window of `quota.period()`.
+    pub const fn new(quota: Quota) -> Self {
+        Self { quota }
+    }
+
+    fn limit(&self) -> u64 {
+        u64::from(self.quota.limit().get())
+    }
+
+    fn window(&self) -> u64 {
+        self.quota.period_micros()
+    }
+}
+
+impl Algorithm for FixedWindow {
+    type State = FixedWindowState;
+
+    fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit()
+    }
+
+    fn check(&self, state: &mut Self::State, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+        let (limit, w) = (self.limit(), self.window());
+        ensure_fits(cost, limit)?;
+        let mut k = now / w;
+        if k > state.window {
+            *state = FixedWindowState { window: k, count: 0 };
+        } else {
+            // Time went backwards: keep counting in the stored window rather
+            // than free its capacity.
+            k = state.window;
+        }
+        let window_end = (k + 1).saturating_mul(w);
+        let until_end = window_end.saturating_sub(now);
+        if state.count + cost <= limit {
+            state.count += cost;
+            let reset = if state.count > 0 { until_end } else { 0 };
+            Ok(Decision::allow(limit, limit - state.count, reset))
+        } else {
+            Ok(Decision::deny(limit, limit - state.count, until_end, until_end))
+        }
+    }
+
+    fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
+        if charged_at / self.window() == state.window {
+            state.count = state.count.saturating_sub(cost);
+        }
+    }
+
+    fn idle_at(&self, state: &Self::State) -> Micros {
+        if state.count == 0 {
+            0
+        } else {
+            (state.window + 1).saturating_mul(self.window())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+
+    fn fw(limit: u32, window: u64) -> FixedWindow {
+        FixedWindow::new(
+            Quota::new(NonZeroU32::new(limit).unwrap(), Duration::from_micros(window)).unwrap(),
+        )
+    }
+
+    #[test]
+    fn boundary_burst_admits_twice_the_limit() {
+        let a = fw(3, 1000);
+        let mut s = FixedWindowState::default();
+        for _ in 0..3 {
+            assert!(a.check(&mut s, 1, 999).unwrap().allowed);
+        }
+        assert!(!a.check(&mut s, 1, 999).unwrap().allowed);
+        for _ in 0..3 {
+            assert!(a.check(&mut s, 1, 1000).unwrap().allowed);
+        }
+    }
+
+    #[test]
+    fn cost_above_limit_is_an_error_and_exact_limit_fits() {
+        let a = fw(3, 1000);
+        let mut s = FixedWindowState::default();
+        assert_eq!(
+            a.check(&mut s, 4, 0),
+            Err(CostTooLarge { cost: 4, capacity: 3 })
+        );
+        assert!(a.check(&mut s, 3, 0).unwrap().allowed);
+    }
+
+    #[test]
+    fn time_going_backwards_frees_nothing() {
+        let a = fw(1, 1000);
+        let mut s = FixedWindowState::default();
+        assert!(a.check(&mut s, 1, 5_500).unwrap().allowed);
+        let d = a.check(&mut s, 1, 4_000).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_micros(2_000)));
+    }
+
+    #[test]
+    fn refund_restores_the_count() {
+        let a = fw(2, 1000);
+        let mut s = FixedWindowState::default();
+        a.check(&mut s, 2, 10).unwrap();
+        a.refund(&mut s, 2, 10);
+        assert_eq!(a.check(&mut s, 0, 10).unwrap().remaining, 2);
+        assert_eq!(a.idle_at(&s), 0);
+    }
+}

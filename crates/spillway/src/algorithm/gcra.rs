@@ -1,0 +1,102 @@
+//! The exact virtual-scheduling arithmetic shared by the token bucket and the
+//! leaky bucket.
+//!
+//! Both buckets keep one timestamp: the time at which the bucket is back to
+//! full (token bucket) or the queue has drained (leaky bucket). One unit of
+//! cost moves it by `T = period / limit` µs, a fraction. Timestamps are kept
+//! in units of `1 / per` µs (`per` being the reduced denominator of `T`), so
+//! every step is an exact integer operation; they are stored as whole
+//! microseconds plus a remainder so that the state stays in two `u64`s.
+
+use crate::clock::Micros;
+use crate::quota::Interval;
+
+/// A timestamp `micros + frac / per` µs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tat {
+    /// Whole microseconds.
+    pub micros: Micros,
+    /// The fraction of a microsecond, in units of `1 / per`, below `per`.
+    pub frac: u64,
+}
+
+impl Tat {
+    pub(super) fn scaled(self, per: u64) -> u128 {
+        u128::from(self.micros) * u128::from(per) + u128::from(self.frac)
+    }
+
+    pub(super) fn from_scaled(v: u128, per: u64) -> Self {
+        let per = u128::from(per);
+        match u64::try_from(v / per) {
+            Ok(micros) => Self { micros, frac: (v % per) as u64 },
+            Err(_) => Self { micros: u64::MAX, frac: 0 },
+        }
+    }
+
+    /// The first whole microsecond at or after this time.
+    pub(super) fn ceil_micros(self) -> Micros {
+        if self.frac > 0 {
+            self.micros.saturating_add(1)
+        } else {
+            self.micros
+        }
+    }
+}
+
+/// One bucket check in scaled units.
+pub(super) struct Step {
+    pub admitted: bool,
+    /// Whole units of cost that still fit after the decision.
+    pub remaining: u64,
+    /// Until the bucket is full / the queue empty, after the decision.
+    pub reset_after: Micros,
+    /// When denied: until the request would fit.
+    pub retry_after: Micros,
+    /// Backlog in front of the request, in scaled units, before it was added.
+    pub backlog: u128,
+}
+
+/// Decides whether `cost` fits in a bucket of `capacity` units at `now`,
+/// updating `tat` if it does.
+pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Micros) -> Step {
+    let per = i.per;
+    let unit = u128::from(i.micros);
+    let now_s = u128::from(now) * u128::from(per);
+    let stored = tat.scaled(per);
+    let start = stored.max(now_s);
+    let backlog = start - now_s;
+    let tolerance = u128::from(capacity) * unit;
+    let after = start + u128::from(cost) * unit;
+    let remaining = |backlog: u128| (tolerance.saturating_sub(backlog) / unit) as u64;
+    let ceil_micros = |scaled: u128| super::to_micros(super::div_ceil(scaled, u128::from(per)));
+    if after - now_s <= tolerance {
+        if cost > 0 {
+            *tat = Tat::from_scaled(after, per);
+        }
+        let left = after - now_s;
+        Step {
+            admitted: true,
+            remaining: remaining(left),
+            reset_after: ceil_micros(left),
+            retry_after: 0,
+            backlog,
+        }
+    } else {
+        // `stored > now_s` here, since a cost within capacity always fits an
+        // empty bucket; so is the time at which it fits.
+        let fits_at = stored - (tolerance - u128::from(cost) * unit);
+        Step {
+            admitted: false,
+            remaining: remaining(backlog),
+            reset_after: ceil_micros(backlog),
+            retry_after: ceil_micros(fits_at - now_s),
+            backlog,
+        }
+    }
+}
+
+/// Gives back `cost` units.
+pub(super) fn refund(tat: &mut Tat, i: Interval, cost: u64) {
+    let back = u128::from(cost) * u128::from(i.micros);
+    *tat = Tat::from_scaled(tat.scaled(i.per).saturating_sub(back), i.per);
+}

@@ -1,0 +1,243 @@
+//! Sliding log: exactly `limit` in any window of length `W`.
+//!
+//! The state is the list of admitted requests `(timestamp, cost)` still inside
+//! the window `(now - W, now]`. A request is admitted when the costs in the
+//! log plus its own fit in the limit. It is exact wherever the window is
+//! placed, and it costs memory: up to `limit` entries per key (each entry has
+//! a cost of at least 1 and they sum to at most `limit`). Requests admitted
+//! at the same microsecond share one entry.
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use std::time::Duration;
+//! use spillway::algorithm::{Algorithm, SlidingLog};
+//! use spillway::Quota;
+//!
+//! let log = SlidingLog::new(Quota::new(NonZeroU32::new(2).unwrap(), Duration::from_micros(1000)).unwrap());
+//! let mut state = Default::default();
+//! assert!(log.check(&mut state, 1, 100).unwrap().allowed);
+//! assert!(log.check(&mut state, 1, 600).unwrap().allowed);
+//! let denied = log.check(&mut state, 1, 900).unwrap();
+//! // The entry from t=100 leaves the window at t=1100.
+//! assert_eq!(denied.retry_after, Some(Duration::from_micros(200)));
+//! assert!(!log.check(&mut state, 1, 1099).unwrap().allowed);
+//! assert!(log.check(&mut state, 1, 1100).unwrap().allowed);
+//! ```
+
+use std::collections::VecDeque;
+
+use super::{Algorithm, ensure_fits};
+use crate::clock::Micros;
+use crate::decision::Decision;
+use crate::error::CostTooLarge;
+use crate::quota::Quota;
+
+/// The sliding log algorithm's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlidingLog {
+    quota: Quota,
+}
+
+/// One admitted request (or several admitted at the same microsecond).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogEntry {
+    /// When it was admitted.
+    pub at: Micros,
+    /// The cost admitted at that time.
+    pub cost: u64,
+}
+
+/// A key's log, oldest entry first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlidingLogState {
+    /// The admitted requests still inside the window, oldest first.
+    pub entries: VecDeque<LogEntry>,
+    // The sum of the entries' costs, kept so a check is O(1) when nothing
+    // expires.
+    total: u64,
+}
+
+impl SlidingLogState {
+    /// The sum of the costs in the log.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Builds a state from its entries (oldest first), as read back from
+    /// another store.
+    pub fn from_entries(entries: impl IntoIterator<Item = LogEntry>) -> Self {
+        let entries: VecDeque<LogEntry> = entries.into_iter().collect();
+        let total = entries.iter().map(|e| e.cost).sum();
+        Self { entries, total }
+    }
+}
+
+impl SlidingLog {
+    /// At most `quota.limit()` in any window of `quota.period()`.
+    pub const fn new(quota: Quota) -> Self {
+        Self { quota }
+    }
+
+    fn limit(&self) -> u64 {
+        u64::from(self.quota.limit().get())
+    }
+
+    fn window(&self) -> u64 {
+        self.quota.period_micros()
+    }
+
+    /// Drops the entries that have left the window `(now - W, now]`.
+    fn expire(&self, state: &mut SlidingLogState, now: Micros) {
+        let w = self.window();
+        while let Some(front) = state.entries.front() {
+            if front.at.saturating_add(w) > now {
+                break;
+            }
+            state.total -= front.cost;
+            state.entries.pop_front();
+        }
+    }
+
+    /// When the newest entry leaves the window.
+    fn reset_after(&self, state: &SlidingLogState, now: Micros) -> Micros {
+        state.entries.back().map_or(0, |newest| {
+            newest.at.saturating_add(self.window()).saturating_sub(now)
+        })
+    }
+}
+
+impl Algorithm for SlidingLog {
+    type State = SlidingLogState;
+
+    fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit()
+    }
+
+    fn check(&self, state: &mut Self::State, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+        let limit = self.limit();
+        ensure_fits(cost, limit)?;
+        self.expire(state, now);
+        if state.total + cost <= limit {
+            if cost > 0 {
+                match state.entries.back_mut() {
+                    // Same microsecond, or time went backwards: charge the
+                    // newest entry, which expires no earlier than `now` would.
+                    Some(newest) if newest.at >= now => newest.cost += cost,
+                    _ => state.entries.push_back(LogEntry { at: now, cost }),
+                }
+                state.total += cost;
+            }
+            return Ok(Decision::allow(
+                limit,
+                limit - state.total,
+                self.reset_after(state, now),
+            ));
+        }
+        // The earliest time enough of the oldest entries have expired.
+        let mut left = state.total;
+        let mut retry_at = now;
+        for entry in &state.entries {
+            left -= entry.cost;
+            if left + cost <= limit {
+                retry_at = entry.at.saturating_add(self.window());
+                break;
+            }
+        }
+        Ok(Decision::deny(
+            limit,
+            limit - state.total,
+            self.reset_after(state, now),
+            retry_at.saturating_sub(now),
+        ))
+    }
+
+    fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
+        let entries = &mut state.entries;
+        // The charge is in the entry stamped `charged_at`, or (if time went
+        // backwards when it was made) in the oldest later one.
+        let Some(i) = entries
+            .iter()
+            .rposition(|e| e.at == charged_at)
+            .or_else(|| entries.iter().position(|e| e.at > charged_at))
+        else {
+            return;
+        };
+        let taken = cost.min(entries[i].cost);
+        entries[i].cost -= taken;
+        state.total -= taken;
+        if entries[i].cost == 0 {
+            entries.remove(i);
+        }
+    }
+
+    fn idle_at(&self, state: &Self::State) -> Micros {
+        state
+            .entries
+            .back()
+            .map_or(0, |newest| newest.at.saturating_add(self.window()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+
+    fn log(limit: u32, window: u64) -> SlidingLog {
+        SlidingLog::new(
+            Quota::new(NonZeroU32::new(limit).unwrap(), Duration::from_micros(window)).unwrap(),
+        )
+    }
+
+    #[test]
+    fn entry_expires_exactly_at_the_window_edge() {
+        let a = log(1, 1000);
+        let mut s = SlidingLogState::default();
+        assert!(a.check(&mut s, 1, 0).unwrap().allowed);
+        assert!(!a.check(&mut s, 1, 999).unwrap().allowed);
+        assert!(a.check(&mut s, 1, 1000).unwrap().allowed);
+    }
+
+    #[test]
+    fn retry_after_skips_entries_too_small_to_help() {
+        let a = log(4, 1000);
+        let mut s = SlidingLogState::default();
+        a.check(&mut s, 1, 0).unwrap();
+        a.check(&mut s, 1, 100).unwrap();
+        a.check(&mut s, 2, 200).unwrap();
+        // Cost 3 needs the first three units gone: the entry at 200 must go.
+        let d = a.check(&mut s, 3, 300).unwrap();
+        assert_eq!(d.retry_after, Some(Duration::from_micros(900)));
+        assert_eq!(d.remaining, 0);
+        assert_eq!(d.reset_after, Duration::from_micros(900));
+    }
+
+    #[test]
+    fn same_microsecond_shares_an_entry_and_refund_takes_it_back() {
+        let a = log(5, 1000);
+        let mut s = SlidingLogState::default();
+        a.check(&mut s, 2, 7).unwrap();
+        a.check(&mut s, 1, 7).unwrap();
+        assert_eq!(s.entries.len(), 1);
+        a.refund(&mut s, 1, 7);
+        a.refund(&mut s, 2, 7);
+        assert!(s.entries.is_empty());
+        assert_eq!(s.total(), 0);
+    }
+
+    #[test]
+    fn denial_and_peek_log_nothing() {
+        let a = log(1, 1000);
+        let mut s = SlidingLogState::default();
+        assert!(a.check(&mut s, 0, 0).unwrap().allowed);
+        assert!(s.entries.is_empty());
+        a.check(&mut s, 1, 0).unwrap();
+        a.check(&mut s, 1, 1).unwrap();
+        assert_eq!(s.entries.len(), 1);
+    }
+}

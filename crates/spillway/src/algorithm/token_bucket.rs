@@ -1,0 +1,156 @@
+//! Token bucket: up to `burst` at once, refilled continuously at the rate.
+//!
+//! The bucket holds at most `burst` tokens and gains `limit` tokens per
+//! `period`, continuously; a request takes `cost` tokens. It is implemented
+//! as GCRA: the state is the time at which the bucket will be full again, a
+//! single exact timestamp, and the decisions are exactly those of the
+//! continuous bucket (no rounding of the refill, no dependence on how often
+//! the key is checked).
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use std::time::Duration;
+//! use spillway::algorithm::{Algorithm, TokenBucket};
+//! use spillway::Quota;
+//!
+//! // 3 per second, bursts of 2.
+//! let tb = TokenBucket::new(Quota::per_second(NonZeroU32::new(3).unwrap()), NonZeroU32::new(2).unwrap());
+//! let mut state = Default::default();
+//! assert!(tb.check(&mut state, 2, 0).unwrap().allowed);
+//! let denied = tb.check(&mut state, 1, 0).unwrap();
+//! // One token takes 1/3 s: 333 333.3 µs, so the wait rounds up.
+//! assert_eq!(denied.retry_after, Some(Duration::from_micros(333_334)));
+//! assert!(!tb.check(&mut state, 1, 333_333).unwrap().allowed);
+//! assert!(tb.check(&mut state, 1, 333_334).unwrap().allowed);
+//! ```
+
+use std::num::NonZeroU32;
+
+use super::gcra::{self, Tat};
+use super::{Algorithm, ensure_fits};
+use crate::clock::Micros;
+use crate::decision::Decision;
+use crate::error::CostTooLarge;
+use crate::quota::{Interval, Quota};
+
+/// The token bucket's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenBucket {
+    quota: Quota,
+    burst: NonZeroU32,
+    interval: Interval,
+}
+
+/// The time at which a key's bucket is full again.
+pub type TokenBucketState = Tat;
+
+impl TokenBucket {
+    /// Refills at `quota` (limit per period) and holds up to `burst` tokens.
+    pub fn new(quota: Quota, burst: NonZeroU32) -> Self {
+        Self {
+            quota,
+            burst,
+            interval: quota.emission_interval(),
+        }
+    }
+
+    /// The bucket's capacity.
+    pub const fn burst(&self) -> NonZeroU32 {
+        self.burst
+    }
+}
+
+impl Algorithm for TokenBucket {
+    type State = TokenBucketState;
+
+    fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    fn capacity(&self) -> u64 {
+        u64::from(self.burst.get())
+    }
+
+    fn check(&self, state: &mut Self::State, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+        let capacity = self.capacity();
+        ensure_fits(cost, capacity)?;
+        let s = gcra::step(state, self.interval, capacity, cost, now);
+        Ok(if s.admitted {
+            Decision::allow(capacity, s.remaining, s.reset_after)
+        } else {
+            Decision::deny(capacity, s.remaining, s.reset_after, s.retry_after)
+        })
+    }
+
+    fn refund(&self, state: &mut Self::State, cost: u64, _charged_at: Micros) {
+        gcra::refund(state, self.interval, cost);
+    }
+
+    fn idle_at(&self, state: &Self::State) -> Micros {
+        state.ceil_micros()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn nz(n: u32) -> NonZeroU32 {
+        NonZeroU32::new(n).unwrap()
+    }
+
+    #[test]
+    fn refills_fractionally_without_drift() {
+        // 3/s, burst 3, emptied at t=0: the k-th token is back at exactly
+        // k/3 s, rounded up, however many fractions have accumulated.
+        let tb = TokenBucket::new(Quota::per_second(nz(3)), nz(3));
+        let mut s = Tat::default();
+        assert!(tb.check(&mut s, 3, 0).unwrap().allowed);
+        for k in 1..=300u64 {
+            let next = (k * 1_000_000).div_ceil(3);
+            assert!(!tb.check(&mut s, 1, next - 1).unwrap().allowed, "k={k}");
+            assert!(tb.check(&mut s, 1, next).unwrap().allowed, "k={k}");
+        }
+    }
+
+    #[test]
+    fn a_full_bucket_keeps_no_fraction() {
+        // Burst 1: a token that arrives while the bucket is full is lost, as
+        // in a continuous bucket capped at its capacity.
+        let tb = TokenBucket::new(Quota::per_second(nz(3)), nz(1));
+        let mut s = Tat::default();
+        tb.check(&mut s, 1, 0).unwrap();
+        assert!(tb.check(&mut s, 1, 333_334).unwrap().allowed);
+        // Full at 333 333.3 µs, so the next token is due at 666 667.3 µs.
+        assert!(!tb.check(&mut s, 1, 666_667).unwrap().allowed);
+        assert!(tb.check(&mut s, 1, 666_668).unwrap().allowed);
+    }
+
+    #[test]
+    fn burst_after_idle_and_remaining() {
+        let tb = TokenBucket::new(Quota::per_second(nz(10)), nz(5));
+        let mut s = Tat::default();
+        let d = tb.check(&mut s, 5, 1_000_000).unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, 0));
+        assert_eq!(d.reset_after, Duration::from_millis(500));
+        // Half a second idle: full again.
+        let d = tb.check(&mut s, 0, 1_500_000).unwrap();
+        assert_eq!((d.remaining, d.reset_after), (5, Duration::ZERO));
+    }
+
+    #[test]
+    fn cost_above_burst_is_an_error() {
+        let tb = TokenBucket::new(Quota::per_second(nz(10)), nz(5));
+        assert!(tb.check(&mut Tat::default(), 6, 0).is_err());
+    }
+
+    #[test]
+    fn refund_restores_the_tokens() {
+        let tb = TokenBucket::new(Quota::per_second(nz(3)), nz(2));
+        let mut s = Tat::default();
+        tb.check(&mut s, 2, 10).unwrap();
+        tb.refund(&mut s, 2, 10);
+        assert_eq!(tb.check(&mut s, 0, 10).unwrap().remaining, 2);
+    }
+}

@@ -1,0 +1,347 @@
+//! The in-memory store: [`RateLimiter`] for one rule and any key type,
+//! [`MemoryStore`] for several rules over string keys.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::Hash;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use super::table::{ShardGuard, Table};
+use super::{Check, KeyRef, Rule, Store, Verdict};
+use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState};
+use crate::clock::{Clock, Micros, MonotonicClock};
+use crate::decision::Decision;
+use crate::error::{CostTooLarge, Error};
+
+/// How the in-memory store sizes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// The most keys held per rule. Past it, new keys evict the key closest
+    /// to idle (see the module docs of the store for why that is safe).
+    /// The bound is kept per shard, so eviction may begin a little before
+    /// the total reaches it.
+    pub max_keys: NonZeroUsize,
+    /// How many independently locked shards. More shards, less contention.
+    pub shards: NonZeroUsize,
+    /// How often each shard sweeps out keys whose state is back to fresh.
+    pub sweep_interval: Duration,
+}
+
+impl Default for MemoryOptions {
+    /// One million keys per rule, 64 shards, a sweep per second.
+    fn default() -> Self {
+        Self {
+            max_keys: NonZeroUsize::new(1_000_000).expect("nonzero"),
+            shards: NonZeroUsize::new(64).expect("nonzero"),
+            sweep_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl MemoryOptions {
+    fn table<K: Hash + Eq, S>(&self) -> Table<K, S> {
+        let sweep = u64::try_from(self.sweep_interval.as_micros()).unwrap_or(u64::MAX);
+        Table::new(self.max_keys.get(), self.shards.get(), sweep.max(1))
+    }
+}
+
+/// One algorithm applied to keys of any type, in memory.
+///
+/// Sharded: two threads contend only when their keys share a shard. Keys
+/// whose state is back to fresh are forgotten automatically, and at most
+/// [`MemoryOptions::max_keys`] are held. Share it between threads with an
+/// `Arc`.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use spillway::algorithm::FixedWindow;
+/// use spillway::clock::FakeClock;
+/// use spillway::store::RateLimiter;
+/// use spillway::Quota;
+///
+/// let clock = FakeClock::new(0);
+/// let per_ip: RateLimiter<_, String, _> = RateLimiter::with_clock(FixedWindow::new(Quota::per_minute(NonZeroU32::new(1).unwrap())), clock.clone());
+/// assert!(per_ip.check("10.0.0.1", 1).unwrap().allowed);
+/// assert!(!per_ip.check("10.0.0.1", 1).unwrap().allowed);
+/// assert!(per_ip.check("10.0.0.2", 1).unwrap().allowed);
+/// assert_eq!(per_ip.len(), 2);
+/// clock.advance(Duration::from_secs(60));
+/// assert!(per_ip.check("10.0.0.1", 1).unwrap().allowed);
+/// ```
+pub struct RateLimiter<A: Algorithm, K = String, C = MonotonicClock> {
+    algorithm: A,
+    table: Table<K, A::State>,
+    clock: C,
+}
+
+impl<A: Algorithm, K: Hash + Eq> RateLimiter<A, K, MonotonicClock> {
+    /// A limiter on the monotonic clock with the default options.
+    pub fn new(algorithm: A) -> Self {
+        Self::with_clock(algorithm, MonotonicClock::new())
+    }
+}
+
+impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
+    /// A limiter on `clock` with the default options.
+    pub fn with_clock(algorithm: A, clock: C) -> Self {
+        Self::with_options(algorithm, clock, MemoryOptions::default())
+    }
+
+    /// A limiter on `clock` with `options`.
+    pub fn with_options(algorithm: A, clock: C, options: MemoryOptions) -> Self {
+        Self {
+            algorithm,
+            table: options.table(),
+            clock,
+        }
+    }
+
+    /// Decides on a request of `cost` for `key`, now.
+    pub fn check<Q>(&self, key: &Q, cost: u64) -> Result<Decision, CostTooLarge>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+    {
+        self.check_at(key, cost, self.clock.now())
+    }
+
+    /// Decides on a request of `cost` for `key` at `now`.
+    pub fn check_at<Q>(&self, key: &Q, cost: u64, now: Micros) -> Result<Decision, CostTooLarge>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+    {
+        let hash = self.table.hash(key);
+        self.table
+            .lock(self.table.shard_of(hash))
+            .check(&self.algorithm, key, hash, cost, now)
+    }
+
+    /// Forgets `key`, as if it had never been seen. Returns whether it was held.
+    pub fn reset<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.table.hash(key);
+        self.table.lock(self.table.shard_of(hash)).remove(key, hash)
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// How many keys are held.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// No key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the hash tables occupy (keys and states stored inline; not what
+    /// they own on the heap, such as a `String`'s text or a sliding log).
+    pub fn table_bytes(&self) -> usize {
+        self.table.allocation_size()
+    }
+}
+
+impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("algorithm", &self.algorithm)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Several rules over string keys, in memory: the default [`Store`].
+///
+/// A request that matches several rules is decided atomically: the shards
+/// of all its keys are locked (always in the same order, so two requests
+/// can never deadlock), every rule decides, and if any denies, the charges
+/// already taken are given back before the locks are released. No other
+/// request can see the intermediate state. There is no global lock.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use spillway::algorithm::{FixedWindow, TokenBucket};
+/// use spillway::clock::FakeClock;
+/// use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId};
+/// use spillway::Quota;
+///
+/// let nz = |n| NonZeroU32::new(n).unwrap();
+/// let store = MemoryStore::with_clock(
+///     vec![
+///         Rule::new("per-ip", TokenBucket::new(Quota::per_second(nz(10)), nz(10))),
+///         Rule::new("per-key", FixedWindow::new(Quota::per_minute(nz(1)))),
+///     ],
+///     MemoryOptions::default(),
+///     FakeClock::new(0),
+/// );
+/// let request = [
+///     Check { rule: RuleId(0), key: "10.0.0.1", cost: 1 },
+///     Check { rule: RuleId(1), key: "key-a", cost: 1 },
+/// ];
+/// assert!(store.check_now(&request).unwrap().allowed);
+/// let second = store.check_now(&request).unwrap();
+/// assert!(!second.allowed);
+/// // per-ip would have admitted it, and was not charged for it: 9 left, as before.
+/// assert!(second.decisions[0].allowed);
+/// assert_eq!(second.decisions[0].remaining, 9);
+/// ```
+pub struct MemoryStore<C = MonotonicClock> {
+    rules: Vec<Rule>,
+    tables: Vec<Table<Box<str>, AnyState>>,
+    clock: C,
+}
+
+impl MemoryStore<MonotonicClock> {
+    /// A store for `rules` on the monotonic clock.
+    pub fn new(rules: Vec<Rule>, options: MemoryOptions) -> Self {
+        Self::with_clock(rules, options, MonotonicClock::new())
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// A store for `rules` on `clock`.
+    pub fn with_clock(rules: Vec<Rule>, options: MemoryOptions, clock: C) -> Self {
+        let tables = rules.iter().map(|_| options.table()).collect();
+        Self { rules, tables, clock }
+    }
+
+    /// Decides on one request now (see [`check_at`](Self::check_at)).
+    pub fn check_now(&self, checks: &[Check<'_>]) -> Result<Verdict, Error> {
+        self.check_at(checks, self.clock.now())
+    }
+
+    /// Decides on one request at `now`: every check at once, none charged if
+    /// any denies.
+    pub fn check_at(&self, checks: &[Check<'_>], now: Micros) -> Result<Verdict, Error> {
+        let algorithms = self.validate(checks)?;
+        if let [check] = checks {
+            let table = &self.tables[check.rule.0];
+            let hash = table.hash(check.key);
+            let decision = table
+                .lock(table.shard_of(hash))
+                .check(algorithms[0], check.key, hash, check.cost, now)
+                .map_err(|source| Error::CostTooLarge { index: 0, source })?;
+            return Ok(Verdict {
+                allowed: decision.allowed,
+                decisions: vec![decision],
+            });
+        }
+
+        // Lock every shard involved, in (rule, shard) order.
+        let located: Vec<(usize, usize, u64)> = checks
+            .iter()
+            .map(|c| {
+                let table = &self.tables[c.rule.0];
+                let hash = table.hash(c.key);
+                (c.rule.0, table.shard_of(hash), hash)
+            })
+            .collect();
+        let mut order: Vec<(usize, usize)> = located.iter().map(|&(r, s, _)| (r, s)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<ShardGuard<'_, Box<str>, AnyState>> = order
+            .iter()
+            .map(|&(rule, shard)| self.tables[rule].lock(shard))
+            .collect();
+        let guard_of = |rule: usize, shard: usize| {
+            order
+                .binary_search(&(rule, shard))
+                .expect("every shard in the request was locked")
+        };
+
+        let mut decisions = Vec::with_capacity(checks.len());
+        for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
+            let decision = guards[guard_of(rule, shard)]
+                .check(algorithms[i], check.key, hash, check.cost, now)
+                .map_err(|source| Error::CostTooLarge { index: i, source })?;
+            decisions.push(decision);
+        }
+        let allowed = decisions.iter().all(|d| d.allowed);
+        if !allowed {
+            // Give back what the admitting rules took, newest first, then
+            // report their state as it stands.
+            for (i, (check, &(rule, shard, hash))) in
+                checks.iter().zip(&located).enumerate().rev()
+            {
+                if decisions[i].allowed && check.cost > 0 {
+                    let guard = &mut guards[guard_of(rule, shard)];
+                    guard.refund(algorithms[i], check.key, hash, check.cost, now);
+                    decisions[i] = guard
+                        .check(algorithms[i], check.key, hash, 0, now)
+                        .map_err(|source| Error::CostTooLarge { index: i, source })?;
+                }
+            }
+        }
+        Ok(Verdict { allowed, decisions })
+    }
+
+    /// Forgets `key` under `rule`. Returns whether it was held.
+    pub fn reset(&self, rule: super::RuleId, key: &str) -> bool {
+        self.tables.get(rule.0).is_some_and(|table| {
+            let hash = table.hash(key);
+            table.lock(table.shard_of(hash)).remove(key, hash)
+        })
+    }
+
+    /// How many keys `rule` holds.
+    pub fn len(&self, rule: super::RuleId) -> usize {
+        self.tables.get(rule.0).map_or(0, Table::len)
+    }
+
+    /// Checks every rule id and cost before anything is charged.
+    fn validate(&self, checks: &[Check<'_>]) -> Result<Vec<&AnyAlgorithm>, Error> {
+        checks
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let rule = self
+                    .rules
+                    .get(c.rule.0)
+                    .ok_or(Error::UnknownRule { index, rule: c.rule.0 })?;
+                let algorithm = rule.algorithm();
+                let capacity = algorithm.capacity();
+                if c.cost > capacity {
+                    return Err(Error::CostTooLarge {
+                        index,
+                        source: CostTooLarge { cost: c.cost, capacity },
+                    });
+                }
+                Ok(algorithm)
+            })
+            .collect()
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    type Error = Error;
+
+    fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    fn check(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
+        std::future::ready(self.check_now(checks))
+    }
+}
+
+impl<C: fmt::Debug> fmt::Debug for MemoryStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("rules", &self.rules)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}

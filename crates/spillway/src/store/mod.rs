@@ -1,0 +1,134 @@
+//! Where the state lives: the [`Store`] trait and the in-memory store.
+//!
+//! A store holds a fixed list of [`Rule`]s and answers one question: *apply
+//! these rules to these keys, atomically*. A request that matches several
+//! rules is decided in one call: if any rule denies it, no rule is charged
+//! for it. The in-memory store ([`MemoryStore`], and [`RateLimiter`] for one
+//! rule with any key type) implements it here; the Redis store lives in the
+//! `spillway-redis` crate and passes the same conformance suite.
+
+mod memory;
+mod table;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub use memory::{MemoryOptions, MemoryStore, RateLimiter};
+
+use crate::algorithm::AnyAlgorithm;
+use crate::decision::Decision;
+
+/// A borrowed form of a key from which the store makes its owned copy when
+/// the key is first seen: `&str` for `String` or `Box<str>` keys, `&T` for
+/// any `Clone` key such as `u64`.
+pub trait KeyRef<K> {
+    /// The owned key.
+    fn to_key(&self) -> K;
+}
+
+impl<T: Clone> KeyRef<T> for T {
+    fn to_key(&self) -> T {
+        self.clone()
+    }
+}
+
+impl KeyRef<String> for str {
+    fn to_key(&self) -> String {
+        self.to_owned()
+    }
+}
+
+impl KeyRef<Box<str>> for str {
+    fn to_key(&self) -> Box<str> {
+        self.into()
+    }
+}
+
+impl KeyRef<Vec<u8>> for [u8] {
+    fn to_key(&self) -> Vec<u8> {
+        self.to_vec()
+    }
+}
+
+/// A named limit: what to count with.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Rule {
+    name: Arc<str>,
+    algorithm: AnyAlgorithm,
+}
+
+impl Rule {
+    /// A rule called `name` enforcing `algorithm`.
+    pub fn new(name: impl Into<Arc<str>>, algorithm: impl Into<AnyAlgorithm>) -> Self {
+        Self {
+            name: name.into(),
+            algorithm: algorithm.into(),
+        }
+    }
+
+    /// The rule's name (it also namespaces its keys).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The algorithm and its quota.
+    pub fn algorithm(&self) -> &AnyAlgorithm {
+        &self.algorithm
+    }
+}
+
+/// A rule's position in the list a store was built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(pub usize);
+
+/// One (rule, key, cost) of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check<'a> {
+    /// Which rule.
+    pub rule: RuleId,
+    /// The key it counts by (an API key, an IP, a combination...).
+    pub key: &'a str,
+    /// How much the request costs under this rule; 0 only peeks.
+    pub cost: u64,
+}
+
+/// The answer for a whole request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Every rule admitted the request, and each has been charged.
+    pub allowed: bool,
+    /// One decision per check, in the order given. When the request is
+    /// denied, the rules that would have admitted it were not charged: their
+    /// decision is `allowed` and reports their state as it stands.
+    pub decisions: Vec<Decision>,
+}
+
+impl Verdict {
+    /// The index of the decision to report in headers: the first denial if
+    /// the request was denied, else the rule with the least remaining.
+    pub fn most_restrictive(&self) -> Option<usize> {
+        if self.allowed {
+            (0..self.decisions.len()).min_by_key(|&i| self.decisions[i].remaining)
+        } else {
+            self.decisions.iter().position(|d| !d.allowed)
+        }
+    }
+}
+
+/// A backend that applies rules to keys, atomically per request.
+pub trait Store: Send + Sync {
+    /// What can go wrong besides a denial (a bad request, an unreachable
+    /// server).
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The rules, indexed by [`RuleId`].
+    fn rules(&self) -> &[Rule];
+
+    /// Decides on one request: all its checks at once. If any check denies,
+    /// none is charged. A check whose cost exceeds its rule's capacity fails
+    /// the whole request with an error, charging nothing.
+    fn check(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Verdict, Self::Error>> + Send;
+}

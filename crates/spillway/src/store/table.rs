@@ -1,0 +1,220 @@
+//! The in-memory store's storage: a sharded hash table with a hard bound on
+//! its size and automatic forgetting of idle keys.
+//!
+//! Each shard is a `hashbrown` table behind its own mutex (padded to a cache
+//! line so two cores never contend on a neighbour's lock). A key's shard is
+//! chosen by bits of its hash that the table itself does not use, so both
+//! levels spread evenly.
+//!
+//! Forgetting and eviction:
+//! - a key whose state is back to fresh (`idle_at <= now`) is dropped when it
+//!   is next touched, and every shard sweeps out its idle keys at most once
+//!   per sweep interval. Dropping an idle key is invisible: its state decides
+//!   exactly like a fresh one.
+//! - each shard holds at most its share of `max_keys`. When a new key arrives
+//!   at a full shard, a sample of keys is examined and the one closest to idle
+//!   is evicted. Forgetting an active key errs toward admitting (that key
+//!   starts over with a full quota); the alternative, refusing new keys, would
+//!   let a flood of random keys lock every new client out. Choosing the key
+//!   closest to idle forgets the least usage: a flood of one-request keys
+//!   evicts its own kind before a heavy user's state.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+use crossbeam_utils::CachePadded;
+use hashbrown::HashTable;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::algorithm::Algorithm;
+use crate::clock::Micros;
+use crate::decision::Decision;
+use crate::error::CostTooLarge;
+
+use super::KeyRef;
+
+/// How many keys a full shard looks at to choose one to evict.
+const EVICTION_SAMPLE: usize = 8;
+
+/// The smallest share of `max_keys` a shard gets before we use fewer shards.
+const MIN_KEYS_PER_SHARD: usize = 64;
+
+pub(crate) type Hasher = foldhash::fast::RandomState;
+
+pub(crate) struct Table<K, S> {
+    shards: Box<[CachePadded<Mutex<Shard<K, S>>>]>,
+    hasher: Hasher,
+    sweep_interval: Micros,
+}
+
+pub(crate) struct Shard<K, S> {
+    entries: HashTable<(K, S)>,
+    // This shard's share of `max_keys`: the hard bound.
+    cap: usize,
+    next_sweep: Micros,
+}
+
+impl<K: Hash + Eq, S> Table<K, S> {
+    pub(crate) fn new(max_keys: usize, shards: usize, sweep_interval: Micros) -> Self {
+        let max_keys = max_keys.max(1);
+        let n = shards.clamp(1, (max_keys / MIN_KEYS_PER_SHARD).max(1));
+        let shards = (0..n)
+            .map(|i| {
+                let cap = max_keys / n + usize::from(i < max_keys % n);
+                CachePadded::new(Mutex::new(Shard {
+                    entries: HashTable::new(),
+                    cap,
+                    next_sweep: 0,
+                }))
+            })
+            .collect();
+        Self {
+            shards,
+            hasher: Hasher::default(),
+            sweep_interval,
+        }
+    }
+
+    pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard for `hash`, from bits hashbrown does not look at (it uses
+    /// the low bits for the slot and the top 7 for its tags).
+    pub(crate) fn shard_of(&self, hash: u64) -> usize {
+        let bits = (hash >> 24) & 0xFFFF_FFFF;
+        ((bits * self.shards.len() as u64) >> 32) as usize
+    }
+
+    pub(crate) fn lock(&self, shard: usize) -> ShardGuard<'_, K, S> {
+        ShardGuard {
+            shard: self.shards[shard].lock(),
+            table: self,
+        }
+    }
+
+    /// Keys held now.
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().entries.len()).sum()
+    }
+
+    /// Bytes allocated by the shards' tables (not counting memory a key or
+    /// a state owns on the heap).
+    pub(crate) fn allocation_size(&self) -> usize {
+        let tables: usize = self
+            .shards
+            .iter()
+            .map(|s| s.lock().entries.allocation_size())
+            .sum();
+        tables + std::mem::size_of_val(&*self.shards)
+    }
+}
+
+/// A locked shard, with what it needs to rehash and sweep.
+pub(crate) struct ShardGuard<'a, K, S> {
+    shard: MutexGuard<'a, Shard<K, S>>,
+    table: &'a Table<K, S>,
+}
+
+impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
+    /// Decides on `key` (whose hash is `hash`), inserting it if the request
+    /// is admitted and leaves state behind.
+    pub(crate) fn check<A, Q>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+    {
+        if now >= self.shard.next_sweep {
+            self.sweep(alg, now);
+        }
+        let hasher = &self.table.hasher;
+        let entries = &mut self.shard.entries;
+        if let Ok(mut entry) = entries.find_entry(hash, |e| e.0.borrow() == key) {
+            let decision = alg.check(&mut entry.get_mut().1, cost, now)?;
+            if alg.idle_at(&entry.get().1) <= now {
+                entry.remove();
+            }
+            return Ok(decision);
+        }
+        let mut state = S::default();
+        let decision = alg.check(&mut state, cost, now)?;
+        if alg.idle_at(&state) > now {
+            if entries.len() >= self.shard.cap {
+                self.evict_one(alg);
+            }
+            self.shard
+                .entries
+                .insert_unique(hash, (key.to_key(), state), |e| hasher.hash_one(&e.0));
+        }
+        Ok(decision)
+    }
+
+    /// Gives back a charge made at `charged_at`.
+    pub(crate) fn refund<A, Q>(&mut self, alg: &A, key: &Q, hash: u64, cost: u64, charged_at: Micros)
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let Ok(mut entry) = self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+            alg.refund(&mut entry.get_mut().1, cost, charged_at);
+            if alg.idle_at(&entry.get().1) <= charged_at {
+                entry.remove();
+            }
+        }
+    }
+
+    /// Forgets `key`. Returns whether it was held.
+    pub(crate) fn remove<Q>(&mut self, key: &Q, hash: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+            Ok(entry) => {
+                entry.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Drops every idle key, and gives memory back when most are gone.
+    fn sweep<A: Algorithm<State = S>>(&mut self, alg: &A, now: Micros) {
+        let shard = &mut *self.shard;
+        shard.next_sweep = now.saturating_add(self.table.sweep_interval);
+        shard.entries.retain(|e| alg.idle_at(&e.1) > now);
+        let len = shard.entries.len();
+        if len * 4 < shard.entries.capacity() {
+            let hasher = &self.table.hasher;
+            shard.entries.shrink_to(len * 2, |e| hasher.hash_one(&e.0));
+        }
+    }
+
+    /// Makes room for one key: of a sample, the one closest to idle goes.
+    fn evict_one<A: Algorithm<State = S>>(&mut self, alg: &A) {
+        let hasher = &self.table.hasher;
+        let entries = &mut self.shard.entries;
+        let Some((idle_at, hash)) = entries
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .map(|e| (alg.idle_at(&e.1), hasher.hash_one(&e.0)))
+            .min_by_key(|&(idle_at, _)| idle_at)
+        else {
+            return;
+        };
+        if let Ok(entry) =
+            entries.find_entry(hash, |e| alg.idle_at(&e.1) == idle_at && hasher.hash_one(&e.0) == hash)
+        {
+            entry.remove();
+        }
+    }
+}
