@@ -40,3 +40,8 @@ pub use algorithm::{Algorithm, AnyAlgorithm};
 pub use decision::Decision;
 pub use error::{ConfigError, CostTooLarge, Error};
 pub use quota::Quota;
+
+// The README's examples are compiled and run as doc tests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,9 +1,9 @@
 //! One type for "any of the five", for stores that hold several rules.
 
 use super::fixed_window::FixedWindowState;
+use super::gcra::Tat;
 use super::sliding_log::SlidingLogState;
 use super::sliding_window::SlidingWindowState;
-use super::gcra::Tat;
 use super::{Algorithm, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
 use crate::clock::Micros;
 use crate::decision::Decision;
@@ -129,7 +129,12 @@ impl Algorithm for AnyAlgorithm {
         }
     }
 
-    fn check(&self, state: &mut AnyState, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+    fn check(
+        &self,
+        state: &mut AnyState,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge> {
         let fresh = matches!(state, AnyState::Fresh);
         let decision = dispatch!(self, state, |a, s| a.check(s, cost, now));
         if fresh && !matches!(decision, Ok(Decision { allowed: true, .. })) {

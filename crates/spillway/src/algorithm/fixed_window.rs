@@ -70,12 +70,20 @@ impl Algorithm for FixedWindow {
         self.limit()
     }
 
-    fn check(&self, state: &mut Self::State, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+    fn check(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge> {
         let (limit, w) = (self.limit(), self.window());
         ensure_fits(cost, limit)?;
         let mut k = now / w;
         if k > state.window {
-            *state = FixedWindowState { window: k, count: 0 };
+            *state = FixedWindowState {
+                window: k,
+                count: 0,
+            };
         } else {
             // Time went backwards: keep counting in the stored window rather
             // than free its capacity.
@@ -88,7 +96,12 @@ impl Algorithm for FixedWindow {
             let reset = if state.count > 0 { until_end } else { 0 };
             Ok(Decision::allow(limit, limit - state.count, reset))
         } else {
-            Ok(Decision::deny(limit, limit - state.count, until_end, until_end))
+            Ok(Decision::deny(
+                limit,
+                limit - state.count,
+                until_end,
+                until_end,
+            ))
         }
     }
 
@@ -115,7 +128,11 @@ mod tests {
 
     fn fw(limit: u32, window: u64) -> FixedWindow {
         FixedWindow::new(
-            Quota::new(NonZeroU32::new(limit).unwrap(), Duration::from_micros(window)).unwrap(),
+            Quota::new(
+                NonZeroU32::new(limit).unwrap(),
+                Duration::from_micros(window),
+            )
+            .unwrap(),
         )
     }
 
@@ -138,7 +155,10 @@ mod tests {
         let mut s = FixedWindowState::default();
         assert_eq!(
             a.check(&mut s, 4, 0),
-            Err(CostTooLarge { cost: 4, capacity: 3 })
+            Err(CostTooLarge {
+                cost: 4,
+                capacity: 3
+            })
         );
         assert!(a.check(&mut s, 3, 0).unwrap().allowed);
     }

@@ -28,8 +28,14 @@ impl Tat {
     pub(super) fn from_scaled(v: u128, per: u64) -> Self {
         let per = u128::from(per);
         match u64::try_from(v / per) {
-            Ok(micros) => Self { micros, frac: (v % per) as u64 },
-            Err(_) => Self { micros: u64::MAX, frac: 0 },
+            Ok(micros) => Self {
+                micros,
+                frac: (v % per) as u64,
+            },
+            Err(_) => Self {
+                micros: u64::MAX,
+                frac: 0,
+            },
         }
     }
 

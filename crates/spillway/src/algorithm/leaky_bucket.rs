@@ -120,12 +120,22 @@ impl Algorithm for LeakyBucket {
         u64::from(self.capacity.get())
     }
 
-    fn check(&self, state: &mut Self::State, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+    fn check(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge> {
         let capacity = self.capacity();
         ensure_fits(cost, capacity)?;
         let s = gcra::step(state, self.interval, capacity, cost, now);
         if !s.admitted {
-            return Ok(Decision::deny(capacity, s.remaining, s.reset_after, s.retry_after));
+            return Ok(Decision::deny(
+                capacity,
+                s.remaining,
+                s.reset_after,
+                s.retry_after,
+            ));
         }
         let mut decision = Decision::allow(capacity, s.remaining, s.reset_after);
         if self.mode == LeakyMode::Shape && cost > 0 {

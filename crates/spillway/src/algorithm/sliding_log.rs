@@ -117,7 +117,12 @@ impl Algorithm for SlidingLog {
         self.limit()
     }
 
-    fn check(&self, state: &mut Self::State, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+    fn check(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge> {
         let limit = self.limit();
         ensure_fits(cost, limit)?;
         self.expire(state, now);
@@ -190,7 +195,11 @@ mod tests {
 
     fn log(limit: u32, window: u64) -> SlidingLog {
         SlidingLog::new(
-            Quota::new(NonZeroU32::new(limit).unwrap(), Duration::from_micros(window)).unwrap(),
+            Quota::new(
+                NonZeroU32::new(limit).unwrap(),
+                Duration::from_micros(window),
+            )
+            .unwrap(),
         )
     }
 

@@ -72,9 +72,17 @@ impl SlidingWindow {
             return 0;
         }
         if k == state.window + 1 {
-            *state = SlidingWindowState { window: k, prev: state.curr, curr: 0 };
+            *state = SlidingWindowState {
+                window: k,
+                prev: state.curr,
+                curr: 0,
+            };
         } else if k > state.window {
-            *state = SlidingWindowState { window: k, prev: 0, curr: 0 };
+            *state = SlidingWindowState {
+                window: k,
+                prev: 0,
+                curr: 0,
+            };
         }
         now - k * w
     }
@@ -95,7 +103,12 @@ impl Algorithm for SlidingWindow {
         self.limit()
     }
 
-    fn check(&self, state: &mut Self::State, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+    fn check(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge> {
         let limit = self.limit();
         ensure_fits(cost, limit)?;
         let e = self.roll(state, now);
@@ -109,7 +122,11 @@ impl Algorithm for SlidingWindow {
         if used(curr + c) <= l * w {
             state.curr += cost;
             let curr = u128::from(state.curr);
-            return Ok(Decision::allow(limit, remaining(curr), self.reset_after(state, now)));
+            return Ok(Decision::allow(
+                limit,
+                remaining(curr),
+                self.reset_after(state, now),
+            ));
         }
 
         let window_start = state.window * self.window();
@@ -127,11 +144,9 @@ impl Algorithm for SlidingWindow {
             None => {
                 // In the next window, where this window's count is the
                 // previous one and decays from full weight.
-                let e_next = if curr == 0 {
-                    0
-                } else {
-                    w.saturating_sub((l - c) * w / curr)
-                };
+                let e_next = ((l - c) * w)
+                    .checked_div(curr)
+                    .map_or(0, |fits| w.saturating_sub(fits));
                 u128::from(window_start) + w + e_next
             }
         };
@@ -172,7 +187,11 @@ mod tests {
 
     fn sw(limit: u32, window: u64) -> SlidingWindow {
         SlidingWindow::new(
-            Quota::new(NonZeroU32::new(limit).unwrap(), Duration::from_micros(window)).unwrap(),
+            Quota::new(
+                NonZeroU32::new(limit).unwrap(),
+                Duration::from_micros(window),
+            )
+            .unwrap(),
         )
     }
 
@@ -180,7 +199,11 @@ mod tests {
     fn no_early_floor_of_the_weighted_count() {
         // prev = 3 at weight 0.5 is 1.5: with limit 3, 1 more fits, 2 do not.
         let a = sw(3, 1000);
-        let mut s = SlidingWindowState { window: 0, prev: 0, curr: 3 };
+        let mut s = SlidingWindowState {
+            window: 0,
+            prev: 0,
+            curr: 3,
+        };
         assert!(!a.check(&mut s, 2, 1500).unwrap().allowed);
         let d = a.check(&mut s, 1, 1500).unwrap();
         assert!(d.allowed);
@@ -207,6 +230,13 @@ mod tests {
         a.check(&mut s, 2, 10).unwrap();
         assert_eq!(a.idle_at(&s), 2000);
         assert_eq!(a.check(&mut s, 2, 2000).unwrap().remaining, 0);
-        assert_eq!(s, SlidingWindowState { window: 2, prev: 0, curr: 2 });
+        assert_eq!(
+            s,
+            SlidingWindowState {
+                window: 2,
+                prev: 0,
+                curr: 2
+            }
+        );
     }
 }

@@ -71,7 +71,12 @@ impl Algorithm for TokenBucket {
         u64::from(self.burst.get())
     }
 
-    fn check(&self, state: &mut Self::State, cost: u64, now: Micros) -> Result<Decision, CostTooLarge> {
+    fn check(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge> {
         let capacity = self.capacity();
         ensure_fits(cost, capacity)?;
         let s = gcra::step(state, self.interval, capacity, cost, now);

@@ -212,7 +212,11 @@ impl<C: Clock> MemoryStore<C> {
     /// A store for `rules` on `clock`.
     pub fn with_clock(rules: Vec<Rule>, options: MemoryOptions, clock: C) -> Self {
         let tables = rules.iter().map(|_| options.table()).collect();
-        Self { rules, tables, clock }
+        Self {
+            rules,
+            tables,
+            clock,
+        }
     }
 
     /// Decides on one request now (see [`check_at`](Self::check_at)).
@@ -270,8 +274,7 @@ impl<C: Clock> MemoryStore<C> {
         if !allowed {
             // Give back what the admitting rules took, newest first, then
             // report their state as it stands.
-            for (i, (check, &(rule, shard, hash))) in
-                checks.iter().zip(&located).enumerate().rev()
+            for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate().rev()
             {
                 if decisions[i].allowed && check.cost > 0 {
                     let guard = &mut guards[guard_of(rule, shard)];
@@ -304,16 +307,19 @@ impl<C: Clock> MemoryStore<C> {
             .iter()
             .enumerate()
             .map(|(index, c)| {
-                let rule = self
-                    .rules
-                    .get(c.rule.0)
-                    .ok_or(Error::UnknownRule { index, rule: c.rule.0 })?;
+                let rule = self.rules.get(c.rule.0).ok_or(Error::UnknownRule {
+                    index,
+                    rule: c.rule.0,
+                })?;
                 let algorithm = rule.algorithm();
                 let capacity = algorithm.capacity();
                 if c.cost > capacity {
                     return Err(Error::CostTooLarge {
                         index,
-                        source: CostTooLarge { cost: c.cost, capacity },
+                        source: CostTooLarge {
+                            cost: c.cost,
+                            capacity,
+                        },
                     });
                 }
                 Ok(algorithm)

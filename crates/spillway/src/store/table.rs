@@ -41,8 +41,11 @@ const MIN_KEYS_PER_SHARD: usize = 64;
 
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
+// Padded so that two cores never contend on a neighbouring shard's lock.
+type LockedShard<K, S> = CachePadded<Mutex<Shard<K, S>>>;
+
 pub(crate) struct Table<K, S> {
-    shards: Box<[CachePadded<Mutex<Shard<K, S>>>]>,
+    shards: Box<[LockedShard<K, S>]>,
     hasher: Hasher,
     sweep_interval: Micros,
 }
@@ -158,8 +161,14 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
     }
 
     /// Gives back a charge made at `charged_at`.
-    pub(crate) fn refund<A, Q>(&mut self, alg: &A, key: &Q, hash: u64, cost: u64, charged_at: Micros)
-    where
+    pub(crate) fn refund<A, Q>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        charged_at: Micros,
+    ) where
         A: Algorithm<State = S>,
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -211,9 +220,9 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         else {
             return;
         };
-        if let Ok(entry) =
-            entries.find_entry(hash, |e| alg.idle_at(&e.1) == idle_at && hasher.hash_one(&e.0) == hash)
-        {
+        if let Ok(entry) = entries.find_entry(hash, |e| {
+            alg.idle_at(&e.1) == idle_at && hasher.hash_one(&e.0) == hash
+        }) {
             entry.remove();
         }
     }
