@@ -1,1 +1,43 @@
+//! The conformance suite every Spillway store must pass.
+//!
+//! Test vectors (a configuration, then a sequence of requests at given
+//! times, each with the decisions the store must return) pin down the five
+//! algorithms and the multi-rule semantics to the microsecond. They are TOML
+//! files embedded in this crate; every expected value was computed by hand
+//! from `docs/algorithms.md`. See [`vectors`] for the format.
+//!
+//! A store takes part by implementing [`Harness`] (one synchronous method:
+//! decide on these checks at this time) and calling [`run_all`] with a
+//! function that builds a fresh harness from a case's rules. Every step of
+//! every case runs, and at the end every mismatch is listed with its file,
+//! line, case, step and field.
+//!
+//! ```
+//! use spillway::clock::FakeClock;
+//! use spillway::store::{Check, MemoryOptions, MemoryStore, Verdict};
+//! use spillway_conformance::{Harness, HarnessError};
+//!
+//! struct Memory(MemoryStore<FakeClock>);
+//!
+//! impl Harness for Memory {
+//!     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError> {
+//!         Ok(self.0.check_at(checks, now_us)?)
+//!     }
+//! }
+//!
+//! let report = spillway_conformance::run_all(|rules| {
+//!     Memory(MemoryStore::with_clock(rules, MemoryOptions::default(), FakeClock::new(0)))
+//! });
+//! assert!(report.passed());
+//! assert!(report.cases > 0);
+//! ```
 
+pub mod redis_server;
+pub mod runner;
+pub mod vectors;
+
+pub use runner::{Harness, HarnessError, Mismatch, Report, run, run_all, run_case};
+pub use vectors::{
+    ALGORITHMS, AlgorithmConfig, Case, DEFAULT_KEY, Expected, ExpectedDecision, RuleSpec, Step,
+    StepCheck, VECTOR_FILES, VectorError, cases, parse,
+};

@@ -9,6 +9,7 @@ use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
 use crate::quota::Quota;
+use std::num::NonZeroU32;
 
 /// Any of the five algorithms, chosen at run time (from a configuration
 /// file, say).
@@ -53,6 +54,41 @@ pub enum AnyState {
 }
 
 impl AnyAlgorithm {
+    /// This algorithm with its limit and capacity divided among `instances`
+    /// (rounded down, at least 1): what one of `instances` service
+    /// instances enforces on its own when they cannot share a store.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::{Algorithm, AnyAlgorithm, TokenBucket};
+    /// use spillway::Quota;
+    ///
+    /// let nz = |n| NonZeroU32::new(n).unwrap();
+    /// let shared = AnyAlgorithm::from(TokenBucket::new(Quota::per_minute(nz(100)), nz(10)));
+    /// let alone = shared.share(nz(4));
+    /// assert_eq!(alone.quota().limit().get(), 25);
+    /// assert_eq!(alone.capacity(), 2);
+    /// ```
+    pub fn share(&self, instances: NonZeroU32) -> Self {
+        let n = instances.get();
+        let part = |v: u32| NonZeroU32::new(v / n).unwrap_or(NonZeroU32::MIN);
+        let quota = self.quota();
+        let quota = Quota::new(part(quota.limit().get()), quota.period())
+            .expect("the period was already valid");
+        match self {
+            Self::FixedWindow(_) => FixedWindow::new(quota).into(),
+            Self::SlidingLog(_) => SlidingLog::new(quota).into(),
+            Self::SlidingWindow(_) => SlidingWindow::new(quota).into(),
+            Self::TokenBucket(a) => TokenBucket::new(quota, part(a.burst().get())).into(),
+            Self::LeakyBucket(a) => {
+                let capacity = part(u32::try_from(a.capacity()).unwrap_or(u32::MAX));
+                LeakyBucket::new(quota, capacity, a.mode())
+                    .with_delay(a.undelayed() / n)
+                    .into()
+            }
+        }
+    }
+
     /// The algorithm's name, as written in configuration files.
     pub const fn name(&self) -> &'static str {
         match self {

@@ -75,7 +75,9 @@ pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Mi
     let after = start + u128::from(cost) * unit;
     let remaining = |backlog: u128| (tolerance.saturating_sub(backlog) / unit) as u64;
     let ceil_micros = |scaled: u128| super::to_micros(super::div_ceil(scaled, u128::from(per)));
-    if after - now_s <= tolerance {
+    // Cost 0 only looks, and is allowed even when a clock set back leaves
+    // more backlog than the capacity.
+    if cost == 0 || after - now_s <= tolerance {
         if cost > 0 {
             *tat = Tat::from_scaled(after, per);
         }

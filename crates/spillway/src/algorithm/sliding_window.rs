@@ -119,7 +119,9 @@ impl Algorithm for SlidingWindow {
         let remaining = |curr: u128| super::to_micros((l * w).saturating_sub(used(curr)) / w);
 
         let c = u128::from(cost);
-        if used(curr + c) <= l * w {
+        // Cost 0 only looks: allowed even when a clock set back gives the
+        // previous window its full weight again and the sum is over the limit.
+        if cost == 0 || used(curr + c) <= l * w {
             state.curr += cost;
             let curr = u128::from(state.curr);
             return Ok(Decision::allow(

@@ -264,22 +264,34 @@ impl<C: Clock> MemoryStore<C> {
         };
 
         let mut decisions = Vec::with_capacity(checks.len());
+        // Each charged key's state just before its check, to put back if the
+        // request is denied. Restoring it (rather than refunding the charge)
+        // is exact whatever the clock did: after a clock set back, a window
+        // algorithm charges its stored window, which a refund at `now`
+        // cannot find.
+        let mut saved = Vec::with_capacity(checks.len());
         for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
-            let decision = guards[guard_of(rule, shard)]
+            let guard = &mut guards[guard_of(rule, shard)];
+            if check.cost > 0 {
+                saved.push((i, guard.get(check.key, hash).cloned()));
+            }
+            let decision = guard
                 .check(algorithms[i], check.key, hash, check.cost, now)
                 .map_err(|source| Error::CostTooLarge { index: i, source })?;
             decisions.push(decision);
         }
         let allowed = decisions.iter().all(|d| d.allowed);
         if !allowed {
-            // Give back what the admitting rules took, newest first, then
-            // report their state as it stands.
-            for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate().rev()
-            {
-                if decisions[i].allowed && check.cost > 0 {
-                    let guard = &mut guards[guard_of(rule, shard)];
-                    guard.refund(algorithms[i], check.key, hash, check.cost, now);
-                    decisions[i] = guard
+            // Put every charged key back as it was, newest first (so a key
+            // checked twice ends with its state from before the request),
+            // then report the admitting rules' state as it stands.
+            for (i, state) in saved.into_iter().rev() {
+                let (check, &(rule, shard, hash)) = (&checks[i], &located[i]);
+                guards[guard_of(rule, shard)].restore(check.key, hash, state);
+            }
+            for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
+                if decisions[i].allowed {
+                    decisions[i] = guards[guard_of(rule, shard)]
                         .check(algorithms[i], check.key, hash, 0, now)
                         .map_err(|source| Error::CostTooLarge { index: i, source })?;
                 }

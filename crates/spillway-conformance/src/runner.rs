@@ -1,0 +1,328 @@
+//! Running the vectors against a store: [`Harness`], [`run_all`].
+
+use std::fmt;
+use std::time::Duration;
+
+use spillway::Decision;
+use spillway::store::{Check, Rule, RuleId, Verdict};
+
+use crate::vectors::{Case, Expected, ExpectedDecision, Step, cases};
+
+/// A store under test, as the suite drives it.
+///
+/// The suite builds one harness per case (with the case's rules) and calls
+/// [`check`](Harness::check) once per step. The trait is synchronous: an
+/// asynchronous store's harness blocks on its own runtime.
+pub trait Harness {
+    /// Decides on one request, all its checks at once, at `now_us`
+    /// microseconds on the store's clock: the store must use this time, not
+    /// its own. `checks[i].rule` indexes the rules the harness was built
+    /// with.
+    fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError>;
+}
+
+impl<H: Harness + ?Sized> Harness for &mut H {
+    fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError> {
+        (**self).check(checks, now_us)
+    }
+}
+
+/// A request that a store answered with an error instead of a verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HarnessError {
+    /// A check's cost exceeds its rule's capacity (what the vectors call
+    /// `cost_too_large`).
+    CostTooLarge,
+    /// Anything else (a lost connection, an unknown rule...). Always a
+    /// failure.
+    Other(String),
+}
+
+impl fmt::Display for HarnessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::CostTooLarge => f.write_str("cost_too_large"),
+            Self::Other(message) => write!(f, "error: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for HarnessError {}
+
+impl From<spillway::Error> for HarnessError {
+    fn from(e: spillway::Error) -> Self {
+        match e {
+            spillway::Error::CostTooLarge { .. } => Self::CostTooLarge,
+            other => Self::Other(other.to_string()),
+        }
+    }
+}
+
+/// One value a store got wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The vector file.
+    pub file: String,
+    /// The case's name.
+    pub case: String,
+    /// The step, counting from 1.
+    pub step: usize,
+    /// The step's line in the vector file.
+    pub line: usize,
+    /// The step's time.
+    pub t_us: u64,
+    /// The check within the step, counting from 1, when the field is one
+    /// check's decision.
+    pub check: Option<usize>,
+    /// Which field: `allowed`, `limit`, `remaining`, `reset_after_us`,
+    /// `retry_after_us`, `delay_us`, `decisions` (their number) or
+    /// `outcome` (a verdict where an error was expected, or the reverse).
+    pub field: &'static str,
+    /// What the vectors say.
+    pub expected: String,
+    /// What the store said.
+    pub actual: String,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}: case {:?}, step {} (t_us = {})",
+            self.file, self.line, self.case, self.step, self.t_us
+        )?;
+        if let Some(check) = self.check {
+            write!(f, ", check {check}")?;
+        }
+        write!(
+            f,
+            ": {}: expected {}, got {}",
+            self.field, self.expected, self.actual
+        )
+    }
+}
+
+/// What a run found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// How many cases ran.
+    pub cases: usize,
+    /// How many steps ran.
+    pub steps: usize,
+    /// Every value the store got wrong, in order.
+    pub mismatches: Vec<Mismatch>,
+}
+
+impl Report {
+    /// The store answered every step as expected.
+    pub fn passed(&self) -> bool {
+        self.mismatches.is_empty()
+    }
+
+    /// Panics, listing every mismatch, unless the run passed.
+    pub fn assert_passed(&self) {
+        assert!(self.passed(), "{self}");
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let failed_steps = {
+            let mut steps: Vec<_> = self
+                .mismatches
+                .iter()
+                .map(|m| (&m.file, &m.case, m.step))
+                .collect();
+            steps.dedup();
+            steps.len()
+        };
+        write!(
+            f,
+            "conformance: {} cases, {} steps, {} failed steps ({} mismatched values)",
+            self.cases,
+            self.steps,
+            failed_steps,
+            self.mismatches.len()
+        )?;
+        for m in &self.mismatches {
+            write!(f, "\n  {m}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs every embedded vector ([`cases`]) against the store that
+/// `new_harness` builds, one fresh harness per case, built from the case's
+/// rules. Every step of every case runs, whatever fails before it.
+///
+/// # Panics
+///
+/// At the end, if anything did not match, listing every mismatch. Use
+/// [`run`] to get the [`Report`] instead.
+pub fn run_all<H, F>(new_harness: F) -> Report
+where
+    H: Harness,
+    F: FnMut(Vec<Rule>) -> H,
+{
+    let report = run(cases(), new_harness);
+    report.assert_passed();
+    report
+}
+
+/// Runs `cases` against the store that `new_harness` builds, one fresh
+/// harness per case, and reports every mismatch without panicking.
+pub fn run<H, F>(cases: &[Case], mut new_harness: F) -> Report
+where
+    H: Harness,
+    F: FnMut(Vec<Rule>) -> H,
+{
+    let mut report = Report::default();
+    for case in cases {
+        let mut harness = new_harness(case.store_rules());
+        report.cases += 1;
+        report.steps += case.steps.len();
+        report.mismatches.extend(run_case(case, &mut harness));
+    }
+    report
+}
+
+/// Runs one case's steps, in order, on `harness` (which should be fresh),
+/// and returns every mismatch.
+pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismatch> {
+    let mut mismatches = Vec::new();
+    for (i, step) in case.steps.iter().enumerate() {
+        let checks: Vec<Check<'_>> = step
+            .checks
+            .iter()
+            .map(|c| Check {
+                rule: RuleId(c.rule),
+                key: &c.key,
+                cost: c.cost,
+            })
+            .collect();
+        let answer = harness.check(&checks, step.t_us);
+        let mut report = |check: Option<usize>, field, expected: String, actual: String| {
+            mismatches.push(Mismatch {
+                file: case.file.clone(),
+                case: case.name.clone(),
+                step: i + 1,
+                line: step.line,
+                t_us: step.t_us,
+                check,
+                field,
+                expected,
+                actual,
+            });
+        };
+        compare(case, step, answer, &mut report);
+    }
+    mismatches
+}
+
+fn compare(
+    case: &Case,
+    step: &Step,
+    answer: Result<Verdict, HarnessError>,
+    report: &mut impl FnMut(Option<usize>, &'static str, String, String),
+) {
+    match (&step.expected, answer) {
+        (Expected::CostTooLarge, Err(HarnessError::CostTooLarge)) => {}
+        (Expected::CostTooLarge, Err(other)) => {
+            report(None, "outcome", "cost_too_large".into(), other.to_string());
+        }
+        (Expected::CostTooLarge, Ok(verdict)) => {
+            report(
+                None,
+                "outcome",
+                "cost_too_large".into(),
+                format!("a verdict, allowed = {}", verdict.allowed),
+            );
+        }
+        (Expected::Verdict { allowed, .. }, Err(e)) => {
+            report(
+                None,
+                "outcome",
+                format!("a verdict, allowed = {allowed}"),
+                e.to_string(),
+            );
+        }
+        (Expected::Verdict { allowed, decisions }, Ok(verdict)) => {
+            if verdict.allowed != *allowed {
+                report(
+                    None,
+                    "allowed",
+                    allowed.to_string(),
+                    verdict.allowed.to_string(),
+                );
+            }
+            if verdict.decisions.len() != decisions.len() {
+                report(
+                    None,
+                    "decisions",
+                    decisions.len().to_string(),
+                    verdict.decisions.len().to_string(),
+                );
+            }
+            for (i, (check, (want, got))) in step
+                .checks
+                .iter()
+                .zip(decisions.iter().zip(&verdict.decisions))
+                .enumerate()
+            {
+                let limit = case.rules[check.rule].config.capacity();
+                compare_decision(want, limit, got, &mut |field, expected, actual| {
+                    report(Some(i + 1), field, expected, actual);
+                });
+            }
+        }
+    }
+}
+
+fn compare_decision(
+    want: &ExpectedDecision,
+    limit: u64,
+    got: &Decision,
+    report: &mut impl FnMut(&'static str, String, String),
+) {
+    if got.allowed != want.allowed {
+        report("allowed", want.allowed.to_string(), got.allowed.to_string());
+    }
+    if got.limit != limit {
+        report("limit", limit.to_string(), got.limit.to_string());
+    }
+    if got.remaining != want.remaining {
+        report(
+            "remaining",
+            want.remaining.to_string(),
+            got.remaining.to_string(),
+        );
+    }
+    if got.reset_after != Duration::from_micros(want.reset_after_us) {
+        report(
+            "reset_after_us",
+            want.reset_after_us.to_string(),
+            micros(got.reset_after),
+        );
+    }
+    if got.retry_after != want.retry_after_us.map(Duration::from_micros) {
+        report(
+            "retry_after_us",
+            want.retry_after_us
+                .map_or_else(|| "none".into(), |us| us.to_string()),
+            got.retry_after.map_or_else(|| "none".into(), micros),
+        );
+    }
+    if got.delay != Duration::from_micros(want.delay_us) {
+        report("delay_us", want.delay_us.to_string(), micros(got.delay));
+    }
+}
+
+/// A duration as the vectors write it, or exactly when it is not whole
+/// microseconds.
+fn micros(d: Duration) -> String {
+    if d.subsec_nanos() % 1_000 == 0 {
+        d.as_micros().to_string()
+    } else {
+        format!("{d:?}")
+    }
+}

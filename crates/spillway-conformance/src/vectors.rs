@@ -1,0 +1,767 @@
+//! The test vectors: their file format and the parsed types.
+//!
+//! The vectors live in `crates/spillway-conformance/vectors/`, one TOML file
+//! per algorithm plus `multi_rule.toml`, and are embedded in the crate
+//! ([`VECTOR_FILES`]), so the suite runs from any directory. Every expected
+//! value in them was computed by hand from the definitions in
+//! `docs/algorithms.md`, with the arithmetic in a comment beside the values
+//! that are not obvious. They were never copied from the code's output: the
+//! point is to check the code against the definitions.
+//!
+//! # Format
+//!
+//! All times and durations are integer microseconds. A file is a list of
+//! `[[case]]`s. A case has a `name`, its rules, and `steps` run in order on a
+//! fresh store (every key starts never seen):
+//!
+//! ```toml
+//! [[case]]
+//! name = "fresh key, exhaustion, next window"
+//! rule = { algorithm = "fixed_window", limit = 3, window_us = 1_000_000 }
+//! steps = [
+//!   { t_us = 250_000, cost = 1, allowed = true, remaining = 2, reset_after_us = 750_000 },
+//!   # a comment says how a value was computed
+//!   { t_us = 700_000, cost = 3, allowed = false, remaining = 2, reset_after_us = 300_000, retry_after_us = 300_000 },
+//!   { t_us = 700_000, cost = 4, error = "cost_too_large" },
+//! ]
+//! ```
+//!
+//! **Rules.** `rule = { ... }` for a case with one rule, or
+//! `rules = [{ name = "...", ... }, ...]` for several (the name defaults to
+//! the algorithm's). A rule has an `algorithm` and a `limit`, plus:
+//!
+//! | algorithm | fields |
+//! |---|---|
+//! | `fixed_window`, `sliding_log`, `sliding_window` | `window_us` |
+//! | `token_bucket` | `period_us` (the rate is `limit` per `period_us`), `burst` |
+//! | `leaky_bucket` | `period_us`, `capacity`, `mode` (`"shape"`, the default, or `"police"`), `delay` (nginx's `delay=n`; shape only, default 0) |
+//!
+//! **Steps.** A step happens at `t_us`. Its request is either one check,
+//! written inline as `rule` (a rule name; only needed when the case has
+//! several), `key` (default [`DEFAULT_KEY`]) and `cost`, or several, as
+//! `checks = [{ rule = "...", key = "...", cost = 1 }, ...]`, all decided at
+//! once. What the store must answer is either `error = "cost_too_large"` (some
+//! check's cost exceeds its rule's capacity: nothing is charged), or a verdict:
+//!
+//! - `allowed`: the request as a whole;
+//! - for a one-check step, that check's decision inline: `remaining`,
+//!   `reset_after_us`, `retry_after_us` (present exactly when denied) and
+//!   `delay_us` (default 0);
+//! - for a `checks` step, `decisions = [{ allowed = ..., remaining = ...,
+//!   ... }, ...]`, one per check in order. When the request is denied, the
+//!   rules that would have admitted it are not charged, and their decision
+//!   (`allowed = true`) reports their state as a cost-0 peek would.
+//!
+//! A decision's `limit` is not written: it must equal the rule's capacity
+//! (`limit` for the windows, `burst` or `capacity` for the buckets), and the
+//! runner checks it on every decision.
+//!
+//! A step with nested `decisions` does not fit on one TOML line, so such
+//! cases write their steps as `[[case.steps]]` tables instead of an inline
+//! `steps = [...]` array; both mean the same.
+//!
+//! When the files are parsed, they are also checked for consistency: unknown
+//! fields, a `retry_after_us` on an admission or none on a denial, a
+//! `delay_us` outside a shaping leaky bucket, an overall `allowed` that does
+//! not match the decisions, or a cost above capacity that is not expected to
+//! be `cost_too_large` (and the reverse) are all errors.
+//!
+//! # A point the definitions leave open
+//!
+//! `docs/algorithms.md` gives a shaping leaky bucket's delay for an admitted
+//! request as the backlog in front of it, and says that a cost-0 request
+//! "peeks". The vectors take a peek's `delay` to be 0: it holds no place in
+//! the queue, so there is nothing to wait for.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::Deserialize;
+use spillway::Quota;
+use spillway::algorithm::{
+    AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
+};
+use spillway::store::Rule;
+
+/// The vector files, embedded in the crate: `(file name, TOML text)`.
+pub const VECTOR_FILES: &[(&str, &str)] = &[
+    (
+        "fixed_window.toml",
+        include_str!("../vectors/fixed_window.toml"),
+    ),
+    (
+        "sliding_log.toml",
+        include_str!("../vectors/sliding_log.toml"),
+    ),
+    (
+        "sliding_window.toml",
+        include_str!("../vectors/sliding_window.toml"),
+    ),
+    (
+        "token_bucket.toml",
+        include_str!("../vectors/token_bucket.toml"),
+    ),
+    (
+        "leaky_bucket.toml",
+        include_str!("../vectors/leaky_bucket.toml"),
+    ),
+    (
+        "multi_rule.toml",
+        include_str!("../vectors/multi_rule.toml"),
+    ),
+    (
+        "wall_clock.toml",
+        include_str!("../vectors/wall_clock.toml"),
+    ),
+];
+
+/// The five algorithms' names, as written in the vectors (and in
+/// configuration files).
+pub const ALGORITHMS: [&str; 5] = [
+    "fixed_window",
+    "sliding_log",
+    "sliding_window",
+    "token_bucket",
+    "leaky_bucket",
+];
+
+/// The key of a check that does not name one.
+pub const DEFAULT_KEY: &str = "key";
+
+/// Every case of every embedded vector file, parsed once.
+///
+/// # Panics
+///
+/// If an embedded file is malformed: a bug in this crate, which its own
+/// tests catch.
+///
+/// ```
+/// let cases = spillway_conformance::cases();
+/// assert!(cases.iter().any(|c| c.file == "token_bucket.toml"));
+/// ```
+pub fn cases() -> &'static [Case] {
+    static CASES: OnceLock<Vec<Case>> = OnceLock::new();
+    CASES.get_or_init(|| {
+        let mut all = Vec::new();
+        for (file, text) in VECTOR_FILES {
+            match parse(file, text) {
+                Ok(cases) => all.extend(cases),
+                Err(e) => panic!("malformed conformance vectors: {e}"),
+            }
+        }
+        all
+    })
+}
+
+/// One case: rules, and steps to run in order on a fresh store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Case {
+    /// The file it comes from, such as `"fixed_window.toml"`.
+    pub file: String,
+    /// Its name, unique within the file.
+    pub name: String,
+    /// The rules of the store, indexed by [`StepCheck::rule`].
+    pub rules: Vec<RuleSpec>,
+    /// The requests, in time order, with what the store must answer.
+    pub steps: Vec<Step>,
+}
+
+impl Case {
+    /// The rules to build the store with, in order (rule `i` is
+    /// `RuleId(i)`).
+    pub fn store_rules(&self) -> Vec<Rule> {
+        self.rules.iter().map(RuleSpec::to_rule).collect()
+    }
+}
+
+/// A rule of a case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSpec {
+    /// Its name, unique within the case.
+    pub name: String,
+    /// The algorithm and its configuration.
+    pub config: AlgorithmConfig,
+}
+
+impl RuleSpec {
+    /// The store rule.
+    pub fn to_rule(&self) -> Rule {
+        Rule::new(self.name.as_str(), self.config.to_algorithm())
+    }
+}
+
+/// An algorithm with its configuration, as the vectors state it.
+///
+/// The quota's period is the window for the window algorithms and sets the
+/// rate (`limit` per period) for the buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlgorithmConfig {
+    /// `fixed_window`.
+    FixedWindow {
+        /// `limit` per window of `period`.
+        quota: Quota,
+    },
+    /// `sliding_log`.
+    SlidingLog {
+        /// `limit` per window of `period`.
+        quota: Quota,
+    },
+    /// `sliding_window`.
+    SlidingWindow {
+        /// `limit` per window of `period`.
+        quota: Quota,
+    },
+    /// `token_bucket`.
+    TokenBucket {
+        /// The refill rate.
+        quota: Quota,
+        /// The capacity.
+        burst: NonZeroU32,
+    },
+    /// `leaky_bucket`.
+    LeakyBucket {
+        /// The drain rate.
+        quota: Quota,
+        /// The queue's size.
+        capacity: NonZeroU32,
+        /// Shape (delay) or police (admit or reject at once).
+        mode: LeakyMode,
+        /// Units of backlog that are not delayed (nginx's `delay=`); 0 when
+        /// policing.
+        delay: u32,
+    },
+}
+
+impl AlgorithmConfig {
+    /// The algorithm's name, one of [`ALGORITHMS`].
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::FixedWindow { .. } => "fixed_window",
+            Self::SlidingLog { .. } => "sliding_log",
+            Self::SlidingWindow { .. } => "sliding_window",
+            Self::TokenBucket { .. } => "token_bucket",
+            Self::LeakyBucket { .. } => "leaky_bucket",
+        }
+    }
+
+    /// The most a single request may cost, which is also every decision's
+    /// `limit`: the limit for the windows, the burst or capacity for the
+    /// buckets.
+    pub fn capacity(&self) -> u64 {
+        match self {
+            Self::FixedWindow { quota }
+            | Self::SlidingLog { quota }
+            | Self::SlidingWindow { quota } => u64::from(quota.limit().get()),
+            Self::TokenBucket { burst, .. } => u64::from(burst.get()),
+            Self::LeakyBucket { capacity, .. } => u64::from(capacity.get()),
+        }
+    }
+
+    /// The core crate's algorithm.
+    pub fn to_algorithm(&self) -> AnyAlgorithm {
+        match *self {
+            Self::FixedWindow { quota } => FixedWindow::new(quota).into(),
+            Self::SlidingLog { quota } => SlidingLog::new(quota).into(),
+            Self::SlidingWindow { quota } => SlidingWindow::new(quota).into(),
+            Self::TokenBucket { quota, burst } => TokenBucket::new(quota, burst).into(),
+            Self::LeakyBucket {
+                quota,
+                capacity,
+                mode,
+                delay,
+            } => LeakyBucket::new(quota, capacity, mode)
+                .with_delay(delay)
+                .into(),
+        }
+    }
+}
+
+/// One request, at one time, and what the store must answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// The line of the vector file it starts on, for messages.
+    pub line: usize,
+    /// When the request arrives, in microseconds on the store's clock.
+    pub t_us: u64,
+    /// The request's checks, all decided at once.
+    pub checks: Vec<StepCheck>,
+    /// What the store must answer.
+    pub expected: Expected,
+}
+
+/// One (rule, key, cost) of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepCheck {
+    /// The index of the rule in [`Case::rules`].
+    pub rule: usize,
+    /// The key it counts by.
+    pub key: String,
+    /// The cost; 0 only peeks.
+    pub cost: u64,
+}
+
+/// What the store must answer for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    /// A verdict: admitted or denied, with one decision per check.
+    Verdict {
+        /// Every rule admitted the request (and each was charged).
+        allowed: bool,
+        /// One per check, in order.
+        decisions: Vec<ExpectedDecision>,
+    },
+    /// A check's cost exceeds its rule's capacity: the request fails with
+    /// an error, and nothing is charged.
+    CostTooLarge,
+}
+
+/// The expected decision of one check. Its `limit` is the rule's
+/// [capacity](AlgorithmConfig::capacity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpectedDecision {
+    /// This rule admits the request.
+    pub allowed: bool,
+    /// Cost that would still be admitted, after this decision.
+    pub remaining: u64,
+    /// Until the key's state is back to empty (or full), in µs.
+    pub reset_after_us: u64,
+    /// On a denial only: until the same request would be admitted, in µs.
+    pub retry_after_us: Option<u64>,
+    /// How long a shaping leaky bucket holds the request, in µs.
+    pub delay_us: u64,
+}
+
+/// A vector file that cannot be parsed, or that contradicts itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VectorError {
+    /// The file.
+    pub file: String,
+    /// Where in it, as precisely as known ("case \"x\", step 3", "line 12").
+    pub location: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for VectorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.location.is_empty() {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(f, "{}: {}: {}", self.file, self.location, self.message)
+        }
+    }
+}
+
+impl std::error::Error for VectorError {}
+
+/// Parses one vector file (see the [module docs](self) for the format), and
+/// checks it for consistency.
+///
+/// ```
+/// let text = r#"
+/// [[case]]
+/// name = "one"
+/// rule = { algorithm = "fixed_window", limit = 1, window_us = 1_000 }
+/// steps = [{ t_us = 0, cost = 1, allowed = true, remaining = 0, reset_after_us = 1_000 }]
+/// "#;
+/// let cases = spillway_conformance::parse("mine.toml", text).unwrap();
+/// assert_eq!(cases[0].steps.len(), 1);
+///
+/// // A denial must say when to come back.
+/// let bad = text.replace("allowed = true", "allowed = false");
+/// assert!(spillway_conformance::parse("mine.toml", &bad).is_err());
+/// ```
+pub fn parse(file: &str, text: &str) -> Result<Vec<Case>, VectorError> {
+    let err = |location: String, message: String| VectorError {
+        file: file.to_owned(),
+        location,
+        message,
+    };
+    let raw: RawFile = toml::from_str(text).map_err(|e| err(String::new(), e.to_string()))?;
+    let mut names = HashSet::new();
+    let mut cases = Vec::with_capacity(raw.cases.len());
+    for (i, raw_case) in raw.cases.into_iter().enumerate() {
+        let location = format!("case {} ({:?})", i + 1, raw_case.name);
+        if !names.insert(raw_case.name.clone()) {
+            return Err(err(location, "a case of that name comes earlier".into()));
+        }
+        let case = raw_case
+            .convert(file, text)
+            .map_err(|(where_, message)| err(format!("{location}{where_}"), message))?;
+        cases.push(case);
+    }
+    Ok(cases)
+}
+
+// The file as written; converted once into the types above.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(rename = "case", default)]
+    cases: Vec<RawCase>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCase {
+    name: String,
+    rule: Option<RawRule>,
+    rules: Option<Vec<RawRule>>,
+    #[serde(default)]
+    steps: Vec<toml::Spanned<RawStep>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: Option<String>,
+    algorithm: String,
+    limit: u32,
+    window_us: Option<u64>,
+    period_us: Option<u64>,
+    burst: Option<u32>,
+    capacity: Option<u32>,
+    mode: Option<String>,
+    delay: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    t_us: u64,
+    rule: Option<String>,
+    key: Option<String>,
+    cost: Option<u64>,
+    checks: Option<Vec<RawCheck>>,
+    error: Option<String>,
+    allowed: Option<bool>,
+    remaining: Option<u64>,
+    reset_after_us: Option<u64>,
+    retry_after_us: Option<u64>,
+    delay_us: Option<u64>,
+    decisions: Option<Vec<RawDecision>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCheck {
+    rule: Option<String>,
+    key: Option<String>,
+    cost: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDecision {
+    allowed: bool,
+    remaining: u64,
+    reset_after_us: u64,
+    retry_after_us: Option<u64>,
+    delay_us: Option<u64>,
+}
+
+/// Where in a case (appended to the case's location), and what is wrong.
+type Problem = (String, String);
+
+fn problem(where_: impl Into<String>, message: impl Into<String>) -> Problem {
+    (where_.into(), message.into())
+}
+
+impl RawCase {
+    fn convert(self, file: &str, text: &str) -> Result<Case, Problem> {
+        let raw_rules = match (self.rule, self.rules) {
+            (Some(rule), None) => vec![rule],
+            (None, Some(rules)) if !rules.is_empty() => rules,
+            (None, Some(_)) => return Err(problem("", "`rules` is empty")),
+            (None, None) => return Err(problem("", "needs `rule` or `rules`")),
+            (Some(_), Some(_)) => return Err(problem("", "has both `rule` and `rules`")),
+        };
+        let mut rules = Vec::with_capacity(raw_rules.len());
+        for (i, raw) in raw_rules.into_iter().enumerate() {
+            let rule = raw
+                .convert()
+                .map_err(|m| problem(format!(", rule {}", i + 1), m))?;
+            if rules.iter().any(|r: &RuleSpec| r.name == rule.name) {
+                return Err(problem(
+                    format!(", rule {}", i + 1),
+                    format!("another rule is named {:?}", rule.name),
+                ));
+            }
+            rules.push(rule);
+        }
+        if self.steps.is_empty() {
+            return Err(problem("", "has no steps"));
+        }
+        let mut steps = Vec::with_capacity(self.steps.len());
+        for (i, spanned) in self.steps.into_iter().enumerate() {
+            let line = line_of(text, spanned.span().start);
+            let step = spanned
+                .into_inner()
+                .convert(&rules, line)
+                .map_err(|m| problem(format!(", step {} ({file}:{line})", i + 1), m))?;
+            steps.push(step);
+        }
+        Ok(Case {
+            file: file.to_owned(),
+            name: self.name,
+            rules,
+            steps,
+        })
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset)
+        .map_or(0, |before| before.matches('\n').count())
+        + 1
+}
+
+impl RawRule {
+    fn convert(self) -> Result<RuleSpec, String> {
+        let limit =
+            NonZeroU32::new(self.limit).ok_or_else(|| "`limit` must be at least 1".to_owned())?;
+        let given = [
+            ("window_us", self.window_us.is_some()),
+            ("period_us", self.period_us.is_some()),
+            ("burst", self.burst.is_some()),
+            ("capacity", self.capacity.is_some()),
+            ("mode", self.mode.is_some()),
+            ("delay", self.delay.is_some()),
+        ];
+        let (allowed_fields, period_field): (&[&str], _) = match self.algorithm.as_str() {
+            "fixed_window" | "sliding_log" | "sliding_window" => (&["window_us"], "window_us"),
+            "token_bucket" => (&["period_us", "burst"], "period_us"),
+            "leaky_bucket" => (&["period_us", "capacity", "mode", "delay"], "period_us"),
+            other => {
+                return Err(format!(
+                    "unknown `algorithm` {other:?}; expected one of {ALGORITHMS:?}"
+                ));
+            }
+        };
+        if let Some((field, _)) = given
+            .iter()
+            .find(|(field, set)| *set && !allowed_fields.contains(field))
+        {
+            return Err(format!("`{field}` does not apply to {}", self.algorithm));
+        }
+        let period = self
+            .window_us
+            .or(self.period_us)
+            .ok_or_else(|| format!("`{period_field}` is missing"))?;
+        let quota = Quota::new(limit, Duration::from_micros(period))
+            .map_err(|e| format!("`{period_field}`: {}", e.message()))?;
+        let nonzero = |value: Option<u32>, field: &str| {
+            let value = value.ok_or_else(|| format!("`{field}` is missing"))?;
+            NonZeroU32::new(value).ok_or_else(|| format!("`{field}` must be at least 1"))
+        };
+        let config = match self.algorithm.as_str() {
+            "fixed_window" => AlgorithmConfig::FixedWindow { quota },
+            "sliding_log" => AlgorithmConfig::SlidingLog { quota },
+            "sliding_window" => AlgorithmConfig::SlidingWindow { quota },
+            "token_bucket" => AlgorithmConfig::TokenBucket {
+                quota,
+                burst: nonzero(self.burst, "burst")?,
+            },
+            _ => {
+                let mode = match self.mode.as_deref() {
+                    None | Some("shape") => LeakyMode::Shape,
+                    Some("police") => LeakyMode::Police,
+                    Some(other) => {
+                        return Err(format!(
+                            "unknown `mode` {other:?}; expected \"shape\" or \"police\""
+                        ));
+                    }
+                };
+                if mode == LeakyMode::Police && self.delay.is_some() {
+                    return Err("`delay` applies to mode \"shape\" only".into());
+                }
+                AlgorithmConfig::LeakyBucket {
+                    quota,
+                    capacity: nonzero(self.capacity, "capacity")?,
+                    mode,
+                    delay: self.delay.unwrap_or(0),
+                }
+            }
+        };
+        let name = self.name.unwrap_or_else(|| config.name().to_owned());
+        Ok(RuleSpec { name, config })
+    }
+}
+
+impl RawStep {
+    fn convert(self, rules: &[RuleSpec], line: usize) -> Result<Step, String> {
+        let rule_index = |name: Option<&str>| -> Result<usize, String> {
+            match name {
+                Some(name) => rules
+                    .iter()
+                    .position(|r| r.name == name)
+                    .ok_or_else(|| format!("no rule is named {name:?}")),
+                None if rules.len() == 1 => Ok(0),
+                None => Err("the case has several rules: name one with `rule`".into()),
+            }
+        };
+        let key = |key: Option<String>| key.unwrap_or_else(|| DEFAULT_KEY.to_owned());
+
+        let inline = self.checks.is_none();
+        let checks = match (self.checks, self.cost) {
+            (Some(_), Some(_)) => return Err("has both `checks` and `cost`".into()),
+            (None, None) => return Err("needs `cost` (one check) or `checks`".into()),
+            (None, Some(cost)) => vec![StepCheck {
+                rule: rule_index(self.rule.as_deref())?,
+                key: key(self.key),
+                cost,
+            }],
+            (Some(checks), None) => {
+                if self.rule.is_some() || self.key.is_some() {
+                    return Err("`rule` and `key` go inside `checks`".into());
+                }
+                if checks.is_empty() {
+                    return Err("`checks` is empty".into());
+                }
+                checks
+                    .into_iter()
+                    .map(|c| {
+                        Ok(StepCheck {
+                            rule: rule_index(c.rule.as_deref())?,
+                            key: key(c.key),
+                            cost: c.cost,
+                        })
+                    })
+                    .collect::<Result<_, String>>()?
+            }
+        };
+
+        let inline_fields = [
+            ("remaining", self.remaining.is_some()),
+            ("reset_after_us", self.reset_after_us.is_some()),
+            ("retry_after_us", self.retry_after_us.is_some()),
+            ("delay_us", self.delay_us.is_some()),
+        ];
+        let expected = match (self.error, self.allowed) {
+            (Some(_), Some(_)) => return Err("has both `error` and `allowed`".into()),
+            (None, None) => return Err("needs `allowed` or `error`".into()),
+            (Some(error), None) => {
+                if error != "cost_too_large" {
+                    return Err(format!(
+                        "unknown `error` {error:?}; the only one is \"cost_too_large\""
+                    ));
+                }
+                if let Some((field, _)) = inline_fields.iter().find(|(_, set)| *set) {
+                    return Err(format!("`{field}` with an `error`"));
+                }
+                if self.decisions.is_some() {
+                    return Err("`decisions` with an `error`".into());
+                }
+                Expected::CostTooLarge
+            }
+            (None, Some(allowed)) if inline => {
+                if self.decisions.is_some() {
+                    return Err("`decisions` goes with `checks`; write the decision inline".into());
+                }
+                let decision = RawDecision {
+                    allowed,
+                    remaining: self.remaining.ok_or("`remaining` is missing")?,
+                    reset_after_us: self.reset_after_us.ok_or("`reset_after_us` is missing")?,
+                    retry_after_us: self.retry_after_us,
+                    delay_us: self.delay_us,
+                };
+                Expected::Verdict {
+                    allowed,
+                    decisions: vec![decision.convert()?],
+                }
+            }
+            (None, Some(allowed)) => {
+                if let Some((field, _)) = inline_fields.iter().find(|(_, set)| *set) {
+                    return Err(format!("`{field}` goes inside `decisions` with `checks`"));
+                }
+                let raw = self.decisions.ok_or("`decisions` is missing")?;
+                if raw.len() != checks.len() {
+                    return Err(format!(
+                        "{} `decisions` for {} `checks`",
+                        raw.len(),
+                        checks.len()
+                    ));
+                }
+                let decisions = raw
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, d)| d.convert().map_err(|m| format!("decision {}: {m}", i + 1)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if allowed != decisions.iter().all(|d| d.allowed) {
+                    return Err(format!(
+                        "`allowed = {allowed}` contradicts the decisions: a request is admitted \
+                         exactly when every rule admits it"
+                    ));
+                }
+                Expected::Verdict { allowed, decisions }
+            }
+        };
+
+        // What the definitions say without any arithmetic.
+        let too_large = checks
+            .iter()
+            .position(|c| c.cost > rules[c.rule].config.capacity());
+        match (&expected, too_large) {
+            (Expected::CostTooLarge, None) => {
+                return Err("expects `cost_too_large`, but every cost fits its rule".into());
+            }
+            (Expected::Verdict { .. }, Some(i)) => {
+                return Err(format!(
+                    "check {}'s cost exceeds its rule's capacity: expect `error = \"cost_too_large\"`",
+                    i + 1
+                ));
+            }
+            (Expected::Verdict { decisions, .. }, None) => {
+                for (i, (check, d)) in checks.iter().zip(decisions).enumerate() {
+                    let shaping = matches!(
+                        rules[check.rule].config,
+                        AlgorithmConfig::LeakyBucket {
+                            mode: LeakyMode::Shape,
+                            ..
+                        }
+                    );
+                    if d.delay_us > 0 && !shaping {
+                        return Err(format!(
+                            "check {}: a `delay_us` only comes from a shaping leaky bucket",
+                            i + 1
+                        ));
+                    }
+                    if d.delay_us > 0 && check.cost == 0 {
+                        return Err(format!("check {}: a peek is never delayed", i + 1));
+                    }
+                }
+            }
+            (Expected::CostTooLarge, Some(_)) => {}
+        }
+        Ok(Step {
+            line,
+            t_us: self.t_us,
+            checks,
+            expected,
+        })
+    }
+}
+
+impl RawDecision {
+    fn convert(self) -> Result<ExpectedDecision, String> {
+        match (self.allowed, self.retry_after_us) {
+            (true, Some(_)) => return Err("`retry_after_us` on an admission".into()),
+            (false, None) => return Err("a denial needs `retry_after_us`".into()),
+            _ => {}
+        }
+        if !self.allowed && self.delay_us.is_some() {
+            return Err("`delay_us` on a denial".into());
+        }
+        Ok(ExpectedDecision {
+            allowed: self.allowed,
+            remaining: self.remaining,
+            reset_after_us: self.reset_after_us,
+            retry_after_us: self.retry_after_us,
+            delay_us: self.delay_us.unwrap_or(0),
+        })
+    }
+}

@@ -1,0 +1,594 @@
+//! The Redis store for Spillway.
+//!
+//! Every request is decided by one Lua script call (`EVALSHA`, reloaded
+//! transparently after `NOSCRIPT`): the script reads the server's clock
+//! (`TIME`), runs the same transitions as the core crate for every rule of
+//! the request, and writes only if all of them admit. Each key gets a TTL
+//! that ends when its state is back to fresh, so idle keys vanish by
+//! themselves.
+//!
+//! Keys are `prefix{rule:key}`: the hash tag keeps each key's state in one
+//! cluster slot.
+
+mod cluster;
+mod deny_cache;
+mod script;
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use deny_cache::DenyCache;
+use parking_lot::Mutex;
+use spillway::Decision;
+use spillway::store::{MemoryOptions, MemoryStore, RuleId};
+use tokio::time::Instant;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use spillway::store::{Check, Rule, Store, Verdict};
+use spillway::{Algorithm, CostTooLarge};
+
+/// Everything that can go wrong talking to Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request itself is invalid (unknown rule, a cost that can never fit).
+    #[error(transparent)]
+    Check(#[from] spillway::Error),
+    /// Redis answered with an error, or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Redis did not answer in time.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// A rule that the Lua script cannot run exactly.
+    #[error("rule `{rule}`: {reason}")]
+    Rule {
+        /// The rule's name.
+        rule: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The script answered something it never sends.
+    #[error("unexpected reply from the script: {0}")]
+    Reply(String),
+    /// Redis failed recently and the policy is fail_closed: it is not asked
+    /// again until the retry interval has passed.
+    #[error("redis is unavailable (it failed less than the retry interval ago)")]
+    Unavailable,
+}
+
+/// What to do when Redis cannot answer (down, or slower than the timeout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Admit every request: the API stays up, unlimited, until Redis is
+    /// back. The default: a rate limiter should not take the API down.
+    #[default]
+    FailOpen,
+    /// Refuse to decide: the store returns [`Error::Unavailable`] or the
+    /// Redis error, which the HTTP layer turns into a 503.
+    FailClosed,
+    /// Decide in memory, each instance enforcing its share of every limit
+    /// (limit and burst divided by `instances`), until Redis is back.
+    Local {
+        /// How many service instances share the limits.
+        instances: NonZeroU32,
+    },
+}
+
+/// How the store talks to Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// The longest a check may wait for Redis (default 50 ms).
+    pub timeout: Duration,
+    /// Prepended to every key (default `spillway:`).
+    pub key_prefix: String,
+    /// What to do while Redis cannot answer (default [`OnError::FailOpen`]).
+    pub on_error: OnError,
+    /// After a failure, how long to apply `on_error` without asking Redis,
+    /// before trying it again (default 250 ms, so Redis is used again well
+    /// within a second of coming back).
+    pub retry_interval: Duration,
+    /// How many denied keys to remember locally (default 100 000; 0 turns
+    /// the deny cache off).
+    pub deny_cache_entries: usize,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(50),
+            key_prefix: "spillway:".to_string(),
+            on_error: OnError::FailOpen,
+            retry_interval: Duration::from_millis(250),
+            deny_cache_entries: 100_000,
+        }
+    }
+}
+
+/// Counters of what the store did, since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Script calls sent to Redis (a cluster request may need several).
+    pub redis_calls: u64,
+    /// Calls that failed or timed out.
+    pub redis_errors: u64,
+    /// Requests admitted without a decision because Redis could not answer.
+    pub fail_open: u64,
+    /// Requests decided by the in-memory fallback.
+    pub local: u64,
+    /// Requests denied from the deny cache, without a round trip.
+    pub deny_cache_hits: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    redis_calls: AtomicU64,
+    redis_errors: AtomicU64,
+    fail_open: AtomicU64,
+    local: AtomicU64,
+    deny_cache_hits: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Where the store's data lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One server: `redis://host:port/db`.
+    Standalone(String),
+    /// A Redis Cluster, given by some of its nodes' URLs.
+    Cluster(Vec<String>),
+}
+
+#[derive(Clone)]
+enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// A [`Store`] on Redis or Redis Cluster.
+///
+/// On a standalone server, every request costs one script call, whatever
+/// the number of rules. On a cluster, the checks are grouped by slot (a
+/// script may only touch keys of one slot) and the groups run in parallel;
+/// if one group denies while another admitted, the admitted charges are
+/// given back by a second call. Between the two calls another request may
+/// see those charges and be denied: a window of at most one round trip in
+/// which the cluster can be stricter than exact, never looser.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+    connection: Connection,
+}
+
+struct Inner {
+    rules: Vec<Rule>,
+    params: Vec<script::Params>,
+    script: redis::Script,
+    #[cfg(feature = "test-time")]
+    test_script: redis::Script,
+    options: RedisOptions,
+    deny_cache: Option<DenyCache>,
+    // The in-memory fallback of `OnError::Local`.
+    local: Option<MemoryStore>,
+    // Set while Redis is considered down: when to try it again.
+    down_until: Mutex<Option<Instant>>,
+    down: AtomicBool,
+    counters: Counters,
+}
+
+/// One check, ready to send.
+struct Prepared<'a> {
+    key: String,
+    params: &'a script::Params,
+    cost: u64,
+    capacity: u64,
+}
+
+/// A decision for a check whose state is unknown (Redis did not answer, or
+/// the deny cache answered for another rule): its limit, nothing known used.
+fn unknown(capacity: u64) -> Decision {
+    Decision {
+        allowed: true,
+        limit: capacity,
+        remaining: capacity,
+        reset_after: Duration::ZERO,
+        retry_after: None,
+        delay: Duration::ZERO,
+    }
+}
+
+impl RedisStore {
+    /// Connects to Redis and prepares `rules`. Fails if Redis cannot be
+    /// reached, or a rule's quota is too large for exact arithmetic in Lua.
+    pub async fn connect(
+        topology: Topology,
+        rules: Vec<Rule>,
+        options: RedisOptions,
+    ) -> Result<Self, Error> {
+        let params = rules
+            .iter()
+            .map(|r| script::params(r.name(), r.algorithm()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let timeout = options.timeout;
+        let connect_within = timeout.max(Duration::from_secs(1));
+        let connection = match topology {
+            Topology::Standalone(url) => {
+                let client = redis::Client::open(url)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(100));
+                let manager = tokio::time::timeout(
+                    connect_within,
+                    client.get_connection_manager_with_config(config),
+                )
+                .await
+                .map_err(|_| Error::Timeout(connect_within))??;
+                Connection::Standalone(manager)
+            }
+            Topology::Cluster(nodes) => {
+                let client = ClusterClientBuilder::new(nodes)
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(2)
+                    .build()?;
+                let connection =
+                    tokio::time::timeout(connect_within, client.get_async_connection())
+                        .await
+                        .map_err(|_| Error::Timeout(connect_within))??;
+                Connection::Cluster(connection)
+            }
+        };
+        let local = match options.on_error {
+            OnError::Local { instances } => Some(MemoryStore::new(
+                rules
+                    .iter()
+                    .map(|r| Rule::new(r.name(), r.algorithm().share(instances)))
+                    .collect(),
+                MemoryOptions::default(),
+            )),
+            _ => None,
+        };
+        let deny_cache =
+            (options.deny_cache_entries > 0).then(|| DenyCache::new(options.deny_cache_entries));
+        let inner = Inner {
+            rules,
+            params,
+            script: redis::Script::new(&script::source(false)),
+            #[cfg(feature = "test-time")]
+            test_script: redis::Script::new(&script::source(true)),
+            options,
+            deny_cache,
+            local,
+            down_until: Mutex::new(None),
+            down: AtomicBool::new(false),
+            counters: Counters::default(),
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+            connection,
+        })
+    }
+
+    /// Decides as if the server's clock read `now` (µs). Only for the
+    /// conformance suite: built with the `test-time` feature, which the
+    /// service never enables.
+    #[cfg(feature = "test-time")]
+    pub async fn check_at(&self, checks: &[Check<'_>], now: u64) -> Result<Verdict, Error> {
+        let prepared = self.prepare(checks)?;
+        self.run(&self.inner.test_script, &prepared, Some(now))
+            .await
+    }
+
+    /// What the store has done so far.
+    pub fn stats(&self) -> Stats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            redis_calls: get(&c.redis_calls),
+            redis_errors: get(&c.redis_errors),
+            fail_open: get(&c.fail_open),
+            local: get(&c.local),
+            deny_cache_hits: get(&c.deny_cache_hits),
+        }
+    }
+
+    /// Whether the last call to Redis succeeded (or none failed yet).
+    pub fn is_healthy(&self) -> bool {
+        !self.inner.down.load(Ordering::Relaxed)
+    }
+
+    /// The production path: deny cache, then Redis, then the failure policy.
+    async fn decide(&self, checks: &[Check<'_>]) -> Result<Verdict, Error> {
+        let inner = &*self.inner;
+        let prepared = self.prepare(checks)?;
+        let now = Instant::now();
+        if let Some(verdict) = self.cached_denial(&prepared, now) {
+            bump(&inner.counters.deny_cache_hits);
+            return Ok(verdict);
+        }
+        if inner.down.load(Ordering::Relaxed) {
+            let retry_at = *inner.down_until.lock();
+            if retry_at.is_some_and(|at| now < at) {
+                return self.fall_back(checks, &prepared, Error::Unavailable);
+            }
+        }
+        match self.run(&inner.script, &prepared, None).await {
+            Ok(verdict) => {
+                if inner.down.swap(false, Ordering::Relaxed) {
+                    *inner.down_until.lock() = None;
+                }
+                if let (false, Some(cache)) = (verdict.allowed, &inner.deny_cache) {
+                    let received = Instant::now();
+                    for (p, d) in prepared.iter().zip(&verdict.decisions) {
+                        if !d.allowed {
+                            cache.record(&p.key, p.cost, *d, now, received);
+                        }
+                    }
+                }
+                Ok(verdict)
+            }
+            Err(error) => {
+                bump(&inner.counters.redis_errors);
+                *inner.down_until.lock() = Some(Instant::now() + inner.options.retry_interval);
+                inner.down.store(true, Ordering::Relaxed);
+                self.fall_back(checks, &prepared, error)
+            }
+        }
+    }
+
+    /// A denial from the deny cache, if any check of the request has one.
+    /// Only the denying check's decision is known; the others report their
+    /// limit with nothing known to be used.
+    fn cached_denial(&self, prepared: &[Prepared<'_>], now: Instant) -> Option<Verdict> {
+        let cache = self.inner.deny_cache.as_ref()?;
+        let denied: Vec<Option<Decision>> = prepared
+            .iter()
+            .map(|p| cache.lookup(&p.key, p.cost, now))
+            .collect();
+        if denied.iter().all(Option::is_none) {
+            return None;
+        }
+        let decisions = denied
+            .into_iter()
+            .zip(prepared)
+            .map(|(d, p)| d.unwrap_or_else(|| unknown(p.capacity)))
+            .collect();
+        Some(Verdict {
+            allowed: false,
+            decisions,
+        })
+    }
+
+    /// Applies the failure policy when Redis cannot answer.
+    fn fall_back(
+        &self,
+        checks: &[Check<'_>],
+        prepared: &[Prepared<'_>],
+        error: Error,
+    ) -> Result<Verdict, Error> {
+        let inner = &*self.inner;
+        match (&inner.options.on_error, &inner.local) {
+            (OnError::FailClosed, _) => Err(error),
+            (OnError::Local { .. }, Some(local)) => {
+                bump(&inner.counters.local);
+                Ok(local.check_now(checks)?)
+            }
+            _ => {
+                bump(&inner.counters.fail_open);
+                Ok(Verdict {
+                    allowed: true,
+                    decisions: prepared.iter().map(|p| unknown(p.capacity)).collect(),
+                })
+            }
+        }
+    }
+
+    /// Forgets `key` under `rule`: its state in Redis and its deny-cache
+    /// entry. Returns whether Redis held it.
+    pub async fn reset(&self, rule: RuleId, key: &str) -> Result<bool, Error> {
+        let rule = self
+            .inner
+            .rules
+            .get(rule.0)
+            .ok_or(spillway::Error::UnknownRule {
+                index: 0,
+                rule: rule.0,
+            })?;
+        let key = script::redis_key(&self.inner.options.key_prefix, rule.name(), key);
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(&key);
+        }
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(&key);
+        let deleted: i64 = self.query(&cmd).await?;
+        Ok(deleted > 0)
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
+        let timeout = self.inner.options.timeout;
+        match &self.connection {
+            Connection::Standalone(c) => {
+                let mut c = c.clone();
+                tokio::time::timeout(timeout, cmd.query_async(&mut c)).await
+            }
+            Connection::Cluster(c) => {
+                let mut c = c.clone();
+                tokio::time::timeout(timeout, cmd.query_async(&mut c)).await
+            }
+        }
+        .map_err(|_| Error::Timeout(timeout))?
+        .map_err(Error::from)
+    }
+
+    /// Validates the checks and builds their keys.
+    fn prepare<'a>(&'a self, checks: &[Check<'_>]) -> Result<Vec<Prepared<'a>>, Error> {
+        let inner = &*self.inner;
+        checks
+            .iter()
+            .enumerate()
+            .map(|(index, check)| {
+                let rule = inner
+                    .rules
+                    .get(check.rule.0)
+                    .ok_or(spillway::Error::UnknownRule {
+                        index,
+                        rule: check.rule.0,
+                    })?;
+                let capacity = rule.algorithm().capacity();
+                if check.cost > capacity {
+                    return Err(spillway::Error::CostTooLarge {
+                        index,
+                        source: CostTooLarge {
+                            cost: check.cost,
+                            capacity,
+                        },
+                    }
+                    .into());
+                }
+                Ok(Prepared {
+                    key: script::redis_key(&inner.options.key_prefix, rule.name(), check.key),
+                    params: &inner.params[check.rule.0],
+                    cost: check.cost,
+                    capacity,
+                })
+            })
+            .collect()
+    }
+
+    async fn run(
+        &self,
+        script: &redis::Script,
+        prepared: &[Prepared<'_>],
+        now: Option<u64>,
+    ) -> Result<Verdict, Error> {
+        let groups: Vec<Vec<usize>> = match self.connection {
+            Connection::Standalone(_) => vec![(0..prepared.len()).collect()],
+            Connection::Cluster(_) => {
+                let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+                for (i, p) in prepared.iter().enumerate() {
+                    let slot = cluster::slot(p.key.as_bytes());
+                    match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                        Some((_, group)) => group.push(i),
+                        None => by_slot.push((slot, vec![i])),
+                    }
+                }
+                by_slot.into_iter().map(|(_, group)| group).collect()
+            }
+        };
+        let calls = groups
+            .iter()
+            .map(|group| self.call(script, prepared, group, now, None));
+        let replies = futures_util::future::try_join_all(calls).await?;
+
+        let mut decisions = vec![None; prepared.len()];
+        let allowed = replies.iter().all(|r| r.allowed);
+        let mut refunds = Vec::new();
+        for (group, reply) in groups.iter().zip(&replies) {
+            if !allowed && reply.allowed {
+                refunds.push(self.call(script, prepared, group, now, Some(reply.now)));
+            }
+            for (&i, d) in group.iter().zip(&reply.decisions) {
+                decisions[i] = Some(*d);
+            }
+        }
+        // Give back what the admitting groups took; their decisions become
+        // their state as it now stands.
+        for refunded in futures_util::future::try_join_all(refunds).await? {
+            for (&i, d) in refunded.group.iter().zip(&refunded.decisions) {
+                decisions[i] = Some(*d);
+            }
+        }
+        let decisions = decisions
+            .into_iter()
+            .map(|d| d.ok_or_else(|| Error::Reply("a check got no decision".into())))
+            .collect::<Result<_, _>>()?;
+        Ok(Verdict { allowed, decisions })
+    }
+
+    /// One script call for the checks in `group` (all in one slot).
+    async fn call<'g>(
+        &self,
+        script: &redis::Script,
+        prepared: &[Prepared<'_>],
+        group: &'g [usize],
+        now: Option<u64>,
+        refund_of: Option<u64>,
+    ) -> Result<Reply<'g>, Error> {
+        let mut invocation = script.prepare_invoke();
+        invocation.arg(now.map_or(String::new(), |t| t.to_string()));
+        invocation.arg(refund_of.map_or(String::new(), |t| t.to_string()));
+        for &i in group {
+            let p = &prepared[i];
+            invocation.key(&p.key);
+            invocation.arg(&p.params[..]);
+            invocation.arg(p.cost);
+        }
+        bump(&self.inner.counters.redis_calls);
+        let timeout = self.inner.options.timeout;
+        let reply: Vec<i64> = match &self.connection {
+            Connection::Standalone(c) => {
+                let mut c = c.clone();
+                tokio::time::timeout(timeout, invocation.invoke_async(&mut c)).await
+            }
+            Connection::Cluster(c) => {
+                let mut c = c.clone();
+                tokio::time::timeout(timeout, invocation.invoke_async(&mut c)).await
+            }
+        }
+        .map_err(|_| Error::Timeout(timeout))??;
+        let (allowed, now, decisions) = script::decode(&reply, group.len())?;
+        Ok(Reply {
+            group,
+            allowed,
+            now,
+            decisions,
+        })
+    }
+}
+
+/// The Redis Cluster slot of a key (CRC16 of its hash tag, mod 16384), as
+/// `CLUSTER KEYSLOT` computes it.
+pub fn slot(key: &[u8]) -> u16 {
+    cluster::slot(key)
+}
+
+/// What one script call answered.
+struct Reply<'g> {
+    group: &'g [usize],
+    allowed: bool,
+    now: u64,
+    decisions: Vec<spillway::Decision>,
+}
+
+impl Store for RedisStore {
+    type Error = Error;
+
+    fn rules(&self) -> &[Rule] {
+        &self.inner.rules
+    }
+
+    fn check(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
+        self.decide(checks)
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("rules", &self.inner.rules)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}

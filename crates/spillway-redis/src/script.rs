@@ -1,0 +1,148 @@
+//! The Lua script: assembled from one file per algorithm plus the driver
+//! that runs all the checks of a request atomically.
+//!
+//! Arguments, per check: the algorithm's number, five parameters and the
+//! cost (see `scripts/driver.lua`). The reply: whether the request was
+//! admitted, the server's time, then six numbers per check.
+
+use std::time::Duration;
+
+use spillway::algorithm::{AnyAlgorithm, LeakyMode};
+use spillway::{Algorithm, Decision};
+
+use crate::Error;
+
+const PARTS: [&str; 6] = [
+    include_str!("scripts/common.lua"),
+    include_str!("scripts/fixed_window.lua"),
+    include_str!("scripts/sliding_log.lua"),
+    include_str!("scripts/sliding_window.lua"),
+    include_str!("scripts/bucket.lua"),
+    include_str!("scripts/driver.lua"),
+];
+
+/// The script's source. With `time_override`, the first argument (when not
+/// empty) replaces the server's clock: only the test build asks for that.
+pub(crate) fn source(time_override: bool) -> String {
+    let mut src = format!("local ALLOW_TIME_OVERRIDE = {time_override}\nlocal ALGORITHMS = {{}}\n");
+    for part in PARTS {
+        src.push_str(part);
+        src.push('\n');
+    }
+    src
+}
+
+/// Lua numbers are doubles: every intermediate value must stay below 2^53.
+const EXACT: u128 = 1 << 53;
+
+/// The seven numbers a check sends, less the cost: algorithm, p1..p5.
+pub(crate) type Params = [u64; 6];
+
+/// Encodes a rule's algorithm for the script, refusing configurations whose
+/// arithmetic would not be exact in Lua.
+pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Error> {
+    let too_large = |reason| Error::Rule {
+        rule: rule.to_string(),
+        reason,
+    };
+    let quota = algorithm.quota();
+    let limit = u64::from(quota.limit().get());
+    let window = quota.period_micros();
+    let windowed = |id| {
+        if 2 * u128::from(limit) * u128::from(window) >= EXACT {
+            return Err(too_large(
+                "limit x window must stay below 2^52 for exact Lua arithmetic",
+            ));
+        }
+        Ok([id, limit, window, 0, 0, 0])
+    };
+    let bucket = |id, mode, undelayed: u64| {
+        let interval = quota.emission_interval();
+        let capacity = algorithm.capacity();
+        let span =
+            2 * u128::from(capacity) * u128::from(interval.micros) + u128::from(interval.per);
+        if span >= EXACT {
+            return Err(too_large(
+                "capacity x period / limit is too large for exact Lua arithmetic",
+            ));
+        }
+        Ok([id, capacity, interval.micros, interval.per, mode, undelayed])
+    };
+    match algorithm {
+        AnyAlgorithm::FixedWindow(_) => windowed(1),
+        AnyAlgorithm::SlidingLog(_) => windowed(2),
+        AnyAlgorithm::SlidingWindow(_) => windowed(3),
+        AnyAlgorithm::TokenBucket(_) => bucket(4, 0, 0),
+        AnyAlgorithm::LeakyBucket(lb) => match lb.mode() {
+            LeakyMode::Shape => bucket(5, 1, u64::from(lb.undelayed())),
+            LeakyMode::Police => bucket(5, 2, 0),
+        },
+    }
+}
+
+/// The reply, decoded: admitted, the server's time (µs), one decision per
+/// check.
+pub(crate) fn decode(reply: &[i64], checks: usize) -> Result<(bool, u64, Vec<Decision>), Error> {
+    if reply.len() != 2 + 6 * checks {
+        return Err(Error::Reply(format!(
+            "{} numbers for {checks} checks",
+            reply.len()
+        )));
+    }
+    let micros = |v: i64| Duration::from_micros(v.max(0) as u64);
+    let decisions = reply[2..]
+        .chunks_exact(6)
+        .map(|d| Decision {
+            allowed: d[0] == 1,
+            limit: d[1].max(0) as u64,
+            remaining: d[2].max(0) as u64,
+            reset_after: micros(d[3]),
+            retry_after: (d[4] >= 0).then(|| micros(d[4])),
+            delay: micros(d[5]),
+        })
+        .collect();
+    Ok((reply[0] == 1, reply[1].max(0) as u64, decisions))
+}
+
+/// The Redis key of `key` under `rule`: `prefix{rule:key}`, escaped so that
+/// two different (rule, key) pairs never meet, and hash-tagged so that a
+/// key's state stays in one cluster slot.
+pub(crate) fn redis_key(prefix: &str, rule: &str, key: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + rule.len() + key.len() + 4);
+    out.push_str(prefix);
+    out.push('{');
+    escape_into(&mut out, rule);
+    out.push(':');
+    escape_into(&mut out, key);
+    out.push('}');
+    out
+}
+
+fn escape_into(out: &mut String, s: &str) {
+    for ch in s.chars() {
+        match ch {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            _ => out.push(ch),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_never_collide_and_stay_in_one_slot() {
+        assert_eq!(redis_key("s:", "a:b", "c"), "s:{a%3Ab:c}");
+        assert_eq!(redis_key("s:", "a", "b:c"), "s:{a:b%3Ac}");
+        assert_eq!(redis_key("s:", "r", "}{"), "s:{r:%7D%7B}");
+    }
+
+    #[test]
+    fn the_test_clock_is_off_in_the_service_script() {
+        assert!(source(false).starts_with("local ALLOW_TIME_OVERRIDE = false\n"));
+    }
+}

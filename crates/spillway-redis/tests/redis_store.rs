@@ -1,0 +1,382 @@
+//! The Redis store on a real redis-server: script loading, TTLs, the
+//! server's clock, failure policies, the deny cache, exactness across
+//! instances, and Redis Cluster.
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use spillway::Quota;
+use spillway::algorithm::{AnyAlgorithm, FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
+use spillway::store::{Check, Rule, RuleId, Store};
+use spillway_conformance::redis_server::{RedisCluster, RedisServer};
+use spillway_redis::{Error, OnError, RedisOptions, RedisStore, Topology};
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+fn per(limit: u32, window: Duration) -> Quota {
+    Quota::new(nz(limit), window).unwrap()
+}
+
+async fn store(server: &RedisServer, rules: Vec<Rule>, options: RedisOptions) -> RedisStore {
+    RedisStore::connect(Topology::Standalone(server.url()), rules, options)
+        .await
+        .expect("connects")
+}
+
+fn one(key: &str) -> [Check<'_>; 1] {
+    [Check {
+        rule: RuleId(0),
+        key,
+        cost: 1,
+    }]
+}
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info = server.command("INFO commandstats");
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn reloads_the_script_after_script_flush() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rules = vec![Rule::new(
+        "r",
+        FixedWindow::new(per(5, Duration::from_secs(60))),
+    )];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    assert_eq!(s.check(&one("k")).await.unwrap().decisions[0].remaining, 4);
+    assert!(server.command("SCRIPT FLUSH").starts_with("+OK"));
+    // NOSCRIPT is answered by loading the script again, invisibly.
+    assert_eq!(s.check(&one("k")).await.unwrap().decisions[0].remaining, 3);
+    assert_eq!(s.stats().redis_errors, 0);
+}
+
+#[tokio::test]
+async fn every_key_gets_a_ttl_that_ends_when_its_state_is_fresh_again() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let minute = Duration::from_secs(60);
+    let rules = vec![
+        Rule::new("fw", FixedWindow::new(per(5, minute))),
+        Rule::new("sw", SlidingWindow::new(per(5, minute))),
+        Rule::new("log", SlidingLog::new(per(5, minute))),
+        Rule::new(
+            "tb",
+            TokenBucket::new(per(1, Duration::from_secs(10)), nz(3)),
+        ),
+    ];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    let checks: Vec<Check<'_>> = (0..4)
+        .map(|r| Check {
+            rule: RuleId(r),
+            key: "ttl",
+            cost: 1,
+        })
+        .collect();
+    assert!(s.check(&checks).await.unwrap().allowed);
+    let pttl = |key: &str| -> i64 {
+        let reply = server.command(&format!("PTTL {key}"));
+        reply.trim().trim_start_matches(':').parse().unwrap()
+    };
+    // Fixed window: until the end of the current minute.
+    let fw = pttl("spillway:{fw:ttl}");
+    assert!(fw > 0 && fw <= 60_000, "fixed window PTTL {fw}");
+    // Sliding window: the count weighs on the next window too.
+    let sw = pttl("spillway:{sw:ttl}");
+    assert!(sw > 60_000 && sw <= 120_000, "sliding window PTTL {sw}");
+    // Sliding log: one window after the entry.
+    let log = pttl("spillway:{log:ttl}");
+    assert!(log > 59_000 && log <= 60_000, "sliding log PTTL {log}");
+    // Token bucket: one token back takes 10 s.
+    let tb = pttl("spillway:{tb:ttl}");
+    assert!(tb > 9_000 && tb <= 10_000, "token bucket PTTL {tb}");
+}
+
+#[tokio::test]
+async fn decisions_use_the_servers_clock() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let window = Duration::from_secs(1);
+    let rules = vec![Rule::new("fw", FixedWindow::new(per(5, window)))];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    s.check(&one("clock")).await.unwrap();
+    // The stored window index is the server's TIME divided by the window.
+    let time = server.command("TIME");
+    let secs: u64 = time.lines().nth(2).unwrap().trim().parse().unwrap();
+    let stored = server.command("HGET spillway:{fw:clock} w");
+    let index: u64 = stored.lines().nth(1).unwrap().trim().parse().unwrap();
+    assert!(
+        secs.abs_diff(index) <= 1,
+        "server second {secs}, window {index}"
+    );
+}
+
+#[tokio::test]
+async fn the_deny_cache_answers_without_a_round_trip() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rules = vec![Rule::new(
+        "r",
+        FixedWindow::new(per(2, Duration::from_secs(3600))),
+    )];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    for _ in 0..3 {
+        s.check(&one("hammer")).await.unwrap();
+    }
+    let before = evalsha_calls(&server);
+    let calls_before = s.stats().redis_calls;
+    for _ in 0..1000 {
+        let v = s.check(&one("hammer")).await.unwrap();
+        assert!(!v.allowed);
+        let retry = v.decisions[0].retry_after.unwrap();
+        assert!(retry > Duration::ZERO && retry <= Duration::from_secs(3600));
+    }
+    assert_eq!(
+        evalsha_calls(&server),
+        before,
+        "no script call reached Redis"
+    );
+    assert_eq!(s.stats().redis_calls, calls_before);
+    assert_eq!(s.stats().deny_cache_hits, 1000);
+    // Another key still goes to Redis; a reset clears the cache.
+    assert!(s.check(&one("other")).await.unwrap().allowed);
+    assert!(s.reset(RuleId(0), "hammer").await.unwrap());
+    assert!(s.check(&one("hammer")).await.unwrap().allowed);
+}
+
+/// Polls `f` every 10 ms until it returns true or `within` passes.
+async fn eventually(within: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+async fn outage(policy: OnError) -> (RedisServer, RedisStore) {
+    let server = RedisServer::start().expect("checked by the caller");
+    let rules = vec![Rule::new(
+        "r",
+        FixedWindow::new(per(4, Duration::from_secs(3600))),
+    )];
+    let options = RedisOptions {
+        on_error: policy,
+        deny_cache_entries: 0,
+        ..RedisOptions::default()
+    };
+    let s = store(&server, rules, options).await;
+    assert!(s.check(&one("k")).await.unwrap().allowed);
+    (server, s)
+}
+
+#[tokio::test]
+async fn fail_open_admits_while_redis_is_down_and_recovers_within_a_second() {
+    if RedisServer::start().is_none() {
+        return;
+    }
+    let (mut server, s) = outage(OnError::FailOpen).await;
+    server.kill();
+    for _ in 0..10 {
+        assert!(s.check(&one("k")).await.unwrap().allowed);
+    }
+    assert!(s.stats().fail_open >= 10);
+    assert!(!s.is_healthy());
+    server.restart();
+    let back = Instant::now();
+    // The restarted server is empty: the first answer from Redis has 3 left.
+    assert!(
+        eventually(Duration::from_secs(1), async || {
+            s.check(&one("k")).await.unwrap().decisions[0].remaining == 3
+        })
+        .await,
+        "Redis was not used again within a second of coming back"
+    );
+    assert!(back.elapsed() < Duration::from_secs(1));
+    assert!(s.is_healthy());
+}
+
+#[tokio::test]
+async fn fail_closed_refuses_while_redis_is_down() {
+    if RedisServer::start().is_none() {
+        return;
+    }
+    let (mut server, s) = outage(OnError::FailClosed).await;
+    server.kill();
+    let err = s.check(&one("k")).await.unwrap_err();
+    assert!(!matches!(err, Error::Check(_)), "{err}");
+    // Within the retry interval Redis is not even tried.
+    let calls = s.stats().redis_calls;
+    assert!(matches!(s.check(&one("k")).await, Err(Error::Unavailable)));
+    assert_eq!(s.stats().redis_calls, calls);
+    server.restart();
+    assert!(
+        eventually(Duration::from_secs(1), async || s
+            .check(&one("k"))
+            .await
+            .is_ok())
+        .await
+    );
+}
+
+#[tokio::test]
+async fn local_fallback_enforces_each_instances_share() {
+    if RedisServer::start().is_none() {
+        return;
+    }
+    let (mut server, s) = outage(OnError::Local { instances: nz(2) }).await;
+    server.kill();
+    // limit 4 shared by 2 instances: 2 each while Redis is down.
+    let admitted = {
+        let mut n = 0;
+        for _ in 0..5 {
+            n += usize::from(s.check(&one("k")).await.unwrap().allowed);
+        }
+        n
+    };
+    assert_eq!(admitted, 2);
+    assert_eq!(s.stats().local, 5);
+}
+
+/// 4 stores (4 service instances, 4 connections), 200 tasks each, one key.
+async fn admitted_by_four_instances(
+    server: &RedisServer,
+    algorithm: AnyAlgorithm,
+    key: &str,
+) -> usize {
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        let options = RedisOptions {
+            timeout: Duration::from_secs(10),
+            ..RedisOptions::default()
+        };
+        stores.push(store(server, vec![Rule::new("exact", algorithm)], options).await);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for s in &stores {
+        for _ in 0..200 {
+            let s = s.clone();
+            let key = key.to_string();
+            tasks.spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..2 {
+                    let checks = [Check {
+                        rule: RuleId(0),
+                        key: &key,
+                        cost: 1,
+                    }];
+                    admitted += usize::from(s.check(&checks).await.expect("no error").allowed);
+                    assert_eq!(
+                        s.stats().redis_errors,
+                        0,
+                        "a decision came from the failure policy"
+                    );
+                }
+                admitted
+            });
+        }
+    }
+    let mut total = 0;
+    while let Some(n) = tasks.join_next().await {
+        total += n.unwrap();
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_instances_admit_exactly_the_limit() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let hour = Duration::from_secs(3600);
+    for (name, algorithm) in [
+        (
+            "fixed",
+            AnyAlgorithm::from(FixedWindow::new(per(1000, hour))),
+        ),
+        ("log", AnyAlgorithm::from(SlidingLog::new(per(1000, hour)))),
+    ] {
+        for round in 0..3 {
+            let admitted =
+                admitted_by_four_instances(&server, algorithm, &format!("{name}-{round}")).await;
+            assert_eq!(admitted, 1000, "{name}, round {round}");
+        }
+    }
+    // Token bucket: at most burst + rate x elapsed.
+    let start = Instant::now();
+    let tb = TokenBucket::new(per(100, Duration::from_secs(1)), nz(500));
+    let admitted = admitted_by_four_instances(&server, tb.into(), "bucket").await;
+    let elapsed = start.elapsed().as_secs_f64();
+    let bound = 500.0 + 100.0 * elapsed;
+    assert!(
+        admitted >= 500 && (admitted as f64) <= bound,
+        "{admitted} > {bound}"
+    );
+}
+
+#[tokio::test]
+async fn cluster_gives_back_the_charge_of_a_denied_request() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    // Our slot function agrees with the servers'.
+    for key in ["foo", "spillway:{a:b}", "x{tag}y", "{}z", "{{a}}"] {
+        let reply = cluster.nodes()[0].command(&format!("CLUSTER KEYSLOT {key}"));
+        let theirs: u16 = reply.trim().trim_start_matches(':').parse().unwrap();
+        assert_eq!(spillway_redis::slot(key.as_bytes()), theirs, "{key}");
+    }
+    let hour = Duration::from_secs(3600);
+    let rules = vec![
+        Rule::new("wide", FixedWindow::new(per(10, hour))),
+        Rule::new("narrow", FixedWindow::new(per(1, hour))),
+    ];
+    let s = RedisStore::connect(
+        Topology::Cluster(cluster.urls()),
+        rules,
+        RedisOptions::default(),
+    )
+    .await
+    .unwrap();
+    // Find two keys on different slots so the request needs two calls.
+    let (a, b) = ("user-1", "ip-2");
+    let request = [
+        Check {
+            rule: RuleId(0),
+            key: a,
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(1),
+            key: b,
+            cost: 1,
+        },
+    ];
+    assert!(s.check(&request).await.unwrap().allowed);
+    let calls = s.stats().redis_calls;
+    let denied = s.check(&request).await.unwrap();
+    assert!(!denied.allowed);
+    // Two calls, then one refund call for the admitting slot.
+    assert_eq!(s.stats().redis_calls - calls, 3);
+    // The wide rule was given its unit back: 9 left, as after the first request.
+    assert_eq!(denied.decisions[0].remaining, 9);
+    let peek = [Check {
+        rule: RuleId(0),
+        key: a,
+        cost: 0,
+    }];
+    assert_eq!(s.check(&peek).await.unwrap().decisions[0].remaining, 9);
+}
