@@ -85,6 +85,8 @@ impl RedisServer {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+            // Tests use DEBUG SLEEP to stall the server.
+            .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())

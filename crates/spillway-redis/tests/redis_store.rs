@@ -380,3 +380,71 @@ async fn cluster_gives_back_the_charge_of_a_denied_request() {
     }];
     assert_eq!(s.check(&peek).await.unwrap().decisions[0].remaining, 9);
 }
+
+#[tokio::test]
+async fn all_rules_of_a_request_cost_one_round_trip() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let hour = Duration::from_secs(3600);
+    let rules = vec![
+        Rule::new("a", FixedWindow::new(per(10, hour))),
+        Rule::new("b", SlidingLog::new(per(10, hour))),
+        Rule::new("c", TokenBucket::new(per(10, hour), nz(10))),
+    ];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    let request: Vec<Check<'_>> = (0..3)
+        .map(|r| Check {
+            rule: RuleId(r),
+            key: "same-client",
+            cost: 2,
+        })
+        .collect();
+    s.check(&request).await.unwrap();
+    let before = evalsha_calls(&server);
+    for _ in 0..3 {
+        assert!(s.check(&request).await.unwrap().allowed);
+    }
+    assert_eq!(evalsha_calls(&server) - before, 3);
+    // The fifth request would take each rule to 10: still fits; the sixth not,
+    // and it charges none of them.
+    assert!(s.check(&request).await.unwrap().allowed);
+    let denied = s.check(&request).await.unwrap();
+    assert!(!denied.allowed);
+    assert!(denied.decisions.iter().all(|d| !d.allowed));
+}
+
+#[tokio::test]
+async fn a_stalled_server_costs_at_most_the_timeout() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rules = vec![Rule::new(
+        "r",
+        FixedWindow::new(per(5, Duration::from_secs(60))),
+    )];
+    let options = RedisOptions {
+        timeout: Duration::from_millis(50),
+        ..RedisOptions::default()
+    };
+    let s = store(&server, rules, options).await;
+    s.check(&one("k")).await.unwrap();
+    // DEBUG SLEEP blocks the server for a second; the reply to it comes late,
+    // so send it from a thread and check while the server sleeps.
+    let port = server.port();
+    let sleeper = std::thread::spawn(move || {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        std::io::Write::write_all(&mut stream, b"DEBUG SLEEP 1\r\n").unwrap();
+        let mut buf = [0u8; 16];
+        std::io::Read::read(&mut stream, &mut buf).ok();
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let verdict = s.check(&one("k")).await.unwrap();
+    let waited = started.elapsed();
+    // Fail open, after the 50 ms timeout rather than the server's second.
+    assert!(verdict.allowed);
+    assert_eq!(s.stats().fail_open, 1);
+    assert!(waited < Duration::from_millis(400), "waited {waited:?}");
+    sleeper.join().unwrap();
+}
