@@ -365,6 +365,7 @@ impl RedisStore {
         Some(Verdict {
             allowed: false,
             decisions,
+            decided_at: 0,
         })
     }
 
@@ -387,9 +388,23 @@ impl RedisStore {
                 Ok(Verdict {
                     allowed: true,
                     decisions: prepared.iter().map(|p| unknown(p.capacity)).collect(),
+                    decided_at: 0,
                 })
             }
         }
+    }
+
+    async fn give_back(&self, checks: &[Check<'_>], charged_at: u64) -> Result<(), Error> {
+        if charged_at == 0 {
+            return Ok(());
+        }
+        let prepared = self.prepare(checks)?;
+        let groups = self.groups(&prepared);
+        let calls = groups
+            .iter()
+            .map(|group| self.call(&self.inner.script, &prepared, group, None, Some(charged_at)));
+        futures_util::future::try_join_all(calls).await?;
+        Ok(())
     }
 
     /// Forgets `key` under `rule`: its state in Redis and its deny-cache
@@ -470,20 +485,7 @@ impl RedisStore {
         prepared: &[Prepared<'_>],
         now: Option<u64>,
     ) -> Result<Verdict, Error> {
-        let groups: Vec<Vec<usize>> = match self.connection {
-            Connection::Standalone(_) => vec![(0..prepared.len()).collect()],
-            Connection::Cluster(_) => {
-                let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
-                for (i, p) in prepared.iter().enumerate() {
-                    let slot = cluster::slot(p.key.as_bytes());
-                    match by_slot.iter_mut().find(|(s, _)| *s == slot) {
-                        Some((_, group)) => group.push(i),
-                        None => by_slot.push((slot, vec![i])),
-                    }
-                }
-                by_slot.into_iter().map(|(_, group)| group).collect()
-            }
-        };
+        let groups = self.groups(prepared);
         let calls = groups
             .iter()
             .map(|group| self.call(script, prepared, group, now, None));
@@ -511,7 +513,31 @@ impl RedisStore {
             .into_iter()
             .map(|d| d.ok_or_else(|| Error::Reply("a check got no decision".into())))
             .collect::<Result<_, _>>()?;
-        Ok(Verdict { allowed, decisions })
+        let decided_at = replies.first().map_or(0, |r| r.now);
+        Ok(Verdict {
+            allowed,
+            decisions,
+            decided_at,
+        })
+    }
+
+    /// The checks grouped into script calls: all in one on a standalone
+    /// server, one per slot on a cluster.
+    fn groups(&self, prepared: &[Prepared<'_>]) -> Vec<Vec<usize>> {
+        match self.connection {
+            Connection::Standalone(_) => vec![(0..prepared.len()).collect()],
+            Connection::Cluster(_) => {
+                let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+                for (i, p) in prepared.iter().enumerate() {
+                    let slot = cluster::slot(p.key.as_bytes());
+                    match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                        Some((_, group)) => group.push(i),
+                        None => by_slot.push((slot, vec![i])),
+                    }
+                }
+                by_slot.into_iter().map(|(_, group)| group).collect()
+            }
+        }
     }
 
     /// One script call for the checks in `group` (all in one slot).
@@ -581,6 +607,27 @@ impl Store for RedisStore {
         checks: &[Check<'_>],
     ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
         self.decide(checks)
+    }
+
+    /// Gives back the charges with the script's refund mode. A verdict that
+    /// did not come from Redis (`decided_at` 0: fail-open, the deny cache)
+    /// charged nothing there, so there is nothing to give back; one from the
+    /// local fallback is refunded in memory.
+    fn refund(
+        &self,
+        checks: &[Check<'_>],
+        charged_at: u64,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        self.give_back(checks, charged_at)
+    }
+}
+
+impl spillway::store::StoreError for Error {
+    fn invalid_request(&self) -> Option<&spillway::Error> {
+        match self {
+            Self::Check(e) => Some(e),
+            _ => None,
+        }
     }
 }
 

@@ -448,3 +448,36 @@ async fn a_stalled_server_costs_at_most_the_timeout() {
     assert!(waited < Duration::from_millis(400), "waited {waited:?}");
     sleeper.join().unwrap();
 }
+
+#[tokio::test]
+async fn refund_gives_back_an_admitted_charge() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let hour = Duration::from_secs(3600);
+    let rules = vec![
+        Rule::new("fw", FixedWindow::new(per(5, hour))),
+        Rule::new("tb", TokenBucket::new(per(1, hour), nz(5))),
+        Rule::new("log", SlidingLog::new(per(5, hour))),
+    ];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    let request: Vec<Check<'_>> = (0..3)
+        .map(|r| Check {
+            rule: RuleId(r),
+            key: "shaped",
+            cost: 2,
+        })
+        .collect();
+    let verdict = s.check(&request).await.unwrap();
+    assert!(verdict.allowed);
+    assert!(
+        verdict.decided_at > 1_500_000_000_000_000,
+        "the server's clock, in µs"
+    );
+    s.refund(&request, verdict.decided_at).await.unwrap();
+    let peek: Vec<Check<'_>> = request.iter().map(|c| Check { cost: 0, ..*c }).collect();
+    let after = s.check(&peek).await.unwrap();
+    for d in &after.decisions {
+        assert_eq!(d.remaining, 5, "{d:?}");
+    }
+}

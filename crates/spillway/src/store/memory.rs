@@ -238,6 +238,7 @@ impl<C: Clock> MemoryStore<C> {
             return Ok(Verdict {
                 allowed: decision.allowed,
                 decisions: vec![decision],
+                decided_at: now,
             });
         }
 
@@ -297,7 +298,27 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
         }
-        Ok(Verdict { allowed, decisions })
+        Ok(Verdict {
+            allowed,
+            decisions,
+            decided_at: now,
+        })
+    }
+
+    /// Gives back the charges of an admitted request (see [`Store::refund`]).
+    pub fn refund_at(&self, checks: &[Check<'_>], charged_at: Micros) -> Result<(), Error> {
+        let algorithms = self.validate(checks)?;
+        for (check, algorithm) in checks.iter().zip(algorithms).rev() {
+            if check.cost == 0 {
+                continue;
+            }
+            let table = &self.tables[check.rule.0];
+            let hash = table.hash(check.key);
+            table
+                .lock(table.shard_of(hash))
+                .refund(algorithm, check.key, hash, check.cost, charged_at);
+        }
+        Ok(())
     }
 
     /// Forgets `key` under `rule`. Returns whether it was held.
@@ -352,6 +373,14 @@ impl<C: Clock> Store for MemoryStore<C> {
         checks: &[Check<'_>],
     ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
         std::future::ready(self.check_now(checks))
+    }
+
+    fn refund(
+        &self,
+        checks: &[Check<'_>],
+        charged_at: Micros,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        std::future::ready(self.refund_at(checks, charged_at))
     }
 }
 

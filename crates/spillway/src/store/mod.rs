@@ -16,6 +16,7 @@ use std::sync::Arc;
 pub use memory::{MemoryOptions, MemoryStore, RateLimiter};
 
 use crate::algorithm::AnyAlgorithm;
+use crate::clock::Micros;
 use crate::decision::Decision;
 
 /// A borrowed form of a key from which the store makes its owned copy when
@@ -101,6 +102,9 @@ pub struct Verdict {
     /// denied, the rules that would have admitted it were not charged: their
     /// decision is `allowed` and reports their state as it stands.
     pub decisions: Vec<Decision>,
+    /// The store's time of the decision (µs): what a later
+    /// [`Store::refund`] of these charges must say.
+    pub decided_at: Micros,
 }
 
 impl Verdict {
@@ -119,7 +123,7 @@ impl Verdict {
 pub trait Store: Send + Sync {
     /// What can go wrong besides a denial (a bad request, an unreachable
     /// server).
-    type Error: std::error::Error + Send + Sync + 'static;
+    type Error: StoreError;
 
     /// The rules, indexed by [`RuleId`].
     fn rules(&self) -> &[Rule];
@@ -131,4 +135,27 @@ pub trait Store: Send + Sync {
         &self,
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Verdict, Self::Error>> + Send;
+
+    /// Gives back the charges of an admitted request that will not be served
+    /// after all (a shaped request whose client left while it waited).
+    /// `charged_at` is the verdict's [`decided_at`](Verdict::decided_at).
+    fn refund(
+        &self,
+        checks: &[Check<'_>],
+        charged_at: Micros,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// What a store's error means for the request that met it.
+pub trait StoreError: std::error::Error + Send + Sync + 'static {
+    /// The request itself is invalid (a cost above the capacity, an unknown
+    /// rule): it would fail on any store, so it is the client's error. `None`
+    /// means the store could not decide (unreachable, timed out).
+    fn invalid_request(&self) -> Option<&crate::Error>;
+}
+
+impl StoreError for crate::Error {
+    fn invalid_request(&self) -> Option<&crate::Error> {
+        Some(self)
+    }
 }

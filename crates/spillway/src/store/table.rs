@@ -160,13 +160,37 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         Ok(decision)
     }
 
+    /// Gives back a charge made at `charged_at`.
+    pub(crate) fn refund<A, Q>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        charged_at: Micros,
+    ) where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let Ok(mut entry) = self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+            alg.refund(&mut entry.get_mut().1, cost, charged_at);
+            if alg.idle_at(&entry.get().1) <= charged_at {
+                entry.remove();
+            }
+        }
+    }
+
     /// The state held for `key`, if any.
     pub(crate) fn get<Q>(&self, key: &Q, hash: u64) -> Option<&S>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.shard.entries.find(hash, |e| e.0.borrow() == key).map(|e| &e.1)
+        self.shard
+            .entries
+            .find(hash, |e| e.0.borrow() == key)
+            .map(|e| &e.1)
     }
 
     /// Puts `key` back as it was before a request that is being undone:
@@ -177,7 +201,10 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         Q: Hash + Eq + KeyRef<K> + ?Sized,
     {
         let hasher = &self.table.hasher;
-        match (self.shard.entries.find_entry(hash, |e| e.0.borrow() == key), state) {
+        match (
+            self.shard.entries.find_entry(hash, |e| e.0.borrow() == key),
+            state,
+        ) {
             (Ok(mut entry), Some(state)) => entry.get_mut().1 = state,
             (Ok(entry), None) => {
                 entry.remove();

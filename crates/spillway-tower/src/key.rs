@@ -1,0 +1,407 @@
+//! Who is asking: the client's IP (with trusted proxies), API key, user id,
+//! route, and the keys built from them.
+//!
+//! The client IP comes from the socket. `Forwarded` and `X-Forwarded-For` are
+//! read only when the socket peer is a trusted proxy, and then the client is
+//! the right-most address that is not itself a trusted proxy: every hop to
+//! its right was appended by a proxy we trust, every hop to its left could
+//! have been written by the client. Anything else would let a client choose
+//! its own key.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+use http::request::Parts;
+use http::{HeaderMap, HeaderName};
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+/// The peer's socket address, for servers that are not axum (axum's
+/// `ConnectInfo<SocketAddr>` is read too, with the `axum` feature). Insert it
+/// as a request extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// The authenticated user, set as a request extension by an auth layer that
+/// runs before the rate limiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserId(pub String);
+
+/// The client's tier, set as a request extension by an auth layer that runs
+/// before the rate limiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier(pub String);
+
+/// One dimension a rule can count by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    /// The API key: the configured header, or `Authorization: Bearer`.
+    ApiKey,
+    /// The client's IP address.
+    Ip,
+    /// The user id: a [`UserId`] extension, or the configured header when the
+    /// peer is a trusted proxy.
+    User,
+    /// The endpoint: method and route template (axum's `MatchedPath` when
+    /// present, else the path).
+    Route,
+    /// The HTTP method.
+    Method,
+    /// Any request header, by name.
+    Header(HeaderName),
+}
+
+impl KeyPart {
+    /// The name used in keys and configuration (`api_key`, `ip`, `user`,
+    /// `route`, `method`, `header:NAME`).
+    pub fn name(&self) -> String {
+        match self {
+            Self::ApiKey => "api_key".into(),
+            Self::Ip => "ip".into(),
+            Self::User => "user".into(),
+            Self::Route => "route".into(),
+            Self::Method => "method".into(),
+            Self::Header(h) => format!("header:{h}"),
+        }
+    }
+
+    /// Parses a configuration name (see [`name`](Self::name)).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "api_key" => Self::ApiKey,
+            "ip" => Self::Ip,
+            "user" => Self::User,
+            "route" => Self::Route,
+            "method" => Self::Method,
+            _ => match s.strip_prefix("header:") {
+                Some(name) => Self::Header(
+                    HeaderName::try_from(name)
+                        .map_err(|_| format!("`{name}` is not a header name"))?,
+                ),
+                None => {
+                    return Err(format!(
+                        "unknown key `{s}` (expected api_key, ip, user, route, method or header:NAME)"
+                    ));
+                }
+            },
+        })
+    }
+}
+
+/// How clients are identified.
+#[derive(Debug, Clone)]
+pub struct Clients {
+    /// Peers whose `Forwarded` / `X-Forwarded-For` (and user and tier
+    /// headers) are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// The header carrying the API key (besides `Authorization: Bearer`).
+    pub api_key_header: HeaderName,
+    /// A header carrying the user id, set by a trusted auth proxy.
+    pub user_header: Option<HeaderName>,
+    /// A header carrying the client's tier, set by a trusted auth proxy.
+    pub tier_header: Option<HeaderName>,
+}
+
+impl Default for Clients {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: Vec::new(),
+            api_key_header: HeaderName::from_static("x-api-key"),
+            user_header: None,
+            tier_header: None,
+        }
+    }
+}
+
+/// Keys longer than this are replaced by a hash, so that a client cannot make
+/// the store hold arbitrarily large keys.
+pub const MAX_KEY_LEN: usize = 200;
+
+/// What the rate limiter knows about the client of one request.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    pub ip: Option<IpAddr>,
+    pub api_key: Option<String>,
+    pub user: Option<String>,
+    pub tier: Option<String>,
+    // Whether the socket peer is a trusted proxy: its headers are believed.
+    pub peer_trusted: bool,
+}
+
+fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|net| net.contains(&ip))
+}
+
+fn peer_addr(req: &Parts) -> Option<SocketAddr> {
+    if let Some(ClientAddr(addr)) = req.extensions.get::<ClientAddr>() {
+        return Some(*addr);
+    }
+    #[cfg(feature = "axum")]
+    if let Some(info) = req
+        .extensions
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0);
+    }
+    None
+}
+
+/// The addresses a `Forwarded` header lists in its `for=` parameters, left to
+/// right. `None` if any is malformed.
+fn forwarded_for(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
+    let mut out = Vec::new();
+    for value in headers.get_all(http::header::FORWARDED) {
+        let value = value.to_str().ok()?;
+        for element in value.split(',') {
+            for pair in element.split(';') {
+                let Some((name, v)) = pair.trim().split_once('=') else {
+                    continue;
+                };
+                if !name.trim().eq_ignore_ascii_case("for") {
+                    continue;
+                }
+                out.push(parse_node(v.trim().trim_matches('"'))?);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A `Forwarded` node: `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]`, `[2001:db8::1]:80`.
+fn parse_node(node: &str) -> Option<IpAddr> {
+    if let Some(rest) = node.strip_prefix('[') {
+        return rest.split(']').next()?.parse().ok();
+    }
+    node.parse()
+        .ok()
+        .or_else(|| node.rsplit_once(':').and_then(|(ip, _)| ip.parse().ok()))
+}
+
+fn x_forwarded_for(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
+    let mut out = Vec::new();
+    for value in headers.get_all("x-forwarded-for") {
+        for part in value.to_str().ok()?.split(',') {
+            out.push(parse_node(part.trim())?);
+        }
+    }
+    Some(out)
+}
+
+/// The client IP: the peer, or (when the peer is trusted) the right-most
+/// forwarded address that is not a trusted proxy.
+pub(crate) fn client_ip(req: &Parts, trusted: &[IpNet]) -> (Option<IpAddr>, bool) {
+    let Some(peer) = peer_addr(req).map(|a| a.ip()) else {
+        return (None, false);
+    };
+    if !is_trusted(peer, trusted) {
+        return (Some(peer), false);
+    }
+    let headers = &req.headers;
+    let chain = if headers.contains_key(http::header::FORWARDED) {
+        forwarded_for(headers)
+    } else {
+        x_forwarded_for(headers)
+    };
+    // A malformed chain is ignored: the peer is the best we know.
+    let client = chain
+        .unwrap_or_default()
+        .into_iter()
+        .rev()
+        .find(|ip| !is_trusted(*ip, trusted))
+        .unwrap_or(peer);
+    (Some(client), true)
+}
+
+impl Client {
+    pub(crate) fn of(req: &Parts, clients: &Clients) -> Self {
+        let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies);
+        let headers = &req.headers;
+        let api_key = header_str(headers, &clients.api_key_header).or_else(|| {
+            let auth = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+            let (scheme, token) = auth.trim().split_once(' ')?;
+            let token = token.trim();
+            (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_string())
+        });
+        let trusted_header = |name: &Option<HeaderName>| {
+            name.as_ref()
+                .filter(|_| peer_trusted)
+                .and_then(|h| header_str(headers, h))
+        };
+        let user = req
+            .extensions
+            .get::<UserId>()
+            .map(|u| u.0.clone())
+            .or_else(|| trusted_header(&clients.user_header));
+        let tier = req
+            .extensions
+            .get::<Tier>()
+            .map(|t| t.0.clone())
+            .or_else(|| trusted_header(&clients.tier_header));
+        Self {
+            ip,
+            api_key,
+            user,
+            tier,
+            peer_trusted,
+        }
+    }
+}
+
+fn header_str(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    let v = headers.get(name)?;
+    let s = match v.to_str() {
+        Ok(s) => s.trim().to_string(),
+        // Opaque bytes: keep them, escaped, rather than drop the key.
+        Err(_) => v.as_bytes().iter().fold(String::new(), |mut s, b| {
+            let _ = write!(s, "%{b:02X}");
+            s
+        }),
+    };
+    (!s.is_empty()).then_some(s)
+}
+
+/// The route template of a request: axum's `MatchedPath` when present.
+pub(crate) fn route(parts: &Parts) -> String {
+    #[cfg(feature = "axum")]
+    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return matched.as_str().to_string();
+    }
+    parts.uri.path().to_string()
+}
+
+/// The value of one key part for a request, if it has one.
+pub(crate) fn part_value(part: &KeyPart, client: &Client, parts: &Parts) -> Option<String> {
+    match part {
+        KeyPart::ApiKey => client.api_key.clone(),
+        KeyPart::Ip => client.ip.map(|ip| ip.to_string()),
+        KeyPart::User => client.user.clone(),
+        KeyPart::Route => Some(format!("{} {}", parts.method, route(parts))),
+        KeyPart::Method => Some(parts.method.to_string()),
+        KeyPart::Header(name) => header_str(&parts.headers, name),
+    }
+}
+
+/// Builds a key from `parts`: `name=value` pairs joined by `|`, values
+/// escaped so that no value can forge another pair. `None` if a part is
+/// missing. Long keys are replaced by `sha256:` and a hash.
+pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Option<String> {
+    let mut out = String::new();
+    for (i, part) in key.iter().enumerate() {
+        let value = part_value(part, client, parts)?;
+        if i > 0 {
+            out.push('|');
+        }
+        out.push_str(&part.name());
+        out.push('=');
+        for ch in value.chars() {
+            match ch {
+                '%' | '|' | '=' => {
+                    let _ = write!(out, "%{:02X}", ch as u32);
+                }
+                _ => out.push(ch),
+            }
+        }
+    }
+    Some(bounded(out))
+}
+
+fn bounded(key: String) -> String {
+    if key.len() <= MAX_KEY_LEN {
+        return key;
+    }
+    let digest = Sha256::digest(key.as_bytes());
+    let mut out = String::from("sha256:");
+    for b in digest.iter() {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use http::Request;
+
+    fn req(peer: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut b = Request::builder().uri("/x");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let mut r = b.body(()).unwrap();
+        r.extensions_mut().insert(ClientAddr(peer.parse().unwrap()));
+        r.into_parts().0
+    }
+
+    fn trusted() -> Vec<IpNet> {
+        vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]
+    }
+
+    #[test]
+    fn forwarded_headers_from_an_untrusted_peer_are_ignored() {
+        let r = req("203.0.113.9:5000", &[("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(
+            client_ip(&r, &trusted()).0,
+            Some("203.0.113.9".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn the_right_most_untrusted_hop_is_the_client() {
+        // The client wrote "6.6.6.6" itself; 10.1.1.1 is our second proxy.
+        let r = req(
+            "10.0.0.2:443",
+            &[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.1.1.1")],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted()).0,
+            Some("198.51.100.7".parse().unwrap())
+        );
+        let r = req(
+            "10.0.0.2:443",
+            &[(
+                "forwarded",
+                "for=6.6.6.6, for=\"[2001:db8::7]:4711\";proto=https",
+            )],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted()).0,
+            Some("2001:db8::7".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_malformed_chain_falls_back_to_the_peer() {
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", "not-an-ip")]);
+        assert_eq!(
+            client_ip(&r, &trusted()).0,
+            Some("10.0.0.2".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn values_cannot_forge_other_parts_and_long_keys_are_hashed() {
+        let parts = req("1.1.1.1:1", &[("x-a", "1|header:x-b=2")]);
+        let client = Client {
+            ip: None,
+            api_key: None,
+            user: None,
+            tier: None,
+            peer_trusted: false,
+        };
+        let key = build_key(
+            &[KeyPart::Header(HeaderName::from_static("x-a"))],
+            &client,
+            &parts,
+        );
+        assert_eq!(key.as_deref(), Some("header:x-a=1%7Cheader:x-b%3D2"));
+        let parts = req("1.1.1.1:1", &[("x-a", &"y".repeat(10_000))]);
+        let key = build_key(
+            &[KeyPart::Header(HeaderName::from_static("x-a"))],
+            &client,
+            &parts,
+        )
+        .unwrap();
+        assert!(key.starts_with("sha256:") && key.len() == 7 + 64);
+    }
+}

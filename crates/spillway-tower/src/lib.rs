@@ -1,0 +1,43 @@
+//! Rate limiting middleware for tower and axum, on any Spillway store.
+//!
+//! [`RateLimitLayer`] applies a [`Policy`] (a list of [`HttpRule`]s plus how
+//! to identify clients and what headers to send) to every request:
+//!
+//! - every rule that matches the request (method, path pattern, host) is
+//!   checked, all in **one store call**: if any `reject` rule denies, the
+//!   request is answered `429 Too Many Requests` and no rule is charged;
+//! - keys are built from the API key, client IP (forwarded headers believed
+//!   only from trusted proxies), user id, route, method or any header, and
+//!   bounded in length;
+//! - tiers (free, pro...) get their own quotas, from an API-key table or a
+//!   trusted layer's header or extension;
+//! - every response carries `X-RateLimit-Limit/Remaining/Reset` and the IETF
+//!   draft fields `RateLimit-Policy` and `RateLimit`; a 429 carries an exact
+//!   `Retry-After` (whole seconds, rounded up, never 0) and a problem+json body;
+//! - `shadow` rules only report, `degrade` rules mark the request as
+//!   [`Limited`]; a leaky bucket in shape mode holds the request for its
+//!   delay (a timer, never a busy wait) and gives its slot back if the client
+//!   leaves;
+//! - a store that cannot decide gives a 503 (fail-closed) or whatever its
+//!   failure policy says; never a 500.
+//!
+//! The layer follows tower's file layout: `layer.rs` ([`RateLimitLayer`]),
+//! `service.rs` ([`RateLimit`]), `future.rs`, `error.rs`.
+
+mod clock;
+mod error;
+mod future;
+pub mod headers;
+pub mod key;
+mod layer;
+mod response;
+mod rules;
+mod service;
+
+pub use clock::TokioClock;
+pub use error::RuleMismatch;
+pub use future::{ResponseBody, ResponseFuture};
+pub use key::{ClientAddr, Clients, KeyPart, Tier, UserId};
+pub use layer::{Observer, Outcome, RateLimitLayer};
+pub use rules::{Action, BodyFormat, Cost, Glob, HeaderOptions, HttpRule, Policy, ResetFormat};
+pub use service::{Limited, RateLimit, RequestCost, X_SPILLWAY_LIMITED};

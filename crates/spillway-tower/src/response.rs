@@ -1,0 +1,77 @@
+//! The responses the rate limiter writes itself.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use serde_json::json;
+
+use crate::future::ResponseBody;
+use crate::headers::ceil_secs;
+use crate::rules::BodyFormat;
+
+/// A 429 for a request denied by `rule`, retrying in `retry_secs`.
+pub(crate) fn too_many_requests<B>(
+    format: BodyFormat,
+    rule: &str,
+    retry_secs: u64,
+) -> Response<ResponseBody<B>> {
+    let detail = format!(
+        "Rate limit `{rule}` exceeded: retry in {retry_secs} second{}.",
+        if retry_secs == 1 { "" } else { "s" }
+    );
+    let (content_type, body): (&str, Bytes) = match format {
+        BodyFormat::Problem => (
+            "application/problem+json",
+            json!({
+                "type": "about:blank",
+                "title": "Too Many Requests",
+                "status": 429,
+                "detail": detail,
+                "retry_after": retry_secs,
+                "rule": rule,
+            })
+            .to_string()
+            .into(),
+        ),
+        BodyFormat::Json => (
+            "application/json",
+            json!({ "error": detail, "retry_after": retry_secs, "rule": rule })
+                .to_string()
+                .into(),
+        ),
+        BodyFormat::Text => ("text/plain; charset=utf-8", format!("{detail}\n").into()),
+        BodyFormat::Empty => ("", Bytes::new()),
+    };
+    let mut res = Response::new(ResponseBody::full(body));
+    *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry_secs));
+    if !content_type.is_empty() {
+        res.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    }
+    res
+}
+
+/// A problem+json response for errors that are not denials.
+pub(crate) fn problem<B>(status: StatusCode, detail: &str) -> Response<ResponseBody<B>> {
+    let body = json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    })
+    .to_string();
+    let mut res = Response::new(ResponseBody::full(body));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
+/// The `Retry-After` for a denial: `retry_after` rounded up to whole seconds,
+/// and never 0.
+pub(crate) fn retry_secs(retry_after: std::time::Duration) -> u64 {
+    ceil_secs(retry_after).max(1)
+}

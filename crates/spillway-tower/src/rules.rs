@@ -1,0 +1,445 @@
+//! What to limit: [`HttpRule`]s, grouped in a [`Policy`] with the client,
+//! tier and header settings.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use http::request::Parts;
+use http::{HeaderName, Method};
+use spillway::AnyAlgorithm;
+use spillway::store::{Rule, RuleId};
+
+use crate::key::{self, Client, Clients, KeyPart};
+
+/// A path or host pattern: `*` matches within one segment, `**` across
+/// segments (`/api/**`, `/users/*/posts`, `*.example.com`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Glob {
+    pattern: String,
+    separator: u8,
+}
+
+impl Glob {
+    /// A path pattern (segments separated by `/`).
+    pub fn path(pattern: impl Into<String>) -> Self {
+        Self {
+            pattern: pattern.into(),
+            separator: b'/',
+        }
+    }
+
+    /// A host pattern (labels separated by `.`), matched case-insensitively.
+    pub fn host(pattern: impl Into<String>) -> Self {
+        Self {
+            pattern: pattern.into().to_ascii_lowercase(),
+            separator: b'.',
+        }
+    }
+
+    /// Whether `s` matches.
+    pub fn matches(&self, s: &str) -> bool {
+        let s = if self.separator == b'.' {
+            s.to_ascii_lowercase()
+        } else {
+            s.to_string()
+        };
+        // `/api/**` also matches `/api` itself.
+        if let Some(prefix) = self.pattern.strip_suffix("/**")
+            && s == prefix
+        {
+            return true;
+        }
+        glob_match(self.pattern.as_bytes(), s.as_bytes(), self.separator)
+    }
+}
+
+impl fmt::Debug for Glob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.pattern)
+    }
+}
+
+/// Glob matching, never exponential whatever the pattern.
+fn glob_match(p: &[u8], s: &[u8], sep: u8) -> bool {
+    // Dynamic programming over (pattern position, text position): patterns
+    // and paths are short, and this bounds the work at |p| x |s|.
+    let (n, m) = (p.len(), s.len());
+    let mut row = vec![false; m + 1];
+    row[0] = true;
+    let mut i = 0;
+    while i < n {
+        let mut next = vec![false; m + 1];
+        if p[i] == b'*' {
+            let double = i + 1 < n && p[i + 1] == b'*';
+            // `**` crosses separators; `*` does not.
+            let mut reach = false;
+            for j in 0..=m {
+                reach = reach || row[j];
+                next[j] = reach;
+                if j < m && !double && s[j] == sep {
+                    reach = false;
+                }
+            }
+            i += if double { 2 } else { 1 };
+        } else {
+            for j in 0..m {
+                if row[j] && s[j] == p[i] {
+                    next[j + 1] = true;
+                }
+            }
+            i += 1;
+        }
+        row = next;
+    }
+    row[m]
+}
+
+/// What to do with a request a rule denies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Action {
+    /// Answer 429 Too Many Requests.
+    #[default]
+    Reject,
+    /// Let it through, but count, log and report it: for safe roll-out.
+    Shadow,
+    /// Let it through marked as limited ([`Limited`](crate::Limited)
+    /// extension and `x-spillway-limited` header), so the application can
+    /// serve a cheaper response.
+    Degrade,
+}
+
+impl Action {
+    /// The name used in configuration files.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::Shadow => "shadow",
+            Self::Degrade => "degrade",
+        }
+    }
+}
+
+/// How much a request costs under a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    /// Every request costs this much.
+    Fixed(u64),
+    /// A [`RequestCost`](crate::RequestCost) extension, or this header when
+    /// the peer is a trusted proxy; `default` otherwise. A value that is not
+    /// a non-negative integer is a 400.
+    Header {
+        /// The header.
+        name: HeaderName,
+        /// The cost when the header is absent or not trusted.
+        default: u64,
+    },
+}
+
+/// One rate limit over HTTP requests.
+#[derive(Debug, Clone)]
+pub struct HttpRule {
+    pub(crate) name: String,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) path: Option<Glob>,
+    pub(crate) host: Option<Glob>,
+    pub(crate) key: Vec<KeyPart>,
+    pub(crate) fallback: Vec<KeyPart>,
+    pub(crate) algorithm: AnyAlgorithm,
+    pub(crate) tiers: Vec<(String, AnyAlgorithm)>,
+    pub(crate) cost: Cost,
+    pub(crate) action: Action,
+}
+
+impl HttpRule {
+    /// A rule called `name`, enforcing `algorithm` on every request, keyed
+    /// by client IP. Narrow it with the builder methods.
+    pub fn new(name: impl Into<String>, algorithm: impl Into<AnyAlgorithm>) -> Self {
+        Self {
+            name: name.into(),
+            methods: Vec::new(),
+            path: None,
+            host: None,
+            key: vec![KeyPart::Ip],
+            fallback: vec![KeyPart::Ip],
+            algorithm: algorithm.into(),
+            tiers: Vec::new(),
+            cost: Cost::Fixed(1),
+            action: Action::Reject,
+        }
+    }
+
+    /// Only these methods (default: all).
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Only paths matching `pattern` (see [`Glob`]).
+    pub fn path(mut self, pattern: impl Into<String>) -> Self {
+        self.path = Some(Glob::path(pattern));
+        self
+    }
+
+    /// Only this host (a pattern; see [`Glob`]).
+    pub fn host(mut self, pattern: impl Into<String>) -> Self {
+        self.host = Some(Glob::host(pattern));
+        self
+    }
+
+    /// Count by these parts (default: the client IP).
+    pub fn key(mut self, parts: impl IntoIterator<Item = KeyPart>) -> Self {
+        self.key = parts.into_iter().collect();
+        self
+    }
+
+    /// When a key part is missing (no API key, say), count by these instead
+    /// (default: the client IP). Empty: the rule does not apply to such
+    /// requests.
+    pub fn fallback(mut self, parts: impl IntoIterator<Item = KeyPart>) -> Self {
+        self.fallback = parts.into_iter().collect();
+        self
+    }
+
+    /// A different quota for clients of `tier`.
+    pub fn tier(mut self, tier: impl Into<String>, algorithm: impl Into<AnyAlgorithm>) -> Self {
+        self.tiers.push((tier.into(), algorithm.into()));
+        self
+    }
+
+    /// What each request costs (default: 1).
+    pub fn cost(mut self, cost: Cost) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// What to do with a denied request (default: reject).
+    pub fn action(mut self, action: Action) -> Self {
+        self.action = action;
+        self
+    }
+
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the rule applies to a request with these parts.
+    pub(crate) fn matches(&self, parts: &Parts) -> bool {
+        if !self.methods.is_empty() && !self.methods.contains(&parts.method) {
+            return false;
+        }
+        if let Some(path) = &self.path
+            && !path.matches(parts.uri.path())
+        {
+            return false;
+        }
+        if let Some(host) = &self.host {
+            let h = parts.uri.host().map(str::to_string).or_else(|| {
+                let v = parts.headers.get(http::header::HOST)?.to_str().ok()?;
+                // Drop a port, but not the colons of an IPv6 literal.
+                Some(match v.rsplit_once(':') {
+                    Some((h, port))
+                        if port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') =>
+                    {
+                        h.to_string()
+                    }
+                    _ => v.to_string(),
+                })
+            });
+            if !h.is_some_and(|h| host.matches(&h)) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The key this request is counted under, if the rule applies.
+    pub(crate) fn key_of(&self, client: &Client, parts: &Parts) -> Option<String> {
+        key::build_key(&self.key, client, parts).or_else(|| {
+            if self.fallback.is_empty() {
+                None
+            } else {
+                key::build_key(&self.fallback, client, parts)
+            }
+        })
+    }
+}
+
+/// Which headers to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderOptions {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    pub legacy: bool,
+    /// The IETF draft fields `RateLimit-Policy` and `RateLimit`.
+    pub ietf: bool,
+    /// How `X-RateLimit-Reset` is written.
+    pub reset: ResetFormat,
+}
+
+impl Default for HeaderOptions {
+    fn default() -> Self {
+        Self {
+            legacy: true,
+            ietf: true,
+            reset: ResetFormat::Unix,
+        }
+    }
+}
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResetFormat {
+    /// Unix time in seconds at which the quota is back to full (like GitHub).
+    #[default]
+    Unix,
+    /// Seconds from now.
+    Delta,
+}
+
+/// The shape of a 429's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyFormat {
+    /// `application/problem+json` (RFC 9457): type, title, status, detail,
+    /// retry_after, rule.
+    #[default]
+    Problem,
+    /// `application/json`: `{"error": ..., "retry_after": ...}`.
+    Json,
+    /// `text/plain`.
+    Text,
+    /// No body.
+    Empty,
+}
+
+/// Everything the middleware needs: the rules and how to identify clients
+/// and answer them.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    pub(crate) rules: Vec<HttpRule>,
+    pub(crate) clients: Clients,
+    // API key -> tier name.
+    pub(crate) api_key_tiers: HashMap<String, String>,
+    pub(crate) headers: HeaderOptions,
+    pub(crate) body: BodyFormat,
+}
+
+impl Policy {
+    /// A policy with these rules and the defaults otherwise.
+    pub fn new(rules: impl IntoIterator<Item = HttpRule>) -> Self {
+        Self {
+            rules: rules.into_iter().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// How clients are identified (trusted proxies, API key header...).
+    pub fn clients(mut self, clients: Clients) -> Self {
+        self.clients = clients;
+        self
+    }
+
+    /// Puts `api_key` in `tier`.
+    pub fn api_key_tier(mut self, api_key: impl Into<String>, tier: impl Into<String>) -> Self {
+        self.api_key_tiers.insert(api_key.into(), tier.into());
+        self
+    }
+
+    /// Which headers to send.
+    pub fn headers(mut self, headers: HeaderOptions) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The shape of 429 bodies.
+    pub fn body(mut self, body: BodyFormat) -> Self {
+        self.body = body;
+        self
+    }
+
+    /// The store rules this policy needs, in [`RuleId`] order: for each HTTP
+    /// rule, its default quota (named after the rule), then one per tier
+    /// (named `rule@tier`), each with its own counters.
+    pub fn store_rules(&self) -> Vec<Rule> {
+        let mut out = Vec::new();
+        for rule in &self.rules {
+            out.push(Rule::new(rule.name.as_str(), rule.algorithm));
+            for (tier, algorithm) in &rule.tiers {
+                out.push(Rule::new(format!("{}@{tier}", rule.name), *algorithm));
+            }
+        }
+        out
+    }
+
+    /// The store rule of HTTP rule `index` for `tier`.
+    pub(crate) fn rule_id(&self, index: usize, tier: Option<&str>) -> RuleId {
+        let before: usize = self.rules[..index].iter().map(|r| 1 + r.tiers.len()).sum();
+        let offset = tier
+            .and_then(|t| {
+                self.rules[index]
+                    .tiers
+                    .iter()
+                    .position(|(name, _)| name == t)
+            })
+            .map_or(0, |p| p + 1);
+        RuleId(before + offset)
+    }
+
+    /// The client's tier: an extension or trusted header, else the API-key
+    /// table.
+    pub(crate) fn tier_of<'a>(&'a self, client: &'a Client) -> Option<&'a str> {
+        client.tier.as_deref().or_else(|| {
+            client
+                .api_key
+                .as_ref()
+                .and_then(|k| self.api_key_tiers.get(k))
+                .map(String::as_str)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        let g = Glob::path("/api/**");
+        assert!(g.matches("/api/v1/users/7"));
+        assert!(g.matches("/api/"));
+        assert!(g.matches("/api"));
+        assert!(!g.matches("/apix/1"));
+        let g = Glob::path("/users/*/posts");
+        assert!(g.matches("/users/7/posts"));
+        assert!(!g.matches("/users/7/8/posts"));
+        assert!(Glob::path("/login").matches("/login"));
+        assert!(!Glob::path("/login").matches("/login/x"));
+        assert!(Glob::path("/files/*.json").matches("/files/a.json"));
+        assert!(Glob::host("*.Example.com").matches("API.example.com"));
+        assert!(!Glob::host("*.example.com").matches("a.b.example.com"));
+        assert!(Glob::host("**.example.com").matches("a.b.example.com"));
+        // Pathological patterns stay cheap.
+        let long = "a".repeat(2000);
+        assert!(!Glob::path("*a*a*a*a*a*a*a*b").matches(&long));
+    }
+
+    #[test]
+    fn tiers_get_their_own_store_rules() {
+        use spillway::Quota;
+        use spillway::algorithm::FixedWindow;
+        use std::num::NonZeroU32;
+        let q = |n| FixedWindow::new(Quota::per_minute(NonZeroU32::new(n).unwrap()));
+        let policy = Policy::new([
+            HttpRule::new("a", q(1)).tier("pro", q(2)),
+            HttpRule::new("b", q(3)),
+        ]);
+        let names: Vec<_> = policy
+            .store_rules()
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect();
+        assert_eq!(names, ["a", "a@pro", "b"]);
+        assert_eq!(policy.rule_id(0, Some("pro")), RuleId(1));
+        assert_eq!(policy.rule_id(0, Some("unknown")), RuleId(0));
+        assert_eq!(policy.rule_id(1, Some("pro")), RuleId(2));
+    }
+}
