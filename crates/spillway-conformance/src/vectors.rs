@@ -116,6 +116,10 @@ pub const VECTOR_FILES: &[(&str, &str)] = &[
         "wall_clock.toml",
         include_str!("../vectors/wall_clock.toml"),
     ),
+    (
+        "clock_set_back.toml",
+        include_str!("../vectors/clock_set_back.toml"),
+    ),
 ];
 
 /// The five algorithms' names, as written in the vectors (and in

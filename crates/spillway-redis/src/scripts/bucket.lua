@@ -20,7 +20,9 @@ local bucket = {
     end
     local tolerance = capacity * unit
     local after = backlog + cost * unit
-    if after <= tolerance then
+    -- Cost 0 only looks: allowed even when a clock set back leaves more
+    -- backlog than the capacity.
+    if cost == 0 or after <= tolerance then
       if cost > 0 then
         s.m = now + idiv(after, per)
         s.f = after - idiv(after, per) * per
@@ -29,7 +31,7 @@ local bucket = {
       if mode == 1 and cost > 0 then
         delay = cdiv(math.max(backlog - undelayed * unit, 0), per)
       end
-      return decision(true, capacity, idiv(tolerance - after, unit), cdiv(after, per), nil, delay)
+      return decision(true, capacity, idiv(math.max(tolerance - after, 0), unit), cdiv(after, per), nil, delay)
     end
     local fits_at = backlog - (tolerance - cost * unit)
     return decision(false, capacity, idiv(math.max(tolerance - backlog, 0), unit),

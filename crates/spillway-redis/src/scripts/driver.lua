@@ -86,9 +86,10 @@ if all_allowed then
     end
   end
 else
-  -- Nothing is charged: the admitting checks report their state as it stands.
+  -- Nothing is charged: the admitting checks (peeks included, which may
+  -- have seen a charge of this request) report their state as it stands.
   for i = 1, n do
-    if decisions[i][1] == 1 and costs[i] > 0 then
+    if decisions[i][1] == 1 then
       local fresh = algos[i].load(KEYS[i])
       decisions[i] = algos[i].check(fresh, params[i], 0, now)
     end

@@ -32,7 +32,7 @@ ALGORITHMS[3] = {
     local function remaining(curr)
       return idiv(math.max(limit * w - weighted - curr * w, 0), w)
     end
-    if weighted + (s.c + cost) * w <= limit * w then
+    if cost == 0 or weighted + (s.c + cost) * w <= limit * w then
       s.c = s.c + cost
       return decision(true, limit, remaining(s.c), math.max(sw_idle_at(s, w) - now, 0))
     end

@@ -12,12 +12,14 @@
 //!   per sweep interval. Dropping an idle key is invisible: its state decides
 //!   exactly like a fresh one.
 //! - each shard holds at most its share of `max_keys`. When a new key arrives
-//!   at a full shard, a sample of keys is examined and the one closest to idle
-//!   is evicted. Forgetting an active key errs toward admitting (that key
-//!   starts over with a full quota); the alternative, refusing new keys, would
-//!   let a flood of random keys lock every new client out. Choosing the key
-//!   closest to idle forgets the least usage: a flood of one-request keys
-//!   evicts its own kind before a heavy user's state.
+//!   at a full shard, a sample of keys is examined and the one holding the
+//!   least usage (the most `remaining`) is evicted. Forgetting an active key
+//!   errs toward admitting (that key starts over with a full quota); the
+//!   alternative, refusing new keys, would let a flood of random keys lock
+//!   every new client out. Choosing the key with the least usage forgets the
+//!   least: a flood of one-request keys evicts its own kind, never a heavy
+//!   user's state (it is never the most-remaining key of a sample holding
+//!   another key).
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
@@ -151,7 +153,7 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         let decision = alg.check(&mut state, cost, now)?;
         if alg.idle_at(&state) > now {
             if entries.len() >= self.shard.cap {
-                self.evict_one(alg);
+                self.evict_one(alg, now);
             }
             self.shard
                 .entries
@@ -245,21 +247,25 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         }
     }
 
-    /// Makes room for one key: of a sample, the one closest to idle goes.
-    fn evict_one<A: Algorithm<State = S>>(&mut self, alg: &A) {
+    /// Makes room for one key: of a sample, the one whose state holds the
+    /// least usage goes (the most `remaining` on a peek), so that forgetting
+    /// it wrongly grants the least; between equals, the one closest to idle.
+    fn evict_one<A: Algorithm<State = S>>(&mut self, alg: &A, now: Micros) {
         let hasher = &self.table.hasher;
         let entries = &mut self.shard.entries;
-        let Some((idle_at, hash)) = entries
-            .iter()
+        let Some((_, _, hash)) = entries
+            .iter_mut()
             .take(EVICTION_SAMPLE)
-            .map(|e| (alg.idle_at(&e.1), hasher.hash_one(&e.0)))
-            .min_by_key(|&(idle_at, _)| idle_at)
+            .map(|e| {
+                // A peek changes nothing but may drop expired log entries.
+                let remaining = alg.check(&mut e.1, 0, now).map_or(0, |d| d.remaining);
+                (remaining, alg.idle_at(&e.1), hasher.hash_one(&e.0))
+            })
+            .max_by_key(|&(remaining, idle_at, _)| (remaining, std::cmp::Reverse(idle_at)))
         else {
             return;
         };
-        if let Ok(entry) = entries.find_entry(hash, |e| {
-            alg.idle_at(&e.1) == idle_at && hasher.hash_one(&e.0) == hash
-        }) {
+        if let Ok(entry) = entries.find_entry(hash, |e| hasher.hash_one(&e.0) == hash) {
             entry.remove();
         }
     }

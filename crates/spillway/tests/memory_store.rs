@@ -1,0 +1,627 @@
+//! Deterministic tests of the in-memory store: exact counts under real
+//! threads, the hard bound on keys under a flood, idle keys forgotten, the
+//! multi-rule check under concurrency, `reset`, and huge keys.
+//!
+//! Time is a [`FakeClock`]; nothing sleeps. Threads are real where
+//! concurrency is the point, and every count asserted is the exact one the
+//! quota allows.
+
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::{Arc, Barrier, mpsc};
+use std::thread;
+use std::time::Duration;
+
+use spillway::algorithm::{
+    AnyAlgorithm, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket,
+};
+use spillway::clock::FakeClock;
+use spillway::store::{Check, MemoryOptions, MemoryStore, RateLimiter, Rule, RuleId};
+use spillway::{CostTooLarge, Error, Quota};
+
+/// The start of an hour (a multiple of 3 600 s in µs), in 2023.
+const HOUR_START: u64 = 472_222 * 3_600_000_000;
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("nonzero")
+}
+
+fn options(max_keys: usize, shards: usize, sweep_interval: Duration) -> MemoryOptions {
+    MemoryOptions {
+        max_keys: NonZeroUsize::new(max_keys).expect("nonzero"),
+        shards: NonZeroUsize::new(shards).expect("nonzero"),
+        sweep_interval,
+    }
+}
+
+fn per_hour(limit: u32) -> Quota {
+    Quota::per_hour(nz(limit))
+}
+
+/// Starts `threads` threads together; thread `i` calls `attempt(i)`
+/// `per_thread` times. Returns how many attempts succeeded.
+fn hammer(threads: usize, per_thread: usize, attempt: impl Fn(usize) -> bool + Sync) -> usize {
+    let barrier = Barrier::new(threads);
+    let (barrier, attempt) = (&barrier, &attempt);
+    thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|i| {
+                s.spawn(move || {
+                    barrier.wait();
+                    (0..per_thread).filter(|_| attempt(i)).count()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker panicked"))
+            .sum()
+    })
+}
+
+/// Runs `f` on another thread and waits for it at most a minute, so that a
+/// deadlock fails the test instead of hanging it.
+fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || tx.send(f()));
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("no result within a minute: deadlock?")
+}
+
+// ---------------------------------------------------------------------------
+// 1. Concurrency exactness
+
+#[test]
+fn windows_admit_exactly_the_limit_on_one_key_under_contention() {
+    for threads in [2, 3, 4, 8] {
+        let per_thread = 2_000 / threads + 100;
+        let clock = FakeClock::new(HOUR_START);
+        let fixed: RateLimiter<_, String, _> =
+            RateLimiter::with_clock(FixedWindow::new(per_hour(1_000)), clock.clone());
+        let log: RateLimiter<_, String, _> =
+            RateLimiter::with_clock(SlidingLog::new(per_hour(1_000)), clock.clone());
+        // Each request also moves the clock by 1 µs (well inside the hour),
+        // so the log holds many distinct entries.
+        let admitted = hammer(threads, per_thread, |_| {
+            clock.advance(Duration::from_micros(1));
+            fixed.check("one", 1).expect("fits").allowed
+        });
+        assert_eq!(admitted, 1_000, "fixed window, {threads} threads");
+        let admitted = hammer(threads, per_thread, |_| {
+            clock.advance(Duration::from_micros(1));
+            log.check("one", 1).expect("fits").allowed
+        });
+        assert_eq!(admitted, 1_000, "sliding log, {threads} threads");
+        // Nothing more fits, and the log really holds what it admitted.
+        assert_eq!(fixed.check("one", 0).expect("peek").remaining, 0);
+        assert_eq!(log.check("one", 0).expect("peek").remaining, 0);
+    }
+}
+
+#[test]
+fn token_bucket_admits_exactly_its_burst_when_the_clock_stands_still() {
+    for threads in [2, 4, 8] {
+        let clock = FakeClock::new(HOUR_START);
+        let bucket: RateLimiter<_, String, _> =
+            RateLimiter::with_clock(TokenBucket::new(per_hour(1), nz(1_000)), clock.clone());
+        let admitted = hammer(threads, 2_000 / threads + 100, |_| {
+            bucket.check("one", 1).expect("fits").allowed
+        });
+        assert_eq!(admitted, 1_000, "{threads} threads");
+    }
+}
+
+#[test]
+fn mixed_costs_never_overshoot_under_contention() {
+    // Costs 1, 2, 3 and 1 from 4 threads on a limit of 1000, 600 requests
+    // each. The two cost-1 threads alone ask for 1200, so one of them is
+    // denied at some point, which only happens once all 1000 are taken: the
+    // total is exactly 1000, whatever the interleaving.
+    let clock = FakeClock::new(HOUR_START);
+    let store = MemoryStore::with_clock(
+        vec![Rule::new("w", SlidingWindow::new(per_hour(1_000)))],
+        MemoryOptions::default(),
+        clock,
+    );
+    let total = std::sync::atomic::AtomicU64::new(0);
+    hammer(4, 600, |i| {
+        let cost = 1 + (i as u64 % 3);
+        let check = Check {
+            rule: RuleId(0),
+            key: "k",
+            cost,
+        };
+        let allowed = store.check_now(&[check]).expect("fits").allowed;
+        if allowed {
+            total.fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
+        }
+        allowed
+    });
+    let total = total.into_inner();
+    assert_eq!(total, 1_000);
+    let peek = store
+        .check_now(&[Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 0,
+        }])
+        .expect("peek");
+    assert_eq!(peek.decisions[0].remaining, 1_000 - total);
+}
+
+// ---------------------------------------------------------------------------
+// 2. A flood of distinct keys
+
+#[test]
+fn a_flood_spares_a_heavy_user_under_every_algorithm() {
+    let hour = per_hour(100);
+    let algorithms: [(&str, AnyAlgorithm); 5] = [
+        ("fixed_window", FixedWindow::new(hour).into()),
+        ("sliding_window", SlidingWindow::new(hour).into()),
+        ("sliding_log", SlidingLog::new(hour).into()),
+        ("token_bucket", TokenBucket::new(hour, nz(100)).into()),
+        ("leaky_bucket", LeakyBucket::police(hour, nz(100)).into()),
+    ];
+    for (name, algorithm) in algorithms {
+        for trial in 0..5 {
+            let clock = FakeClock::new(HOUR_START);
+            let limiter: RateLimiter<_, String, _> = RateLimiter::with_options(
+                algorithm,
+                clock.clone(),
+                options(1_000, 64, Duration::from_secs(1)),
+            );
+            assert!(limiter.check("heavy", 100).expect("fits").allowed);
+            for i in 0..20_000 {
+                clock.advance(Duration::from_micros(1));
+                let flood = format!("{trial}-203.0.113.{i}");
+                limiter.check(flood.as_str(), 1).expect("fits");
+            }
+            assert!(limiter.len() <= 1_000);
+            let next = limiter.check("heavy", 1).expect("fits");
+            assert!(
+                !next.allowed,
+                "{name}, trial {trial}: the heavy user was evicted"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_flood_of_keys_stays_bounded_and_spares_the_heavy_user() {
+    let clock = FakeClock::new(HOUR_START);
+    // 100 per hour, bursts of 100: one token every 36 s.
+    let limiter: RateLimiter<_, String, _> = RateLimiter::with_options(
+        TokenBucket::new(per_hour(100), nz(100)),
+        clock.clone(),
+        options(1_000, 64, Duration::from_secs(1)),
+    );
+    // The heavy user empties its bucket: full again only in an hour, while
+    // each flood key (one request) is full again 36 s after its request.
+    assert!(limiter.check("heavy", 100).expect("fits").allowed);
+    for i in 0..100_000 {
+        clock.advance(Duration::from_micros(1));
+        let flood = format!("203.0.113.{i}");
+        assert!(limiter.check(flood.as_str(), 1).expect("fits").allowed);
+        assert!(limiter.len() <= 1_000, "{} keys after {i}", limiter.len());
+    }
+    // Every shard has had far more than its share: the bound is reached.
+    assert_eq!(limiter.len(), 1_000);
+    // 0.1 s has passed: the heavy user is still 35.9 s from its next token.
+    let next = limiter.check("heavy", 1).expect("fits");
+    assert!(!next.allowed, "the heavy user was evicted by the flood");
+    assert_eq!(
+        next.retry_after,
+        Some(Duration::from_micros(36_000_000 - 100_000))
+    );
+}
+
+#[test]
+fn a_flood_of_keys_stays_bounded_per_rule_in_the_multi_rule_store() {
+    let clock = FakeClock::new(HOUR_START);
+    let store = MemoryStore::with_clock(
+        vec![
+            Rule::new("per-ip", TokenBucket::new(per_hour(100), nz(10))),
+            Rule::new("global", FixedWindow::new(per_hour(1_000_000))),
+        ],
+        options(500, 64, Duration::from_secs(1)),
+        clock.clone(),
+    );
+    for i in 0..20_000 {
+        clock.advance(Duration::from_micros(3));
+        let ip = format!("198.51.100.{i}");
+        let request = [
+            Check {
+                rule: RuleId(0),
+                key: &ip,
+                cost: 1,
+            },
+            Check {
+                rule: RuleId(1),
+                key: "all",
+                cost: 1,
+            },
+        ];
+        assert!(store.check_now(&request).expect("fits").allowed);
+        assert!(store.len(RuleId(0)) <= 500, "{} keys", store.len(RuleId(0)));
+    }
+    assert_eq!(store.len(RuleId(0)), 500);
+    // The one global key was counted for every request, never evicted.
+    assert_eq!(store.len(RuleId(1)), 1);
+    let global = store
+        .check_now(&[Check {
+            rule: RuleId(1),
+            key: "all",
+            cost: 0,
+        }])
+        .expect("peek");
+    assert_eq!(global.decisions[0].remaining, 1_000_000 - 20_000);
+}
+
+// ---------------------------------------------------------------------------
+// 3. Idle keys disappear
+
+#[test]
+fn idle_keys_are_swept_once_their_window_has_passed() {
+    let clock = FakeClock::new(HOUR_START);
+    // Fewer than 128 keys allowed: a single shard, so one access sweeps all.
+    let limiter: RateLimiter<_, u64, _> = RateLimiter::with_options(
+        FixedWindow::new(Quota::per_second(nz(5))),
+        clock.clone(),
+        options(127, 8, Duration::from_millis(100)),
+    );
+    for key in 0..100u64 {
+        assert!(limiter.check(&key, 1).expect("fits").allowed);
+    }
+    assert_eq!(limiter.len(), 100);
+    // A peek of an unseen key stores nothing.
+    assert!(limiter.check(&1_000, 0).expect("peek").allowed);
+    assert_eq!(limiter.len(), 100);
+    // One microsecond before the window ends (and after a sweep is due),
+    // every key still counts.
+    clock.set(HOUR_START + 999_999);
+    assert!(limiter.check(&1_000, 0).expect("peek").allowed);
+    assert_eq!(limiter.len(), 100);
+    assert_eq!(limiter.check(&7, 0).expect("peek").remaining, 4);
+    // Once the window has passed and the next sweep is due, one access
+    // leaves only the key it charges.
+    clock.set(HOUR_START + 1_000_000 + 100_000);
+    assert!(limiter.check(&1_000, 1).expect("fits").allowed);
+    assert_eq!(limiter.len(), 1);
+}
+
+#[test]
+fn an_idle_key_is_dropped_when_touched_even_between_sweeps() {
+    let clock = FakeClock::new(HOUR_START);
+    let limiter: RateLimiter<_, String, _> = RateLimiter::with_options(
+        TokenBucket::new(Quota::per_second(nz(10)), nz(5)),
+        clock.clone(),
+        options(1_000, 1, Duration::from_secs(3_600)),
+    );
+    assert!(limiter.check("a", 5).expect("fits").allowed);
+    assert!(limiter.check("b", 1).expect("fits").allowed);
+    assert_eq!(limiter.len(), 2);
+    // "a" is full again after 500 ms; a microsecond before, it is kept.
+    clock.advance(Duration::from_micros(499_999));
+    assert_eq!(limiter.check("a", 0).expect("peek").remaining, 4);
+    assert_eq!(limiter.len(), 2);
+    clock.advance(Duration::from_micros(1));
+    assert_eq!(limiter.check("a", 0).expect("peek").remaining, 5);
+    // "b" (idle since 100 ms) waits for the hourly sweep or its next touch.
+    assert_eq!(limiter.len(), 1);
+}
+
+#[test]
+fn every_shard_forgets_its_idle_keys_on_its_next_access() {
+    let clock = FakeClock::new(HOUR_START);
+    let store = MemoryStore::with_clock(
+        vec![Rule::new("log", SlidingLog::new(Quota::per_second(nz(3))))],
+        options(100_000, 64, Duration::from_millis(10)),
+        clock.clone(),
+    );
+    let check = |key: &str, cost| {
+        let v = store.check_now(&[Check {
+            rule: RuleId(0),
+            key,
+            cost,
+        }]);
+        v.expect("fits").allowed
+    };
+    for i in 0..1_000 {
+        assert!(check(&format!("old-{i}"), 1));
+    }
+    assert_eq!(store.len(RuleId(0)), 1_000);
+    clock.advance(Duration::from_secs(1));
+    // Each new key sweeps its own shard. Once all 64 have been visited,
+    // only the new keys are left.
+    let mut fresh = 0;
+    while store.len(RuleId(0)) != fresh {
+        assert!(
+            fresh < 10_000,
+            "idle keys never left: {}",
+            store.len(RuleId(0))
+        );
+        assert!(check(&format!("new-{fresh}"), 1));
+        fresh += 1;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 4. Multi-rule checks
+
+#[test]
+fn opposite_orders_never_deadlock_and_totals_are_exact() {
+    let store = Arc::new(MemoryStore::with_clock(
+        vec![
+            // Per user: never the binding limit here (at most 300 per key).
+            Rule::new("per-user", FixedWindow::new(per_hour(500))),
+            // Per IP: 300 at once, nothing refills while the clock stands.
+            Rule::new("per-ip", TokenBucket::new(per_hour(1), nz(300))),
+        ],
+        options(10_000, 64, Duration::from_secs(1)),
+        FakeClock::new(HOUR_START),
+    ));
+    const THREADS: usize = 6;
+    let shared = Arc::clone(&store);
+    // Per thread: how many batches were admitted, and how many of them
+    // charged "x", and "y".
+    let counts: Vec<(u64, u64, u64)> = within_a_minute(move || {
+        let barrier = Barrier::new(THREADS);
+        thread::scope(|s| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|i| {
+                    let (store, barrier) = (&*shared, &barrier);
+                    s.spawn(move || {
+                        let ip = Check {
+                            rule: RuleId(1),
+                            key: "ip",
+                            cost: 1,
+                        };
+                        let x = Check {
+                            rule: RuleId(0),
+                            key: "x",
+                            cost: 1,
+                        };
+                        let y = Check {
+                            rule: RuleId(0),
+                            key: "y",
+                            cost: 1,
+                        };
+                        let batches = [vec![x, ip], vec![ip, y], vec![y, x, ip], vec![ip, x, y]];
+                        barrier.wait();
+                        let (mut admitted, mut on_x, mut on_y) = (0, 0, 0);
+                        for n in 0..400 {
+                            let batch = &batches[(i + n) % batches.len()];
+                            if store.check_now(batch).expect("fits").allowed {
+                                admitted += 1;
+                                on_x += u64::from(batch.contains(&x));
+                                on_y += u64::from(batch.contains(&y));
+                            }
+                        }
+                        (admitted, on_x, on_y)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("worker panicked"))
+                .collect()
+        })
+    });
+    let peek = |rule, key| {
+        let v = store.check_now(&[Check {
+            rule: RuleId(rule),
+            key,
+            cost: 0,
+        }]);
+        v.expect("peek").decisions[0].remaining
+    };
+    let admitted: u64 = counts.iter().map(|c| c.0).sum();
+    let on_x: u64 = counts.iter().map(|c| c.1).sum();
+    let on_y: u64 = counts.iter().map(|c| c.2).sum();
+    // Every batch charges the IP, so exactly 300 of the 2400 were admitted;
+    // the per-user counts hold exactly what those charged, and nothing of
+    // the 2100 denied batches (denied by the IP, before or after the user
+    // rules were charged).
+    assert_eq!(admitted, 300);
+    assert_eq!(peek(1, "ip"), 0);
+    assert_eq!(peek(0, "x"), 500 - on_x);
+    assert_eq!(peek(0, "y"), 500 - on_y);
+}
+
+#[test]
+fn a_denied_batch_charges_nothing() {
+    let store = MemoryStore::with_clock(
+        vec![
+            Rule::new("a", SlidingLog::new(per_hour(5))),
+            Rule::new("b", FixedWindow::new(per_hour(3))),
+        ],
+        MemoryOptions::default(),
+        FakeClock::new(HOUR_START),
+    );
+    let remaining = |rule, key| {
+        let v = store.check_now(&[Check {
+            rule: RuleId(rule),
+            key,
+            cost: 0,
+        }]);
+        v.expect("peek").decisions[0].remaining
+    };
+    let a = Check {
+        rule: RuleId(0),
+        key: "k",
+        cost: 1,
+    };
+    let b = Check {
+        rule: RuleId(1),
+        key: "k",
+        cost: 1,
+    };
+    // The denying rule last, then first: 3 admitted of 10 either way.
+    let admitted = (0..10)
+        .filter(|_| store.check_now(&[a, b]).expect("fits").allowed)
+        .count();
+    assert_eq!(admitted, 3);
+    assert_eq!((remaining(0, "k"), remaining(1, "k")), (2, 0));
+    let denied = store.check_now(&[b, a]).expect("fits");
+    assert!(!denied.allowed);
+    // The rule that would have admitted reports its state as it stands.
+    assert_eq!(denied.most_restrictive(), Some(0));
+    assert!(denied.decisions[1].allowed);
+    assert_eq!(denied.decisions[1].remaining, 2);
+    assert_eq!((remaining(0, "k"), remaining(1, "k")), (2, 0));
+
+    // The same key twice in a batch: 2 fits in the 2 left, 1 more does
+    // not. Nothing is charged, and the peek between them reports the state
+    // as it stands, not the charge that was undone.
+    let twice = [
+        Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 2,
+        },
+        Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 0,
+        },
+        Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 1,
+        },
+    ];
+    let v = store.check_now(&twice).expect("fits");
+    assert!(!v.allowed);
+    assert_eq!(
+        v.decisions
+            .iter()
+            .map(|d| (d.allowed, d.remaining))
+            .collect::<Vec<_>>(),
+        [(true, 2), (true, 2), (false, 0)]
+    );
+    assert_eq!(remaining(0, "k"), 2);
+}
+
+#[test]
+fn a_bad_batch_is_an_error_and_charges_nothing() {
+    let store = MemoryStore::with_clock(
+        vec![Rule::new("a", FixedWindow::new(per_hour(5)))],
+        MemoryOptions::default(),
+        FakeClock::new(HOUR_START),
+    );
+    let ok = Check {
+        rule: RuleId(0),
+        key: "k",
+        cost: 2,
+    };
+    let too_large = Check {
+        rule: RuleId(0),
+        key: "k",
+        cost: 6,
+    };
+    let unknown = Check {
+        rule: RuleId(1),
+        key: "k",
+        cost: 1,
+    };
+    assert_eq!(
+        store.check_now(&[ok, too_large]),
+        Err(Error::CostTooLarge {
+            index: 1,
+            source: CostTooLarge {
+                cost: 6,
+                capacity: 5
+            }
+        })
+    );
+    assert_eq!(
+        store.check_now(&[ok, unknown]),
+        Err(Error::UnknownRule { index: 1, rule: 1 })
+    );
+    let peek = Check {
+        rule: RuleId(0),
+        key: "k",
+        cost: 0,
+    };
+    assert_eq!(
+        store.check_now(&[peek]).expect("peek").decisions[0].remaining,
+        5
+    );
+    assert_eq!(store.len(RuleId(0)), 0);
+}
+
+// ---------------------------------------------------------------------------
+// 5. reset and huge keys
+
+#[test]
+fn reset_forgets_a_key() {
+    let clock = FakeClock::new(HOUR_START);
+    let limiter: RateLimiter<_, String, _> =
+        RateLimiter::with_clock(SlidingLog::new(per_hour(2)), clock.clone());
+    assert!(limiter.check("k", 2).expect("fits").allowed);
+    assert!(limiter.check("other", 1).expect("fits").allowed);
+    assert!(!limiter.check("k", 1).expect("fits").allowed);
+    assert!(limiter.reset("k"));
+    assert!(!limiter.reset("k"), "already forgotten");
+    assert!(!limiter.reset("never seen"));
+    assert_eq!(limiter.len(), 1);
+    assert!(limiter.check("k", 2).expect("fits").allowed);
+    // The other key kept its count.
+    assert_eq!(limiter.check("other", 0).expect("peek").remaining, 1);
+
+    let store = MemoryStore::with_clock(
+        vec![Rule::new("a", FixedWindow::new(per_hour(1)))],
+        MemoryOptions::default(),
+        clock,
+    );
+    let check = Check {
+        rule: RuleId(0),
+        key: "k",
+        cost: 1,
+    };
+    assert!(store.check_now(&[check]).expect("fits").allowed);
+    assert!(!store.check_now(&[check]).expect("fits").allowed);
+    assert!(store.reset(RuleId(0), "k"));
+    assert!(!store.reset(RuleId(7), "k"), "no such rule");
+    assert!(store.check_now(&[check]).expect("fits").allowed);
+}
+
+#[test]
+fn a_one_mebibyte_key_works() {
+    let huge = "k".repeat(1 << 20);
+    let almost = format!("{}j", &huge[1..]);
+    let clock = FakeClock::new(HOUR_START);
+    let limiter: RateLimiter<_, String, _> =
+        RateLimiter::with_clock(FixedWindow::new(per_hour(2)), clock.clone());
+    assert!(limiter.check(huge.as_str(), 2).expect("fits").allowed);
+    assert!(!limiter.check(huge.as_str(), 1).expect("fits").allowed);
+    // A key differing in its last byte is another key.
+    assert!(limiter.check(almost.as_str(), 2).expect("fits").allowed);
+    assert!(limiter.reset(huge.as_str()));
+    assert!(limiter.check(huge.as_str(), 1).expect("fits").allowed);
+
+    let store = MemoryStore::with_clock(
+        vec![
+            Rule::new("a", TokenBucket::new(per_hour(1), nz(1))),
+            Rule::new("b", SlidingLog::new(per_hour(5))),
+        ],
+        MemoryOptions::default(),
+        clock,
+    );
+    let request = [
+        Check {
+            rule: RuleId(1),
+            key: &huge,
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(0),
+            key: &huge,
+            cost: 1,
+        },
+    ];
+    assert!(store.check_now(&request).expect("fits").allowed);
+    let denied = store.check_now(&request).expect("fits");
+    assert!(!denied.allowed);
+    assert_eq!(denied.decisions[0].remaining, 4, "rule b was not charged");
+    assert_eq!((store.len(RuleId(0)), store.len(RuleId(1))), (1, 1));
+}
