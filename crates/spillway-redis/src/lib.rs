@@ -418,7 +418,12 @@ impl RedisStore {
                 index: 0,
                 rule: rule.0,
             })?;
-        let key = script::redis_key(&self.inner.options.key_prefix, rule.name(), key);
+        let key = script::redis_key(
+            &self.inner.options.key_prefix,
+            rule.name(),
+            rule.algorithm(),
+            key,
+        );
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget(&key);
         }
@@ -470,7 +475,12 @@ impl RedisStore {
                     .into());
                 }
                 Ok(Prepared {
-                    key: script::redis_key(&inner.options.key_prefix, rule.name(), check.key),
+                    key: script::redis_key(
+                        &inner.options.key_prefix,
+                        rule.name(),
+                        rule.algorithm(),
+                        check.key,
+                    ),
                     params: &inner.params[check.rule.0],
                     cost: check.cost,
                     capacity,

@@ -104,17 +104,26 @@ pub(crate) fn decode(reply: &[i64], checks: usize) -> Result<(bool, u64, Vec<Dec
     Ok((reply[0] == 1, reply[1].max(0) as u64, decisions))
 }
 
-/// The Redis key of `key` under `rule`: `prefix{rule:key}`, escaped so that
-/// two different (rule, key) pairs never meet, and hash-tagged so that a
-/// key's state stays in one cluster slot.
-pub(crate) fn redis_key(prefix: &str, rule: &str, key: &str) -> String {
+/// The Redis key of `key` under `rule`: `prefix{rule:key}:algorithm`,
+/// escaped so that two different (rule, key) pairs never meet, hash-tagged
+/// so that a key's state stays in one cluster slot, and suffixed with the
+/// algorithm so that a reload that changes a rule's algorithm starts it
+/// afresh instead of misreading the old state.
+pub(crate) fn redis_key(prefix: &str, rule: &str, algorithm: &AnyAlgorithm, key: &str) -> String {
     let mut out = String::with_capacity(prefix.len() + rule.len() + key.len() + 4);
     out.push_str(prefix);
     out.push('{');
     escape_into(&mut out, rule);
     out.push(':');
     escape_into(&mut out, key);
-    out.push('}');
+    out.push_str("}:");
+    out.push_str(match algorithm {
+        AnyAlgorithm::FixedWindow(_) => "fw",
+        AnyAlgorithm::SlidingLog(_) => "sl",
+        AnyAlgorithm::SlidingWindow(_) => "sw",
+        AnyAlgorithm::TokenBucket(_) => "tb",
+        AnyAlgorithm::LeakyBucket(_) => "lb",
+    });
     out
 }
 
@@ -136,9 +145,14 @@ mod tests {
 
     #[test]
     fn keys_never_collide_and_stay_in_one_slot() {
-        assert_eq!(redis_key("s:", "a:b", "c"), "s:{a%3Ab:c}");
-        assert_eq!(redis_key("s:", "a", "b:c"), "s:{a:b%3Ac}");
-        assert_eq!(redis_key("s:", "r", "}{"), "s:{r:%7D%7B}");
+        use spillway::Quota;
+        use spillway::algorithm::FixedWindow;
+        let fw = AnyAlgorithm::from(FixedWindow::new(Quota::per_second(
+            std::num::NonZeroU32::MIN,
+        )));
+        assert_eq!(redis_key("s:", "a:b", &fw, "c"), "s:{a%3Ab:c}:fw");
+        assert_eq!(redis_key("s:", "a", &fw, "b:c"), "s:{a:b%3Ac}:fw");
+        assert_eq!(redis_key("s:", "r", &fw, "}{"), "s:{r:%7D%7B}:fw");
     }
 
     #[test]

@@ -89,16 +89,16 @@ async fn every_key_gets_a_ttl_that_ends_when_its_state_is_fresh_again() {
         reply.trim().trim_start_matches(':').parse().unwrap()
     };
     // Fixed window: until the end of the current minute.
-    let fw = pttl("spillway:{fw:ttl}");
+    let fw = pttl("spillway:{fw:ttl}:fw");
     assert!(fw > 0 && fw <= 60_000, "fixed window PTTL {fw}");
     // Sliding window: the count weighs on the next window too.
-    let sw = pttl("spillway:{sw:ttl}");
+    let sw = pttl("spillway:{sw:ttl}:sw");
     assert!(sw > 60_000 && sw <= 120_000, "sliding window PTTL {sw}");
     // Sliding log: one window after the entry.
-    let log = pttl("spillway:{log:ttl}");
+    let log = pttl("spillway:{log:ttl}:sl");
     assert!(log > 59_000 && log <= 60_000, "sliding log PTTL {log}");
     // Token bucket: one token back takes 10 s.
-    let tb = pttl("spillway:{tb:ttl}");
+    let tb = pttl("spillway:{tb:ttl}:tb");
     assert!(tb > 9_000 && tb <= 10_000, "token bucket PTTL {tb}");
 }
 
@@ -114,7 +114,7 @@ async fn decisions_use_the_servers_clock() {
     // The stored window index is the server's TIME divided by the window.
     let time = server.command("TIME");
     let secs: u64 = time.lines().nth(2).unwrap().trim().parse().unwrap();
-    let stored = server.command("HGET spillway:{fw:clock} w");
+    let stored = server.command("HGET spillway:{fw:clock}:fw w");
     let index: u64 = stored.lines().nth(1).unwrap().trim().parse().unwrap();
     assert!(
         secs.abs_diff(index) <= 1,

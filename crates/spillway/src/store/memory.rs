@@ -5,6 +5,7 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::table::{ShardGuard, Table};
@@ -197,7 +198,10 @@ impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C> {
 /// ```
 pub struct MemoryStore<C = MonotonicClock> {
     rules: Vec<Rule>,
-    tables: Vec<Table<Box<str>, AnyState>>,
+    // Shared with the stores `reconfigure` makes, so counters survive a
+    // configuration reload.
+    tables: Vec<Arc<Table<Box<str>, AnyState>>>,
+    options: MemoryOptions,
     clock: C,
 }
 
@@ -211,11 +215,53 @@ impl MemoryStore<MonotonicClock> {
 impl<C: Clock> MemoryStore<C> {
     /// A store for `rules` on `clock`.
     pub fn with_clock(rules: Vec<Rule>, options: MemoryOptions, clock: C) -> Self {
-        let tables = rules.iter().map(|_| options.table()).collect();
+        let tables = rules.iter().map(|_| Arc::new(options.table())).collect();
         Self {
             rules,
             tables,
+            options,
             clock,
+        }
+    }
+
+    /// A store for `rules` that keeps this one's counters for every rule
+    /// whose name and algorithm are unchanged (a configuration reload).
+    /// Rules that are new or changed start empty. Both stores share the kept
+    /// counters.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::FixedWindow;
+    /// use spillway::clock::FakeClock;
+    /// use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId};
+    /// use spillway::Quota;
+    ///
+    /// let rule = |name: &str, n| Rule::new(name, FixedWindow::new(Quota::per_minute(NonZeroU32::new(n).unwrap())));
+    /// let old = MemoryStore::with_clock(vec![rule("a", 5)], MemoryOptions::default(), FakeClock::new(0));
+    /// old.check_now(&[Check { rule: RuleId(0), key: "k", cost: 2 }]).unwrap();
+    /// // "a" moves to index 1 and keeps its count; "b" is new.
+    /// let new = old.reconfigure(vec![rule("b", 5), rule("a", 5)]);
+    /// let peek = new.check_now(&[Check { rule: RuleId(1), key: "k", cost: 0 }]).unwrap();
+    /// assert_eq!(peek.decisions[0].remaining, 3);
+    /// ```
+    pub fn reconfigure(&self, rules: Vec<Rule>) -> Self
+    where
+        C: Clone,
+    {
+        let tables = rules
+            .iter()
+            .map(|rule| {
+                self.rules.iter().position(|old| old == rule).map_or_else(
+                    || Arc::new(self.options.table()),
+                    |i| self.tables[i].clone(),
+                )
+            })
+            .collect();
+        Self {
+            rules,
+            tables,
+            options: self.options,
+            clock: self.clock.clone(),
         }
     }
 
@@ -331,7 +377,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// How many keys `rule` holds.
     pub fn len(&self, rule: super::RuleId) -> usize {
-        self.tables.get(rule.0).map_or(0, Table::len)
+        self.tables.get(rule.0).map_or(0, |t| t.len())
     }
 
     /// Checks every rule id and cost before anything is charged.
