@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use crate::error::RuleMismatch;
 use crate::rules::{Action, Policy};
-use crate::service::RateLimit;
+use crate::service::{Decided, RateLimit};
 
 /// What happened to one rule of one request, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +110,14 @@ impl<St: Store> RateLimitLayer<St> {
                 ..shared
             }),
         }
+    }
+
+    /// Applies the policy to a request (its head), charging the store as
+    /// the verdict says, without serving it: what the middleware does before
+    /// it calls the inner service, for callers that answer for themselves
+    /// (a decision API). A shaping delay is reported, not waited for.
+    pub async fn decide(&self, parts: &http::request::Parts) -> Decided {
+        crate::service::decide(&self.shared, parts).await
     }
 
     /// The store.

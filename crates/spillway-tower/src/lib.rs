@@ -40,4 +40,6 @@ pub use future::{ResponseBody, ResponseFuture};
 pub use key::{ClientAddr, Clients, KeyPart, Tier, UserId};
 pub use layer::{Observer, Outcome, RateLimitLayer};
 pub use rules::{Action, BodyFormat, Cost, Glob, HeaderOptions, HttpRule, Policy, ResetFormat};
-pub use service::{Limited, RateLimit, RequestCost, X_SPILLWAY_LIMITED};
+pub use service::{
+    Decided, Limited, RateLimit, RequestCost, RuleDecision, Verdict, X_SPILLWAY_LIMITED,
+};

@@ -75,3 +75,14 @@ pub(crate) fn problem<B>(status: StatusCode, detail: &str) -> Response<ResponseB
 pub(crate) fn retry_secs(retry_after: std::time::Duration) -> u64 {
     ceil_secs(retry_after).max(1)
 }
+
+/// A 503 for a store that cannot decide, with `Retry-After: 1`.
+pub(crate) fn unavailable<B>() -> Response<ResponseBody<B>> {
+    let mut res = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The rate limiter cannot reach its store; try again shortly.",
+    );
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+    res
+}

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use spillway::Decision;
 use spillway::store::{Check, RuleId, Store, StoreError};
 use tower_service::Service;
@@ -137,39 +137,100 @@ fn plan(policy: &Policy, client: &Client, parts: &Parts) -> Result<Vec<Planned>,
     Ok(planned)
 }
 
-async fn handle<S, St, ReqBody, ResBody>(
-    shared: Arc<Shared<St>>,
-    mut inner: S,
-    req: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    St: Store + 'static,
-{
+/// What one rule decided about a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleDecision {
+    /// The rule's name.
+    pub rule: String,
+    /// The tier whose quota applied, if not the default.
+    pub tier: Option<String>,
+    /// The key the request was counted under.
+    pub key: String,
+    /// What the request cost under this rule.
+    pub cost: u64,
+    /// What the rule does with a denial.
+    pub action: Action,
+    /// The store's decision.
+    pub decision: Decision,
+}
+
+/// The verdict on a request, before it is served (or not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No rule applies to the request.
+    Unlimited,
+    /// Admitted, after `delay` (shaping). `limited` names the `degrade`
+    /// rules that denied it, `shadowed` the `shadow` rules that did.
+    Admitted {
+        /// How long to hold the request before serving it.
+        delay: Duration,
+        /// The degrade rules that denied it.
+        limited: Vec<String>,
+        /// The shadow rules that denied it.
+        shadowed: Vec<String>,
+    },
+    /// Denied by a `reject` rule: answer 429.
+    Rejected {
+        /// The rule.
+        rule: String,
+        /// The exact time until the same request would be admitted.
+        retry_after: Duration,
+    },
+    /// The request can never be decided (a bad cost header, a cost above a
+    /// capacity): answer 400 with this message.
+    BadRequest(String),
+    /// The store could not decide and its failure policy is to refuse:
+    /// answer 503.
+    Unavailable(String),
+}
+
+/// A request's verdict with every rule's decision and the rate-limit headers
+/// that describe it. See [`RateLimitLayer::decide`](crate::RateLimitLayer::decide).
+#[derive(Debug, Clone)]
+pub struct Decided {
+    /// What to do with the request.
+    pub verdict: Verdict,
+    /// Every rule that decided, in policy order.
+    pub rules: Vec<RuleDecision>,
+    /// The `X-RateLimit-*` and `RateLimit*` headers (as configured) for the
+    /// response.
+    pub headers: HeaderMap,
+    // What was charged, and when, to give back if the request is abandoned.
+    charged: Option<(Vec<(RuleId, String, u64)>, u64)>,
+}
+
+/// Applies the policy to a request's parts: plans the rules, asks the store
+/// (once, or again without the non-rejecting rules that denied), and builds
+/// the headers. Charges the store as the verdict says; serves nothing.
+pub(crate) async fn decide<St: Store>(shared: &Shared<St>, parts: &Parts) -> Decided {
     let policy = &shared.policy;
-    let (mut parts, body) = req.into_parts();
-    let client = Client::of(&parts, &policy.clients);
-    let planned = match plan(policy, &client, &parts) {
+    let client = Client::of(parts, &policy.clients);
+    let unlimited = |verdict| Decided {
+        verdict,
+        rules: Vec::new(),
+        headers: HeaderMap::new(),
+        charged: None,
+    };
+    let planned = match plan(policy, &client, parts) {
         Ok(p) => p,
-        Err(message) => return Ok(response::problem(StatusCode::BAD_REQUEST, &message)),
+        Err(message) => return unlimited(Verdict::BadRequest(message)),
     };
     if planned.is_empty() {
-        let res = inner.call(Request::from_parts(parts, body)).await?;
-        return Ok(res.map(ResponseBody::inner));
+        return unlimited(Verdict::Unlimited);
     }
     let action = |p: &Planned| policy.rules[p.index].action;
     let name = |p: &Planned| policy.rules[p.index].name.as_str();
 
-    // Decide. A denial by a `reject` rule ends it, charging nothing. A denial
-    // only by shadow/degrade rules lets the request through: the rules that
-    // admitted it must then be charged, so they are asked again without the
-    // denying ones (one more round trip, only when a non-rejecting rule is
-    // over its limit).
+    // A denial by a `reject` rule ends it, charging nothing. A denial only by
+    // shadow/degrade rules lets the request through: the rules that admitted
+    // it must then be charged, so they are asked again without the denying
+    // ones (one more round trip, only when a non-rejecting rule is over its
+    // limit).
     let mut decisions: Vec<Option<Decision>> = vec![None; planned.len()];
     let mut active: Vec<usize> = (0..planned.len()).collect();
-    let mut limited: Vec<usize> = Vec::new();
+    let mut denied_softly: Vec<usize> = Vec::new();
     let mut rejected_by: Option<usize> = None;
-    let mut charged: Option<(Vec<usize>, u64)> = None;
+    let mut charged = None;
     while !active.is_empty() {
         let checks: Vec<Check<'_>> = active
             .iter()
@@ -181,13 +242,17 @@ where
             .collect();
         let verdict = match shared.store.check(&checks).await {
             Ok(v) => v,
-            Err(e) => return Ok(store_error(&shared, &planned, &e)),
+            Err(e) => return unlimited(store_error(shared, &planned, &e)),
         };
         for (&p, d) in active.iter().zip(&verdict.decisions) {
             decisions[p] = Some(*d);
         }
         if verdict.allowed {
-            charged = Some((active.clone(), verdict.decided_at));
+            let what = active
+                .iter()
+                .map(|&p| (planned[p].id, planned[p].key.clone(), planned[p].cost))
+                .collect();
+            charged = Some((what, verdict.decided_at));
             break;
         }
         let denying: Vec<usize> = active
@@ -203,7 +268,7 @@ where
             rejected_by = Some(p);
             break;
         }
-        limited.extend(&denying);
+        denied_softly.extend(&denying);
         active.retain(|p| !denying.contains(p));
     }
 
@@ -220,134 +285,169 @@ where
 
     // Headers describe every rule that decided; X-RateLimit-* and RateLimit
     // the most restrictive: the rejecting rule, else the least remaining.
-    let applied: Vec<(usize, Applied<'_>)> = planned
-        .iter()
-        .enumerate()
-        .filter_map(|(p, plan)| {
-            let decision = decisions[p]?;
-            let algorithm = policy.rules[plan.index].algorithm;
-            let quota = spillway::Algorithm::quota(&algorithm);
-            let window = quota.period() * u32::try_from(decision.limit).unwrap_or(u32::MAX)
-                / quota.limit().get();
-            Some((
-                p,
-                Applied {
-                    name: name(plan),
-                    decision,
-                    window_secs: headers::ceil_secs(window),
-                },
-            ))
-        })
-        .collect();
+    let tier = policy.tier_of(&client);
+    let mut rules = Vec::new();
+    let mut applied: Vec<(usize, Applied<'_>)> = Vec::new();
+    for (p, plan) in planned.iter().enumerate() {
+        let Some(decision) = decisions[p] else {
+            continue;
+        };
+        let rule = &policy.rules[plan.index];
+        let used_tier = tier.filter(|t| rule.tiers.iter().any(|(name, _)| name == t));
+        let algorithm = used_tier
+            .and_then(|t| rule.tiers.iter().find(|(name, _)| name == t))
+            .map_or(rule.algorithm, |(_, a)| *a);
+        let quota = spillway::Algorithm::quota(&algorithm);
+        let window = quota
+            .period()
+            .mul_f64(decision.limit as f64 / f64::from(quota.limit().get()));
+        applied.push((
+            p,
+            Applied {
+                name: name(plan),
+                decision,
+                window_secs: headers::ceil_secs(window),
+            },
+        ));
+        rules.push(RuleDecision {
+            rule: rule.name.clone(),
+            tier: used_tier.map(str::to_string),
+            key: plan.key.clone(),
+            cost: plan.cost,
+            action: rule.action,
+            decision,
+        });
+    }
     let restrictive = rejected_by
         .and_then(|r| applied.iter().position(|(p, _)| *p == r))
         .or_else(|| {
-            (0..applied.len())
-                .min_by_key(|&i| (applied[i].1.decision.remaining, applied[i].1.decision.limit))
+            (0..applied.len()).min_by_key(|&i| {
+                let d = &applied[i].1.decision;
+                (d.remaining, d.limit)
+            })
         })
         .unwrap_or(0);
-    let applied_only: Vec<Applied<'_>> = applied.iter().map(|(_, a)| a.clone()).collect();
+    let applied: Vec<Applied<'_>> = applied.into_iter().map(|(_, a)| a).collect();
+    let mut header_map = HeaderMap::new();
+    headers::write(&mut header_map, &policy.headers, &applied, restrictive);
 
-    if let Some(p) = rejected_by {
-        let decision = decisions[p].expect("the rejecting rule decided");
-        let retry = response::retry_secs(decision.retry_after.unwrap_or(Duration::from_secs(1)));
-        tracing::debug!(rule = name(&planned[p]), key = %planned[p].key, retry, "rate limited");
-        let mut res = response::too_many_requests(policy.body, name(&planned[p]), retry);
-        headers::write(
-            res.headers_mut(),
-            &policy.headers,
-            &applied_only,
-            restrictive,
-        );
-        return Ok(res);
-    }
-
-    let mut limited_names = Vec::new();
-    for &p in &limited {
-        match action(&planned[p]) {
-            Action::Shadow => {
-                tracing::info!(rule = name(&planned[p]), key = %planned[p].key, "shadow rule would have denied");
+    let verdict = match rejected_by {
+        Some(p) => {
+            let decision = decisions[p].expect("the rejecting rule decided");
+            tracing::debug!(rule = name(&planned[p]), key = %planned[p].key, "rate limited");
+            Verdict::Rejected {
+                rule: name(&planned[p]).to_string(),
+                retry_after: decision.retry_after.unwrap_or(Duration::from_secs(1)),
             }
-            _ => limited_names.push(name(&planned[p]).to_string()),
         }
-    }
-    if !limited_names.is_empty() {
-        if let Ok(v) = HeaderValue::try_from(limited_names.join(", ")) {
-            parts.headers.insert(X_SPILLWAY_LIMITED, v);
+        None => {
+            let mut limited = Vec::new();
+            let mut shadowed = Vec::new();
+            for &p in &denied_softly {
+                if action(&planned[p]) == Action::Shadow {
+                    tracing::info!(rule = name(&planned[p]), key = %planned[p].key, "shadow rule would have denied");
+                    shadowed.push(name(&planned[p]).to_string());
+                } else {
+                    limited.push(name(&planned[p]).to_string());
+                }
+            }
+            Verdict::Admitted {
+                delay: decisions
+                    .iter()
+                    .flatten()
+                    .filter(|d| d.allowed)
+                    .map(|d| d.delay)
+                    .max()
+                    .unwrap_or_default(),
+                limited,
+                shadowed,
+            }
         }
-        parts.extensions.insert(Limited {
-            rules: limited_names.clone(),
-        });
+    };
+    Decided {
+        verdict,
+        rules,
+        headers: header_map,
+        charged,
     }
+}
 
-    // Shaping: hold the request until its turn. If the client goes away
-    // meanwhile, the charges are given back.
-    let delay = decisions
-        .iter()
-        .flatten()
-        .map(|d| d.delay)
-        .max()
-        .unwrap_or_default();
-    if !delay.is_zero()
-        && let Some((charged_plan, at)) = &charged
-    {
-        let guard = RefundOnDrop {
-            shared: shared.clone(),
-            checks: charged_plan
-                .iter()
-                .map(|&p| (planned[p].id, planned[p].key.clone(), planned[p].cost))
-                .collect(),
-            charged_at: *at,
-            armed: true,
-        };
-        tokio::time::sleep(delay).await;
-        guard.disarm();
+async fn handle<S, St, ReqBody, ResBody>(
+    shared: Arc<Shared<St>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store + 'static,
+{
+    let (mut parts, body) = req.into_parts();
+    let decided = decide(&shared, &parts).await;
+    let policy = &shared.policy;
+    let limited = match decided.verdict {
+        Verdict::Unlimited => {
+            let res = inner.call(Request::from_parts(parts, body)).await?;
+            return Ok(res.map(ResponseBody::inner));
+        }
+        Verdict::BadRequest(message) => {
+            return Ok(response::problem(StatusCode::BAD_REQUEST, &message));
+        }
+        Verdict::Unavailable(_) => return Ok(response::unavailable()),
+        Verdict::Rejected { rule, retry_after } => {
+            let retry = response::retry_secs(retry_after);
+            let mut res = response::too_many_requests(policy.body, &rule, retry);
+            res.headers_mut().extend(decided.headers);
+            return Ok(res);
+        }
+        Verdict::Admitted { delay, limited, .. } => {
+            // Shaping: hold the request until its turn. If the client goes
+            // away meanwhile, the charges are given back.
+            if !delay.is_zero()
+                && let Some((checks, charged_at)) = decided.charged
+            {
+                let guard = RefundOnDrop {
+                    shared: shared.clone(),
+                    checks,
+                    charged_at,
+                    armed: true,
+                };
+                tokio::time::sleep(delay).await;
+                guard.disarm();
+            }
+            limited
+        }
+    };
+    let limited_header = (!limited.is_empty())
+        .then(|| HeaderValue::try_from(limited.join(", ")).ok())
+        .flatten();
+    if let Some(v) = &limited_header {
+        parts.headers.insert(X_SPILLWAY_LIMITED, v.clone());
+        parts.extensions.insert(Limited { rules: limited });
     }
-
     let mut res = inner
         .call(Request::from_parts(parts, body))
         .await?
         .map(ResponseBody::inner);
-    headers::write(
-        res.headers_mut(),
-        &policy.headers,
-        &applied_only,
-        restrictive,
-    );
-    if !limited_names.is_empty()
-        && let Ok(v) = HeaderValue::try_from(limited_names.join(", "))
-    {
+    res.headers_mut().extend(decided.headers);
+    if let Some(v) = limited_header {
         res.headers_mut().insert(X_SPILLWAY_LIMITED, v);
     }
     Ok(res)
 }
 
-/// The answer when the store could not decide: 400 for a request that can
-/// never be decided, 503 when the store is unavailable (never a 500).
-fn store_error<St: Store, B>(
-    shared: &Shared<St>,
-    planned: &[Planned],
-    error: &St::Error,
-) -> Response<ResponseBody<B>> {
+/// The verdict when the store could not decide: a request that can never be
+/// decided is the client's error (400); an unavailable store refuses (503).
+fn store_error<St: Store>(shared: &Shared<St>, planned: &[Planned], error: &St::Error) -> Verdict {
     if let Some(observer) = &shared.observer {
         for p in planned {
             observer.observe(&shared.policy.rules[p.index].name, Outcome::Error, None);
         }
     }
     match error.invalid_request() {
-        Some(e) => response::problem(
-            StatusCode::BAD_REQUEST,
-            &request_error(&shared.policy, planned, e),
-        ),
+        Some(e) => Verdict::BadRequest(request_error(&shared.policy, planned, e)),
         None => {
             tracing::warn!(error = %error, "rate limit store unavailable");
-            let mut res = response::problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "The rate limiter cannot reach its store; try again shortly.",
-            );
-            res.headers_mut()
-                .insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
-            res
+            Verdict::Unavailable(error.to_string())
         }
     }
 }
