@@ -62,6 +62,17 @@ pub(super) struct Step {
     pub backlog: u128,
 }
 
+impl Step {
+    /// The decision, without any shaping delay.
+    pub fn decision(&self, capacity: u64) -> crate::Decision {
+        if self.admitted {
+            crate::Decision::allow(capacity, self.remaining, self.reset_after)
+        } else {
+            crate::Decision::deny(capacity, self.remaining, self.reset_after, self.retry_after)
+        }
+    }
+}
+
 /// Decides whether `cost` fits in a bucket of `capacity` units at `now`,
 /// updating `tat` if it does.
 pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Micros) -> Step {

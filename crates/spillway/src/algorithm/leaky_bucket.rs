@@ -129,15 +129,10 @@ impl Algorithm for LeakyBucket {
         let capacity = self.capacity();
         ensure_fits(cost, capacity)?;
         let s = gcra::step(state, self.interval, capacity, cost, now);
+        let mut decision = s.decision(capacity);
         if !s.admitted {
-            return Ok(Decision::deny(
-                capacity,
-                s.remaining,
-                s.reset_after,
-                s.retry_after,
-            ));
+            return Ok(decision);
         }
-        let mut decision = Decision::allow(capacity, s.remaining, s.reset_after);
         if self.mode == LeakyMode::Shape && cost > 0 {
             let free = u128::from(self.undelayed) * u128::from(self.interval.micros);
             let wait = s.backlog.saturating_sub(free);

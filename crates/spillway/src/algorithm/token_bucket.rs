@@ -79,12 +79,7 @@ impl Algorithm for TokenBucket {
     ) -> Result<Decision, CostTooLarge> {
         let capacity = self.capacity();
         ensure_fits(cost, capacity)?;
-        let s = gcra::step(state, self.interval, capacity, cost, now);
-        Ok(if s.admitted {
-            Decision::allow(capacity, s.remaining, s.reset_after)
-        } else {
-            Decision::deny(capacity, s.remaining, s.reset_after, s.retry_after)
-        })
+        Ok(gcra::step(state, self.interval, capacity, cost, now).decision(capacity))
     }
 
     fn refund(&self, state: &mut Self::State, cost: u64, _charged_at: Micros) {
