@@ -481,3 +481,101 @@ async fn refund_gives_back_an_admitted_charge() {
         assert_eq!(d.remaining, 5, "{d:?}");
     }
 }
+
+/// The node id and port of the cluster node that owns `slot`.
+fn owner_of(cluster: &RedisCluster, slot: u16) -> (String, u16) {
+    // Every node knows the whole map; ask the first.
+    if let Some(node) = cluster.nodes().first() {
+        let nodes = node.command("CLUSTER NODES");
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if fields.len() < 9 || !fields[2].contains("master") {
+                continue;
+            }
+            let owns = fields[8..].iter().any(|range| {
+                let mut ends = range.trim().split('-');
+                let lo: u16 = ends.next().and_then(|v| v.parse().ok()).unwrap_or(u16::MAX);
+                let hi: u16 = ends.next().and_then(|v| v.parse().ok()).unwrap_or(lo);
+                (lo..=hi).contains(&slot)
+            });
+            if owns {
+                let port: u16 = fields[1]
+                    .split('@')
+                    .next()
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| p.parse().ok())
+                    .unwrap();
+                return (fields[0].to_string(), port);
+            }
+        }
+    }
+    panic!("no node owns slot {slot}");
+}
+
+#[tokio::test]
+async fn cluster_follows_ask_and_moved_while_a_slot_migrates() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let hour = Duration::from_secs(3600);
+    let rules = vec![Rule::new("mig", FixedWindow::new(per(10, hour)))];
+    let s = RedisStore::connect(
+        Topology::Cluster(cluster.urls()),
+        rules,
+        RedisOptions::default(),
+    )
+    .await
+    .unwrap();
+    let redis_key = "spillway:{mig:client}:fw";
+    let slot = spillway_redis::slot(redis_key.as_bytes());
+    for _ in 0..3 {
+        assert!(s.check(&one("client")).await.unwrap().allowed);
+    }
+    let (source_id, source_port) = owner_of(&cluster, slot);
+    let source = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() == source_port)
+        .unwrap();
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source_port)
+        .unwrap();
+    let target_id = target
+        .command("CLUSTER MYID")
+        .lines()
+        .nth(1)
+        .unwrap()
+        .trim()
+        .to_string();
+
+    // Mid-migration: the key has moved, the slot not yet: the source answers
+    // ASK, and the client must follow it with ASKING.
+    assert!(
+        target
+            .command(&format!("CLUSTER SETSLOT {slot} IMPORTING {source_id}"))
+            .starts_with("+OK")
+    );
+    assert!(
+        source
+            .command(&format!("CLUSTER SETSLOT {slot} MIGRATING {target_id}"))
+            .starts_with("+OK")
+    );
+    let migrated = source.command(&format!(
+        "MIGRATE 127.0.0.1 {} \"\" 0 5000 KEYS {redis_key}",
+        target.port()
+    ));
+    assert!(migrated.starts_with("+OK"), "{migrated}");
+    let d = s.check(&one("client")).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.decisions[0].remaining, 6, "the state moved with the key");
+
+    // The slot now belongs to the target: the source answers MOVED.
+    for node in cluster.nodes() {
+        node.command(&format!("CLUSTER SETSLOT {slot} NODE {target_id}"));
+    }
+    let d = s.check(&one("client")).await.unwrap();
+    assert_eq!(d.decisions[0].remaining, 5);
+    assert_eq!(s.stats().redis_errors, 0);
+}
