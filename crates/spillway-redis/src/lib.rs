@@ -288,6 +288,20 @@ impl RedisStore {
             .await
     }
 
+    /// The keys and arguments the store sends to the script for `checks`
+    /// (one script call on a standalone server), for inspection and
+    /// benchmarks.
+    pub fn script_call(&self, checks: &[Check<'_>]) -> Result<(Vec<String>, Vec<String>), Error> {
+        let prepared = self.prepare(checks)?;
+        let keys = prepared.iter().map(|p| p.key.clone()).collect();
+        let mut args = vec![String::new(), String::new()];
+        for p in &prepared {
+            args.extend(p.params.iter().map(u64::to_string));
+            args.push(p.cost.to_string());
+        }
+        Ok((keys, args))
+    }
+
     /// What the store has done so far.
     pub fn stats(&self) -> Stats {
         let c = &self.inner.counters;
@@ -589,6 +603,13 @@ impl RedisStore {
             decisions,
         })
     }
+}
+
+/// The Lua source of the script the store runs (the service's version, on
+/// the server's clock), for inspection and for benchmarks that run the same
+/// script with `redis-benchmark`.
+pub fn script_source() -> String {
+    script::source(false)
 }
 
 /// The Redis Cluster slot of a key (CRC16 of its hash tag, mod 16384), as

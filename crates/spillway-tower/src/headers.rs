@@ -98,6 +98,52 @@ pub(crate) fn write(
     }
 }
 
+/// The rate-limit headers for decisions taken outside the middleware (the
+/// Envoy rate limit service): one `(rule name, decision, window)` per rule
+/// that decided, where the window is the time the rule's quota takes to
+/// refill; `restrictive` indexes the one `X-RateLimit-*` and `RateLimit`
+/// describe. The same values the middleware writes.
+///
+/// ```
+/// use std::time::Duration;
+/// use spillway::Decision;
+/// use spillway_tower::HeaderOptions;
+/// use spillway_tower::headers::{RATELIMIT, X_RATELIMIT_REMAINING, rate_limit_headers};
+///
+/// let decision = Decision {
+///     allowed: true,
+///     limit: 10,
+///     remaining: 7,
+///     reset_after: Duration::from_secs(30),
+///     retry_after: None,
+///     delay: Duration::ZERO,
+/// };
+/// let map = rate_limit_headers(
+///     &HeaderOptions::default(),
+///     &[("per-ip", decision, Duration::from_secs(60))],
+///     0,
+/// );
+/// assert_eq!(map[X_RATELIMIT_REMAINING], "7");
+/// assert_eq!(map[RATELIMIT], "\"per-ip\";r=7;t=30");
+/// ```
+pub fn rate_limit_headers(
+    options: &HeaderOptions,
+    decided: &[(&str, Decision, Duration)],
+    restrictive: usize,
+) -> HeaderMap {
+    let applied: Vec<Applied<'_>> = decided
+        .iter()
+        .map(|(name, decision, window)| Applied {
+            name,
+            decision: *decision,
+            window_secs: ceil_secs(*window),
+        })
+        .collect();
+    let mut map = HeaderMap::new();
+    write(&mut map, options, &applied, restrictive);
+    map
+}
+
 fn key(k: &'static str) -> &'static KeyRef {
     KeyRef::constant(k)
 }

@@ -100,6 +100,20 @@ pub struct Clients {
     pub user_header: Option<HeaderName>,
     /// A header carrying the client's tier, set by a trusted auth proxy.
     pub tier_header: Option<HeaderName>,
+    /// Which header the trusted proxies write the client's address in. Only
+    /// that one is read: if a proxy appends to `X-Forwarded-For`, a
+    /// `Forwarded` header can only have come from the client.
+    pub forwarded_header: ForwardedHeader,
+}
+
+/// The header trusted proxies record the client's address in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For` (nginx, HAProxy, most load balancers).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239).
+    Forwarded,
 }
 
 impl Default for Clients {
@@ -109,6 +123,7 @@ impl Default for Clients {
             api_key_header: HeaderName::from_static("x-api-key"),
             user_header: None,
             tier_header: None,
+            forwarded_header: ForwardedHeader::XForwardedFor,
         }
     }
 }
@@ -147,11 +162,15 @@ fn peer_addr(req: &Parts) -> Option<SocketAddr> {
 }
 
 /// The addresses a `Forwarded` header lists in its `for=` parameters, left to
-/// right. `None` if any is malformed.
-fn forwarded_for(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
+/// right; `None` for a hop that is not an address (malformed, `unknown`,
+/// an obfuscated identifier).
+fn forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     let mut out = Vec::new();
     for value in headers.get_all(http::header::FORWARDED) {
-        let value = value.to_str().ok()?;
+        let Ok(value) = value.to_str() else {
+            out.push(None);
+            continue;
+        };
         for element in value.split(',') {
             for pair in element.split(';') {
                 let Some((name, v)) = pair.trim().split_once('=') else {
@@ -160,11 +179,11 @@ fn forwarded_for(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
                 if !name.trim().eq_ignore_ascii_case("for") {
                     continue;
                 }
-                out.push(parse_node(v.trim().trim_matches('"'))?);
+                out.push(parse_node(v.trim().trim_matches('"')));
             }
         }
     }
-    Some(out)
+    out
 }
 
 /// A `Forwarded` node: `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]`, `[2001:db8::1]:80`.
@@ -177,19 +196,26 @@ fn parse_node(node: &str) -> Option<IpAddr> {
         .or_else(|| node.rsplit_once(':').and_then(|(ip, _)| ip.parse().ok()))
 }
 
-fn x_forwarded_for(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
+/// The hops of `X-Forwarded-For`, left to right; `None` for one that is not
+/// an address.
+fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     let mut out = Vec::new();
     for value in headers.get_all("x-forwarded-for") {
-        for part in value.to_str().ok()?.split(',') {
-            out.push(parse_node(part.trim())?);
+        match value.to_str() {
+            Ok(value) => out.extend(value.split(',').map(|part| parse_node(part.trim()))),
+            Err(_) => out.push(None),
         }
     }
-    Some(out)
+    out
 }
 
 /// The client IP: the peer, or (when the peer is trusted) the right-most
 /// forwarded address that is not a trusted proxy.
-pub(crate) fn client_ip(req: &Parts, trusted: &[IpNet]) -> (Option<IpAddr>, bool) {
+pub(crate) fn client_ip(
+    req: &Parts,
+    trusted: &[IpNet],
+    forwarded: ForwardedHeader,
+) -> (Option<IpAddr>, bool) {
     let Some(peer) = peer_addr(req).map(|a| a.ip()) else {
         return (None, false);
     };
@@ -197,24 +223,27 @@ pub(crate) fn client_ip(req: &Parts, trusted: &[IpNet]) -> (Option<IpAddr>, bool
         return (Some(peer), false);
     }
     let headers = &req.headers;
-    let chain = if headers.contains_key(http::header::FORWARDED) {
-        forwarded_for(headers)
-    } else {
-        x_forwarded_for(headers)
+    let chain = match forwarded {
+        ForwardedHeader::Forwarded => forwarded_for(headers),
+        ForwardedHeader::XForwardedFor => x_forwarded_for(headers),
     };
-    // A malformed chain is ignored: the peer is the best we know.
-    let client = chain
-        .unwrap_or_default()
-        .into_iter()
-        .rev()
-        .find(|ip| !is_trusted(*ip, trusted))
-        .unwrap_or(peer);
-    (Some(client), true)
+    // Walk from the right, through our own proxies, to the first hop that is
+    // not one: everything left of it was written by the client, so a
+    // malformed hop there must not matter. A malformed hop before that (a
+    // trusted proxy forwarding `unknown`) leaves the peer as the best we know.
+    for hop in chain.into_iter().rev() {
+        match hop {
+            Some(ip) if is_trusted(ip, trusted) => continue,
+            Some(ip) => return (Some(ip), true),
+            None => break,
+        }
+    }
+    (Some(peer), true)
 }
 
 impl Client {
     pub(crate) fn of(req: &Parts, clients: &Clients) -> Self {
-        let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies);
+        let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies, clients.forwarded_header);
         let headers = &req.headers;
         let api_key = header_str(headers, &clients.api_key_header).or_else(|| {
             let auth = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
@@ -293,16 +322,46 @@ pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Opti
         }
         out.push_str(&part.name());
         out.push('=');
-        for ch in value.chars() {
-            match ch {
-                '%' | '|' | '=' => {
-                    let _ = write!(out, "%{:02X}", ch as u32);
-                }
-                _ => out.push(ch),
-            }
-        }
+        push_escaped(&mut out, &value);
     }
     Some(bounded(out))
+}
+
+/// Builds a key from `name=value` pairs the way the middleware does (joined
+/// by `|`, separators in values escaped, long keys hashed), for front ends
+/// that are handed the pairs, such as the Envoy rate limit service.
+///
+/// ```
+/// use spillway_tower::key::{MAX_KEY_LEN, key_from_pairs};
+///
+/// assert_eq!(key_from_pairs([("remote_address", "10.0.0.1")]), "remote_address=10.0.0.1");
+/// // A value cannot forge a second pair.
+/// assert_eq!(key_from_pairs([("a", "1|b=2")]), "a=1%7Cb%3D2");
+/// assert!(key_from_pairs([("a", "x".repeat(1000).as_str())]).len() <= MAX_KEY_LEN);
+/// ```
+pub fn key_from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut out = String::new();
+    for (i, (name, value)) in pairs.into_iter().enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        push_escaped(&mut out, name);
+        out.push('=');
+        push_escaped(&mut out, value);
+    }
+    bounded(out)
+}
+
+/// Appends `value` with the key separators (and `%`) percent-encoded.
+fn push_escaped(out: &mut String, value: &str) {
+    for ch in value.chars() {
+        match ch {
+            '%' | '|' | '=' => {
+                let _ = write!(out, "%{:02X}", ch as u32);
+            }
+            _ => out.push(ch),
+        }
+    }
 }
 
 fn bounded(key: String) -> String {
@@ -341,7 +400,7 @@ mod tests {
     fn forwarded_headers_from_an_untrusted_peer_are_ignored() {
         let r = req("203.0.113.9:5000", &[("x-forwarded-for", "1.2.3.4")]);
         assert_eq!(
-            client_ip(&r, &trusted()).0,
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
             Some("203.0.113.9".parse().unwrap())
         );
     }
@@ -354,7 +413,7 @@ mod tests {
             &[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.1.1.1")],
         );
         assert_eq!(
-            client_ip(&r, &trusted()).0,
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
             Some("198.51.100.7".parse().unwrap())
         );
         let r = req(
@@ -365,8 +424,49 @@ mod tests {
             )],
         );
         assert_eq!(
-            client_ip(&r, &trusted()).0,
+            client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
             Some("2001:db8::7".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_malformed_hop_left_of_the_client_is_ignored() {
+        // The client wrote garbage; our proxy appended its real address.
+        let r = req(
+            "10.0.0.2:443",
+            &[("x-forwarded-for", "not-an-ip, 198.51.100.7")],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some("198.51.100.7".parse().unwrap())
+        );
+        let r = req(
+            "10.0.0.2:443",
+            &[("forwarded", "for=unknown, for=198.51.100.7")],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
+            Some("198.51.100.7".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn only_the_header_the_proxies_write_is_read() {
+        // The proxy appends to X-Forwarded-For; the client wrote Forwarded.
+        let r = req(
+            "10.0.0.2:443",
+            &[
+                ("forwarded", "for=6.6.6.6"),
+                ("x-forwarded-for", "198.51.100.7"),
+            ],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some("198.51.100.7".parse().unwrap())
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
+            Some("6.6.6.6".parse().unwrap())
         );
     }
 
@@ -374,7 +474,7 @@ mod tests {
     fn a_malformed_chain_falls_back_to_the_peer() {
         let r = req("10.0.0.2:443", &[("x-forwarded-for", "not-an-ip")]);
         assert_eq!(
-            client_ip(&r, &trusted()).0,
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
             Some("10.0.0.2".parse().unwrap())
         );
     }

@@ -37,7 +37,7 @@ mod service;
 pub use clock::TokioClock;
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};
-pub use key::{ClientAddr, Clients, KeyPart, Tier, UserId};
+pub use key::{ClientAddr, Clients, ForwardedHeader, KeyPart, Tier, UserId};
 pub use layer::{Observer, Outcome, RateLimitLayer};
 pub use rules::{Action, BodyFormat, Cost, Glob, HeaderOptions, HttpRule, Policy, ResetFormat};
 pub use service::{

@@ -223,6 +223,11 @@ impl HttpRule {
         &self.name
     }
 
+    /// What is done with a request this rule denies.
+    pub fn on_deny(&self) -> Action {
+        self.action
+    }
+
     /// Whether the rule applies to a request with these parts.
     pub(crate) fn matches(&self, parts: &Parts) -> bool {
         if !self.methods.is_empty() && !self.methods.contains(&parts.method) {
@@ -370,8 +375,10 @@ impl Policy {
         out
     }
 
-    /// The store rule of HTTP rule `index` for `tier`.
-    pub(crate) fn rule_id(&self, index: usize, tier: Option<&str>) -> RuleId {
+    /// The store rule of HTTP rule `index` for `tier` (its default rule
+    /// when the rule has no quota for that tier); see
+    /// [`store_rules`](Self::store_rules).
+    pub fn rule_id(&self, index: usize, tier: Option<&str>) -> RuleId {
         let before: usize = self.rules[..index].iter().map(|r| 1 + r.tiers.len()).sum();
         let offset = tier
             .and_then(|t| {
@@ -382,6 +389,17 @@ impl Policy {
             })
             .map_or(0, |p| p + 1);
         RuleId(before + offset)
+    }
+
+    /// The HTTP rules, in order: a rule's index here is its `index` in
+    /// [`rule_id`](Self::rule_id).
+    pub fn rules(&self) -> &[HttpRule] {
+        &self.rules
+    }
+
+    /// Which headers to send.
+    pub fn header_options(&self) -> &HeaderOptions {
+        &self.headers
     }
 
     /// The client's tier: an extension or trusted header, else the API-key

@@ -137,6 +137,10 @@ fn plan(policy: &Policy, client: &Client, parts: &Parts) -> Result<Vec<Planned>,
     Ok(planned)
 }
 
+/// The charges of an admitted request, `(rule, key, cost)` each, and the
+/// store's time of the decision: what to give back if it is abandoned.
+type Charged = (Vec<(RuleId, String, u64)>, u64);
+
 /// What one rule decided about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleDecision {
@@ -196,7 +200,7 @@ pub struct Decided {
     /// response.
     pub headers: HeaderMap,
     // What was charged, and when, to give back if the request is abandoned.
-    charged: Option<(Vec<(RuleId, String, u64)>, u64)>,
+    charged: Option<Charged>,
 }
 
 /// Applies the policy to a request's parts: plans the rules, asks the store
@@ -417,12 +421,21 @@ where
             limited
         }
     };
-    let limited_header = (!limited.is_empty())
-        .then(|| HeaderValue::try_from(limited.join(", ")).ok())
+    // The mark is trusted only as this layer (or one in front of it, through
+    // the extension, which a client cannot send) sets it.
+    parts.headers.remove(X_SPILLWAY_LIMITED);
+    let mut all_limited = parts
+        .extensions
+        .get::<Limited>()
+        .map(|l| l.rules.clone())
+        .unwrap_or_default();
+    all_limited.extend(limited);
+    let limited_header = (!all_limited.is_empty())
+        .then(|| HeaderValue::try_from(all_limited.join(", ")).ok())
         .flatten();
     if let Some(v) = &limited_header {
         parts.headers.insert(X_SPILLWAY_LIMITED, v.clone());
-        parts.extensions.insert(Limited { rules: limited });
+        parts.extensions.insert(Limited { rules: all_limited });
     }
     let mut res = inner
         .call(Request::from_parts(parts, body))

@@ -1,0 +1,162 @@
+//! Decisions per second from one process against a real redis-server, next
+//! to `redis-benchmark` running the same script with the same arguments at
+//! the same concurrency, in the same run; and the deny-cache path.
+//!
+//! Run with: `cargo bench -p spillway-redis --bench redis`
+//! (needs `redis-server` and `redis-benchmark` on PATH; starts its own server
+//! on a free loopback port). `SPILLWAY_BENCH_REQUESTS` sets the requests per
+//! measurement (default 200 000).
+
+use std::num::NonZeroU32;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spillway::Quota;
+use spillway::algorithm::{
+    AnyAlgorithm, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket,
+};
+use spillway::store::{Check, Rule, RuleId, Store};
+use spillway_conformance::redis_server::RedisServer;
+use spillway_redis::{RedisOptions, RedisStore, Topology};
+
+const CONCURRENCY: usize = 50;
+// Distinct keys, as redis-benchmark's -r: spread like real clients.
+const KEYSPACE: u64 = 100_000;
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("nonzero")
+}
+
+/// redis-benchmark's requests per second for EVALSHA of our script.
+fn redis_benchmark(port: u16, requests: usize, sha: &str, key: &str, args: &[String]) -> f64 {
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", &CONCURRENCY.to_string(), "-n", &requests.to_string()])
+        .args(["-r", &KEYSPACE.to_string(), "--csv", "EVALSHA", sha, "1", key]);
+    for a in args {
+        // redis-benchmark takes an empty argument as "".
+        cmd.arg(if a.is_empty() { "" } else { a });
+    }
+    let out = cmd.output().expect("redis-benchmark runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // CSV: "test","rps",...
+    text.lines()
+        .filter_map(|l| l.split(',').nth(1))
+        .filter_map(|v| v.trim_matches('"').parse::<f64>().ok())
+        .next()
+        .unwrap_or_else(|| panic!("no rate in redis-benchmark's output: {text}"))
+}
+
+/// Our decisions per second: `CONCURRENCY` tasks sharing one store.
+async fn ours(store: Arc<RedisStore>, requests: usize, hot_key: Option<&str>) -> f64 {
+    let per_task = requests / CONCURRENCY;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..CONCURRENCY {
+        let store = store.clone();
+        let hot = hot_key.map(str::to_string);
+        tasks.spawn(async move {
+            let mut x = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            for _ in 0..per_task {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let key = hot.clone().unwrap_or_else(|| format!("k{}", x % KEYSPACE));
+                let checks = [Check { rule: RuleId(0), key: &key, cost: 1 }];
+                store.check(&checks).await.expect("a decision");
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    (per_task * CONCURRENCY) as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let Some(server) = RedisServer::start() else {
+        eprintln!("redis-server is missing: nothing measured");
+        return;
+    };
+    let requests: usize = std::env::var("SPILLWAY_BENCH_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    // A quota that never denies during the run: both sides do the full
+    // admit-and-write path.
+    let big = Quota::new(nz(1_000_000), Duration::from_secs(3600)).expect("valid");
+    let algorithms: [(&str, AnyAlgorithm); 6] = [
+        ("token_bucket", TokenBucket::new(big, nz(1_000_000)).into()),
+        ("leaky_bucket (police)", LeakyBucket::police(big, nz(1_000_000)).into()),
+        ("fixed_window", FixedWindow::new(big).into()),
+        ("sliding_window", SlidingWindow::new(big).into()),
+        ("sliding_log", SlidingLog::new(Quota::new(nz(100_000), Duration::from_secs(3600)).expect("valid")).into()),
+        ("leaky_bucket (shape)", LeakyBucket::shape(big, nz(1_000_000)).into()),
+    ];
+    let sha = {
+        let src = spillway_redis::script_source();
+        let load = Command::new("redis-cli")
+            .args(["-p", &server.port().to_string(), "SCRIPT", "LOAD", &src])
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&load.stdout).trim().to_string()
+    };
+    println!("{CONCURRENCY} concurrent callers, {requests} requests each side, keys spread over {KEYSPACE}");
+    println!("{:<24} {:>14} {:>18} {:>7}", "algorithm", "spillway /s", "redis-benchmark /s", "ratio");
+    for (name, algorithm) in algorithms {
+        let store = runtime
+            .block_on(RedisStore::connect(
+                Topology::Standalone(server.url()),
+                vec![Rule::new(name, algorithm)],
+                RedisOptions {
+                    timeout: Duration::from_secs(5),
+                    deny_cache_entries: 0,
+                    ..RedisOptions::default()
+                },
+            ))
+            .expect("connects");
+        let (keys, args) = store
+            .script_call(&[Check { rule: RuleId(0), key: "k", cost: 1 }])
+            .expect("valid");
+        // The same key layout as ours, spread over the same number of keys.
+        let key = keys[0].replace(":k}", ":k__rand_int__}");
+        let theirs = redis_benchmark(server.port(), requests, &sha, &key, &args);
+        let store = Arc::new(store);
+        // Warm up the connection and the script cache.
+        runtime.block_on(ours(store.clone(), CONCURRENCY * 100, None));
+        let mine = runtime.block_on(ours(store.clone(), requests, None));
+        println!("{name:<24} {mine:>14.0} {theirs:>18.0} {:>7.2}", mine / theirs);
+    }
+
+    // The deny-cache path: one key, over its limit, hammered by every caller.
+    let tiny = Quota::new(nz(1), Duration::from_secs(3600)).expect("valid");
+    let rules = vec![Rule::new("denied", FixedWindow::new(tiny))];
+    let with_cache = Arc::new(
+        runtime
+            .block_on(RedisStore::connect(Topology::Standalone(server.url()), rules.clone(), RedisOptions::default()))
+            .expect("connects"),
+    );
+    let without_cache = Arc::new(
+        runtime
+            .block_on(RedisStore::connect(
+                Topology::Standalone(server.url()),
+                rules,
+                RedisOptions {
+                    deny_cache_entries: 0,
+                    ..RedisOptions::default()
+                },
+            ))
+            .expect("connects"),
+    );
+    runtime.block_on(ours(with_cache.clone(), CONCURRENCY * 10, Some("attacker")));
+    let cached = runtime.block_on(ours(with_cache, requests, Some("attacker")));
+    let redis_path = runtime.block_on(ours(without_cache, requests, Some("attacker")));
+    println!(
+        "deny cache: {cached:.0} denials/s locally vs {redis_path:.0}/s through Redis: {:.1}x",
+        cached / redis_path
+    );
+}

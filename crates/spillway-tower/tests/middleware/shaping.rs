@@ -1,0 +1,171 @@
+//! Leaky bucket in shape mode: requests are held for their delay on tokio's
+//! timer, denied at once when the queue is full, and a request dropped
+//! while it waits gives its slot back.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Response, StatusCode};
+use spillway::Quota;
+use spillway::algorithm::LeakyBucket;
+use spillway_tower::{HttpRule, Policy};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use crate::support::{header_u64, memory_layer, nz, req};
+
+type Pending = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+
+/// A request in flight, polled by hand.
+fn start(app: &Router) -> Pending {
+    let request = req("/", "192.0.2.1")
+        .body(Body::empty())
+        .expect("a request");
+    let app = app.clone();
+    Box::pin(async move { app.oneshot(request).await.expect("infallible") })
+}
+
+/// Polls once, without waiting.
+fn poll(fut: &mut Pending) -> Poll<Response<Body>> {
+    fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn ready(fut: &mut Pending) -> Response<Body> {
+    match poll(fut) {
+        Poll::Ready(res) => res,
+        Poll::Pending => panic!("still held"),
+    }
+}
+
+/// A shaping bucket of `rate` per second holding at most `queue` units,
+/// behind an app that records when its handler ran.
+fn shaped(rate: u32, queue: NonZeroU32) -> (Router, Arc<Mutex<Vec<Instant>>>, Duration) {
+    let quota = Quota::per_second(nz(rate));
+    let interval = quota.period() / quota.limit().get();
+    let policy = Policy::new([HttpRule::new("shaped", LeakyBucket::shape(quota, queue))]);
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let log = served.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let log = log.clone();
+                async move {
+                    log.lock().expect("not poisoned").push(Instant::now());
+                    "shaped"
+                }
+            }),
+        )
+        .layer(memory_layer(policy));
+    (app, served, interval)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shaped_request_is_held_for_exactly_its_delay() {
+    let queue = 3;
+    let (app, served, interval) = shaped(10, nz(queue));
+    let t0 = Instant::now();
+
+    // The first leaves at once; each next one interval after the previous.
+    let mut first = start(&app);
+    assert_eq!(ready(&mut first).status(), StatusCode::OK);
+    let mut held: Vec<Pending> = (1..queue).map(|_| start(&app)).collect();
+    for fut in &mut held {
+        assert!(poll(fut).is_pending(), "decided, and held");
+    }
+    for (i, fut) in held.iter_mut().enumerate() {
+        let delay = interval * (i as u32 + 1);
+        tokio::time::advance(t0 + delay - Duration::from_millis(1) - Instant::now()).await;
+        assert!(
+            poll(fut).is_pending(),
+            "request {} left before its delay {delay:?}",
+            i + 2
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            ready(fut).status(),
+            StatusCode::OK,
+            "request {} after {delay:?}",
+            i + 2
+        );
+    }
+    let times: Vec<Duration> = served
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .map(|t| *t - t0)
+        .collect();
+    let expected: Vec<Duration> = (0..queue).map(|i| interval * i).collect();
+    assert_eq!(
+        times, expected,
+        "the handler ran exactly one interval apart"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_would_wait_beyond_the_queue_is_denied_at_once() {
+    let queue = 3;
+    let (app, served, interval) = shaped(10, nz(queue));
+    let mut accepted: Vec<Pending> = (0..queue).map(|_| start(&app)).collect();
+    for fut in &mut accepted {
+        let _ = poll(fut);
+    }
+    // The queue is full: the next one is not held but answered now, told
+    // to come back when one unit has drained.
+    let mut over = start(&app);
+    let res = ready(&mut over);
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header_u64(&res, "retry-after"),
+        interval.as_micros().div_ceil(1_000_000) as u64
+    );
+    assert_eq!(
+        served.lock().expect("not poisoned").len(),
+        1,
+        "only the first was served so far"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_queued_gives_its_slot_back() {
+    let queue = 3;
+    let (app, served, interval) = shaped(10, nz(queue));
+    let t0 = Instant::now();
+    let mut accepted: Vec<Pending> = (0..queue).map(|_| start(&app)).collect();
+    for fut in &mut accepted {
+        let _ = poll(fut);
+    }
+    // The last in the queue leaves (its client hung up).
+    let last = accepted.pop().expect("queued");
+    drop(last);
+    // Let the refund the drop spawned run.
+    tokio::task::yield_now().await;
+
+    // Its slot is free again: a new request is queued where it was,
+    // instead of being denied.
+    let mut next = start(&app);
+    assert!(
+        poll(&mut next).is_pending(),
+        "admitted and held, not denied"
+    );
+    let slot = interval * (queue - 1);
+    tokio::time::advance(slot - Duration::from_millis(1)).await;
+    assert!(poll(&mut next).is_pending());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(ready(&mut next).status(), StatusCode::OK);
+    assert_eq!(Instant::now() - t0, slot);
+    assert!(
+        served
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .all(|t| *t - t0 <= slot)
+    );
+}
