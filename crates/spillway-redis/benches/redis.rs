@@ -33,7 +33,15 @@ fn redis_benchmark(port: u16, requests: usize, sha: &str, key: &str, args: &[Str
     let mut cmd = Command::new("redis-benchmark");
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &CONCURRENCY.to_string(), "-n", &requests.to_string()])
-        .args(["-r", &KEYSPACE.to_string(), "--csv", "EVALSHA", sha, "1", key]);
+        .args([
+            "-r",
+            &KEYSPACE.to_string(),
+            "--csv",
+            "EVALSHA",
+            sha,
+            "1",
+            key,
+        ]);
     for a in args {
         // redis-benchmark takes an empty argument as "".
         cmd.arg(if a.is_empty() { "" } else { a });
@@ -63,7 +71,11 @@ async fn ours(store: Arc<RedisStore>, requests: usize, hot_key: Option<&str>) ->
                 x ^= x >> 7;
                 x ^= x << 17;
                 let key = hot.clone().unwrap_or_else(|| format!("k{}", x % KEYSPACE));
-                let checks = [Check { rule: RuleId(0), key: &key, cost: 1 }];
+                let checks = [Check {
+                    rule: RuleId(0),
+                    key: &key,
+                    cost: 1,
+                }];
                 store.check(&checks).await.expect("a decision");
             }
         });
@@ -91,11 +103,21 @@ fn main() {
     let big = Quota::new(nz(1_000_000), Duration::from_secs(3600)).expect("valid");
     let algorithms: [(&str, AnyAlgorithm); 6] = [
         ("token_bucket", TokenBucket::new(big, nz(1_000_000)).into()),
-        ("leaky_bucket (police)", LeakyBucket::police(big, nz(1_000_000)).into()),
+        (
+            "leaky_bucket (police)",
+            LeakyBucket::police(big, nz(1_000_000)).into(),
+        ),
         ("fixed_window", FixedWindow::new(big).into()),
         ("sliding_window", SlidingWindow::new(big).into()),
-        ("sliding_log", SlidingLog::new(Quota::new(nz(100_000), Duration::from_secs(3600)).expect("valid")).into()),
-        ("leaky_bucket (shape)", LeakyBucket::shape(big, nz(1_000_000)).into()),
+        (
+            "sliding_log",
+            SlidingLog::new(Quota::new(nz(100_000), Duration::from_secs(3600)).expect("valid"))
+                .into(),
+        ),
+        (
+            "leaky_bucket (shape)",
+            LeakyBucket::shape(big, nz(1_000_000)).into(),
+        ),
     ];
     let sha = {
         let src = spillway_redis::script_source();
@@ -105,8 +127,13 @@ fn main() {
             .expect("redis-cli runs");
         String::from_utf8_lossy(&load.stdout).trim().to_string()
     };
-    println!("{CONCURRENCY} concurrent callers, {requests} requests each side, keys spread over {KEYSPACE}");
-    println!("{:<24} {:>14} {:>18} {:>7}", "algorithm", "spillway /s", "redis-benchmark /s", "ratio");
+    println!(
+        "{CONCURRENCY} concurrent callers, {requests} requests each side, keys spread over {KEYSPACE}"
+    );
+    println!(
+        "{:<24} {:>14} {:>18} {:>7}",
+        "algorithm", "spillway /s", "redis-benchmark /s", "ratio"
+    );
     for (name, algorithm) in algorithms {
         let store = runtime
             .block_on(RedisStore::connect(
@@ -120,7 +147,11 @@ fn main() {
             ))
             .expect("connects");
         let (keys, args) = store
-            .script_call(&[Check { rule: RuleId(0), key: "k", cost: 1 }])
+            .script_call(&[Check {
+                rule: RuleId(0),
+                key: "k",
+                cost: 1,
+            }])
             .expect("valid");
         // The same key layout as ours, spread over the same number of keys.
         let key = keys[0].replace(":k}", ":k__rand_int__}");
@@ -129,7 +160,10 @@ fn main() {
         // Warm up the connection and the script cache.
         runtime.block_on(ours(store.clone(), CONCURRENCY * 100, None));
         let mine = runtime.block_on(ours(store.clone(), requests, None));
-        println!("{name:<24} {mine:>14.0} {theirs:>18.0} {:>7.2}", mine / theirs);
+        println!(
+            "{name:<24} {mine:>14.0} {theirs:>18.0} {:>7.2}",
+            mine / theirs
+        );
     }
 
     // The deny-cache path: one key, over its limit, hammered by every caller.
@@ -137,7 +171,11 @@ fn main() {
     let rules = vec![Rule::new("denied", FixedWindow::new(tiny))];
     let with_cache = Arc::new(
         runtime
-            .block_on(RedisStore::connect(Topology::Standalone(server.url()), rules.clone(), RedisOptions::default()))
+            .block_on(RedisStore::connect(
+                Topology::Standalone(server.url()),
+                rules.clone(),
+                RedisOptions::default(),
+            ))
             .expect("connects"),
     );
     let without_cache = Arc::new(

@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use sfv::{KeyRef, ListSerializer, StringRef};
+use sfv::StringRef;
 use spillway::Decision;
 
 use crate::rules::{HeaderOptions, ResetFormat};
@@ -35,16 +35,33 @@ pub(crate) struct Applied<'a> {
     pub window_secs: u64,
 }
 
-/// Structured-field names must be strings of printable ASCII; rule names
-/// are, but keep the header valid whatever they are.
-fn sf_string(name: &str) -> String {
-    name.chars()
+/// A rule name as a structured-field String (quotes included), serialized
+/// by `sfv`. Names are printable ASCII in practice; anything else becomes
+/// `?` so the header stays valid.
+pub(crate) fn sf_name(name: &str) -> String {
+    let printable: String = name
+        .chars()
         .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
-        .collect()
+        .collect();
+    StringRef::from_str(&printable)
+        .map(|s| sfv::ItemSerializer::new().bare_item(s).finish())
+        .unwrap_or_else(|_| "\"?\"".to_string())
+}
+
+/// Appends a parameter `;key=value`. Structured-field integers are their
+/// decimal digits, at most 15 of them.
+fn push_param(out: &mut String, key: &str, value: u64) {
+    out.push(';');
+    out.push_str(key);
+    out.push('=');
+    let mut buf = itoa::Buffer::new();
+    out.push_str(buf.format(value.min(999_999_999_999_999)));
 }
 
 /// Writes the headers for the rules that applied; `restrictive` is the one
-/// `X-RateLimit-*` and `RateLimit` describe.
+/// `X-RateLimit-*` and `RateLimit` describe. Each rule's name comes
+/// pre-serialized (see [`sf_name`]): this runs on every response, so it
+/// builds each header value in one string.
 pub(crate) fn write(
     headers: &mut HeaderMap,
     options: &HeaderOptions,
@@ -55,6 +72,7 @@ pub(crate) fn write(
         return;
     };
     let d = &main.decision;
+    headers.reserve(5);
     if options.legacy {
         headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
@@ -70,30 +88,24 @@ pub(crate) fn write(
         headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
     }
     if options.ietf {
-        let mut policy = ListSerializer::new();
-        for a in applied {
-            let name = sf_string(a.name);
-            let Ok(name) = StringRef::from_str(&name) else {
-                continue;
-            };
-            policy
-                .bare_item(name)
-                .parameter(key("q"), sf_int(a.decision.limit))
-                .parameter(key("w"), sf_int(a.window_secs));
+        let mut policy = String::with_capacity(applied.len() * 32);
+        for (i, a) in applied.iter().enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+            }
+            policy.push_str(a.name);
+            push_param(&mut policy, "q", a.decision.limit);
+            push_param(&mut policy, "w", a.window_secs);
         }
-        if let Some(v) = policy.finish().and_then(|s| HeaderValue::try_from(s).ok()) {
+        if let Ok(v) = HeaderValue::try_from(policy) {
             headers.insert(RATELIMIT_POLICY, v);
         }
-        let name = sf_string(main.name);
-        if let Ok(name) = StringRef::from_str(&name) {
-            let mut current = ListSerializer::new();
-            current
-                .bare_item(name)
-                .parameter(key("r"), sf_int(d.remaining))
-                .parameter(key("t"), sf_int(ceil_secs(d.reset_after)));
-            if let Some(v) = current.finish().and_then(|s| HeaderValue::try_from(s).ok()) {
-                headers.insert(RATELIMIT, v);
-            }
+        let mut current = String::with_capacity(main.name.len() + 24);
+        current.push_str(main.name);
+        push_param(&mut current, "r", d.remaining);
+        push_param(&mut current, "t", ceil_secs(d.reset_after));
+        if let Ok(v) = HeaderValue::try_from(current) {
+            headers.insert(RATELIMIT, v);
         }
     }
 }
@@ -131,9 +143,11 @@ pub fn rate_limit_headers(
     decided: &[(&str, Decision, Duration)],
     restrictive: usize,
 ) -> HeaderMap {
+    let names: Vec<String> = decided.iter().map(|(name, _, _)| sf_name(name)).collect();
     let applied: Vec<Applied<'_>> = decided
         .iter()
-        .map(|(name, decision, window)| Applied {
+        .zip(&names)
+        .map(|((_, decision, window), name)| Applied {
             name,
             decision: *decision,
             window_secs: ceil_secs(*window),
@@ -142,14 +156,4 @@ pub fn rate_limit_headers(
     let mut map = HeaderMap::new();
     write(&mut map, options, &applied, restrictive);
     map
-}
-
-fn key(k: &'static str) -> &'static KeyRef {
-    KeyRef::constant(k)
-}
-
-/// Structured-field integers have at most 15 digits.
-fn sf_int(v: u64) -> sfv::Integer {
-    let v = i64::try_from(v.min(999_999_999_999_999)).unwrap_or(0);
-    sfv::Integer::try_from(v).unwrap_or(sfv::integer(0))
 }

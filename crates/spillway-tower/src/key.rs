@@ -298,33 +298,47 @@ pub(crate) fn route(parts: &Parts) -> String {
     parts.uri.path().to_string()
 }
 
-/// The value of one key part for a request, if it has one.
-pub(crate) fn part_value(part: &KeyPart, client: &Client, parts: &Parts) -> Option<String> {
-    match part {
-        KeyPart::ApiKey => client.api_key.clone(),
-        KeyPart::Ip => client.ip.map(|ip| ip.to_string()),
-        KeyPart::User => client.user.clone(),
-        KeyPart::Route => Some(format!("{} {}", parts.method, route(parts))),
-        KeyPart::Method => Some(parts.method.to_string()),
-        KeyPart::Header(name) => header_str(&parts.headers, name),
-    }
-}
-
 /// Builds a key from `parts`: `name=value` pairs joined by `|`, values
 /// escaped so that no value can forge another pair. `None` if a part is
 /// missing. Long keys are replaced by `sha256:` and a hash.
 pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Option<String> {
-    let mut out = String::new();
+    // Runs on every request: write straight into one string.
+    let mut out = String::with_capacity(48);
     for (i, part) in key.iter().enumerate() {
-        let value = part_value(part, client, parts)?;
         if i > 0 {
             out.push('|');
         }
-        out.push_str(&part.name());
-        out.push('=');
-        push_escaped(&mut out, &value);
+        match part {
+            KeyPart::ApiKey => push_pair(&mut out, "api_key", client.api_key.as_deref()?),
+            KeyPart::User => push_pair(&mut out, "user", client.user.as_deref()?),
+            KeyPart::Ip => {
+                let ip = client.ip?;
+                // An address's text has no separator to escape.
+                let _ = write!(out, "ip={ip}");
+            }
+            KeyPart::Route => {
+                out.push_str("route=");
+                push_escaped(&mut out, parts.method.as_str());
+                out.push(' ');
+                push_escaped(&mut out, &route(parts));
+            }
+            KeyPart::Method => push_pair(&mut out, "method", parts.method.as_str()),
+            KeyPart::Header(name) => {
+                let value = header_str(&parts.headers, name)?;
+                out.push_str("header:");
+                out.push_str(name.as_str());
+                out.push('=');
+                push_escaped(&mut out, &value);
+            }
+        }
     }
     Some(bounded(out))
+}
+
+fn push_pair(out: &mut String, name: &str, value: &str) {
+    out.push_str(name);
+    out.push('=');
+    push_escaped(out, value);
 }
 
 /// Builds a key from `name=value` pairs the way the middleware does (joined
@@ -354,6 +368,11 @@ pub fn key_from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -
 
 /// Appends `value` with the key separators (and `%`) percent-encoded.
 fn push_escaped(out: &mut String, value: &str) {
+    // Most values have nothing to escape: copy them whole.
+    if !value.contains(['%', '|', '=']) {
+        out.push_str(value);
+        return;
+    }
     for ch in value.chars() {
         match ch {
             '%' | '|' | '=' => {

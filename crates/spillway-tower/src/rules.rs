@@ -139,6 +139,9 @@ pub enum Cost {
 #[derive(Debug, Clone)]
 pub struct HttpRule {
     pub(crate) name: String,
+    // The name as a structured-field string, for the IETF headers: made
+    // once, written on every response.
+    pub(crate) sf_name: String,
     pub(crate) methods: Vec<Method>,
     pub(crate) path: Option<Glob>,
     pub(crate) host: Option<Glob>,
@@ -154,8 +157,10 @@ impl HttpRule {
     /// A rule called `name`, enforcing `algorithm` on every request, keyed
     /// by client IP. Narrow it with the builder methods.
     pub fn new(name: impl Into<String>, algorithm: impl Into<AnyAlgorithm>) -> Self {
+        let name = name.into();
         Self {
-            name: name.into(),
+            sf_name: crate::headers::sf_name(&name),
+            name,
             methods: Vec::new(),
             path: None,
             host: None,

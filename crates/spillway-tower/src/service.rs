@@ -199,20 +199,66 @@ pub struct Decided {
     /// The `X-RateLimit-*` and `RateLimit*` headers (as configured) for the
     /// response.
     pub headers: HeaderMap,
-    // What was charged, and when, to give back if the request is abandoned.
+}
+
+/// What [`evaluate`] found: the verdict, and what the headers are made of.
+pub(crate) struct Evaluated {
+    verdict: Verdict,
+    // Filled only when details were asked for (the decision API).
+    rules: Vec<RuleDecision>,
+    // Each rule that decided: its index in the policy, its decision, its
+    // window in seconds.
+    applied: Vec<(usize, Decision, u64)>,
+    // Which of `applied` X-RateLimit-* and RateLimit describe.
+    restrictive: usize,
     charged: Option<Charged>,
 }
 
-/// Applies the policy to a request's parts: plans the rules, asks the store
-/// (once, or again without the non-rejecting rules that denied), and builds
-/// the headers. Charges the store as the verdict says; serves nothing.
+impl Evaluated {
+    /// Writes the rate-limit headers into `headers`.
+    fn write_headers(&self, policy: &Policy, headers: &mut HeaderMap) {
+        let applied: Vec<Applied<'_>> = self
+            .applied
+            .iter()
+            .map(|&(index, decision, window_secs)| Applied {
+                name: &policy.rules[index].sf_name,
+                decision,
+                window_secs,
+            })
+            .collect();
+        headers::write(headers, &policy.headers, &applied, self.restrictive);
+    }
+}
+
+/// The decision API: the verdict with every rule's decision and the headers.
 pub(crate) async fn decide<St: Store>(shared: &Shared<St>, parts: &Parts) -> Decided {
+    let evaluated = evaluate(shared, parts, true).await;
+    let mut headers = HeaderMap::new();
+    evaluated.write_headers(&shared.policy, &mut headers);
+    Decided {
+        verdict: evaluated.verdict,
+        rules: evaluated.rules,
+        headers,
+    }
+}
+
+/// Applies the policy to a request's parts: plans the rules and asks the
+/// store (once, or again without the non-rejecting rules that denied).
+/// Charges the store as the verdict says; serves nothing. `details` also
+/// collects every rule's decision with its key (the decision API wants
+/// them; the middleware does not, and skips the copies).
+pub(crate) async fn evaluate<St: Store>(
+    shared: &Shared<St>,
+    parts: &Parts,
+    details: bool,
+) -> Evaluated {
     let policy = &shared.policy;
     let client = Client::of(parts, &policy.clients);
-    let unlimited = |verdict| Decided {
+    let unlimited = |verdict| Evaluated {
         verdict,
         rules: Vec::new(),
-        headers: HeaderMap::new(),
+        applied: Vec::new(),
+        restrictive: 0,
         charged: None,
     };
     let planned = match plan(policy, &client, parts) {
@@ -291,7 +337,8 @@ pub(crate) async fn decide<St: Store>(shared: &Shared<St>, parts: &Parts) -> Dec
     // the most restrictive: the rejecting rule, else the least remaining.
     let tier = policy.tier_of(&client);
     let mut rules = Vec::new();
-    let mut applied: Vec<(usize, Applied<'_>)> = Vec::new();
+    let mut applied: Vec<(usize, Decision, u64)> = Vec::with_capacity(planned.len());
+    let mut positions: Vec<usize> = Vec::with_capacity(planned.len());
     for (p, plan) in planned.iter().enumerate() {
         let Some(decision) = decisions[p] else {
             continue;
@@ -302,38 +349,33 @@ pub(crate) async fn decide<St: Store>(shared: &Shared<St>, parts: &Parts) -> Dec
             .and_then(|t| rule.tiers.iter().find(|(name, _)| name == t))
             .map_or(rule.algorithm, |(_, a)| *a);
         let quota = spillway::Algorithm::quota(&algorithm);
-        let window = quota
-            .period()
-            .mul_f64(decision.limit as f64 / f64::from(quota.limit().get()));
-        applied.push((
-            p,
-            Applied {
-                name: name(plan),
+        // The time the quota takes to refill from empty: capacity x period /
+        // limit, in exact integers.
+        let window_micros = u128::from(quota.period_micros()) * u128::from(decision.limit)
+            / u128::from(quota.limit().get());
+        let window = Duration::from_micros(u64::try_from(window_micros).unwrap_or(u64::MAX));
+        applied.push((plan.index, decision, headers::ceil_secs(window)));
+        positions.push(p);
+        if details {
+            rules.push(RuleDecision {
+                rule: rule.name.clone(),
+                tier: used_tier.map(str::to_string),
+                key: plan.key.clone(),
+                cost: plan.cost,
+                action: rule.action,
                 decision,
-                window_secs: headers::ceil_secs(window),
-            },
-        ));
-        rules.push(RuleDecision {
-            rule: rule.name.clone(),
-            tier: used_tier.map(str::to_string),
-            key: plan.key.clone(),
-            cost: plan.cost,
-            action: rule.action,
-            decision,
-        });
+            });
+        }
     }
     let restrictive = rejected_by
-        .and_then(|r| applied.iter().position(|(p, _)| *p == r))
+        .and_then(|r| positions.iter().position(|&p| p == r))
         .or_else(|| {
             (0..applied.len()).min_by_key(|&i| {
-                let d = &applied[i].1.decision;
+                let d = &applied[i].1;
                 (d.remaining, d.limit)
             })
         })
         .unwrap_or(0);
-    let applied: Vec<Applied<'_>> = applied.into_iter().map(|(_, a)| a).collect();
-    let mut header_map = HeaderMap::new();
-    headers::write(&mut header_map, &policy.headers, &applied, restrictive);
 
     let verdict = match rejected_by {
         Some(p) => {
@@ -368,10 +410,11 @@ pub(crate) async fn decide<St: Store>(shared: &Shared<St>, parts: &Parts) -> Dec
             }
         }
     };
-    Decided {
+    Evaluated {
         verdict,
         rules,
-        headers: header_map,
+        applied,
+        restrictive,
         charged,
     }
 }
@@ -386,28 +429,28 @@ where
     St: Store + 'static,
 {
     let (mut parts, body) = req.into_parts();
-    let decided = decide(&shared, &parts).await;
+    let decided = evaluate(&shared, &parts, false).await;
     let policy = &shared.policy;
-    let limited = match decided.verdict {
+    let limited = match &decided.verdict {
         Verdict::Unlimited => {
             let res = inner.call(Request::from_parts(parts, body)).await?;
             return Ok(res.map(ResponseBody::inner));
         }
         Verdict::BadRequest(message) => {
-            return Ok(response::problem(StatusCode::BAD_REQUEST, &message));
+            return Ok(response::problem(StatusCode::BAD_REQUEST, message));
         }
         Verdict::Unavailable(_) => return Ok(response::unavailable()),
         Verdict::Rejected { rule, retry_after } => {
-            let retry = response::retry_secs(retry_after);
-            let mut res = response::too_many_requests(policy.body, &rule, retry);
-            res.headers_mut().extend(decided.headers);
+            let retry = response::retry_secs(*retry_after);
+            let mut res = response::too_many_requests(policy.body, rule, retry);
+            decided.write_headers(policy, res.headers_mut());
             return Ok(res);
         }
         Verdict::Admitted { delay, limited, .. } => {
             // Shaping: hold the request until its turn. If the client goes
             // away meanwhile, the charges are given back.
             if !delay.is_zero()
-                && let Some((checks, charged_at)) = decided.charged
+                && let Some((checks, charged_at)) = decided.charged.clone()
             {
                 let guard = RefundOnDrop {
                     shared: shared.clone(),
@@ -415,10 +458,10 @@ where
                     charged_at,
                     armed: true,
                 };
-                tokio::time::sleep(delay).await;
+                tokio::time::sleep(*delay).await;
                 guard.disarm();
             }
-            limited
+            limited.clone()
         }
     };
     // The mark is trusted only as this layer (or one in front of it, through
@@ -441,7 +484,7 @@ where
         .call(Request::from_parts(parts, body))
         .await?
         .map(ResponseBody::inner);
-    res.headers_mut().extend(decided.headers);
+    decided.write_headers(policy, res.headers_mut());
     if let Some(v) = limited_header {
         res.headers_mut().insert(X_SPILLWAY_LIMITED, v);
     }

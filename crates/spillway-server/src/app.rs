@@ -1,0 +1,698 @@
+//! The HTTP API: `POST /v1/check`, `/healthz`, `/readyz`, `/metrics`,
+//! `/openapi.json` and the admin API under `/admin`. See `docs/server.md`
+//! and `docs/openapi.json`.
+//!
+//! Every error is an `application/problem+json` answer with its own status
+//! (400 for input that can never be decided, 401/404 for the admin API, 503
+//! when the store cannot decide); bad input is never a 500.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, Request, State as Extract};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use spillway::store::{Check, RuleId, Store, StoreError as _};
+use spillway::{Algorithm, Decision};
+use spillway_redis::OnError;
+use spillway_tower::headers::rate_limit_headers;
+use spillway_tower::{Action, ClientAddr, Decided, Outcome, RuleDecision, Verdict};
+
+use crate::engine::Engine;
+use crate::server::State;
+
+/// The OpenAPI 3 description of this API, as served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+/// The longest key `/v1/check` accepts, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The largest request body the API reads.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The HTTP API on `state`.
+///
+/// ```
+/// use axum::body::Body;
+/// use http::{Request, StatusCode};
+/// use spillway_server::config::Config;
+/// use spillway_server::{State, app};
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let config = Config::parse(
+///     "[[rules]]\nname = \"login\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1m\"\n",
+/// )
+/// .unwrap();
+/// let app = app(State::new(config).await.unwrap());
+/// let check = || {
+///     Request::post("/v1/check")
+///         .body(Body::from(r#"{"rule": "login", "key": "ip=203.0.113.7"}"#))
+///         .unwrap()
+/// };
+/// let first = app.clone().oneshot(check()).await.unwrap();
+/// assert_eq!(first.status(), StatusCode::OK);
+/// assert_eq!(first.headers()["x-ratelimit-remaining"], "0");
+/// // Denied: still a 200, whose body says `"allowed":false,"status":429`.
+/// let second = app.oneshot(check()).await.unwrap();
+/// assert_eq!(second.status(), StatusCode::OK);
+/// # }
+/// ```
+pub fn app(state: State) -> Router {
+    let admin = Router::new()
+        .route(
+            "/rules/{rule}/keys/{*key}",
+            get(admin_key).delete(admin_reset),
+        )
+        .route_layer(middleware::from_fn_with_state(state.clone(), admin_auth));
+    Router::new()
+        .route("/v1/check", axum::routing::post(check))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .nest("/admin", admin)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(state.clone(), in_flight))
+        .with_state(state)
+}
+
+// ---- answers -----------------------------------------------------------
+
+/// An `application/problem+json` answer (RFC 9457).
+fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
+    let body = json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail.into(),
+    });
+    let mut res = (status, body.to_string()).into_response();
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
+fn bad_request(detail: impl Into<String>) -> Response {
+    problem(StatusCode::BAD_REQUEST, detail)
+}
+
+fn unavailable(detail: impl Into<String>) -> Response {
+    let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, detail);
+    res.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    res
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut res = (status, body.to_string()).into_response();
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}
+
+async fn not_found() -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        "No such endpoint: see /openapi.json.",
+    )
+}
+
+/// Durations are reported in whole milliseconds, rounded up: a client that
+/// waits that long is never early.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+async fn in_flight(Extract(state): Extract<State>, req: Request, next: Next) -> Response {
+    let _guard = state.metrics.in_flight();
+    next.run(req).await
+}
+
+// ---- POST /v1/check ----------------------------------------------------
+
+/// `{"rule", "key", "cost", "tier"}`: one rule, one key, decided by the store.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleCheck {
+    rule: String,
+    key: String,
+    #[serde(default)]
+    cost: Option<serde_json::Number>,
+    #[serde(default)]
+    tier: Option<String>,
+}
+
+/// `{"method", "path", "host", "headers", "ip"}`: a request, decided as the
+/// middleware would.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestCheck {
+    #[serde(default)]
+    method: Option<String>,
+    path: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, HeaderValues>,
+    #[serde(default)]
+    ip: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum HeaderValues {
+    One(String),
+    Many(Vec<String>),
+}
+
+async fn check(Extract(state): Extract<State>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => return problem(rejection.status(), rejection.body_text()),
+    };
+    let value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(format!("The body is not valid JSON: {e}.")),
+    };
+    let Some(object) = value.as_object() else {
+        return bad_request("The body must be a JSON object.");
+    };
+    let engine = state.shared.engine();
+    if object.contains_key("rule") {
+        match serde_json::from_value::<RuleCheck>(value) {
+            Ok(c) => check_rule(&state, &engine, c).await,
+            Err(e) => bad_request(format!("Invalid rule check: {e}.")),
+        }
+    } else if object.contains_key("path") || object.contains_key("method") {
+        match serde_json::from_value::<RequestCheck>(value) {
+            Ok(c) => check_request(&engine, c).await,
+            Err(e) => bad_request(format!("Invalid request description: {e}.")),
+        }
+    } else {
+        bad_request(
+            "Expected either {\"rule\", \"key\", \"cost\"} or a request description \
+             {\"method\", \"path\", \"host\", \"headers\", \"ip\"}.",
+        )
+    }
+}
+
+/// The store rules of HTTP rule `index`: its default quota, then one per
+/// tier, with the tier's name (see `Policy::store_rules`).
+fn store_rules_of(engine: &Engine, index: usize) -> Vec<(RuleId, Option<String>)> {
+    let policy = engine.layer.policy();
+    let name = policy.rules()[index].name();
+    let start = policy.rule_id(index, None).0;
+    let end = if index + 1 < policy.rules().len() {
+        policy.rule_id(index + 1, None).0
+    } else {
+        engine.store().rules().len()
+    };
+    let prefix = format!("{name}@");
+    (start..end)
+        .map(|i| {
+            let tier = engine.store().rules()[i]
+                .name()
+                .strip_prefix(&prefix)
+                .map(str::to_string);
+            (RuleId(i), tier)
+        })
+        .collect()
+}
+
+fn rule_index(engine: &Engine, rule: &str) -> Option<usize> {
+    engine
+        .layer
+        .policy()
+        .rules()
+        .iter()
+        .position(|r| r.name() == rule)
+}
+
+/// How long the quota of store rule `id` takes to refill `decision.limit`:
+/// the window the headers announce.
+fn window_of(engine: &Engine, id: RuleId, decision: &Decision) -> Duration {
+    let quota = engine.store().rules()[id.0].algorithm().quota();
+    quota
+        .period()
+        .mul_f64(decision.limit as f64 / f64::from(quota.limit().get()))
+}
+
+async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Response {
+    let Some(index) = rule_index(engine, &c.rule) else {
+        return bad_request(format!("Unknown rule `{}`.", c.rule));
+    };
+    let cost = match &c.cost {
+        None => 1,
+        Some(n) => match n.as_u64() {
+            Some(cost) => cost,
+            None if n.as_i64().is_some() => {
+                return bad_request(format!("`cost` must not be negative (got {n})."));
+            }
+            None => return bad_request(format!("`cost` must be an integer (got {n}).")),
+        },
+    };
+    if c.key.is_empty() {
+        return bad_request("`key` must not be empty.");
+    }
+    if c.key.len() > MAX_KEY_BYTES {
+        return bad_request(format!(
+            "`key` is {} bytes long; the most is {MAX_KEY_BYTES}.",
+            c.key.len()
+        ));
+    }
+    let policy = engine.layer.policy();
+    let id = match &c.tier {
+        None => policy.rule_id(index, None),
+        Some(tier) => {
+            let known = (0..policy.rules().len())
+                .any(|i| store_rules_of(engine, i).iter().any(|(_, t)| t == &c.tier));
+            if !known {
+                return bad_request(format!(
+                    "Unknown tier `{tier}`: no rule has a quota for it."
+                ));
+            }
+            // A known tier this rule has no quota for is counted under the
+            // rule's default quota, as the middleware does.
+            policy.rule_id(index, Some(tier))
+        }
+    };
+    let used_tier = c.tier.clone().filter(|_| id != policy.rule_id(index, None));
+    let rule = &policy.rules()[index];
+    let checks = [Check {
+        rule: id,
+        key: &c.key,
+        cost,
+    }];
+    let decision = match engine.store().check(&checks).await {
+        Ok(verdict) => verdict.decisions[0],
+        Err(e) => {
+            state.metrics.decision(rule.name(), Outcome::Error);
+            return match e.invalid_request() {
+                Some(spillway::Error::CostTooLarge { source, .. }) => bad_request(format!(
+                    "A cost of {} can never be admitted by rule `{}`, whose capacity is {}.",
+                    source.cost, c.rule, source.capacity
+                )),
+                Some(other) => bad_request(other.to_string()),
+                None => {
+                    tracing::warn!(error = %e, "rate limit store unavailable");
+                    unavailable("The rate limiter cannot reach its store; try again shortly.")
+                }
+            };
+        }
+    };
+    let action = rule.on_deny();
+    let (verdict, outcome) = if decision.allowed {
+        (
+            Verdict::Admitted {
+                delay: decision.delay,
+                limited: Vec::new(),
+                shadowed: Vec::new(),
+            },
+            Outcome::Allowed,
+        )
+    } else {
+        match action {
+            Action::Reject => (
+                Verdict::Rejected {
+                    rule: c.rule.clone(),
+                    retry_after: decision.retry_after.unwrap_or(Duration::from_secs(1)),
+                },
+                Outcome::Rejected,
+            ),
+            Action::Shadow => (
+                Verdict::Admitted {
+                    delay: Duration::ZERO,
+                    limited: Vec::new(),
+                    shadowed: vec![c.rule.clone()],
+                },
+                Outcome::Shadowed,
+            ),
+            Action::Degrade => (
+                Verdict::Admitted {
+                    delay: Duration::ZERO,
+                    limited: vec![c.rule.clone()],
+                    shadowed: Vec::new(),
+                },
+                Outcome::Degraded,
+            ),
+        }
+    };
+    state.metrics.decision(rule.name(), outcome);
+    let headers = rate_limit_headers(
+        policy.header_options(),
+        &[(rule.name(), decision, window_of(engine, id, &decision))],
+        0,
+    );
+    let rules = vec![RuleDecision {
+        rule: c.rule.clone(),
+        tier: used_tier,
+        key: c.key.clone(),
+        cost,
+        action,
+        decision,
+    }];
+    decision_response(&verdict, &rules, headers)
+}
+
+async fn check_request(engine: &Engine, c: RequestCheck) -> Response {
+    let method = c.method.as_deref().unwrap_or("GET");
+    let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
+        return bad_request(format!("`method`: `{method}` is not an HTTP method."));
+    };
+    if !c.path.starts_with('/') {
+        return bad_request(format!("`path` must start with `/` (got `{}`).", c.path));
+    }
+    let Ok(uri) = http::Uri::try_from(c.path.as_str()) else {
+        return bad_request(format!("`path`: `{}` is not a valid path.", c.path));
+    };
+    let mut headers = HeaderMap::new();
+    for (name, values) in &c.headers {
+        let Ok(header) = HeaderName::try_from(name.as_str()) else {
+            return bad_request(format!("`headers`: `{name}` is not a header name."));
+        };
+        let values = match values {
+            HeaderValues::One(v) => std::slice::from_ref(v),
+            HeaderValues::Many(vs) => vs.as_slice(),
+        };
+        for v in values {
+            let Ok(value) = HeaderValue::try_from(v.as_str()) else {
+                return bad_request(format!("`headers.{name}`: not a valid header value."));
+            };
+            headers.append(header.clone(), value);
+        }
+    }
+    if let Some(host) = &c.host {
+        let Ok(value) = HeaderValue::try_from(host.as_str()) else {
+            return bad_request(format!("`host`: `{host}` is not a valid host."));
+        };
+        headers.insert(http::header::HOST, value);
+    }
+    let peer = match &c.ip {
+        None => None,
+        Some(ip) => match ip
+            .parse::<IpAddr>()
+            .map(|ip| SocketAddr::new(ip, 0))
+            .or_else(|_| ip.parse::<SocketAddr>())
+        {
+            Ok(addr) => Some(addr),
+            Err(_) => return bad_request(format!("`ip`: `{ip}` is not an IP address.")),
+        },
+    };
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.headers = headers;
+    if let Some(addr) = peer {
+        parts.extensions.insert(ClientAddr(addr));
+    }
+    let Decided {
+        verdict,
+        rules,
+        headers,
+        ..
+    } = engine.layer.decide(&parts).await;
+    match &verdict {
+        Verdict::BadRequest(message) => bad_request(message.clone()),
+        Verdict::Unavailable(_) => {
+            unavailable("The rate limiter cannot reach its store; try again shortly.")
+        }
+        _ => decision_response(&verdict, &rules, headers),
+    }
+}
+
+/// The 200 answer of `/v1/check`: the verdict, every rule's decision, and
+/// the rate-limit headers the middleware would have sent.
+fn decision_response(verdict: &Verdict, rules: &[RuleDecision], headers: HeaderMap) -> Response {
+    let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match verdict {
+        Verdict::Rejected { rule, retry_after } => (
+            false,
+            429,
+            Some(rule.as_str()),
+            Some(ms(*retry_after)),
+            0,
+            &[][..],
+            &[][..],
+        ),
+        Verdict::Admitted {
+            delay,
+            limited,
+            shadowed,
+        } => (
+            true,
+            200,
+            None,
+            None,
+            ms(*delay),
+            limited.as_slice(),
+            shadowed.as_slice(),
+        ),
+        _ => (true, 200, None, None, 0, &[][..], &[][..]),
+    };
+    let rules: Vec<Value> = rules
+        .iter()
+        .map(|r| {
+            let d = &r.decision;
+            json!({
+                "rule": r.rule,
+                "tier": r.tier,
+                "key": r.key,
+                "cost": r.cost,
+                "action": r.action.name(),
+                "allowed": d.allowed,
+                "limit": d.limit,
+                "remaining": d.remaining,
+                "reset_after_ms": ms(d.reset_after),
+                "retry_after_ms": d.retry_after.map(ms),
+                "delay_ms": ms(d.delay),
+            })
+        })
+        .collect();
+    let body = json!({
+        "allowed": allowed,
+        "status": status,
+        "denied_by": denied_by,
+        "retry_after_ms": retry_after,
+        "delay_ms": delay,
+        "limited": limited,
+        "shadowed": shadowed,
+        "rules": rules,
+    });
+    let mut res = json_response(StatusCode::OK, &body);
+    res.headers_mut().extend(headers);
+    res
+}
+
+// ---- health, metrics, OpenAPI ------------------------------------------
+
+async fn healthz() -> Response {
+    json_response(StatusCode::OK, &json!({ "status": "ok" }))
+}
+
+/// How long a readiness probe waits for Redis.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn readyz(Extract(state): Extract<State>) -> Response {
+    let engine = state.shared.engine();
+    let Some(redis) = engine.store().redis() else {
+        return json_response(
+            StatusCode::OK,
+            &json!({ "status": "ready", "store": "memory" }),
+        );
+    };
+    let on_error = engine.config.store.on_error;
+    let (healthy, ready) = match on_error {
+        // Serving needs Redis: ask it (a cost-0 peek at a key no client
+        // uses; it writes nothing).
+        OnError::FailClosed => {
+            let healthy = match redis.rules().first() {
+                None => redis.is_healthy(),
+                Some(_) => {
+                    let probe = [Check {
+                        rule: RuleId(0),
+                        key: "\u{0}spillway-readyz",
+                        cost: 0,
+                    }];
+                    matches!(
+                        tokio::time::timeout(PROBE_TIMEOUT, redis.check(&probe)).await,
+                        Ok(Ok(_))
+                    )
+                }
+            };
+            (healthy, healthy)
+        }
+        // Requests are served without Redis too (admitted, or decided in
+        // memory): ready either way.
+        OnError::FailOpen | OnError::Local { .. } => (redis.is_healthy(), true),
+    };
+    let policy = match on_error {
+        OnError::FailOpen => "fail_open",
+        OnError::FailClosed => "fail_closed",
+        OnError::Local { .. } => "local",
+    };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(
+        status,
+        &json!({
+            "status": if ready { "ready" } else { "unavailable" },
+            "store": "redis",
+            "redis_healthy": healthy,
+            "on_error": policy,
+        }),
+    )
+}
+
+async fn metrics(Extract(state): Extract<State>) -> Response {
+    let engine = state.shared.engine();
+    let body = state.metrics.encode(&engine);
+    let mut res = body.into_response();
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    );
+    res
+}
+
+async fn openapi() -> Response {
+    let mut res = OPENAPI.into_response();
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}
+
+// ---- /admin ------------------------------------------------------------
+
+/// Compares two secrets in time independent of where they differ: their
+/// SHA-256 digests are compared byte by byte without stopping early.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    let (a, b) = (Sha256::digest(given), Sha256::digest(expected));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+async fn admin_auth(Extract(state): Extract<State>, req: Request, next: Next) -> Response {
+    let token = state.shared.engine().config.server.admin_token.clone();
+    // Without a token the admin API does not exist.
+    let Some(token) = token else {
+        return not_found().await;
+    };
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, credentials) = v.trim().split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| credentials.trim())
+        });
+    match given {
+        Some(given) if same_secret(given.as_bytes(), token.as_bytes()) => next.run(req).await,
+        _ => {
+            let mut res = problem(
+                StatusCode::UNAUTHORIZED,
+                "The admin API needs `Authorization: Bearer <admin_token>`.",
+            );
+            res.headers_mut().insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"spillway-admin\""),
+            );
+            res
+        }
+    }
+}
+
+fn unknown_rule(rule: &str) -> Response {
+    problem(StatusCode::NOT_FOUND, format!("No rule named `{rule}`."))
+}
+
+async fn admin_key(
+    Extract(state): Extract<State>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    let (rule, key) = match path {
+        Ok(Path(p)) => p,
+        Err(rejection) => return problem(rejection.status(), rejection.body_text()),
+    };
+    let engine = state.shared.engine();
+    let Some(index) = rule_index(&engine, &rule) else {
+        return unknown_rule(&rule);
+    };
+    let mut quotas = Vec::new();
+    for (id, tier) in store_rules_of(&engine, index) {
+        // Cost 0: a peek that charges nothing and leaves no state behind.
+        let peek = [Check {
+            rule: id,
+            key: &key,
+            cost: 0,
+        }];
+        let d = match engine.store().check(&peek).await {
+            Ok(verdict) => verdict.decisions[0],
+            Err(e) => return unavailable(format!("The store could not answer: {e}.")),
+        };
+        quotas.push(json!({
+            "store_rule": engine.store().rules()[id.0].name(),
+            "tier": tier,
+            "limit": d.limit,
+            "remaining": d.remaining,
+            "reset_after_ms": ms(d.reset_after),
+        }));
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({ "rule": rule, "key": key, "quotas": quotas }),
+    )
+}
+
+async fn admin_reset(
+    Extract(state): Extract<State>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    let (rule, key) = match path {
+        Ok(Path(p)) => p,
+        Err(rejection) => return problem(rejection.status(), rejection.body_text()),
+    };
+    let engine = state.shared.engine();
+    let Some(index) = rule_index(&engine, &rule) else {
+        return unknown_rule(&rule);
+    };
+    let mut reset = Vec::new();
+    let mut held = false;
+    for (id, _) in store_rules_of(&engine, index) {
+        let store = engine.store();
+        held |= match (store.memory(), store.redis()) {
+            (Some(memory), _) => memory.reset(id, &key),
+            (None, Some(redis)) => match redis.reset(id, &key).await {
+                Ok(held) => held,
+                Err(e) => return unavailable(format!("The store could not reset the key: {e}.")),
+            },
+            (None, None) => false,
+        };
+        reset.push(store.rules()[id.0].name().to_string());
+    }
+    tracing::info!(rule = %rule, key = %key, held, "admin: key reset");
+    json_response(
+        StatusCode::OK,
+        &json!({ "rule": rule, "key": key, "reset": reset, "held": held }),
+    )
+}

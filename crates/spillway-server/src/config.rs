@@ -1,0 +1,821 @@
+//! The configuration file: TOML, parsed into raw structs that mirror the file,
+//! then converted once into validated types. Every error names the field and
+//! the line.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use serde::Deserialize;
+use spillway::Quota;
+use spillway::algorithm::{
+    AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
+};
+use spillway_redis::{OnError, Topology};
+use spillway_tower::{
+    Action, BodyFormat, Clients, Cost, HeaderOptions, HttpRule, KeyPart, Policy, ResetFormat,
+};
+use toml::Spanned;
+
+/// A configuration error: where, which field, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The 1-based line, when known.
+    pub line: Option<usize>,
+    /// The field's path, like `rules[2].limit`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "line {line}: `{}`: {}", self.field, self.message),
+            None => write!(f, "`{}`: {}", self.field, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where to listen.
+    pub server: ServerConfig,
+    /// Where the counters live.
+    pub store: StoreConfig,
+    /// The HTTP rules, clients, tiers and headers.
+    pub policy: Policy,
+    /// The rules' Envoy descriptor keys, by rule index (empty: not reachable
+    /// from Envoy).
+    pub descriptors: Vec<Vec<String>>,
+    /// The Envoy rate limit domain this service answers for.
+    pub envoy_domain: String,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// The HTTP API's address.
+    pub listen: SocketAddr,
+    /// The Envoy rate limit gRPC API's address, if served.
+    pub grpc_listen: Option<SocketAddr>,
+    /// The admin API's bearer token (the file's, or `SPILLWAY_ADMIN_TOKEN`);
+    /// without one the admin API is off.
+    pub admin_token: Option<String>,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// In memory, or Redis.
+    pub kind: StoreKind,
+    /// The longest a store call may take.
+    pub timeout: Duration,
+    /// What to do when Redis cannot answer.
+    pub on_error: OnError,
+    /// The most keys held per rule in memory.
+    pub max_keys: NonZeroUsize,
+}
+
+/// Where the counters live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreKind {
+    /// This process's memory.
+    Memory,
+    /// Redis or Redis Cluster.
+    Redis(Topology),
+}
+
+// ---- the file, as written ----------------------------------------------
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    headers: RawHeaders,
+    #[serde(default)]
+    clients: RawClients,
+    #[serde(default)]
+    tiers: BTreeMap<String, RawTier>,
+    #[serde(default)]
+    envoy: RawEnvoy,
+    #[serde(default)]
+    rules: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<Spanned<String>>,
+    grpc_listen: Option<Spanned<String>>,
+    admin_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    kind: Option<Spanned<String>>,
+    url: Option<Spanned<RawUrl>>,
+    timeout: Option<Spanned<String>>,
+    on_error: Option<Spanned<String>>,
+    instances: Option<NonZeroU32>,
+    max_keys: Option<NonZeroUsize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawUrl {
+    One(String),
+    Cluster(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHeaders {
+    #[serde(default = "yes")]
+    legacy: bool,
+    #[serde(default = "yes")]
+    ietf: bool,
+    reset: Option<Spanned<String>>,
+    body: Option<Spanned<String>>,
+}
+
+impl Default for RawHeaders {
+    fn default() -> Self {
+        Self {
+            legacy: true,
+            ietf: true,
+            reset: None,
+            body: None,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawClients {
+    #[serde(default)]
+    trusted_proxies: Vec<Spanned<String>>,
+    api_key_header: Option<Spanned<String>>,
+    user_header: Option<Spanned<String>>,
+    tier_header: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    #[serde(default)]
+    api_keys: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawEnvoy {
+    domain: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: Spanned<String>,
+    #[serde(rename = "match", default)]
+    matcher: RawMatch,
+    #[serde(default)]
+    key: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    fallback: Option<Vec<Spanned<String>>>,
+    algorithm: Spanned<String>,
+    limit: Spanned<u64>,
+    window: Spanned<String>,
+    burst: Option<Spanned<u64>>,
+    mode: Option<Spanned<String>>,
+    delay: Option<Spanned<u64>>,
+    cost: Option<Spanned<RawCost>>,
+    action: Option<Spanned<String>>,
+    #[serde(default)]
+    tiers: BTreeMap<Spanned<String>, RawQuotaOverride>,
+    #[serde(default)]
+    descriptors: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    methods: Option<Vec<Spanned<String>>>,
+    path: Option<String>,
+    host: Option<String>,
+}
+
+/// A rule's quota, from the rule or a tier's override merged over it.
+#[derive(Debug)]
+struct RawQuota {
+    algorithm: Spanned<String>,
+    limit: Spanned<u64>,
+    window: Spanned<String>,
+    burst: Option<Spanned<u64>>,
+    mode: Option<Spanned<String>>,
+    delay: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQuotaOverride {
+    algorithm: Option<Spanned<String>>,
+    limit: Option<Spanned<u64>>,
+    window: Option<Spanned<String>>,
+    burst: Option<Spanned<u64>>,
+    mode: Option<Spanned<String>>,
+    delay: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawCost {
+    Fixed(u64),
+    Header(String),
+}
+
+// ---- conversion --------------------------------------------------------
+
+/// Turns byte offsets into line numbers.
+struct Lines<'a>(&'a str);
+
+impl Lines<'_> {
+    fn line(&self, offset: usize) -> usize {
+        self.0[..offset.min(self.0.len())].matches('\n').count() + 1
+    }
+
+    fn err<T>(
+        &self,
+        at: &Spanned<T>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            line: Some(self.line(at.span().start)),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Parses a duration: an integer and a unit, `ms`, `s`, `m`, `h` or `d`
+/// (`500ms`, `1m`, `24h`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like 500ms, 30s, 1m, 1h or 1d"))?;
+    let unit_ms: u64 = match unit.trim() {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "`{s}` is not a duration like 500ms, 30s, 1m, 1h or 1d"
+            ));
+        }
+    };
+    n.checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("`{s}` is too long"))
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            line: None,
+            field: path.display().to_string(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses and validates a configuration.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| Lines(text).line(s.start));
+            ConfigError {
+                line,
+                field: "(file)".into(),
+                message: e.message().to_string(),
+            }
+        })?;
+        convert(raw, &Lines(text))
+    }
+}
+
+fn convert(raw: RawConfig, lines: &Lines<'_>) -> Result<Config, ConfigError> {
+    let addr = |v: &Spanned<String>, field: &str| {
+        v.get_ref().parse::<SocketAddr>().map_err(|_| {
+            lines.err(
+                v,
+                field,
+                format!("`{}` is not an address like 127.0.0.1:8080", v.get_ref()),
+            )
+        })
+    };
+    let server = ServerConfig {
+        listen: match &raw.server.listen {
+            Some(v) => addr(v, "server.listen")?,
+            None => "127.0.0.1:8080".parse().expect("a valid address"),
+        },
+        grpc_listen: raw
+            .server
+            .grpc_listen
+            .as_ref()
+            .map(|v| addr(v, "server.grpc_listen"))
+            .transpose()?,
+        admin_token: std::env::var("SPILLWAY_ADMIN_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .or(raw.server.admin_token)
+            .filter(|t| !t.is_empty()),
+    };
+
+    let store = convert_store(&raw.store, lines)?;
+
+    let header = |v: &Spanned<String>, field: &str| {
+        HeaderName::try_from(v.get_ref().as_str())
+            .map_err(|_| lines.err(v, field, format!("`{}` is not a header name", v.get_ref())))
+    };
+    let mut clients = Clients::default();
+    for (i, p) in raw.clients.trusted_proxies.iter().enumerate() {
+        let s = p.get_ref();
+        let net = s
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| {
+                lines.err(
+                    p,
+                    format!("clients.trusted_proxies[{i}]"),
+                    format!("`{s}` is not an address or CIDR"),
+                )
+            })?;
+        clients.trusted_proxies.push(net);
+    }
+    if let Some(h) = &raw.clients.api_key_header {
+        clients.api_key_header = header(h, "clients.api_key_header")?;
+    }
+    clients.user_header = raw
+        .clients
+        .user_header
+        .as_ref()
+        .map(|h| header(h, "clients.user_header"))
+        .transpose()?;
+    clients.tier_header = raw
+        .clients
+        .tier_header
+        .as_ref()
+        .map(|h| header(h, "clients.tier_header"))
+        .transpose()?;
+
+    let mut headers = HeaderOptions {
+        legacy: raw.headers.legacy,
+        ietf: raw.headers.ietf,
+        reset: ResetFormat::Unix,
+    };
+    if let Some(r) = &raw.headers.reset {
+        headers.reset = match r.get_ref().as_str() {
+            "unix" => ResetFormat::Unix,
+            "delta" => ResetFormat::Delta,
+            other => {
+                return Err(lines.err(
+                    r,
+                    "headers.reset",
+                    format!("`{other}`: expected \"unix\" or \"delta\""),
+                ));
+            }
+        };
+    }
+    let body = match &raw.headers.body {
+        None => BodyFormat::Problem,
+        Some(b) => match b.get_ref().as_str() {
+            "problem" => BodyFormat::Problem,
+            "json" => BodyFormat::Json,
+            "text" => BodyFormat::Text,
+            "empty" => BodyFormat::Empty,
+            other => {
+                return Err(lines.err(
+                    b,
+                    "headers.body",
+                    format!("`{other}`: expected problem, json, text or empty"),
+                ));
+            }
+        },
+    };
+
+    let mut names = std::collections::HashSet::new();
+    let mut rules = Vec::new();
+    let mut descriptors = Vec::new();
+    for (i, spanned) in raw.rules.iter().enumerate() {
+        let r = spanned.get_ref();
+        let field = |f: &str| format!("rules[{i}].{f}");
+        let name = r.name.get_ref().trim().to_string();
+        if name.is_empty() {
+            return Err(lines.err(&r.name, field("name"), "must not be empty"));
+        }
+        if !names.insert(name.clone()) {
+            return Err(lines.err(
+                &r.name,
+                field("name"),
+                format!("`{name}` is used by another rule"),
+            ));
+        }
+        let quota = RawQuota {
+            algorithm: r.algorithm.clone(),
+            limit: r.limit.clone(),
+            window: r.window.clone(),
+            burst: r.burst.clone(),
+            mode: r.mode.clone(),
+            delay: r.delay.clone(),
+        };
+        let algorithm = algorithm_of(&quota, lines, &field)?;
+        let mut rule = HttpRule::new(name, algorithm);
+        if let Some(methods) = &r.matcher.methods {
+            let mut parsed = Vec::new();
+            for m in methods {
+                let method = Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
+                    .map_err(|_| {
+                        lines.err(
+                            m,
+                            field("match.methods"),
+                            format!("`{}` is not a method", m.get_ref()),
+                        )
+                    })?;
+                parsed.push(method);
+            }
+            rule = rule.methods(parsed);
+        }
+        if let Some(path) = &r.matcher.path {
+            rule = rule.path(path.clone());
+        }
+        if let Some(host) = &r.matcher.host {
+            rule = rule.host(host.clone());
+        }
+        let parts = |list: &Vec<Spanned<String>>, f: &str| -> Result<Vec<KeyPart>, ConfigError> {
+            list.iter()
+                .map(|p| KeyPart::parse(p.get_ref()).map_err(|m| lines.err(p, field(f), m)))
+                .collect()
+        };
+        if let Some(key) = &r.key {
+            if key.is_empty() {
+                return Err(lines.err(spanned, field("key"), "must list at least one part"));
+            }
+            rule = rule.key(parts(key, "key")?);
+        }
+        if let Some(fallback) = &r.fallback {
+            rule = rule.fallback(parts(fallback, "fallback")?);
+        }
+        if let Some(cost) = &r.cost {
+            rule = rule.cost(match cost.get_ref() {
+                RawCost::Fixed(n) => Cost::Fixed(*n),
+                RawCost::Header(h) => {
+                    let name = h.strip_prefix("header:").ok_or_else(|| {
+                        lines.err(cost, field("cost"), "must be an integer or \"header:NAME\"")
+                    })?;
+                    Cost::Header {
+                        name: HeaderName::try_from(name).map_err(|_| {
+                            lines.err(
+                                cost,
+                                field("cost"),
+                                format!("`{name}` is not a header name"),
+                            )
+                        })?,
+                        default: 1,
+                    }
+                }
+            });
+        }
+        if let Some(a) = &r.action {
+            rule = rule.action(match a.get_ref().as_str() {
+                "reject" => Action::Reject,
+                "shadow" => Action::Shadow,
+                "degrade" => Action::Degrade,
+                other => {
+                    return Err(lines.err(
+                        a,
+                        field("action"),
+                        format!("`{other}`: expected reject, shadow or degrade"),
+                    ));
+                }
+            });
+        }
+        for (tier, over) in &r.tiers {
+            if !raw.tiers.contains_key(tier.get_ref()) {
+                return Err(lines.err(
+                    tier,
+                    field(&format!("tiers.{}", tier.get_ref())),
+                    format!(
+                        "unknown tier `{}`: declare it as [tiers.{}]",
+                        tier.get_ref(),
+                        tier.get_ref()
+                    ),
+                ));
+            }
+            let merged = RawQuota {
+                algorithm: over
+                    .algorithm
+                    .clone()
+                    .unwrap_or_else(|| quota.algorithm.clone()),
+                limit: over.limit.clone().unwrap_or_else(|| quota.limit.clone()),
+                window: over.window.clone().unwrap_or_else(|| quota.window.clone()),
+                burst: over.burst.clone().or_else(|| quota.burst.clone()),
+                mode: over.mode.clone().or_else(|| quota.mode.clone()),
+                delay: over.delay.clone().or_else(|| quota.delay.clone()),
+            };
+            let tier_field = |f: &str| format!("rules[{i}].tiers.{}.{f}", tier.get_ref());
+            rule = rule.tier(
+                tier.get_ref().clone(),
+                algorithm_of(&merged, lines, &tier_field)?,
+            );
+        }
+        descriptors.push(r.descriptors.clone());
+        rules.push(rule);
+    }
+
+    let mut policy = Policy::new(rules)
+        .clients(clients)
+        .headers(headers)
+        .body(body);
+    for (tier, t) in &raw.tiers {
+        for key in &t.api_keys {
+            policy = policy.api_key_tier(key.clone(), tier.clone());
+        }
+    }
+    Ok(Config {
+        server,
+        store,
+        policy,
+        descriptors,
+        envoy_domain: raw.envoy.domain.unwrap_or_else(|| "spillway".to_string()),
+    })
+}
+
+fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, ConfigError> {
+    let timeout = match &raw.timeout {
+        Some(t) => {
+            let d = parse_duration(t.get_ref()).map_err(|m| lines.err(t, "store.timeout", m))?;
+            if d.is_zero() {
+                return Err(lines.err(t, "store.timeout", "must be longer than zero"));
+            }
+            d
+        }
+        None => Duration::from_millis(50),
+    };
+    let on_error = match &raw.on_error {
+        None => OnError::FailOpen,
+        Some(v) => match v.get_ref().as_str() {
+            "fail_open" => OnError::FailOpen,
+            "fail_closed" => OnError::FailClosed,
+            "local" => OnError::Local {
+                instances: raw.instances.unwrap_or(NonZeroU32::MIN),
+            },
+            other => {
+                return Err(lines.err(
+                    v,
+                    "store.on_error",
+                    format!("`{other}`: expected fail_open, fail_closed or local"),
+                ));
+            }
+        },
+    };
+    let kind = match raw.kind.as_ref().map(|k| (k, k.get_ref().as_str())) {
+        None | Some((_, "memory")) => StoreKind::Memory,
+        Some((k, "redis")) => {
+            let url = raw
+                .url
+                .as_ref()
+                .ok_or_else(|| lines.err(k, "store.url", "is required when kind = \"redis\""))?;
+            let check = |u: &str| {
+                if u.starts_with("redis://") || u.starts_with("rediss://") {
+                    Ok(u.to_string())
+                } else {
+                    Err(lines.err(url, "store.url", format!("`{u}` is not a redis:// URL")))
+                }
+            };
+            StoreKind::Redis(match url.get_ref() {
+                RawUrl::One(u) => Topology::Standalone(check(u)?),
+                RawUrl::Cluster(nodes) => {
+                    if nodes.is_empty() {
+                        return Err(lines.err(url, "store.url", "lists no cluster node"));
+                    }
+                    Topology::Cluster(nodes.iter().map(|u| check(u)).collect::<Result<_, _>>()?)
+                }
+            })
+        }
+        Some((k, other)) => {
+            return Err(lines.err(
+                k,
+                "store.kind",
+                format!("`{other}`: expected \"memory\" or \"redis\""),
+            ));
+        }
+    };
+    Ok(StoreConfig {
+        kind,
+        timeout,
+        on_error,
+        max_keys: raw
+            .max_keys
+            .unwrap_or(NonZeroUsize::new(1_000_000).expect("nonzero")),
+    })
+}
+
+fn algorithm_of(
+    q: &RawQuota,
+    lines: &Lines<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<AnyAlgorithm, ConfigError> {
+    let limit = u32::try_from(*q.limit.get_ref())
+        .ok()
+        .and_then(NonZeroU32::new)
+        .ok_or_else(|| lines.err(&q.limit, field("limit"), "must be between 1 and 4294967295"))?;
+    let window =
+        parse_duration(q.window.get_ref()).map_err(|m| lines.err(&q.window, field("window"), m))?;
+    let quota = Quota::new(limit, window)
+        .map_err(|e| lines.err(&q.window, field("window"), e.to_string()))?;
+    let count = |v: &Option<Spanned<u64>>,
+                 name: &str,
+                 default: NonZeroU32|
+     -> Result<NonZeroU32, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(v) => u32::try_from(*v.get_ref())
+                .ok()
+                .and_then(NonZeroU32::new)
+                .ok_or_else(|| lines.err(v, field(name), "must be between 1 and 4294967295")),
+        }
+    };
+    let name = q.algorithm.get_ref().as_str();
+    let not_for = |v: &Option<Spanned<u64>>, f: &str| match v {
+        Some(v) => Err(lines.err(v, field(f), format!("does not apply to {name}"))),
+        None => Ok(()),
+    };
+    Ok(match name {
+        "fixed_window" | "sliding_log" | "sliding_window" => {
+            not_for(&q.burst, "burst")?;
+            not_for(&q.delay, "delay")?;
+            if let Some(m) = &q.mode {
+                return Err(lines.err(m, field("mode"), format!("does not apply to {name}")));
+            }
+            match name {
+                "fixed_window" => FixedWindow::new(quota).into(),
+                "sliding_log" => SlidingLog::new(quota).into(),
+                _ => SlidingWindow::new(quota).into(),
+            }
+        }
+        "token_bucket" => {
+            not_for(&q.delay, "delay")?;
+            if let Some(m) = &q.mode {
+                return Err(lines.err(m, field("mode"), "does not apply to token_bucket"));
+            }
+            TokenBucket::new(quota, count(&q.burst, "burst", limit)?).into()
+        }
+        "leaky_bucket" => {
+            let mode = match &q.mode {
+                None => LeakyMode::Shape,
+                Some(m) => match m.get_ref().as_str() {
+                    "shape" => LeakyMode::Shape,
+                    "police" => LeakyMode::Police,
+                    other => {
+                        return Err(lines.err(
+                            m,
+                            field("mode"),
+                            format!("`{other}`: expected shape or police"),
+                        ));
+                    }
+                },
+            };
+            let capacity = count(&q.burst, "burst", limit)?;
+            let delay = match &q.delay {
+                None => 0,
+                Some(d) => u32::try_from(*d.get_ref())
+                    .map_err(|_| lines.err(d, field("delay"), "is too large"))?,
+            };
+            LeakyBucket::new(quota, capacity, mode)
+                .with_delay(delay)
+                .into()
+        }
+        other => {
+            return Err(lines.err(
+                &q.algorithm,
+                field("algorithm"),
+                format!("`{other}`: expected fixed_window, sliding_log, sliding_window, token_bucket or leaky_bucket"),
+            ));
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("1 minute").is_err());
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    fn error(text: &str) -> ConfigError {
+        Config::parse(text).expect_err("invalid")
+    }
+
+    const RULE: &str =
+        "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n";
+
+    #[test]
+    fn errors_name_the_field_and_the_line() {
+        let e = error(&RULE.replace("limit = 10", "limit = 0"));
+        assert_eq!((e.line, e.field.as_str()), (Some(4), "rules[0].limit"));
+        let e = error(&RULE.replace("\"1m\"", "\"1 minute\""));
+        assert_eq!((e.line, e.field.as_str()), (Some(5), "rules[0].window"));
+        let e = error(&format!("{RULE}colour = \"red\"\n"));
+        assert_eq!(e.line, Some(6));
+        assert!(e.message.contains("colour"), "{e}");
+        let e = error(&format!("{RULE}[rules.tiers.gold]\nlimit = 5\n"));
+        assert_eq!(e.field, "rules[0].tiers.gold");
+        assert_eq!(e.line, Some(6));
+        let e = error("[store]\nkind = \"redis\"\n");
+        assert_eq!(e.field, "store.url");
+    }
+
+    #[test]
+    fn a_full_configuration() {
+        let text = r#"
+[server]
+listen = "127.0.0.1:9000"
+grpc_listen = "127.0.0.1:9001"
+admin_token = "secret"
+
+[store]
+kind = "redis"
+url = ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
+timeout = "20ms"
+on_error = "local"
+instances = 3
+
+[headers]
+reset = "delta"
+
+[clients]
+trusted_proxies = ["10.0.0.0/8", "127.0.0.1"]
+
+[tiers.pro]
+api_keys = ["k1"]
+
+[[rules]]
+name = "per-key"
+match = { methods = ["get", "POST"], path = "/api/**" }
+key = ["api_key"]
+algorithm = "token_bucket"
+limit = 100
+window = "1m"
+burst = 20
+cost = "header:x-cost"
+[rules.tiers.pro]
+limit = 10000
+"#;
+        let c = Config::parse(text).unwrap();
+        assert_eq!(c.server.listen.port(), 9000);
+        assert_eq!(c.store.timeout, Duration::from_millis(20));
+        assert_eq!(
+            c.store.on_error,
+            OnError::Local {
+                instances: NonZeroU32::new(3).unwrap()
+            }
+        );
+        assert!(matches!(&c.store.kind, StoreKind::Redis(Topology::Cluster(n)) if n.len() == 2));
+        let names: Vec<_> = c
+            .policy
+            .store_rules()
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect();
+        assert_eq!(names, ["per-key", "per-key@pro"]);
+    }
+}

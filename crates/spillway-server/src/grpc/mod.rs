@@ -1,0 +1,50 @@
+//! The Envoy rate limit service (`envoy.service.ratelimit.v3`) on gRPC.
+//!
+//! [`serve`] answers `RateLimitService/ShouldRateLimit` with the running
+//! [`Engine`](crate::engine::Engine), so that Envoy, Istio and other
+//! Envoy-based gateways can use Spillway as their global rate limit service.
+//! [`EnvoyRateLimiter`] is the service itself, for a tonic server of your own.
+//!
+#![doc = include_str!("../../../../docs/envoy.md")]
+
+mod service;
+
+use std::sync::Arc;
+
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use crate::engine::Shared;
+
+pub use service::EnvoyRateLimiter;
+
+/// The code generated from `proto/` (Envoy's published API, the subset we
+/// use): messages, the server trait and a client, nested by protobuf package.
+///
+/// The generated items are documented by the comments in the .proto files
+/// where they have one; `missing_docs` is allowed because prost adds items
+/// (enum helpers, oneof modules) that no .proto comment can reach, and
+/// clippy's style lints do not apply to code we do not write.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/envoy.rs"));
+}
+
+/// `envoy.service.ratelimit.v3`: the request, the response, the server
+/// trait and the client.
+pub use pb::envoy::service::ratelimit::v3 as rls;
+
+/// Serves `ShouldRateLimit` on `listener` until `shutdown` resolves; calls
+/// in flight then finish before it returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    Server::builder()
+        .add_service(EnvoyRateLimiter::new(shared).into_service())
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(std::io::Error::other)
+}

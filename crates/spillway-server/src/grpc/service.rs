@@ -1,0 +1,420 @@
+//! `ShouldRateLimit`: Envoy's descriptors mapped onto the configured rules,
+//! decided in one store call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use spillway::store::{Check, Store, StoreError as _};
+use spillway::{Algorithm as _, Decision, Quota};
+use spillway_tower::headers::{self, ceil_secs};
+use spillway_tower::key::key_from_pairs;
+use spillway_tower::{Action, X_SPILLWAY_LIMITED};
+use tonic::{Request, Response, Status};
+
+use super::pb::envoy::config::core::v3::HeaderValue;
+use super::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use super::rls::rate_limit_response::rate_limit::Unit;
+use super::rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+use super::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use super::rls::{RateLimitRequest, RateLimitResponse};
+use crate::engine::{Engine, Shared};
+
+/// The Envoy rate limit service: answers `ShouldRateLimit` with the current
+/// engine (a reload takes effect on the next call).
+#[derive(Debug, Clone)]
+pub struct EnvoyRateLimiter {
+    shared: Arc<Shared>,
+}
+
+impl EnvoyRateLimiter {
+    /// The service over `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// As a tonic service, to add to a `tonic::transport::Server`.
+    pub fn into_service(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for EnvoyRateLimiter {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let engine = self.shared.engine();
+        decide(&engine, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+}
+
+/// One store check: a descriptor under one of the rules it maps to.
+#[derive(Debug)]
+struct Planned {
+    descriptor: usize,
+    // The HTTP rule's index in the policy.
+    rule: usize,
+    id: spillway::store::RuleId,
+    cost: u64,
+}
+
+/// Decides on one request.
+async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    // What envoyproxy/ratelimit answers too: these are malformed requests.
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument(
+            "the rate limit domain must not be empty",
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "the descriptor list must not be empty",
+        ));
+    }
+    let config = &engine.config;
+    if request.domain != config.envoy_domain {
+        // Like envoyproxy/ratelimit: a domain with no configuration limits
+        // nothing. An error would make Envoy apply its failure mode instead.
+        tracing::debug!(domain = %request.domain, "unknown rate limit domain: nothing is limited");
+        return Ok(RateLimitResponse {
+            overall_code: Code::Ok.into(),
+            statuses: vec![unlimited(); request.descriptors.len()],
+            ..RateLimitResponse::default()
+        });
+    }
+
+    let policy = &config.policy;
+    let store = engine.store();
+    // Envoy: an unset (0) request-level addend means 1; a descriptor-level
+    // one, when present, wins, and may be 0 to only look.
+    let request_cost = u64::from(request.hits_addend.max(1));
+    let mut keys = Vec::with_capacity(request.descriptors.len());
+    let mut planned = Vec::new();
+    for (d, descriptor) in request.descriptors.iter().enumerate() {
+        keys.push(key_of(descriptor));
+        let cost = descriptor.hits_addend.unwrap_or(request_cost);
+        for rule in rules_for(&config.descriptors, descriptor) {
+            planned.push(Planned {
+                descriptor: d,
+                rule,
+                id: policy.rule_id(rule, None),
+                cost,
+            });
+        }
+    }
+
+    // A cost above a rule's capacity can never be admitted: that descriptor
+    // is over limit whatever the state, so nothing is charged and the
+    // others are only looked at (cost 0), as for any denied request.
+    let impossible: Vec<bool> = planned
+        .iter()
+        .map(|p| p.cost > store.rules()[p.id.0].algorithm().capacity())
+        .collect();
+    let peek = impossible.contains(&true);
+
+    let mut decisions: Vec<Option<Decision>> = vec![None; planned.len()];
+    let mut active: Vec<usize> = (0..planned.len()).collect();
+    let mut soft_denials: Vec<usize> = Vec::new();
+    while !active.is_empty() {
+        let checks: Vec<Check<'_>> = active
+            .iter()
+            .map(|&i| Check {
+                rule: planned[i].id,
+                key: &keys[planned[i].descriptor],
+                cost: if peek { 0 } else { planned[i].cost },
+            })
+            .collect();
+        let verdict = store.check(&checks).await.map_err(|e| {
+            match e.invalid_request() {
+                Some(invalid) => Status::invalid_argument(invalid.to_string()),
+                // The store's failure policy has already been applied: this
+                // is fail-closed (or no policy could answer), so Envoy's
+                // own failure_mode_deny decides.
+                None => {
+                    tracing::warn!(error = %e, "rate limit store unavailable");
+                    Status::unavailable(e.to_string())
+                }
+            }
+        })?;
+        for (&i, decision) in active.iter().zip(&verdict.decisions) {
+            decisions[i] = Some(*decision);
+        }
+        if verdict.allowed {
+            break;
+        }
+        let denying: Vec<usize> = active
+            .iter()
+            .copied()
+            .filter(|&i| decisions[i].is_some_and(|d| !d.allowed))
+            .collect();
+        if denying
+            .iter()
+            .any(|&i| action(engine, &planned[i]) == Action::Reject)
+        {
+            break;
+        }
+        // Only shadow and degrade rules denied: as in the middleware, they
+        // let the request through, so charge the others without them.
+        active.retain(|i| !denying.contains(i));
+        soft_denials.extend(denying);
+    }
+
+    let hard_denied = |i: usize| {
+        impossible[i]
+            || (decisions[i].is_some_and(|d| !d.allowed)
+                && action(engine, &planned[i]) == Action::Reject)
+    };
+    let mut statuses = Vec::with_capacity(request.descriptors.len());
+    for d in 0..request.descriptors.len() {
+        let mine: Vec<usize> = (0..planned.len())
+            .filter(|&i| planned[i].descriptor == d)
+            .collect();
+        let Some(shown) = most_restrictive(&mine, &decisions, &hard_denied) else {
+            statuses.push(unlimited());
+            continue;
+        };
+        let decision = decisions[shown].expect("decided");
+        let quota = store.rules()[planned[shown].id.0].algorithm().quota();
+        statuses.push(DescriptorStatus {
+            code: if mine.iter().any(|&i| hard_denied(i)) {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            }
+            .into(),
+            current_limit: Some(current_limit(
+                policy.rules()[planned[shown].rule].name(),
+                quota,
+            )),
+            limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(
+                prost_types::Duration::try_from(decision.reset_after).unwrap_or_default(),
+            ),
+        });
+    }
+    let over = statuses
+        .iter()
+        .any(|s| s.code == i32::from(Code::OverLimit));
+
+    // Our headers, as the middleware writes them: every rule that decided,
+    // X-RateLimit-* and RateLimit for the most restrictive.
+    let all: Vec<usize> = (0..planned.len()).collect();
+    let mut response_headers = Vec::new();
+    if let Some(shown) = most_restrictive(&all, &decisions, &hard_denied) {
+        let decided: Vec<(usize, (&str, Decision, Duration))> = all
+            .iter()
+            .filter_map(|&i| {
+                let decision = decisions[i]?;
+                let quota = store.rules()[planned[i].id.0].algorithm().quota();
+                let window = quota
+                    .period()
+                    .mul_f64(decision.limit as f64 / f64::from(quota.limit().get()));
+                let name = policy.rules()[planned[i].rule].name();
+                Some((i, (name, decision, window)))
+            })
+            .collect();
+        let restrictive = decided.iter().position(|(i, _)| *i == shown).unwrap_or(0);
+        let decided: Vec<_> = decided.into_iter().map(|(_, d)| d).collect();
+        let map = headers::rate_limit_headers(policy.header_options(), &decided, restrictive);
+        response_headers.extend(
+            map.iter()
+                .map(|(k, v)| header(k.as_str(), v.to_str().unwrap_or(""))),
+        );
+        if over && let Some(retry) = decisions[shown].and_then(|d| d.retry_after) {
+            // As on the middleware's 429: whole seconds, rounded up, never 0.
+            let secs = ceil_secs(retry).max(1);
+            response_headers.push(header("retry-after", &secs.to_string()));
+        }
+    }
+
+    // Requests a degrade rule denied go on, marked for the upstream (and the
+    // client) like the middleware marks them.
+    let mut request_headers = Vec::new();
+    if !over {
+        let mut limited: Vec<&str> = Vec::new();
+        for &i in &soft_denials {
+            let name = policy.rules()[planned[i].rule].name();
+            match action(engine, &planned[i]) {
+                Action::Degrade if !limited.contains(&name) => limited.push(name),
+                Action::Shadow => {
+                    tracing::info!(rule = name, key = %keys[planned[i].descriptor], "shadow rule would deny");
+                }
+                _ => {}
+            }
+        }
+        if !limited.is_empty() {
+            let value = limited.join(", ");
+            request_headers.push(header(X_SPILLWAY_LIMITED.as_str(), &value));
+            response_headers.push(header(X_SPILLWAY_LIMITED.as_str(), &value));
+        }
+    }
+
+    Ok(RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok }.into(),
+        statuses,
+        response_headers_to_add: response_headers,
+        request_headers_to_add: request_headers,
+        ..RateLimitResponse::default()
+    })
+}
+
+/// The status of a descriptor no rule limits.
+fn unlimited() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok.into(),
+        ..DescriptorStatus::default()
+    }
+}
+
+fn header(key: &str, value: &str) -> HeaderValue {
+    HeaderValue {
+        key: key.to_string(),
+        value: value.to_string(),
+    }
+}
+
+fn action(engine: &Engine, planned: &Planned) -> Action {
+    engine.config.policy.rules()[planned.rule].on_deny()
+}
+
+/// The rules a descriptor maps to: those whose `descriptors` list is its
+/// entry keys, in order.
+fn rules_for<'a>(
+    descriptors: &'a [Vec<String>],
+    descriptor: &'a RateLimitDescriptor,
+) -> impl Iterator<Item = usize> + 'a {
+    descriptors.iter().enumerate().filter_map(move |(i, keys)| {
+        let matches = !keys.is_empty()
+            && keys.len() == descriptor.entries.len()
+            && keys
+                .iter()
+                .zip(&descriptor.entries)
+                .all(|(k, e)| *k == e.key);
+        matches.then_some(i)
+    })
+}
+
+/// The store key of a descriptor: its entries as `key=value` pairs,
+/// escaped and bounded like the middleware's keys.
+fn key_of(descriptor: &RateLimitDescriptor) -> String {
+    key_from_pairs(
+        descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str())),
+    )
+}
+
+/// Of the checks `among`, the one to report: the first that denied the
+/// request, else the one with the least remaining (then the smallest limit).
+fn most_restrictive(
+    among: &[usize],
+    decisions: &[Option<Decision>],
+    hard_denied: &dyn Fn(usize) -> bool,
+) -> Option<usize> {
+    among.iter().copied().find(|&i| hard_denied(i)).or_else(|| {
+        among
+            .iter()
+            .copied()
+            .filter(|&i| decisions[i].is_some())
+            .min_by_key(|&i| {
+                let d = decisions[i].expect("filtered");
+                (d.remaining, d.limit)
+            })
+    })
+}
+
+/// A quota as Envoy's requests per unit: the unit is the smallest of
+/// second, minute, hour and day that holds the whole window (a day for
+/// longer windows), and the count is the quota's rate over that unit,
+/// rounded down but at least 1. A window of exactly one unit keeps its
+/// limit: 100 per minute is `100/MINUTE`; 100 per 10s is `600/MINUTE`.
+fn current_limit(name: &str, quota: Quota) -> RateLimit {
+    const UNITS: [(Unit, u64); 4] = [
+        (Unit::Second, 1_000_000),
+        (Unit::Minute, 60_000_000),
+        (Unit::Hour, 3_600_000_000),
+        (Unit::Day, 86_400_000_000),
+    ];
+    let period = quota.period_micros();
+    let (unit, micros) = UNITS
+        .into_iter()
+        .find(|&(_, micros)| period <= micros)
+        .unwrap_or(UNITS[3]);
+    let per_unit = u128::from(quota.limit().get()) * u128::from(micros) / u128::from(period.max(1));
+    RateLimit {
+        name: name.to_string(),
+        requests_per_unit: u32::try_from(per_unit).unwrap_or(u32::MAX).max(1),
+        unit: unit.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+
+    fn quota(limit: u32, period: Duration) -> Quota {
+        Quota::new(NonZeroU32::new(limit).unwrap(), period).unwrap()
+    }
+
+    fn per_unit(limit: u32, period: Duration) -> (u32, Unit) {
+        let l = current_limit("r", quota(limit, period));
+        (l.requests_per_unit, l.unit())
+    }
+
+    #[test]
+    fn whole_units_keep_their_limit() {
+        assert_eq!(per_unit(5, Duration::from_secs(1)), (5, Unit::Second));
+        assert_eq!(per_unit(100, Duration::from_secs(60)), (100, Unit::Minute));
+        assert_eq!(per_unit(7, Duration::from_secs(3600)), (7, Unit::Hour));
+        assert_eq!(
+            per_unit(1000, Duration::from_secs(86_400)),
+            (1000, Unit::Day)
+        );
+    }
+
+    #[test]
+    fn other_windows_scale_to_the_unit_that_holds_them() {
+        assert_eq!(per_unit(100, Duration::from_secs(10)), (600, Unit::Minute));
+        assert_eq!(per_unit(10, Duration::from_millis(500)), (20, Unit::Second));
+        assert_eq!(per_unit(60, Duration::from_secs(90)), (2400, Unit::Hour));
+        // Longer than a day: per day, never 0.
+        assert_eq!(per_unit(1, Duration::from_secs(7 * 86_400)), (1, Unit::Day));
+        assert_eq!(
+            per_unit(70, Duration::from_secs(7 * 86_400)),
+            (10, Unit::Day)
+        );
+    }
+
+    #[test]
+    fn a_descriptor_maps_to_rules_with_the_same_keys_in_order() {
+        use super::super::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+        let d = |keys: &[&str]| RateLimitDescriptor {
+            entries: keys
+                .iter()
+                .map(|k| Entry {
+                    key: k.to_string(),
+                    value: "v".into(),
+                })
+                .collect(),
+            ..RateLimitDescriptor::default()
+        };
+        let config: Vec<Vec<String>> = vec![
+            vec!["remote_address".into()],
+            vec![],
+            vec!["path".into(), "remote_address".into()],
+            vec!["remote_address".into()],
+        ];
+        let rules = |keys: &[&str]| rules_for(&config, &d(keys)).collect::<Vec<_>>();
+        assert_eq!(rules(&["remote_address"]), [0, 3]);
+        assert_eq!(rules(&["path", "remote_address"]), [2]);
+        assert!(rules(&["remote_address", "path"]).is_empty());
+        assert!(rules(&["path"]).is_empty());
+        assert!(rules(&[]).is_empty());
+    }
+}

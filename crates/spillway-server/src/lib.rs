@@ -1,0 +1,24 @@
+//! The Spillway service: the library behind the `spillway` command.
+//!
+//! - `spillway serve`: [`run`] serves the HTTP API ([`app()`]: `POST
+//!   /v1/check`, `/healthz`, `/readyz`, `/metrics`, `/openapi.json`, the
+//!   admin API) and the Envoy rate limit service ([`grpc`]), reloading the
+//!   configuration ([`config`]) on SIGHUP and file change ([`reload`]);
+//!   see `docs/server.md`.
+//! - `spillway proxy`: [`proxy`].
+//! - `spillway simulate`: its logic lives in the `spillway-sim` crate.
+//!
+//! The binary only parses its flags, sets up logging, binds and calls the
+//! library.
+
+pub mod app;
+pub mod config;
+pub mod engine;
+pub mod grpc;
+pub mod metrics;
+pub mod proxy;
+pub mod reload;
+pub mod server;
+
+pub use app::app;
+pub use server::{ConfigSource, Overrides, State, run};

@@ -1,0 +1,365 @@
+//! `/metrics`: what the service decided and how its store behaved, in the
+//! Prometheus text format (`prometheus-client`).
+//!
+//! | metric | type | labels | what |
+//! | --- | --- | --- | --- |
+//! | `spillway_decisions_total` | counter | `rule`, `outcome` | one per rule per decided request; `outcome` is `allowed`, `rejected`, `shadowed`, `degraded` or `error` |
+//! | `spillway_store_call_duration_seconds` | histogram | | every store call, memory or Redis |
+//! | `spillway_store_errors_total` | counter | `kind` | store calls that returned an error to the service (`timeout`, `redis`, `unavailable`, `reply`, `rule`): requests left undecided |
+//! | `spillway_redis_calls_total` | counter | | script calls sent to Redis |
+//! | `spillway_redis_errors_total` | counter | | Redis calls that failed or timed out, whatever the failure policy did next |
+//! | `spillway_store_fail_open_total` | counter | | requests admitted undecided because Redis could not answer (`on_error = "fail_open"`) |
+//! | `spillway_store_local_total` | counter | | requests decided by the in-memory fallback (`on_error = "local"`) |
+//! | `spillway_redis_deny_cache_hits_total` | counter | | requests denied from the local deny cache, without a round trip |
+//! | `spillway_store_healthy` | gauge | | 1 while the store answers (always 1 in memory) |
+//! | `spillway_store_keys` | gauge | `rule` | keys held in memory, per store rule (`rule` or `rule@tier`) |
+//! | `spillway_config_reloads_total` | counter | `result` | configuration reloads, `ok` or `error` (refused) |
+//! | `spillway_http_requests_in_flight` | gauge | | HTTP requests being served |
+//!
+//! The Redis figures come from the store's own counters. A reload builds a
+//! new store, so the old one's counts are kept aside and added in: the
+//! counters never go back.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use spillway::Decision;
+use spillway::store::{RuleId, Store};
+use spillway_redis::{Error as StoreError, Stats};
+use spillway_tower::{Observer, Outcome};
+
+use crate::engine::{Engine, StoreObserver};
+
+/// The `Content-Type` of `/metrics`.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DecisionLabels {
+    rule: String,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+const OUTCOMES: [Outcome; 5] = [
+    Outcome::Allowed,
+    Outcome::Rejected,
+    Outcome::Shadowed,
+    Outcome::Degraded,
+    Outcome::Error,
+];
+
+/// The label value of an outcome.
+pub fn outcome_name(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Allowed => "allowed",
+        Outcome::Rejected => "rejected",
+        Outcome::Shadowed => "shadowed",
+        Outcome::Degraded => "degraded",
+        Outcome::Error => "error",
+    }
+}
+
+fn outcome_index(outcome: Outcome) -> usize {
+    OUTCOMES
+        .iter()
+        .position(|o| *o == outcome)
+        .expect("every outcome is listed")
+}
+
+/// The service's metrics. One per service instance: it is the engine's
+/// [`StoreObserver`] and, through [`DecisionObserver`], its layer's
+/// [`Observer`].
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    decisions: Family<DecisionLabels, Counter>,
+    // The decision counters by rule name, so that counting a decision (on
+    // every request) looks a name up instead of building a label set.
+    by_rule: RwLock<HashMap<Box<str>, [Counter; 5]>>,
+    store_latency: Histogram,
+    store_errors: Family<KindLabels, Counter>,
+    reloads: Family<ResultLabels, Counter>,
+    in_flight: Gauge,
+    // The Redis counters of stores replaced by a reload.
+    retired: Mutex<Stats>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Fresh metrics, all zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "spillway_decisions",
+            "Rule decisions, by rule and outcome (one per rule that applied to a request)",
+            decisions.clone(),
+        );
+        let store_latency = Histogram::new(exponential_buckets(0.000_025, 2.0, 16));
+        registry.register(
+            "spillway_store_call_duration_seconds",
+            "Time taken by each store call",
+            store_latency.clone(),
+        );
+        let store_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "spillway_store_errors",
+            "Store calls that returned an error, leaving the request undecided",
+            store_errors.clone(),
+        );
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "spillway_config_reloads",
+            "Configuration reloads, applied (ok) or refused (error)",
+            reloads.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "spillway_http_requests_in_flight",
+            "HTTP requests being served",
+            in_flight.clone(),
+        );
+        // Zeros from the start, so that the series exist before the first
+        // error or reload (a rate over a missing series is no rate at all).
+        for kind in ["redis", "timeout", "unavailable", "reply", "rule"] {
+            drop(store_errors.get_or_create(&KindLabels { kind }));
+        }
+        for result in ["ok", "error"] {
+            drop(reloads.get_or_create(&ResultLabels { result }));
+        }
+        Self {
+            registry,
+            decisions,
+            by_rule: RwLock::default(),
+            store_latency,
+            store_errors,
+            reloads,
+            in_flight,
+            retired: Mutex::default(),
+        }
+    }
+
+    /// Counts one rule's decision on one request.
+    pub fn decision(&self, rule: &str, outcome: Outcome) {
+        let i = outcome_index(outcome);
+        if let Some(counters) = self
+            .by_rule
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(rule)
+        {
+            counters[i].inc();
+            return;
+        }
+        let counters = OUTCOMES.map(|o| {
+            self.decisions
+                .get_or_create(&DecisionLabels {
+                    rule: rule.to_string(),
+                    outcome: outcome_name(o),
+                })
+                .clone()
+        });
+        counters[i].inc();
+        self.by_rule
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(rule.into())
+            .or_insert(counters);
+    }
+
+    /// Counts a configuration reload, applied or refused.
+    pub fn reload(&self, applied: bool) {
+        let result = if applied { "ok" } else { "error" };
+        self.reloads.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Keeps the Redis counters of an engine that a reload replaced, so that
+    /// the totals stay monotonic.
+    pub fn retire(&self, old: &Engine) {
+        if let Some(redis) = old.store().redis() {
+            let s = redis.stats();
+            let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+            r.redis_calls += s.redis_calls;
+            r.redis_errors += s.redis_errors;
+            r.fail_open += s.fail_open;
+            r.local += s.local;
+            r.deny_cache_hits += s.deny_cache_hits;
+        }
+    }
+
+    /// Marks an HTTP request as being served until the guard is dropped.
+    pub fn in_flight(self: &Arc<Self>) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.clone())
+    }
+
+    /// The metrics in the Prometheus text format, with the store's figures
+    /// read from `engine` now.
+    pub fn encode(&self, engine: &Engine) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        let retired = *self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let mut now = Registry::default();
+        now.register_collector(Box::new(StoreSnapshot::of(engine, retired)));
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &now)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Counts a request as in flight while it lives.
+#[derive(Debug)]
+pub struct InFlight(Arc<Metrics>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
+impl StoreObserver for Metrics {
+    fn store_call(&self, seconds: f64, error: Option<&StoreError>) {
+        self.store_latency.observe(seconds);
+        let kind = match error {
+            None | Some(StoreError::Check(_)) => return,
+            Some(StoreError::Redis(_)) => "redis",
+            Some(StoreError::Timeout(_)) => "timeout",
+            Some(StoreError::Unavailable) => "unavailable",
+            Some(StoreError::Reply(_)) => "reply",
+            Some(StoreError::Rule { .. }) => "rule",
+        };
+        self.store_errors.get_or_create(&KindLabels { kind }).inc();
+    }
+}
+
+/// The [`Observer`] that counts the layer's decisions into [`Metrics`].
+#[derive(Debug, Clone)]
+pub struct DecisionObserver(pub Arc<Metrics>);
+
+impl Observer for DecisionObserver {
+    fn observe(&self, rule: &str, outcome: Outcome, _decision: Option<&Decision>) {
+        self.0.decision(rule, outcome);
+    }
+}
+
+/// The store's figures at one scrape.
+#[derive(Debug)]
+struct StoreSnapshot {
+    stats: Stats,
+    healthy: bool,
+    // (store rule name, keys held), in memory only.
+    keys: Vec<(String, usize)>,
+}
+
+impl StoreSnapshot {
+    fn of(engine: &Engine, retired: Stats) -> Self {
+        let store = engine.store();
+        let mut stats = retired;
+        let mut healthy = true;
+        if let Some(redis) = store.redis() {
+            let s = redis.stats();
+            stats.redis_calls += s.redis_calls;
+            stats.redis_errors += s.redis_errors;
+            stats.fail_open += s.fail_open;
+            stats.local += s.local;
+            stats.deny_cache_hits += s.deny_cache_hits;
+            healthy = redis.is_healthy();
+        }
+        let keys = match store.memory() {
+            Some(memory) => store
+                .rules()
+                .iter()
+                .enumerate()
+                .map(|(i, rule)| (rule.name().to_string(), memory.len(RuleId(i))))
+                .collect(),
+            None => Vec::new(),
+        };
+        Self {
+            stats,
+            healthy,
+            keys,
+        }
+    }
+}
+
+impl Collector for StoreSnapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counters = [
+            (
+                "spillway_redis_calls",
+                "Script calls sent to Redis.",
+                self.stats.redis_calls,
+            ),
+            (
+                "spillway_redis_errors",
+                "Redis calls that failed or timed out.",
+                self.stats.redis_errors,
+            ),
+            (
+                "spillway_store_fail_open",
+                "Requests admitted undecided because Redis could not answer.",
+                self.stats.fail_open,
+            ),
+            (
+                "spillway_store_local",
+                "Requests decided by the in-memory fallback while Redis could not answer.",
+                self.stats.local,
+            ),
+            (
+                "spillway_redis_deny_cache_hits",
+                "Requests denied from the local deny cache, without a round trip.",
+                self.stats.deny_cache_hits,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        let healthy = ConstGauge::new(i64::from(self.healthy));
+        let metric = encoder.encode_descriptor(
+            "spillway_store_healthy",
+            "1 while the store answers.",
+            None,
+            healthy.metric_type(),
+        )?;
+        healthy.encode(metric)?;
+        if !self.keys.is_empty() {
+            let mut metric = encoder.encode_descriptor(
+                "spillway_store_keys",
+                "Keys held in memory, per store rule.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (rule, n) in &self.keys {
+                let labels = [("rule", rule.as_str())];
+                let family = metric.encode_family(&labels)?;
+                ConstGauge::new(*n as i64).encode(family)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,202 @@
+//! [`Proxy`]: the rate limiter around the forwarding service, and the server
+//! loop that feeds it connections.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body::Body;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use spillway_tower::{ClientAddr, ResponseBody};
+use tokio::net::TcpListener;
+use tower::{Layer, Service, ServiceExt};
+
+use super::connect::TimeoutConnector;
+use super::error::{BoxError, InvalidUpstream};
+use super::forward::{Forward, Upstream};
+use super::{Connector, ProxyBody, ProxyOptions};
+use crate::engine::Shared;
+
+/// A response of the [`Proxy`]: the upstream's (with the rate-limit
+/// headers added), or one the rate limiter or the proxy wrote.
+pub type ProxyResponse = Response<ResponseBody<ProxyBody>>;
+
+/// The proxy as a tower service: each request goes through the current
+/// engine's rate limiter, then to the upstream. Never fails: every error is
+/// a response. Cheap to clone. Requests should carry the peer as a
+/// [`ClientAddr`] extension ([`run`](Proxy::run) inserts it): without it
+/// the limiter has no IP to key by and `X-Forwarded-For` gets no hop.
+pub struct Proxy<C = HttpConnector> {
+    shared: Arc<Shared>,
+    forward: Forward<C>,
+}
+
+impl Proxy<HttpConnector> {
+    /// A proxy to `upstream` (`http://host:port`) over TCP.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use spillway_server::config::Config;
+    /// use spillway_server::engine::{Engine, Shared};
+    /// use spillway_server::proxy::{Proxy, ProxyOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let engine = Engine::build(Config::parse("").unwrap(), None, None).await.unwrap();
+    /// let shared = Arc::new(Shared::new(engine));
+    /// let options = ProxyOptions::default();
+    ///
+    /// let upstream = "http://127.0.0.1:9000".parse().unwrap();
+    /// assert!(Proxy::new(&upstream, shared.clone(), &options).is_ok());
+    ///
+    /// let tls = "https://127.0.0.1:9443".parse().unwrap();
+    /// let refused = Proxy::new(&tls, shared, &options).unwrap_err();
+    /// assert!(refused.reason.contains("https"));
+    /// # }
+    /// ```
+    pub fn new(
+        upstream: &Uri,
+        shared: Arc<Shared>,
+        options: &ProxyOptions,
+    ) -> Result<Self, InvalidUpstream> {
+        let mut tcp = HttpConnector::new();
+        // Requests are small writes answered at once: no Nagle delay.
+        tcp.set_nodelay(true);
+        Self::with_connector(upstream, shared, options, tcp)
+    }
+}
+
+impl<C: Connector> Proxy<C> {
+    /// A proxy to `upstream` whose connections are opened by `connector`
+    /// (with `options.connect_timeout` around it).
+    pub fn with_connector(
+        upstream: &Uri,
+        shared: Arc<Shared>,
+        options: &ProxyOptions,
+        connector: C,
+    ) -> Result<Self, InvalidUpstream> {
+        let upstream = Upstream::parse(upstream)?;
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(options.pool_idle_timeout)
+            .build(TimeoutConnector {
+                inner: connector,
+                timeout: options.connect_timeout,
+            });
+        Ok(Self {
+            shared,
+            forward: Forward {
+                client,
+                upstream: Arc::new(upstream),
+                response_timeout: options.response_timeout,
+                host: options.host,
+            },
+        })
+    }
+
+    /// Serves HTTP/1.1 and HTTP/2 (cleartext, prior knowledge) on
+    /// `listener` until `shutdown` resolves; then stops accepting, and
+    /// returns once the connections' requests in flight have finished (idle
+    /// connections are closed at once).
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let mut http = auto::Builder::new(TokioExecutor::new());
+        // With a timer, an HTTP/1.1 client gets 30 s (hyper's default) to
+        // send each request head: a slow or idle client cannot hold a
+        // connection for ever.
+        http.http1().timer(TokioTimer::new());
+        let graceful = GracefulShutdown::new();
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors and the like: pause rather
+                        // than spin; a failed handshake is just skipped.
+                        tracing::warn!(error = %e, "could not accept a connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY");
+            }
+            let proxy = self.clone();
+            let service = service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(ClientAddr(peer));
+                proxy.clone().oneshot(req)
+            });
+            let connection = graceful.watch(
+                http.serve_connection(TokioIo::new(stream), service)
+                    .into_owned(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(%peer, error = %e, "connection closed with an error");
+                }
+            });
+        }
+        drop(listener);
+        graceful.shutdown().await;
+        Ok(())
+    }
+}
+
+impl<C: Clone> Clone for Proxy<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            forward: self.forward.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Proxy<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Proxy")
+            .field("upstream", &self.forward.upstream.base())
+            .field("response_timeout", &self.forward.response_timeout)
+            .field("host", &self.forward.host)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C, B> Service<Request<B>> for Proxy<C>
+where
+    C: Connector,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = ProxyResponse;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<ProxyResponse, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The engine is read per request, so a reload applies to the next
+        // one; the layer keeps its own store alive for this one.
+        let limited = self.shared.engine().layer.layer(self.forward.clone());
+        Box::pin(limited.oneshot(req))
+    }
+}
