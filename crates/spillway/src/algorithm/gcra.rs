@@ -76,6 +76,11 @@ impl Step {
 /// Decides whether `cost` fits in a bucket of `capacity` units at `now`,
 /// updating `tat` if it does.
 pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Micros) -> Step {
+    if i.per == 1
+        && let Some(s) = step_whole(tat, i.micros, capacity, cost, now)
+    {
+        return s;
+    }
     let per = i.per;
     let unit = u128::from(i.micros);
     let now_s = u128::from(now) * u128::from(per);
@@ -111,6 +116,43 @@ pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Mi
             retry_after: ceil_micros(fits_at - now_s),
             backlog,
         }
+    }
+}
+
+/// [`step`] when one unit is a whole number of microseconds (`per == 1`, as
+/// for 100 per minute or 10 per second) and nothing overflows 64 bits: the
+/// same arithmetic without the 128-bit divisions. `None` when it would
+/// overflow, for the general path to take over.
+fn step_whole(tat: &mut Tat, unit: u64, capacity: u64, cost: u64, now: Micros) -> Option<Step> {
+    let start = tat.micros.max(now);
+    let backlog = start - now;
+    let tolerance = capacity.checked_mul(unit)?;
+    let after = start.checked_add(cost.checked_mul(unit)?)?;
+    let remaining = |backlog: u64| tolerance.saturating_sub(backlog) / unit;
+    let left = after - now;
+    if cost == 0 || left <= tolerance {
+        if cost > 0 {
+            *tat = Tat {
+                micros: after,
+                frac: 0,
+            };
+        }
+        Some(Step {
+            admitted: true,
+            remaining: remaining(left),
+            reset_after: left,
+            retry_after: 0,
+            backlog: u128::from(backlog),
+        })
+    } else {
+        let fits_at = tat.micros - (tolerance - cost * unit);
+        Some(Step {
+            admitted: false,
+            remaining: remaining(backlog),
+            reset_after: backlog,
+            retry_after: fits_at - now,
+            backlog: u128::from(backlog),
+        })
     }
 }
 

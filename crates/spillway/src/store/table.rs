@@ -142,9 +142,15 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         }
         let hasher = &self.table.hasher;
         let entries = &mut self.shard.entries;
-        if let Ok(mut entry) = entries.find_entry(hash, |e| e.0.borrow() == key) {
-            let decision = alg.check(&mut entry.get_mut().1, cost, now)?;
-            if alg.idle_at(&entry.get().1) <= now {
+        if let Some(entry) = entries.find_mut(hash, |e| e.0.borrow() == key) {
+            let decision = alg.check(&mut entry.1, cost, now)?;
+            // A charged state is never idle; anything else may now be, and
+            // then it goes (a second lookup, off the common path).
+            let charged = decision.allowed && cost > 0;
+            if !charged
+                && alg.idle_at(&entry.1) <= now
+                && let Ok(entry) = entries.find_entry(hash, |e| e.0.borrow() == key)
+            {
                 entry.remove();
             }
             return Ok(decision);
