@@ -86,3 +86,40 @@ pub(crate) fn unavailable<B>() -> Response<ResponseBody<B>> {
         .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
     res
 }
+
+/// Whether a request is gRPC: its answers must be gRPC statuses, not HTTP
+/// error pages a gRPC client cannot read.
+pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// A gRPC "trailers-only" answer: HTTP 200 with `grpc-status` and
+/// `grpc-message` in the headers and no body. Rate limiting is
+/// `RESOURCE_EXHAUSTED` (8).
+pub(crate) fn grpc_status<B>(code: u8, message: &str) -> Response<ResponseBody<B>> {
+    let mut res = Response::new(ResponseBody::full(Bytes::new()));
+    let headers = res.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", HeaderValue::from(u16::from(code)));
+    // grpc-message is percent-encoded: keep printable ASCII but `%`.
+    let encoded: String = message
+        .bytes()
+        .map(|b| {
+            if (0x20..0x7f).contains(&b) && b != b'%' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    if let Ok(v) = HeaderValue::try_from(encoded) {
+        headers.insert("grpc-message", v);
+    }
+    res
+}

@@ -431,18 +431,37 @@ where
     let (mut parts, body) = req.into_parts();
     let decided = evaluate(&shared, &parts, false).await;
     let policy = &shared.policy;
+    let grpc = response::is_grpc(&parts.headers);
     let limited = match &decided.verdict {
         Verdict::Unlimited => {
             let res = inner.call(Request::from_parts(parts, body)).await?;
             return Ok(res.map(ResponseBody::inner));
         }
+        // gRPC clients get gRPC statuses: INVALID_ARGUMENT, UNAVAILABLE,
+        // RESOURCE_EXHAUSTED.
+        Verdict::BadRequest(message) if grpc => return Ok(response::grpc_status(3, message)),
         Verdict::BadRequest(message) => {
             return Ok(response::problem(StatusCode::BAD_REQUEST, message));
+        }
+        Verdict::Unavailable(_) if grpc => {
+            return Ok(response::grpc_status(
+                14,
+                "the rate limiter cannot reach its store",
+            ));
         }
         Verdict::Unavailable(_) => return Ok(response::unavailable()),
         Verdict::Rejected { rule, retry_after } => {
             let retry = response::retry_secs(*retry_after);
-            let mut res = response::too_many_requests(policy.body, rule, retry);
+            let mut res = if grpc {
+                let message = format!("rate limit `{rule}` exceeded: retry in {retry} s");
+                response::grpc_status(8, &message)
+            } else {
+                response::too_many_requests(policy.body, rule, retry)
+            };
+            if grpc {
+                res.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
+            }
             decided.write_headers(policy, res.headers_mut());
             return Ok(res);
         }

@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The service's peer comparisons, in one run, on loopback only (issue 5,
+# item 10):
+#
+#   1. `spillway serve` POST /v1/check  vs  throttlecrab-server POST /throttle
+#   2. `spillway proxy` (a rule that never denies)  vs  nginx limit_req
+#      (a zone that never denies, burst + nodelay), both in front of the
+#      same upstream (a separate nginx answering "hello").
+#
+# Run with: bash crates/spillway-server/benches/service.sh
+#
+# Needs wrk, nginx and curl (Debian: apt-get install -y wrk nginx-light curl)
+# and cargo. Installs throttlecrab-server with `cargo install --locked` into
+# target/bench-tools (not a dependency) the first time; if that fails the
+# throttlecrab comparison is skipped with a message.
+#
+# Each side is measured with the same wrk (-t$BENCH_THREADS -c$BENCH_CONNS,
+# -d$BENCH_SECONDS s), the two sides alternating, $BENCH_ROUNDS rounds; the
+# medians are compared. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
+# (about 3 minutes once built). Every process started here is stopped by its
+# PID on exit.
+
+set -euo pipefail
+
+ROUNDS=${BENCH_ROUNDS:-3}
+SECS=${BENCH_SECONDS:-10}
+CONNS=${BENCH_CONNS:-50}
+THREADS=${BENCH_THREADS:-1}
+KEYS=${BENCH_KEYS:-10000}
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+TOOLS=$TARGET/bench-tools
+WORK=$(mktemp -d /tmp/spillway-bench.XXXXXX)
+PIDS=()
+
+cleanup() {
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for tool in wrk nginx curl cargo; do
+    command -v "$tool" >/dev/null || {
+        echo "missing: $tool (Debian: apt-get install -y wrk nginx-light curl)" >&2
+        exit 1
+    }
+done
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Waits up to 10 s for `curl ARGS...` to succeed.
+wait_for() {
+    for _ in $(seq 100); do
+        curl -fsS -o /dev/null --max-time 1 "$@" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "not answering: $*" >&2
+    return 1
+}
+
+# wrk's requests/s, p99 (ms) and non-2xx count, as "RATE P99 BAD".
+run_wrk() {
+    local out
+    out=$(timeout $((SECS + 20)) wrk "-t$THREADS" "-c$CONNS" "-d${SECS}s" --timeout 5s --latency "$@")
+    echo "$out" >>"$WORK/wrk.log"
+    local rate p99 bad unit errs
+    rate=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+    p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+    bad=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' <<<"$out")
+    errs=$(awk '/Socket errors:/ {print}' <<<"$out")
+    [[ -n $errs ]] && echo "    wrk: $errs" >&2
+    # p99 in milliseconds.
+    unit=${p99//[0-9.]/}
+    p99=${p99%"$unit"}
+    case $unit in
+    us) p99=$(awk -v v="$p99" 'BEGIN {print v / 1000}') ;;
+    ms) ;;
+    s) p99=$(awk -v v="$p99" 'BEGIN {print v * 1000}') ;;
+    esac
+    echo "${rate:-0} ${p99:-0} ${bad:-0}"
+}
+
+median() {
+    tr ' ' '\n' <<<"$*" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'
+}
+
+# Alternates two sides for $ROUNDS rounds; prints the medians and the ratio.
+# compare LABEL_A FUNC_A LABEL_B FUNC_B, each FUNC running `run_wrk ...`.
+compare() {
+    local la=$1 fa=$2 lb=$3 fb=$4
+    local ra=() rb=() pa=() pb=() r p bad
+    # Warm-up: 2 s each.
+    local save=$SECS
+    SECS=2
+    "$fa" >/dev/null
+    "$fb" >/dev/null
+    SECS=$save
+    for i in $(seq "$ROUNDS"); do
+        read -r r p bad < <("$fa")
+        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  non-2xx %s  (load %s)\n' \
+            "$i" "$la" "$r" "$p" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
+        ra+=("$r") pa+=("$p")
+        read -r r p bad < <("$fb")
+        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  non-2xx %s  (load %s)\n' \
+            "$i" "$lb" "$r" "$p" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
+        rb+=("$r") pb+=("$p")
+    done
+    local mra mrb mpa mpb
+    mra=$(median "${ra[@]}") mrb=$(median "${rb[@]}")
+    mpa=$(median "${pa[@]}") mpb=$(median "${pb[@]}")
+    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms\n' "$la" "$mra" "$mpa"
+    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms\n' "$lb" "$mrb" "$mpb"
+    awk -v a="$mra" -v b="$mrb" -v pa="$mpa" -v pb="$mpb" -v la="$la" -v lb="$lb" \
+        'BEGIN {printf "  RATIO    %s / %s: throughput %.2fx; p99 %.2f ms vs %.2f ms\n", la, lb, a / b, pa, pb}'
+}
+
+echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== wrk -t$THREADS -c$CONNS -d${SECS}s --latency, $ROUNDS rounds alternating, medians"
+
+echo "== building spillway (release)"
+(cd "$ROOT" && cargo build --release -p spillway-server --bin spillway --quiet)
+SPILLWAY=$TARGET/release/spillway
+
+# ---- 1. /v1/check vs throttlecrab-server ------------------------------------
+
+LUA=$HERE/check.lua
+SW_PORT=$(free_port)
+"$SPILLWAY" serve --config "$HERE/bench.toml" --listen "127.0.0.1:$SW_PORT" \
+    >"$WORK/spillway-serve.log" 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$SW_PORT/healthz"
+echo "== spillway serve on 127.0.0.1:$SW_PORT (pid ${PIDS[-1]}); one check:"
+curl -sS -i --max-time 2 -X POST -H 'content-type: application/json' \
+    -d '{"rule":"bench","key":"ip=10.0.1"}' "http://127.0.0.1:$SW_PORT/v1/check" | tr -d '\r' | sed 's/^/    /'
+echo
+
+TC=$TOOLS/bin/throttlecrab-server
+if [[ ! -x $TC ]]; then
+    echo "== installing throttlecrab-server into $TOOLS (cargo install --locked)"
+    if ! cargo install throttlecrab-server --locked --root "$TOOLS" --quiet; then
+        echo "== throttlecrab-server did not install: comparison skipped" >&2
+        TC=
+    fi
+fi
+if [[ -n $TC ]]; then
+    TC_PORT=$(free_port)
+    "$TC" --http --http-host 127.0.0.1 --http-port "$TC_PORT" --log-level warn \
+        >"$WORK/throttlecrab.log" 2>&1 &
+    PIDS+=($!)
+    wait_for "http://127.0.0.1:$TC_PORT/health"
+    echo "== $("$TC" --version 2>/dev/null || echo throttlecrab-server) on 127.0.0.1:$TC_PORT (pid ${PIDS[-1]}); one check:"
+    TC_BODY='{"key":"ip=10.0.%d","max_burst":1000000000,"count_per_period":1000000000,"period":60}'
+    curl -sS -i --max-time 2 -X POST -H 'content-type: application/json' \
+        -d "$(printf "$TC_BODY" 1)" "http://127.0.0.1:$TC_PORT/throttle" | tr -d '\r' | sed 's/^/    /'
+    echo
+    echo "== POST /v1/check vs POST /throttle, keys spread over $KEYS"
+    side_sw() { BENCH_PATH=/v1/check BENCH_KEYS=$KEYS run_wrk -s "$LUA" "http://127.0.0.1:$SW_PORT"; }
+    side_tc() {
+        BENCH_PATH=/throttle BENCH_KEYS=$KEYS BENCH_BODY=$TC_BODY \
+            run_wrk -s "$LUA" "http://127.0.0.1:$TC_PORT"
+    }
+    compare "spillway /v1/check" side_sw "throttlecrab /throttle" side_tc
+    echo "  spillway's decisions (from /metrics):"
+    curl -sS --max-time 2 "http://127.0.0.1:$SW_PORT/metrics" | grep -E '^spillway_decisions' | sed 's/^/    /' || true
+fi
+kill "${PIDS[0]}" 2>/dev/null || true
+
+# ---- 2. spillway proxy vs nginx limit_req, same upstream --------------------
+
+UP_PORT=$(free_port)
+NG_PORT=$(free_port)
+PX_PORT=$(free_port)
+mkdir -p "$WORK/up" "$WORK/ng"
+cat >"$WORK/up/nginx.conf" <<EOF
+# The upstream: answers "hello" to everything.
+worker_processes 1;
+pid $WORK/up/nginx.pid;
+error_log $WORK/up/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $WORK/up; proxy_temp_path $WORK/up;
+    fastcgi_temp_path $WORK/up; uwsgi_temp_path $WORK/up; scgi_temp_path $WORK/up;
+    server {
+        listen 127.0.0.1:$UP_PORT;
+        location / { default_type text/plain; return 200 "hello\n"; }
+    }
+}
+EOF
+cat >"$WORK/ng/nginx.conf" <<EOF
+# The peer: limit_req with a zone that never denies, proxying with pooled
+# keep-alive connections and the X-Forwarded-* headers spillway proxy writes.
+worker_processes auto;
+pid $WORK/ng/nginx.pid;
+error_log $WORK/ng/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $WORK/ng; proxy_temp_path $WORK/ng;
+    fastcgi_temp_path $WORK/ng; uwsgi_temp_path $WORK/ng; scgi_temp_path $WORK/ng;
+    limit_req_zone \$binary_remote_addr zone=perip:10m rate=1000000r/s;
+    upstream hello { server 127.0.0.1:$UP_PORT; keepalive 64; }
+    server {
+        listen 127.0.0.1:$NG_PORT;
+        location / {
+            limit_req zone=perip burst=1000000 nodelay;
+            proxy_pass http://hello;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$host;
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Host \$host;
+            proxy_set_header X-Forwarded-Proto \$scheme;
+        }
+    }
+}
+EOF
+# Run in the foreground (daemon off), so that $! is the master's PID.
+nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log" 2>&1 &
+PIDS+=($!)
+nginx -p "$WORK/ng" -c "$WORK/ng/nginx.conf" -g 'daemon off;' >"$WORK/ng/out.log" 2>&1 &
+PIDS+=($!)
+"$SPILLWAY" proxy --config "$HERE/bench.toml" --listen "127.0.0.1:$PX_PORT" \
+    --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/spillway-proxy.log" 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$UP_PORT/"
+wait_for "http://127.0.0.1:$NG_PORT/"
+wait_for "http://127.0.0.1:$PX_PORT/"
+echo "== upstream nginx on $UP_PORT, nginx limit_req on $NG_PORT, spillway proxy on $PX_PORT ($(nginx -v 2>&1))"
+echo "  through spillway proxy:"
+curl -sS -i --max-time 2 "http://127.0.0.1:$PX_PORT/" | tr -d '\r' | sed 's/^/    /'
+echo "  through nginx:"
+curl -sS -i --max-time 2 "http://127.0.0.1:$NG_PORT/" | tr -d '\r' | sed 's/^/    /'
+echo "== GET / through the proxy vs through nginx limit_req"
+side_px() { run_wrk "http://127.0.0.1:$PX_PORT/"; }
+side_ng() { run_wrk "http://127.0.0.1:$NG_PORT/"; }
+compare "spillway proxy" side_px "nginx limit_req" side_ng
+echo "== done; load $(cut -d' ' -f1-3 /proc/loadavg)"
