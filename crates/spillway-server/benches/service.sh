@@ -31,7 +31,7 @@ KEYS=${BENCH_KEYS:-10000}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-TOOLS=$TARGET/bench-tools
+TOOLS=${BENCH_TOOLS:-$TARGET/bench-tools}
 WORK=$(mktemp -d /tmp/spillway-bench.XXXXXX)
 PIDS=()
 

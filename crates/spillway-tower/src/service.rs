@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use smallvec::SmallVec;
 use spillway::Decision;
 use spillway::store::{Check, RuleId, Store, StoreError};
 use tower_service::Service;
@@ -92,6 +93,10 @@ where
     }
 }
 
+/// A few of something: requests rarely match more than four rules, and
+/// these live for one request, so they stay off the heap.
+type Small<T> = SmallVec<[T; 4]>;
+
 /// One rule that applies to a request.
 struct Planned {
     index: usize,
@@ -101,9 +106,9 @@ struct Planned {
 }
 
 /// The rules that apply, with their keys and costs; or a 400's message.
-fn plan(policy: &Policy, client: &Client, parts: &Parts) -> Result<Vec<Planned>, String> {
+fn plan(policy: &Policy, client: &Client, parts: &Parts) -> Result<Small<Planned>, String> {
     let tier = policy.tier_of(client);
-    let mut planned = Vec::new();
+    let mut planned = SmallVec::new();
     for (index, rule) in policy.rules.iter().enumerate() {
         if !rule.matches(parts) {
             continue;
@@ -208,7 +213,7 @@ pub(crate) struct Evaluated {
     rules: Vec<RuleDecision>,
     // Each rule that decided: its index in the policy, its decision, its
     // window in seconds.
-    applied: Vec<(usize, Decision, u64)>,
+    applied: Small<(usize, Decision, u64)>,
     // Which of `applied` X-RateLimit-* and RateLimit describe.
     restrictive: usize,
     charged: Option<Charged>,
@@ -217,7 +222,7 @@ pub(crate) struct Evaluated {
 impl Evaluated {
     /// Writes the rate-limit headers into `headers`.
     fn write_headers(&self, policy: &Policy, headers: &mut HeaderMap) {
-        let applied: Vec<Applied<'_>> = self
+        let applied: Small<Applied<'_>> = self
             .applied
             .iter()
             .map(|&(index, decision, window_secs)| Applied {
@@ -257,7 +262,7 @@ pub(crate) async fn evaluate<St: Store>(
     let unlimited = |verdict| Evaluated {
         verdict,
         rules: Vec::new(),
-        applied: Vec::new(),
+        applied: SmallVec::new(),
         restrictive: 0,
         charged: None,
     };
@@ -276,13 +281,13 @@ pub(crate) async fn evaluate<St: Store>(
     // it must then be charged, so they are asked again without the denying
     // ones (one more round trip, only when a non-rejecting rule is over its
     // limit).
-    let mut decisions: Vec<Option<Decision>> = vec![None; planned.len()];
-    let mut active: Vec<usize> = (0..planned.len()).collect();
+    let mut decisions: Small<Option<Decision>> = smallvec::smallvec![None; planned.len()];
+    let mut active: Small<usize> = (0..planned.len()).collect();
     let mut denied_softly: Vec<usize> = Vec::new();
     let mut rejected_by: Option<usize> = None;
     let mut charged = None;
     while !active.is_empty() {
-        let checks: Vec<Check<'_>> = active
+        let checks: Small<Check<'_>> = active
             .iter()
             .map(|&p| Check {
                 rule: planned[p].id,
@@ -298,14 +303,18 @@ pub(crate) async fn evaluate<St: Store>(
             decisions[p] = Some(*d);
         }
         if verdict.allowed {
-            let what = active
-                .iter()
-                .map(|&p| (planned[p].id, planned[p].key.clone(), planned[p].cost))
-                .collect();
-            charged = Some((what, verdict.decided_at));
+            // What to give back if a shaped request is abandoned: only
+            // needed when something waits.
+            if verdict.decisions.iter().any(|d| !d.delay.is_zero()) {
+                let what = active
+                    .iter()
+                    .map(|&p| (planned[p].id, planned[p].key.clone(), planned[p].cost))
+                    .collect();
+                charged = Some((what, verdict.decided_at));
+            }
             break;
         }
-        let denying: Vec<usize> = active
+        let denying: Small<usize> = active
             .iter()
             .zip(&verdict.decisions)
             .filter(|(_, d)| !d.allowed)
@@ -337,8 +346,8 @@ pub(crate) async fn evaluate<St: Store>(
     // the most restrictive: the rejecting rule, else the least remaining.
     let tier = policy.tier_of(&client);
     let mut rules = Vec::new();
-    let mut applied: Vec<(usize, Decision, u64)> = Vec::with_capacity(planned.len());
-    let mut positions: Vec<usize> = Vec::with_capacity(planned.len());
+    let mut applied: Small<(usize, Decision, u64)> = SmallVec::new();
+    let mut positions: Small<usize> = SmallVec::new();
     for (p, plan) in planned.iter().enumerate() {
         let Some(decision) = decisions[p] else {
             continue;
