@@ -9,10 +9,12 @@
 #
 # Run with: bash crates/spillway-server/benches/service.sh
 #
-# Needs wrk, nginx and curl (Debian: apt-get install -y wrk nginx-light curl)
-# and cargo. Installs throttlecrab-server with `cargo install --locked` into
-# target/bench-tools (not a dependency) the first time; if that fails the
-# throttlecrab comparison is skipped with a message.
+# Needs wrk, nginx, curl and python3 (Debian: apt-get install -y wrk
+# nginx-light curl) and cargo. Installs throttlecrab-server with
+# `cargo install --locked` into target/bench-tools (not a dependency; override
+# with BENCH_TOOLS=DIR) the first time: its build script needs `protoc`
+# (Debian: protobuf-compiler). If it does not install, the throttlecrab
+# comparison is skipped with a message.
 #
 # Each side is measured with the same wrk (-t$BENCH_THREADS -c$BENCH_CONNS,
 # -d$BENCH_SECONDS s), the two sides alternating, $BENCH_ROUNDS rounds; the
@@ -147,6 +149,8 @@ echo
 TC=$TOOLS/bin/throttlecrab-server
 if [[ ! -x $TC ]]; then
     echo "== installing throttlecrab-server into $TOOLS (cargo install --locked)"
+    command -v protoc >/dev/null ||
+        echo "   protoc is missing (Debian: protobuf-compiler): the install will likely fail" >&2
     if ! cargo install throttlecrab-server --locked --root "$TOOLS" --quiet; then
         echo "== throttlecrab-server did not install: comparison skipped" >&2
         TC=

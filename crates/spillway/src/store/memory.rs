@@ -161,6 +161,14 @@ impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C> {
     }
 }
 
+/// How a charge of a denied batch is taken back.
+enum Undo {
+    /// Put this state back (`None`: the key was not held).
+    Restore(Option<AnyState>),
+    /// Refund the charge at the batch's time.
+    Refund,
+}
+
 /// Several rules over string keys, in memory: the default [`Store`].
 ///
 /// A request that matches several rules is decided atomically: the shards
@@ -325,7 +333,26 @@ impl<C: Clock> MemoryStore<C> {
         for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
             let guard = &mut guards[guard_of(rule, shard)];
             if check.cost > 0 {
-                saved.push((i, guard.get(check.key, hash).cloned()));
+                // A sliding log can hold `limit` entries: copying it for
+                // every request would cost more than the check. While the
+                // clock has not gone back past its newest entry, the charge
+                // lands in an entry stamped `now`, which a refund finds
+                // exactly; only otherwise is the log copied.
+                let state = guard.get(check.key, hash);
+                let refundable = matches!(
+                    (algorithms[i], state),
+                    (AnyAlgorithm::SlidingLog(_), Some(AnyState::SlidingLog(log)))
+                        if log.entries.back().is_none_or(|newest| newest.at <= now)
+                ) || matches!(
+                    (algorithms[i], state),
+                    (AnyAlgorithm::SlidingLog(_), None | Some(AnyState::Fresh))
+                );
+                let undo = if refundable {
+                    Undo::Refund
+                } else {
+                    Undo::Restore(state.cloned())
+                };
+                saved.push((i, undo));
             }
             let decision = guard
                 .check(algorithms[i], check.key, hash, check.cost, now)
@@ -337,9 +364,16 @@ impl<C: Clock> MemoryStore<C> {
             // Put every charged key back as it was, newest first (so a key
             // checked twice ends with its state from before the request),
             // then report the admitting rules' state as it stands.
-            for (i, state) in saved.into_iter().rev() {
+            for (i, undo) in saved.into_iter().rev() {
                 let (check, &(rule, shard, hash)) = (&checks[i], &located[i]);
-                guards[guard_of(rule, shard)].restore(check.key, hash, state);
+                let guard = &mut guards[guard_of(rule, shard)];
+                match undo {
+                    Undo::Restore(state) => guard.restore(check.key, hash, state),
+                    Undo::Refund if decisions[i].allowed => {
+                        guard.refund(algorithms[i], check.key, hash, check.cost, now);
+                    }
+                    Undo::Refund => {}
+                }
             }
             for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
                 if decisions[i].allowed {
