@@ -430,3 +430,42 @@ async fn a_fail_closed_store_that_cannot_answer_is_unavailable() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
 }
+
+#[tokio::test]
+async fn decisions_over_grpc_are_counted_in_the_metrics() {
+    use spillway_server::server::State;
+    let state = State::new(Config::parse(CONFIG).unwrap()).await.unwrap();
+    let shared = state.shared.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(spillway_server::grpc::serve(listener, shared, async {
+        let _ = stopped.await;
+    }));
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    for _ in 0..4 {
+        client
+            .should_rate_limit(request(vec![descriptor(&[("remote_address", "10.9.9.9")])]))
+            .await
+            .unwrap();
+    }
+    let text = state.metrics.encode(&state.shared.engine());
+    let count = |outcome: &str| -> f64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with("spillway_decisions_total{")
+                    && l.contains("rule=\"per-ip\"")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    // per-ip admits 3 a minute.
+    assert_eq!((count("allowed"), count("rejected")), (3.0, 1.0), "{text}");
+}

@@ -120,6 +120,12 @@ impl<St: Store> RateLimitLayer<St> {
         crate::service::decide(&self.shared, parts).await
     }
 
+    /// The observer, for front ends that decide without the middleware (the
+    /// Envoy rate limit service) but report the same way.
+    pub fn observer_ref(&self) -> Option<&dyn Observer> {
+        self.shared.observer.as_deref()
+    }
+
     /// The store.
     pub fn store(&self) -> &St {
         &self.shared.store

@@ -8,7 +8,7 @@ use spillway::store::{Check, Store, StoreError as _};
 use spillway::{Algorithm as _, Decision, Quota};
 use spillway_tower::headers::{self, ceil_secs};
 use spillway_tower::key::key_from_pairs;
-use spillway_tower::{Action, X_SPILLWAY_LIMITED};
+use spillway_tower::{Action, Outcome, X_SPILLWAY_LIMITED};
 use tonic::{Request, Response, Status};
 
 use super::pb::envoy::config::core::v3::HeaderValue;
@@ -160,6 +160,23 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
         // let the request through, so charge the others without them.
         active.retain(|i| !denying.contains(i));
         soft_denials.extend(denying);
+    }
+
+    // Report every rule's outcome as the middleware does (metrics).
+    if let Some(observer) = engine.layer.observer_ref() {
+        for (i, plan) in planned.iter().enumerate() {
+            let Some(decision) = &decisions[i] else {
+                continue;
+            };
+            let rule = policy.rules()[plan.rule].name();
+            let outcome = match (decision.allowed, action(engine, plan)) {
+                (true, _) => Outcome::Allowed,
+                (false, Action::Reject) => Outcome::Rejected,
+                (false, Action::Shadow) => Outcome::Shadowed,
+                (false, Action::Degrade) => Outcome::Degraded,
+            };
+            observer.observe(rule, outcome, Some(decision));
+        }
     }
 
     let hard_denied = |i: usize| {
