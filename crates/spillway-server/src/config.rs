@@ -17,7 +17,8 @@ use spillway::algorithm::{
 };
 use spillway_redis::{OnError, Topology};
 use spillway_tower::{
-    Action, BodyFormat, Clients, Cost, HeaderOptions, HttpRule, KeyPart, Policy, ResetFormat,
+    Action, BodyFormat, Clients, Cost, ForwardedHeader, HeaderOptions, HttpRule, KeyPart, Policy,
+    ResetFormat,
 };
 use toml::Spanned;
 
@@ -174,6 +175,7 @@ struct RawClients {
     api_key_header: Option<Spanned<String>>,
     user_header: Option<Spanned<String>>,
     tier_header: Option<Spanned<String>>,
+    forwarded_header: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -389,6 +391,19 @@ fn convert(raw: RawConfig, lines: &Lines<'_>) -> Result<Config, ConfigError> {
         .as_ref()
         .map(|h| header(h, "clients.tier_header"))
         .transpose()?;
+    if let Some(h) = &raw.clients.forwarded_header {
+        clients.forwarded_header = match h.get_ref().to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => ForwardedHeader::XForwardedFor,
+            "forwarded" => ForwardedHeader::Forwarded,
+            other => {
+                return Err(lines.err(
+                    h,
+                    "clients.forwarded_header",
+                    format!("`{other}`: expected \"x-forwarded-for\" or \"forwarded\" (the header your proxies write)"),
+                ));
+            }
+        };
+    }
 
     let mut headers = HeaderOptions {
         legacy: raw.headers.legacy,
@@ -784,6 +799,7 @@ reset = "delta"
 
 [clients]
 trusted_proxies = ["10.0.0.0/8", "127.0.0.1"]
+forwarded_header = "forwarded"
 
 [tiers.pro]
 api_keys = ["k1"]
