@@ -59,10 +59,34 @@ pub(crate) struct Shard<K, S> {
     next_sweep: Micros,
 }
 
+/// At least `shards` shards, as many more as it takes for a full shard's
+/// table to be full too: a `hashbrown` table of 2^k slots holds at most
+/// 7/8 of them before it doubles, so a share of `max_keys` just above that
+/// would leave a full store's tables half empty. A store at its bound, the
+/// memory an operator provisions for, is then dense.
+fn dense_shard_count(max_keys: usize, shards: usize) -> usize {
+    let share = max_keys.div_ceil(shards);
+    if share < 4096 {
+        // Small stores: the memory is not worth more shards.
+        return shards;
+    }
+    // The table a full shard needs, and how full it would be.
+    let buckets = (share * 8).div_ceil(7).next_power_of_two();
+    let holds = buckets / 8 * 7;
+    if share * 4 >= holds * 3 {
+        return shards;
+    }
+    // Under 3/4 full: use shards of the half-size table's capacity.
+    max_keys.div_ceil(holds / 2).max(shards)
+}
+
 impl<K: Hash + Eq, S> Table<K, S> {
     pub(crate) fn new(max_keys: usize, shards: usize, sweep_interval: Micros) -> Self {
         let max_keys = max_keys.max(1);
-        let n = shards.clamp(1, (max_keys / MIN_KEYS_PER_SHARD).max(1));
+        let n = dense_shard_count(
+            max_keys,
+            shards.clamp(1, (max_keys / MIN_KEYS_PER_SHARD).max(1)),
+        );
         let shards = (0..n)
             .map(|i| {
                 let cap = max_keys / n + usize::from(i < max_keys % n);
@@ -160,6 +184,19 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         if alg.idle_at(&state) > now {
             if entries.len() >= self.shard.cap {
                 self.evict_one(alg, now);
+            }
+            // Evictions leave tombstones that use up the table's room; at
+            // the bound, rebuild the table at its size rather than let it
+            // double for a key that fits (once per few dozen evictions).
+            let cap = self.shard.cap;
+            let entries = &mut self.shard.entries;
+            if entries.len() + 1 >= cap && entries.capacity() <= entries.len() {
+                let mut fresh = HashTable::with_capacity(cap);
+                for e in entries.drain() {
+                    let h = hasher.hash_one(&e.0);
+                    fresh.insert_unique(h, e, |e| hasher.hash_one(&e.0));
+                }
+                *entries = fresh;
             }
             self.shard
                 .entries
@@ -274,5 +311,54 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         if let Ok(entry) = entries.find_entry(hash, |e| hasher.hash_one(&e.0) == hash) {
             entry.remove();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_store_fills_its_tables() {
+        // 1M over 64 shards would be 15 625 a shard: just past 7/8 of
+        // 16 384, doubling every table. 70 shards of at most 14 286 fit.
+        assert_eq!(dense_shard_count(1_000_000, 64), 70);
+        assert!(1_000_000usize.div_ceil(70) <= 16_384 * 7 / 8);
+        // Already dense: unchanged.
+        assert_eq!(dense_shard_count(64 * 14_336, 64), 64);
+        assert_eq!(dense_shard_count(100, 1), 1);
+        assert_eq!(dense_shard_count(127, 1), 1);
+        let table: Table<u64, u64> = Table::new(1_000_000, 64, 1);
+        assert_eq!(table.shards.len(), 70);
+    }
+
+    #[test]
+    fn a_store_at_its_bound_stays_dense_through_evictions() {
+        use crate::Quota;
+        use crate::algorithm::TokenBucket;
+        use crate::algorithm::token_bucket::TokenBucketState as Tat;
+        use std::num::NonZeroU32;
+
+        let big = NonZeroU32::new(1_000_000).expect("nonzero");
+        let alg = TokenBucket::new(Quota::per_second(big), big);
+        let table: Table<u64, Tat> = Table::new(300_000, 64, u64::MAX);
+        // A third more keys than the bound: every shard fills, then evicts
+        // (leaving tombstones) for every further key.
+        let mut x = 1u64;
+        for _ in 0..400_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let h = table.hash(&x);
+            table
+                .lock(table.shard_of(h))
+                .check(&alg, &x, h, 10, 1_000)
+                .expect("fits");
+        }
+        let held = table.len();
+        assert!(held <= 300_000 && held > 290_000, "{held}");
+        // 24-byte entries and a control byte, 7/8 full: under 29 bytes a key.
+        let per_key = table.allocation_size() as f64 / held as f64;
+        assert!(per_key < 29.5, "{per_key:.1} bytes a key");
     }
 }
