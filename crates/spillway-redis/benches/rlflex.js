@@ -76,13 +76,17 @@ async function main() {
   // A hard bound on the whole run.
   setTimeout(() => { console.error('timed out'); process.exit(2); }, 300000).unref();
   try {
-    const client = new Redis({ host: '127.0.0.1', port, enableOfflineQueue: true, lazyConnect: true });
+    // Wait for the server to accept connections, then connect once.
     for (let i = 0; ; i++) {
-      try { await client.connect(); break; } catch (e) {
-        if (i > 50) throw e;
-        await new Promise((r) => setTimeout(r, 100));
-      }
+      const up = await new Promise((resolve) => {
+        const c = net.connect(port, '127.0.0.1', () => { c.destroy(); resolve(true); });
+        c.on('error', () => resolve(false));
+      });
+      if (up) break;
+      if (i > 100) throw new Error(`redis-server did not start on ${port}`);
+      await new Promise((r) => setTimeout(r, 100));
     }
+    const client = new Redis({ host: '127.0.0.1', port });
     const limiter = new RateLimiterRedis({
       storeClient: client,
       points: 1000000,
