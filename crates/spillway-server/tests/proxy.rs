@@ -342,6 +342,34 @@ async fn x_forwarded_for_is_appended_to_the_chain_and_not_believed_from_an_untru
 }
 
 #[tokio::test]
+async fn a_trusted_proxy_in_front_keeps_its_forwarded_scheme_and_host() {
+    // A TLS terminator on 127.0.0.1 in front of this proxy.
+    let config = format!(
+        "[clients]\ntrusted_proxies = [\"127.0.0.1\"]\n{}",
+        per_ip(5)
+    );
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config, upstream.url(), ProxyOptions::default()).await;
+    let req = Request::get(proxy.url("/"))
+        .header("x-forwarded-for", "198.51.100.7")
+        .header("x-forwarded-host", "api.example.com")
+        .header("x-forwarded-proto", "https")
+        .body(Full::default())
+        .expect("a request");
+    assert_eq!(send(req).await.0, StatusCode::CREATED);
+    let seen = &upstream.seen()[0];
+    assert_eq!(seen.header("x-forwarded-proto"), Some("https"));
+    assert_eq!(seen.header("x-forwarded-host"), Some("api.example.com"));
+    // Without them, this proxy still says what it saw.
+    let (status, _, _) = get(&proxy.url("/")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let seen = &upstream.seen()[1];
+    assert_eq!(seen.header("x-forwarded-proto"), Some("http"));
+    let own = proxy.addr.to_string();
+    assert_eq!(seen.header("x-forwarded-host"), Some(own.as_str()));
+}
+
+#[tokio::test]
 async fn hop_by_hop_request_headers_are_removed() {
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(GENEROUS, upstream.url(), ProxyOptions::default()).await;

@@ -366,6 +366,11 @@ impl Policy {
         self
     }
 
+    /// How clients are identified (trusted proxies, headers).
+    pub fn client_settings(&self) -> &Clients {
+        &self.clients
+    }
+
     /// The store rules this policy needs, in [`RuleId`] order: for each HTTP
     /// rule, its default quota (named after the rule), then one per tier
     /// (named `rule@tier`), each with its own counters.

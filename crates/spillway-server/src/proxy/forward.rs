@@ -23,6 +23,12 @@ use super::error::{BoxError, ForwardError, InvalidUpstream};
 use super::headers::{self, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 use super::{Connector, HostHeader, ProxyBody};
 
+/// Marks a request whose peer is a trusted proxy (set by the proxy service
+/// from the policy's `trusted_proxies`): its forwarded scheme and host are
+/// kept.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TrustedPeer;
+
 /// Where requests go: the upstream's scheme and authority.
 #[derive(Debug)]
 pub(crate) struct Upstream {
@@ -146,14 +152,20 @@ where
         if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
             headers::append_forwarded_for(&mut parts.headers, peer.ip());
         }
-        // This proxy listens on plain HTTP, so that is what the client used.
-        parts
-            .headers
-            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-        match &asked_host {
-            Some(host) => parts.headers.insert(X_FORWARDED_HOST, host.clone()),
-            None => parts.headers.remove(X_FORWARDED_HOST),
-        };
+        // A trusted proxy in front said what the client used; otherwise this
+        // proxy listens on plain HTTP, so that is what the client used.
+        let trusted = parts.extensions.get::<TrustedPeer>().is_some();
+        if !(trusted && parts.headers.contains_key(&X_FORWARDED_PROTO)) {
+            parts
+                .headers
+                .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        }
+        if !(trusted && parts.headers.contains_key(&X_FORWARDED_HOST)) {
+            match &asked_host {
+                Some(host) => parts.headers.insert(X_FORWARDED_HOST, host.clone()),
+                None => parts.headers.remove(X_FORWARDED_HOST),
+            };
+        }
         let host = match (self.host, asked_host) {
             (HostHeader::Keep, Some(asked)) => asked,
             (HostHeader::Keep, None) | (HostHeader::Upstream, _) => self.upstream.host.clone(),

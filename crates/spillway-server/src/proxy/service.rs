@@ -193,10 +193,28 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
         // The engine is read per request, so a reload applies to the next
         // one; the layer keeps its own store alive for this one.
-        let limited = self.shared.engine().layer.layer(self.forward.clone());
+        let engine = self.shared.engine();
+        // A trusted proxy in front knows the scheme and host the client
+        // used: its X-Forwarded-Proto / -Host are kept.
+        let trusted = req
+            .extensions()
+            .get::<ClientAddr>()
+            .is_some_and(|ClientAddr(peer)| {
+                engine
+                    .layer
+                    .policy()
+                    .client_settings()
+                    .trusted_proxies
+                    .iter()
+                    .any(|net| net.contains(&peer.ip()))
+            });
+        if trusted {
+            req.extensions_mut().insert(super::forward::TrustedPeer);
+        }
+        let limited = engine.layer.layer(self.forward.clone());
         Box::pin(limited.oneshot(req))
     }
 }
