@@ -622,21 +622,34 @@ async fn admin_auth(Extract(state): Extract<State>, req: Request, next: Next) ->
     }
 }
 
-fn unknown_rule(rule: &str) -> Response {
-    problem(StatusCode::NOT_FOUND, format!("No rule named `{rule}`."))
+/// What an admin path names: the engine, the rule (and its index), the key.
+fn admin_target(
+    state: &State,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(std::sync::Arc<Engine>, String, String, usize), Box<Response>> {
+    let (rule, key) = match path {
+        Ok(Path(p)) => p,
+        Err(rejection) => {
+            return Err(Box::new(problem(rejection.status(), rejection.body_text())));
+        }
+    };
+    let engine = state.shared.engine();
+    match rule_index(&engine, &rule) {
+        Some(index) => Ok((engine, rule, key, index)),
+        None => Err(Box::new(problem(
+            StatusCode::NOT_FOUND,
+            format!("No rule named `{rule}`."),
+        ))),
+    }
 }
 
 async fn admin_key(
     Extract(state): Extract<State>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let (rule, key) = match path {
-        Ok(Path(p)) => p,
-        Err(rejection) => return problem(rejection.status(), rejection.body_text()),
-    };
-    let engine = state.shared.engine();
-    let Some(index) = rule_index(&engine, &rule) else {
-        return unknown_rule(&rule);
+    let (engine, rule, key, index) = match admin_target(&state, path) {
+        Ok(target) => target,
+        Err(response) => return *response,
     };
     let mut quotas = Vec::new();
     for (id, tier) in store_rules_of(&engine, index) {
@@ -668,13 +681,9 @@ async fn admin_reset(
     Extract(state): Extract<State>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let (rule, key) = match path {
-        Ok(Path(p)) => p,
-        Err(rejection) => return problem(rejection.status(), rejection.body_text()),
-    };
-    let engine = state.shared.engine();
-    let Some(index) = rule_index(&engine, &rule) else {
-        return unknown_rule(&rule);
+    let (engine, rule, key, index) = match admin_target(&state, path) {
+        Ok(target) => target,
+        Err(response) => return *response,
     };
     let mut reset = Vec::new();
     let mut held = false;

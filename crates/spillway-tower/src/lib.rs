@@ -25,6 +25,7 @@
 //! `service.rs` ([`RateLimit`]), `future.rs`, `error.rs`.
 
 mod clock;
+mod enforce;
 mod error;
 mod future;
 pub mod headers;
@@ -35,6 +36,7 @@ mod rules;
 mod service;
 
 pub use clock::TokioClock;
+pub use enforce::{Enforced, enforce};
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};
 pub use key::{ClientAddr, Clients, ForwardedHeader, KeyPart, Tier, UserId};

@@ -276,60 +276,36 @@ pub(crate) async fn evaluate<St: Store>(
     let action = |p: &Planned| policy.rules[p.index].action;
     let name = |p: &Planned| policy.rules[p.index].name.as_str();
 
-    // A denial by a `reject` rule ends it, charging nothing. A denial only by
-    // shadow/degrade rules lets the request through: the rules that admitted
-    // it must then be charged, so they are asked again without the denying
-    // ones (one more round trip, only when a non-rejecting rule is over its
-    // limit).
-    let mut decisions: Small<Option<Decision>> = smallvec::smallvec![None; planned.len()];
-    let mut active: Small<usize> = (0..planned.len()).collect();
-    let mut denied_softly: Vec<usize> = Vec::new();
-    let mut rejected_by: Option<usize> = None;
-    let mut charged = None;
-    while !active.is_empty() {
-        let checks: Small<Check<'_>> = active
+    let checks: Small<Check<'_>> = planned
+        .iter()
+        .map(|p| Check {
+            rule: p.id,
+            key: &p.key,
+            cost: p.cost,
+        })
+        .collect();
+    let actions: Small<Action> = planned.iter().map(action).collect();
+    let enforced = match crate::enforce::enforce(&shared.store, &checks, &actions).await {
+        Ok(e) => e,
+        Err(e) => return unlimited(store_error(shared, &planned, &e)),
+    };
+    let decisions = enforced.decisions();
+    let rejected_by = enforced.rejected_by();
+    let denied_softly = enforced.denied_softly();
+    // What to give back if a shaped request is abandoned: only needed when
+    // something waits.
+    let charged = enforced.charged().and_then(|(charged, at)| {
+        charged
             .iter()
-            .map(|&p| Check {
-                rule: planned[p].id,
-                key: &planned[p].key,
-                cost: planned[p].cost,
-            })
-            .collect();
-        let verdict = match shared.store.check(&checks).await {
-            Ok(v) => v,
-            Err(e) => return unlimited(store_error(shared, &planned, &e)),
-        };
-        for (&p, d) in active.iter().zip(&verdict.decisions) {
-            decisions[p] = Some(*d);
-        }
-        if verdict.allowed {
-            // What to give back if a shaped request is abandoned: only
-            // needed when something waits.
-            if verdict.decisions.iter().any(|d| !d.delay.is_zero()) {
-                let what = active
+            .any(|&p| decisions[p].is_some_and(|d| !d.delay.is_zero()))
+            .then(|| {
+                let what = charged
                     .iter()
                     .map(|&p| (planned[p].id, planned[p].key.clone(), planned[p].cost))
                     .collect();
-                charged = Some((what, verdict.decided_at));
-            }
-            break;
-        }
-        let denying: Small<usize> = active
-            .iter()
-            .zip(&verdict.decisions)
-            .filter(|(_, d)| !d.allowed)
-            .map(|(&p, _)| p)
-            .collect();
-        if let Some(&p) = denying
-            .iter()
-            .find(|&&p| action(&planned[p]) == Action::Reject)
-        {
-            rejected_by = Some(p);
-            break;
-        }
-        denied_softly.extend(&denying);
-        active.retain(|p| !denying.contains(p));
-    }
+                (what, at)
+            })
+    });
 
     if let Some(observer) = &shared.observer {
         for (p, plan) in planned.iter().enumerate() {
@@ -398,7 +374,7 @@ pub(crate) async fn evaluate<St: Store>(
         None => {
             let mut limited = Vec::new();
             let mut shadowed = Vec::new();
-            for &p in &denied_softly {
+            for &p in denied_softly {
                 if action(&planned[p]) == Action::Shadow {
                     tracing::info!(rule = name(&planned[p]), key = %planned[p].key, "shadow rule would have denied");
                     shadowed.push(name(&planned[p]).to_string());

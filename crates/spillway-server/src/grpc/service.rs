@@ -8,7 +8,7 @@ use spillway::store::{Check, Store, StoreError as _};
 use spillway::{Algorithm as _, Decision, Quota};
 use spillway_tower::headers::{self, ceil_secs};
 use spillway_tower::key::key_from_pairs;
-use spillway_tower::{Action, Outcome, X_SPILLWAY_LIMITED};
+use spillway_tower::{Action, Outcome, X_SPILLWAY_LIMITED, enforce};
 use tonic::{Request, Response, Status};
 
 use super::pb::envoy::config::core::v3::HeaderValue;
@@ -115,52 +115,31 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
         .collect();
     let peek = impossible.contains(&true);
 
-    let mut decisions: Vec<Option<Decision>> = vec![None; planned.len()];
-    let mut active: Vec<usize> = (0..planned.len()).collect();
-    let mut soft_denials: Vec<usize> = Vec::new();
-    while !active.is_empty() {
-        let checks: Vec<Check<'_>> = active
-            .iter()
-            .map(|&i| Check {
-                rule: planned[i].id,
-                key: &keys[planned[i].descriptor],
-                cost: if peek { 0 } else { planned[i].cost },
-            })
-            .collect();
-        let verdict = store.check(&checks).await.map_err(|e| {
-            match e.invalid_request() {
-                Some(invalid) => Status::invalid_argument(invalid.to_string()),
-                // The store's failure policy has already been applied: this
-                // is fail-closed (or no policy could answer), so Envoy's
-                // own failure_mode_deny decides.
-                None => {
-                    tracing::warn!(error = %e, "rate limit store unavailable");
-                    Status::unavailable(e.to_string())
-                }
+    let checks: Vec<Check<'_>> = planned
+        .iter()
+        .map(|p| Check {
+            rule: p.id,
+            key: &keys[p.descriptor],
+            cost: if peek { 0 } else { p.cost },
+        })
+        .collect();
+    let actions: Vec<Action> = planned.iter().map(|p| action(engine, p)).collect();
+    // The middleware's loop: a reject denial charges nothing; shadow and
+    // degrade denials let the request through, charging the others.
+    let enforced = enforce(store, &checks, &actions).await.map_err(|e| {
+        match e.invalid_request() {
+            Some(invalid) => Status::invalid_argument(invalid.to_string()),
+            // The store's failure policy has already been applied: this is
+            // fail-closed (or no policy could answer), so Envoy's own
+            // failure_mode_deny decides.
+            None => {
+                tracing::warn!(error = %e, "rate limit store unavailable");
+                Status::unavailable(e.to_string())
             }
-        })?;
-        for (&i, decision) in active.iter().zip(&verdict.decisions) {
-            decisions[i] = Some(*decision);
         }
-        if verdict.allowed {
-            break;
-        }
-        let denying: Vec<usize> = active
-            .iter()
-            .copied()
-            .filter(|&i| decisions[i].is_some_and(|d| !d.allowed))
-            .collect();
-        if denying
-            .iter()
-            .any(|&i| action(engine, &planned[i]) == Action::Reject)
-        {
-            break;
-        }
-        // Only shadow and degrade rules denied: as in the middleware, they
-        // let the request through, so charge the others without them.
-        active.retain(|i| !denying.contains(i));
-        soft_denials.extend(denying);
-    }
+    })?;
+    let decisions = enforced.decisions();
+    let soft_denials = enforced.denied_softly();
 
     // Report every rule's outcome as the middleware does (metrics).
     if let Some(observer) = engine.layer.observer_ref() {
@@ -189,7 +168,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
         let mine: Vec<usize> = (0..planned.len())
             .filter(|&i| planned[i].descriptor == d)
             .collect();
-        let Some(shown) = most_restrictive(&mine, &decisions, &hard_denied) else {
+        let Some(shown) = most_restrictive(&mine, decisions, &hard_denied) else {
             statuses.push(unlimited());
             continue;
         };
@@ -220,7 +199,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
     // X-RateLimit-* and RateLimit for the most restrictive.
     let all: Vec<usize> = (0..planned.len()).collect();
     let mut response_headers = Vec::new();
-    if let Some(shown) = most_restrictive(&all, &decisions, &hard_denied) {
+    if let Some(shown) = most_restrictive(&all, decisions, &hard_denied) {
         let decided: Vec<(usize, (&str, Decision, Duration))> = all
             .iter()
             .filter_map(|&i| {
@@ -252,7 +231,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
     let mut request_headers = Vec::new();
     if !over {
         let mut limited: Vec<&str> = Vec::new();
-        for &i in &soft_denials {
+        for &i in soft_denials {
             let name = policy.rules()[planned[i].rule].name();
             match action(engine, &planned[i]) {
                 Action::Degrade if !limited.contains(&name) => limited.push(name),
