@@ -2,7 +2,7 @@
 
 use super::fixed_window::FixedWindowState;
 use super::gcra::Tat;
-use super::sliding_log::SlidingLogState;
+use super::sliding_log::{SlidingLogState, SlidingLogUndo};
 use super::sliding_window::SlidingWindowState;
 use super::{Algorithm, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
 use crate::clock::Micros;
@@ -50,6 +50,38 @@ pub enum AnyState {
     /// A sliding window's counts.
     SlidingWindow(SlidingWindowState),
     /// A token or leaky bucket's timestamp.
+    Bucket(Tat),
+}
+
+/// How to take back a charge that [`AnyAlgorithm`] has just made: the
+/// chosen algorithm's own [`Undo`](Algorithm::Undo), or, when the key was
+/// fresh, "fresh again".
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use spillway::algorithm::{Algorithm, AnyAlgorithm, AnyState, SlidingLog};
+/// use spillway::clock::{Clock, FakeClock};
+/// use spillway::Quota;
+///
+/// let any = AnyAlgorithm::from(SlidingLog::new(Quota::new(NonZeroU32::new(2).unwrap(), Duration::from_micros(1_000)).unwrap()));
+/// let clock = FakeClock::new(10_000);
+/// let mut state = AnyState::default();
+/// let (_, undo) = any.check_undoable(&mut state, 2, clock.now()).unwrap();
+/// assert!(!any.check(&mut state.clone(), 1, clock.now()).unwrap().allowed);
+/// any.undo(&mut state, undo.unwrap());
+/// assert_eq!(state, AnyState::Fresh);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnyUndo(Undo);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Undo {
+    /// The key was fresh before the charge.
+    Fresh,
+    FixedWindow(FixedWindowState),
+    SlidingLog(SlidingLogUndo),
+    SlidingWindow(SlidingWindowState),
     Bucket(Tat),
 }
 
@@ -144,6 +176,7 @@ macro_rules! state_of {
 
 impl Algorithm for AnyAlgorithm {
     type State = AnyState;
+    type Undo = AnyUndo;
 
     fn quota(&self) -> Quota {
         match self {
@@ -178,6 +211,59 @@ impl Algorithm for AnyAlgorithm {
             *state = AnyState::Fresh;
         }
         decision
+    }
+
+    fn check_undoable(
+        &self,
+        state: &mut AnyState,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(Decision, Option<AnyUndo>), CostTooLarge> {
+        if matches!(state, AnyState::Fresh) {
+            let decision = self.check(state, cost, now)?;
+            let undo = (decision.allowed && cost > 0).then_some(AnyUndo(Undo::Fresh));
+            return Ok((decision, undo));
+        }
+        let (decision, undo) = match self {
+            Self::FixedWindow(a) => {
+                let (d, u) = a.check_undoable(state_of!(state, FixedWindow), cost, now)?;
+                (d, u.map(Undo::FixedWindow))
+            }
+            Self::SlidingLog(a) => {
+                let (d, u) = a.check_undoable(state_of!(state, SlidingLog), cost, now)?;
+                (d, u.map(Undo::SlidingLog))
+            }
+            Self::SlidingWindow(a) => {
+                let (d, u) = a.check_undoable(state_of!(state, SlidingWindow), cost, now)?;
+                (d, u.map(Undo::SlidingWindow))
+            }
+            Self::TokenBucket(a) => {
+                let (d, u) = a.check_undoable(state_of!(state, Bucket), cost, now)?;
+                (d, u.map(Undo::Bucket))
+            }
+            Self::LeakyBucket(a) => {
+                let (d, u) = a.check_undoable(state_of!(state, Bucket), cost, now)?;
+                (d, u.map(Undo::Bucket))
+            }
+        };
+        Ok((decision, undo.map(AnyUndo)))
+    }
+
+    fn undo(&self, state: &mut AnyState, undo: AnyUndo) {
+        match (self, undo.0) {
+            (_, Undo::Fresh) => *state = AnyState::Fresh,
+            (Self::FixedWindow(a), Undo::FixedWindow(u)) => {
+                a.undo(state_of!(state, FixedWindow), u);
+            }
+            (Self::SlidingLog(a), Undo::SlidingLog(u)) => a.undo(state_of!(state, SlidingLog), u),
+            (Self::SlidingWindow(a), Undo::SlidingWindow(u)) => {
+                a.undo(state_of!(state, SlidingWindow), u);
+            }
+            (Self::TokenBucket(a), Undo::Bucket(u)) => a.undo(state_of!(state, Bucket), u),
+            (Self::LeakyBucket(a), Undo::Bucket(u)) => a.undo(state_of!(state, Bucket), u),
+            // Made by another algorithm: no charge of this one to take back.
+            _ => {}
+        }
     }
 
     fn refund(&self, state: &mut AnyState, cost: u64, charged_at: Micros) {
@@ -226,5 +312,56 @@ impl From<TokenBucket> for AnyAlgorithm {
 impl From<LeakyBucket> for AnyAlgorithm {
     fn from(a: LeakyBucket) -> Self {
         Self::LeakyBucket(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{LeakyMode, assert_undo_restores};
+    use std::time::Duration;
+
+    fn nz(n: u32) -> NonZeroU32 {
+        NonZeroU32::new(n).unwrap()
+    }
+
+    #[test]
+    fn undo_puts_back_the_state_before_the_charge_for_each_algorithm() {
+        let quota = Quota::new(nz(4), Duration::from_micros(1000)).unwrap();
+        let all: [AnyAlgorithm; 6] = [
+            FixedWindow::new(quota).into(),
+            SlidingLog::new(quota).into(),
+            SlidingWindow::new(quota).into(),
+            TokenBucket::new(quota, nz(4)).into(),
+            LeakyBucket::new(quota, nz(4), LeakyMode::Shape).into(),
+            LeakyBucket::new(quota, nz(4), LeakyMode::Police).into(),
+        ];
+        for any in all {
+            // A key never seen is fresh again.
+            let fresh = AnyState::Fresh;
+            assert_eq!(assert_undo_restores(&any, &fresh, 4, 10_300), fresh);
+            let mut s = AnyState::Fresh;
+            any.check(&mut s, 2, 10_300).unwrap();
+            // Now, and on a clock set back.
+            for (cost, now) in [(2, 10_300), (1, 10_100)] {
+                let after = assert_undo_restores(&any, &s, cost, now);
+                assert_eq!(after, s, "{} {cost} at {now}", any.name());
+            }
+        }
+    }
+
+    #[test]
+    fn an_undo_of_another_algorithm_changes_nothing() {
+        let quota = Quota::new(nz(4), Duration::from_micros(1000)).unwrap();
+        let (fw, log) = (
+            AnyAlgorithm::from(FixedWindow::new(quota)),
+            AnyAlgorithm::from(SlidingLog::new(quota)),
+        );
+        let mut s = AnyState::Fresh;
+        fw.check(&mut s, 1, 0).unwrap();
+        let (_, undo) = fw.check_undoable(&mut s, 1, 0).unwrap();
+        let before = s.clone();
+        log.undo(&mut s, undo.unwrap());
+        assert_eq!(s, before);
     }
 }

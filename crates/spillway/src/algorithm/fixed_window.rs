@@ -23,7 +23,7 @@
 //! assert!(fw.check(&mut state, 1, 1_000_000).unwrap().allowed);
 //! ```
 
-use super::{Algorithm, ensure_fits};
+use super::{Algorithm, check_keeping_a_copy, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -61,6 +61,8 @@ impl FixedWindow {
 
 impl Algorithm for FixedWindow {
     type State = FixedWindowState;
+    /// The state before the charge.
+    type Undo = FixedWindowState;
 
     fn quota(&self) -> Quota {
         self.quota
@@ -103,6 +105,19 @@ impl Algorithm for FixedWindow {
                 until_end,
             ))
         }
+    }
+
+    fn check_undoable(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(Decision, Option<Self::Undo>), CostTooLarge> {
+        check_keeping_a_copy(self, state, cost, now)
+    }
+
+    fn undo(&self, state: &mut Self::State, undo: Self::Undo) {
+        *state = undo;
     }
 
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
@@ -181,5 +196,25 @@ mod tests {
         a.refund(&mut s, 2, 10);
         assert_eq!(a.check(&mut s, 0, 10).unwrap().remaining, 2);
         assert_eq!(a.idle_at(&s), 0);
+    }
+
+    #[test]
+    fn undo_puts_back_the_state_before_the_charge() {
+        use crate::algorithm::assert_undo_restores;
+        let a = fw(3, 1000);
+        let fresh = FixedWindowState::default();
+        assert_eq!(assert_undo_restores(&a, &fresh, 3, 1_200), fresh);
+        let mut s = fresh;
+        a.check(&mut s, 1, 1_200).unwrap();
+        // The same window; the next one, which starts a new count; a clock
+        // set back, which charges the stored window (where a refund at that
+        // time would not look).
+        for (cost, now) in [(2, 1_500), (3, 2_000), (1, 900), (2, 0)] {
+            assert_eq!(
+                assert_undo_restores(&a, &s, cost, now),
+                s,
+                "{cost} at {now}"
+            );
+        }
     }
 }

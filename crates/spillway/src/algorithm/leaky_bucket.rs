@@ -36,7 +36,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::gcra::{self, Tat};
-use super::{Algorithm, ensure_fits};
+use super::{Algorithm, check_keeping_a_copy, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -111,6 +111,8 @@ impl LeakyBucket {
 
 impl Algorithm for LeakyBucket {
     type State = LeakyBucketState;
+    /// The state before the charge.
+    type Undo = LeakyBucketState;
 
     fn quota(&self) -> Quota {
         self.quota
@@ -140,6 +142,19 @@ impl Algorithm for LeakyBucket {
             decision.delay = Duration::from_micros(micros);
         }
         Ok(decision)
+    }
+
+    fn check_undoable(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(Decision, Option<Self::Undo>), CostTooLarge> {
+        check_keeping_a_copy(self, state, cost, now)
+    }
+
+    fn undo(&self, state: &mut Self::State, undo: Self::Undo) {
+        *state = undo;
     }
 
     fn refund(&self, state: &mut Self::State, cost: u64, _charged_at: Micros) {
@@ -193,5 +208,27 @@ mod tests {
             .map(|_| lb.check(&mut s, 1, 0).unwrap().delay.as_millis())
             .collect();
         assert_eq!(delays, [0, 0, 0, 100, 200]);
+    }
+
+    #[test]
+    fn undo_puts_back_the_state_before_the_charge() {
+        use crate::algorithm::assert_undo_restores;
+        let quota = Quota::new(nz(3), Duration::from_micros(1000)).unwrap();
+        for lb in [
+            LeakyBucket::shape(quota, nz(5)).with_delay(1),
+            LeakyBucket::police(quota, nz(5)),
+        ] {
+            let fresh = Tat::default();
+            assert_eq!(assert_undo_restores(&lb, &fresh, 5, 10_000), fresh);
+            let mut s = fresh;
+            lb.check(&mut s, 2, 10_000).unwrap();
+            for (cost, now) in [(3, 10_000), (4, 10_500), (5, 20_000), (1, 9_800)] {
+                assert_eq!(
+                    assert_undo_restores(&lb, &s, cost, now),
+                    s,
+                    "{cost} at {now}"
+                );
+            }
+        }
     }
 }

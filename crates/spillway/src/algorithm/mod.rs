@@ -21,7 +21,7 @@ pub mod token_bucket;
 
 use std::fmt;
 
-pub use any::{AnyAlgorithm, AnyState};
+pub use any::{AnyAlgorithm, AnyState, AnyUndo};
 pub use fixed_window::FixedWindow;
 pub use leaky_bucket::{LeakyBucket, LeakyMode};
 pub use sliding_log::SlidingLog;
@@ -41,12 +41,23 @@ use crate::error::CostTooLarge;
 /// - cost 0 never changes anything and is always allowed;
 /// - a cost above [`capacity`](Algorithm::capacity) is [`CostTooLarge`];
 /// - a denial's `retry_after` is exact: at `now + retry_after` the same
-///   request is admitted, one microsecond earlier it is not.
+///   request is admitted, one microsecond earlier it is not;
+/// - [`undo`](Algorithm::undo) with the [`Undo`](Algorithm::Undo) of a
+///   [`check_undoable`](Algorithm::check_undoable) leaves a state that
+///   decides every later request exactly as the state before that check
+///   (less what had expired by then), even on a clock set back.
 pub trait Algorithm: Clone + fmt::Debug + Send + Sync + 'static {
     /// What the algorithm remembers about one key. `Default` is a key never
     /// seen, and any state whose [`idle_at`](Algorithm::idle_at) has passed
     /// behaves exactly like it.
     type State: Default + Clone + fmt::Debug + Send + Sync + 'static;
+
+    /// How to take back one charge that
+    /// [`check_undoable`](Algorithm::check_undoable) has just made, as when
+    /// another rule of the same request denies it. Cheap to make: a copy of
+    /// the state before the charge when the state is a few integers, only
+    /// the charge itself for the sliding log (whose log may be long).
+    type Undo: fmt::Debug;
 
     /// The quota this algorithm enforces.
     fn quota(&self) -> Quota;
@@ -63,9 +74,74 @@ pub trait Algorithm: Clone + fmt::Debug + Send + Sync + 'static {
         now: Micros,
     ) -> Result<Decision, CostTooLarge>;
 
+    /// [`check`](Algorithm::check), and when it charges the state (admits
+    /// a cost above 0), how to [`undo`](Algorithm::undo) that charge. `None`
+    /// when nothing was charged: a denial or a cost of 0 has nothing to take
+    /// back.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::{Algorithm, TokenBucket};
+    /// use spillway::clock::{Clock, FakeClock};
+    /// use spillway::Quota;
+    ///
+    /// let nz = |n| NonZeroU32::new(n).unwrap();
+    /// let clock = FakeClock::new(5_000_000);
+    /// let tb = TokenBucket::new(Quota::per_second(nz(10)), nz(3));
+    /// let mut state = Default::default();
+    /// let (decision, undo) = tb.check_undoable(&mut state, 2, clock.now()).unwrap();
+    /// assert_eq!((decision.allowed, decision.remaining), (true, 1));
+    /// // Another rule denied the request: the tokens go back.
+    /// tb.undo(&mut state, undo.expect("admitted, so charged"));
+    /// assert_eq!(tb.check(&mut state, 0, clock.now()).unwrap().remaining, 3);
+    /// // A denial charges nothing, so there is nothing to undo.
+    /// tb.check(&mut state, 3, clock.now()).unwrap();
+    /// let (denied, undo) = tb.check_undoable(&mut state, 1, clock.now()).unwrap();
+    /// assert!(!denied.allowed);
+    /// assert!(undo.is_none());
+    /// ```
+    fn check_undoable(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(Decision, Option<Self::Undo>), CostTooLarge>;
+
+    /// Takes back the charge that `undo` came from. `state` is the state
+    /// that check charged, with any charge made since already undone (undo
+    /// the newest first). The state then decides every later request as the
+    /// one before the check would have (less what had expired by then), even
+    /// after the clock was set back, when [`refund`](Algorithm::refund) may
+    /// not find the charge. On a fresh state (the key was forgotten in
+    /// between) it leaves a state no more charged than the one before the
+    /// check.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use spillway::algorithm::{Algorithm, FixedWindow};
+    /// use spillway::clock::{Clock, FakeClock};
+    /// use spillway::Quota;
+    ///
+    /// let fw = FixedWindow::new(Quota::new(NonZeroU32::new(2).unwrap(), Duration::from_micros(1_000)).unwrap());
+    /// let clock = FakeClock::new(1_500);
+    /// let mut state = Default::default();
+    /// fw.check(&mut state, 1, clock.now()).unwrap();
+    /// // The clock is set back into the previous window: the charge still
+    /// // counts in the stored window, which a refund at this time would miss.
+    /// clock.set(900);
+    /// let (_, undo) = fw.check_undoable(&mut state, 1, clock.now()).unwrap();
+    /// assert_eq!(fw.check(&mut state.clone(), 0, clock.now()).unwrap().remaining, 0);
+    /// fw.undo(&mut state, undo.unwrap());
+    /// assert_eq!(fw.check(&mut state, 0, clock.now()).unwrap().remaining, 1);
+    /// ```
+    fn undo(&self, state: &mut Self::State, undo: Self::Undo);
+
     /// Gives back a charge of `cost` that was admitted at `charged_at`, as
-    /// when another rule of the same request denied it. Refunding right after
-    /// the charge restores a state equivalent to the one before it.
+    /// when a request admitted earlier will not be served after all.
+    /// Refunding right after the charge, on a clock that has not gone back,
+    /// restores a state equivalent to the one before it; to take back a
+    /// charge just made, [`undo`](Algorithm::undo) is exact in every case.
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros);
 
     /// From this time on the state is the same as a fresh one, so the key can
@@ -91,4 +167,59 @@ fn div_ceil(a: u128, b: u128) -> u128 {
 /// configurations get near the limit.
 fn to_micros(v: u128) -> Micros {
     u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// [`Algorithm::check_undoable`] for the algorithms whose state is a few
+/// integers: the undo is a copy of the state before the check, which puts
+/// it back exactly whatever the clock did.
+fn check_keeping_a_copy<A>(
+    alg: &A,
+    state: &mut A::State,
+    cost: u64,
+    now: Micros,
+) -> Result<(Decision, Option<A::State>), CostTooLarge>
+where
+    A: Algorithm,
+    A::State: Copy,
+{
+    let before = *state;
+    let decision = alg.check(state, cost, now)?;
+    Ok((decision, (decision.allowed && cost > 0).then_some(before)))
+}
+
+/// Charges `cost` at `now` on a copy of `before` and undoes the charge.
+/// The state must then decide every request (every cost, at every time
+/// from `now` until well after `before` is idle) exactly as `before` does.
+/// Earlier than `now` (a clock set back after the undo) it may also decide
+/// as `before` less what had expired at `now`, which a denial at `now`
+/// would have dropped too. Returns the state after the undo.
+#[cfg(test)]
+fn assert_undo_restores<A: Algorithm>(
+    alg: &A,
+    before: &A::State,
+    cost: u64,
+    now: Micros,
+) -> A::State {
+    let mut state = before.clone();
+    let (decision, undo) = alg.check_undoable(&mut state, cost, now).expect("fits");
+    assert!(decision.allowed, "the charge to undo is admitted");
+    alg.undo(&mut state, undo.expect("an admitted charge can be undone"));
+    let mut denied = before.clone();
+    assert!(alg.check(&mut denied, 0, now).expect("a peek fits").allowed);
+    let period = alg.quota().period_micros();
+    let from = now.saturating_sub(2 * period);
+    let to = alg.idle_at(before).max(now) + 2 * period;
+    let step = usize::try_from(((to - from) / 5_000).max(1)).expect("small");
+    for t in (from..=to).step_by(step).chain([now]) {
+        for c in 0..=alg.capacity() {
+            let got = alg.check(&mut state.clone(), c, t);
+            let want = alg.check(&mut before.clone(), c, t);
+            if t < now && got != want {
+                assert_eq!(got, alg.check(&mut denied.clone(), c, t), "cost {c} at {t}");
+            } else {
+                assert_eq!(got, want, "cost {c} at {t}, after undoing {cost} at {now}");
+            }
+        }
+    }
+    state
 }

@@ -72,6 +72,45 @@ impl SlidingLogState {
     }
 }
 
+/// How to take back a charge the sliding log has just made: the charge
+/// itself, since copying a log of up to `limit` entries would cost more than
+/// the check.
+///
+/// An admitted charge always lands in the newest entry: a new one stamped
+/// `now`, or, when the newest entry is stamped `now` or later (the same
+/// microsecond, or a clock set back), that entry. Taking the charge back out
+/// of it, and removing the entry if that empties it, restores the log
+/// exactly.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use spillway::algorithm::{Algorithm, SlidingLog};
+/// use spillway::clock::{Clock, FakeClock};
+/// use spillway::Quota;
+///
+/// let log = SlidingLog::new(Quota::new(NonZeroU32::new(3).unwrap(), Duration::from_micros(1_000)).unwrap());
+/// let clock = FakeClock::new(1_700);
+/// let mut state = Default::default();
+/// log.check(&mut state, 1, clock.now()).unwrap();
+/// clock.set(2_000);
+/// log.check(&mut state, 1, clock.now()).unwrap();
+/// let before = state.clone();
+/// // The clock is set back: the charge joins the entry stamped 2 000 (a
+/// // refund at 1 500 would look for it in the one stamped 1 700).
+/// clock.set(1_500);
+/// let (decision, undo) = log.check_undoable(&mut state, 1, clock.now()).unwrap();
+/// assert_eq!(decision.remaining, 0);
+/// assert_eq!(state.entries.back().unwrap().cost, 2);
+/// log.undo(&mut state, undo.unwrap());
+/// assert_eq!(state, before);
+/// assert_eq!(log.check(&mut state, 0, clock.now()).unwrap().remaining, 1);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingLogUndo {
+    cost: u64,
+}
+
 impl SlidingLog {
     /// At most `quota.limit()` in any window of `quota.period()`.
     pub const fn new(quota: Quota) -> Self {
@@ -108,6 +147,7 @@ impl SlidingLog {
 
 impl Algorithm for SlidingLog {
     type State = SlidingLogState;
+    type Undo = SlidingLogUndo;
 
     fn quota(&self) -> Quota {
         self.quota
@@ -158,6 +198,30 @@ impl Algorithm for SlidingLog {
             self.reset_after(state, now),
             retry_at.saturating_sub(now),
         ))
+    }
+
+    fn check_undoable(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(Decision, Option<Self::Undo>), CostTooLarge> {
+        let decision = self.check(state, cost, now)?;
+        let undo = (decision.allowed && cost > 0).then_some(SlidingLogUndo { cost });
+        Ok((decision, undo))
+    }
+
+    fn undo(&self, state: &mut Self::State, undo: Self::Undo) {
+        // The charge is in the newest entry (see `SlidingLogUndo`). On a
+        // fresh log there is nothing to take it from.
+        if let Some(newest) = state.entries.back_mut() {
+            let taken = undo.cost.min(newest.cost);
+            newest.cost -= taken;
+            state.total -= taken;
+            if newest.cost == 0 {
+                state.entries.pop_back();
+            }
+        }
     }
 
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
@@ -248,5 +312,49 @@ mod tests {
         a.check(&mut s, 1, 0).unwrap();
         a.check(&mut s, 1, 1).unwrap();
         assert_eq!(s.entries.len(), 1);
+    }
+
+    #[test]
+    fn undo_takes_the_charge_out_of_the_newest_entry() {
+        use crate::algorithm::assert_undo_restores;
+        let a = log(4, 1000);
+        let fresh = SlidingLogState::default();
+        assert_eq!(assert_undo_restores(&a, &fresh, 4, 1_200), fresh);
+        let mut s = fresh.clone();
+        a.check(&mut s, 1, 100).unwrap();
+        a.check(&mut s, 1, 600).unwrap();
+        // The newest entry's microsecond (the charge joins it); later (a new
+        // entry); a clock set back to between the entries, and before both
+        // (the charge joins the newest entry, where a refund at that time
+        // would look for it in the entry stamped 100).
+        for (cost, now) in [(1, 600), (2, 900), (1, 300), (2, 50)] {
+            assert_eq!(
+                assert_undo_restores(&a, &s, cost, now),
+                s,
+                "{cost} at {now}"
+            );
+        }
+        // What expired by the charge stays dropped, as after a denial.
+        let kept = SlidingLogState::from_entries([LogEntry { at: 600, cost: 1 }]);
+        assert_eq!(assert_undo_restores(&a, &s, 2, 1_300), kept);
+        assert_eq!(assert_undo_restores(&a, &s, 1, 1_650), fresh);
+    }
+
+    #[test]
+    fn charges_undone_newest_first_restore_the_log() {
+        let a = log(5, 1000);
+        let mut s = SlidingLogState::default();
+        a.check(&mut s, 1, 500).unwrap();
+        let before = s.clone();
+        // Two charges of one request, the second on a clock set back.
+        let (_, first) = a.check_undoable(&mut s, 2, 700).unwrap();
+        let (_, second) = a.check_undoable(&mut s, 1, 650).unwrap();
+        assert_eq!(s.entries.len(), 2);
+        a.undo(&mut s, second.unwrap());
+        a.undo(&mut s, first.unwrap());
+        assert_eq!(s, before);
+        // A denial and a peek charge nothing, so give nothing to undo.
+        assert!(a.check_undoable(&mut s, 5, 700).unwrap().1.is_none());
+        assert!(a.check_undoable(&mut s, 0, 700).unwrap().1.is_none());
     }
 }

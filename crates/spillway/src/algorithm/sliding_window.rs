@@ -24,7 +24,7 @@
 //! assert!(sw.check(&mut state, 3, 1300).unwrap().allowed);
 //! ```
 
-use super::{Algorithm, ensure_fits};
+use super::{Algorithm, check_keeping_a_copy, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -94,6 +94,8 @@ impl SlidingWindow {
 
 impl Algorithm for SlidingWindow {
     type State = SlidingWindowState;
+    /// The state before the charge.
+    type Undo = SlidingWindowState;
 
     fn quota(&self) -> Quota {
         self.quota
@@ -158,6 +160,19 @@ impl Algorithm for SlidingWindow {
             self.reset_after(state, now),
             super::to_micros(retry_at).saturating_sub(now),
         ))
+    }
+
+    fn check_undoable(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(Decision, Option<Self::Undo>), CostTooLarge> {
+        check_keeping_a_copy(self, state, cost, now)
+    }
+
+    fn undo(&self, state: &mut Self::State, undo: Self::Undo) {
+        *state = undo;
     }
 
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
@@ -240,5 +255,26 @@ mod tests {
                 curr: 2
             }
         );
+    }
+
+    #[test]
+    fn undo_puts_back_the_state_before_the_charge() {
+        use crate::algorithm::assert_undo_restores;
+        let a = sw(4, 1000);
+        let fresh = SlidingWindowState::default();
+        assert_eq!(assert_undo_restores(&a, &fresh, 4, 1_200), fresh);
+        let mut s = fresh;
+        a.check(&mut s, 2, 300).unwrap();
+        a.check(&mut s, 1, 1_200).unwrap();
+        // The same window; the next, which rolls the counts; one after a
+        // skipped window, which clears them; a clock set back, which gives
+        // the previous window its full weight.
+        for (cost, now) in [(1, 1_500), (2, 2_100), (4, 5_000), (1, 800)] {
+            assert_eq!(
+                assert_undo_restores(&a, &s, cost, now),
+                s,
+                "{cost} at {now}"
+            );
+        }
     }
 }

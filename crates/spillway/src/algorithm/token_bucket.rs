@@ -27,7 +27,7 @@
 use std::num::NonZeroU32;
 
 use super::gcra::{self, Tat};
-use super::{Algorithm, ensure_fits};
+use super::{Algorithm, check_keeping_a_copy, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -62,6 +62,8 @@ impl TokenBucket {
 
 impl Algorithm for TokenBucket {
     type State = TokenBucketState;
+    /// The state before the charge.
+    type Undo = TokenBucketState;
 
     fn quota(&self) -> Quota {
         self.quota
@@ -80,6 +82,19 @@ impl Algorithm for TokenBucket {
         let capacity = self.capacity();
         ensure_fits(cost, capacity)?;
         Ok(gcra::step(state, self.interval, capacity, cost, now).decision(capacity))
+    }
+
+    fn check_undoable(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(Decision, Option<Self::Undo>), CostTooLarge> {
+        check_keeping_a_copy(self, state, cost, now)
+    }
+
+    fn undo(&self, state: &mut Self::State, undo: Self::Undo) {
+        *state = undo;
     }
 
     fn refund(&self, state: &mut Self::State, cost: u64, _charged_at: Micros) {
@@ -152,5 +167,29 @@ mod tests {
         tb.check(&mut s, 2, 10).unwrap();
         tb.refund(&mut s, 2, 10);
         assert_eq!(tb.check(&mut s, 0, 10).unwrap().remaining, 2);
+    }
+
+    #[test]
+    fn undo_puts_back_the_state_before_the_charge() {
+        use crate::algorithm::assert_undo_restores;
+        // One token every 333.3 µs: the state carries a fraction.
+        let tb = TokenBucket::new(
+            Quota::new(nz(3), Duration::from_micros(1000)).unwrap(),
+            nz(5),
+        );
+        let fresh = Tat::default();
+        assert_eq!(assert_undo_restores(&tb, &fresh, 5, 10_000), fresh);
+        let mut s = fresh;
+        tb.check(&mut s, 2, 10_000).unwrap();
+        // Now, later (partly and fully refilled), and on a clock set back
+        // (where the backlog looks longer and a refund would leave the
+        // bucket fuller than it was).
+        for (cost, now) in [(3, 10_000), (4, 10_500), (5, 20_000), (1, 9_800)] {
+            assert_eq!(
+                assert_undo_restores(&tb, &s, cost, now),
+                s,
+                "{cost} at {now}"
+            );
+        }
     }
 }

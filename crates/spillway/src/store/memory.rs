@@ -161,14 +161,6 @@ impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C> {
     }
 }
 
-/// How a charge of a denied batch is taken back.
-enum Undo {
-    /// Put this state back (`None`: the key was not held).
-    Restore(Option<AnyState>),
-    /// Refund the charge at the batch's time.
-    Refund,
-}
-
 /// Several rules over string keys, in memory: the default [`Store`].
 ///
 /// A request that matches several rules is decided atomically: the shards
@@ -324,56 +316,26 @@ impl<C: Clock> MemoryStore<C> {
         };
 
         let mut decisions = Vec::with_capacity(checks.len());
-        // Each charged key's state just before its check, to put back if the
-        // request is denied. Restoring it (rather than refunding the charge)
-        // is exact whatever the clock did: after a clock set back, a window
-        // algorithm charges its stored window, which a refund at `now`
-        // cannot find.
-        let mut saved = Vec::with_capacity(checks.len());
+        // How to take back each charge, should a later rule deny the
+        // request. Each algorithm undoes its own charge exactly, whatever the
+        // clock did (after a clock set back a refund at `now` may not find
+        // it), and cheaply: no sliding log is copied.
+        let mut charged = Vec::with_capacity(checks.len());
         for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
-            let guard = &mut guards[guard_of(rule, shard)];
-            if check.cost > 0 {
-                // A sliding log can hold `limit` entries: copying it for
-                // every request would cost more than the check. While the
-                // clock has not gone back past its newest entry, the charge
-                // lands in an entry stamped `now`, which a refund finds
-                // exactly; only otherwise is the log copied.
-                let state = guard.get(check.key, hash);
-                let refundable = matches!(
-                    (algorithms[i], state),
-                    (AnyAlgorithm::SlidingLog(_), Some(AnyState::SlidingLog(log)))
-                        if log.entries.back().is_none_or(|newest| newest.at <= now)
-                ) || matches!(
-                    (algorithms[i], state),
-                    (AnyAlgorithm::SlidingLog(_), None | Some(AnyState::Fresh))
-                );
-                let undo = if refundable {
-                    Undo::Refund
-                } else {
-                    Undo::Restore(state.cloned())
-                };
-                saved.push((i, undo));
-            }
-            let decision = guard
-                .check(algorithms[i], check.key, hash, check.cost, now)
+            let (decision, undo) = guards[guard_of(rule, shard)]
+                .check_undoable(algorithms[i], check.key, hash, check.cost, now)
                 .map_err(|source| Error::CostTooLarge { index: i, source })?;
+            charged.extend(undo.map(|undo| (i, undo)));
             decisions.push(decision);
         }
         let allowed = decisions.iter().all(|d| d.allowed);
         if !allowed {
-            // Put every charged key back as it was, newest first (so a key
-            // checked twice ends with its state from before the request),
-            // then report the admitting rules' state as it stands.
-            for (i, undo) in saved.into_iter().rev() {
+            // Take every charge back, newest first (so a key checked twice
+            // ends with its state from before the request), then report the
+            // admitting rules' state as it stands.
+            for (i, undo) in charged.into_iter().rev() {
                 let (check, &(rule, shard, hash)) = (&checks[i], &located[i]);
-                let guard = &mut guards[guard_of(rule, shard)];
-                match undo {
-                    Undo::Restore(state) => guard.restore(check.key, hash, state),
-                    Undo::Refund if decisions[i].allowed => {
-                        guard.refund(algorithms[i], check.key, hash, check.cost, now);
-                    }
-                    Undo::Refund => {}
-                }
+                guards[guard_of(rule, shard)].undo(algorithms[i], check.key, hash, undo, now);
             }
             for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
                 if decisions[i].allowed {

@@ -161,13 +161,58 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + KeyRef<K> + ?Sized,
     {
+        let (decision, ()) = self.check_with(alg, key, hash, cost, now, |state| {
+            alg.check(state, cost, now).map(|d| (d, ()))
+        })?;
+        Ok(decision)
+    }
+
+    /// [`check`](Self::check), also returning how to [`undo`](Self::undo)
+    /// the charge if there was one.
+    pub(crate) fn check_undoable<A, Q>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(Decision, Option<A::Undo>), CostTooLarge>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+    {
+        self.check_with(alg, key, hash, cost, now, |state| {
+            alg.check_undoable(state, cost, now)
+        })
+    }
+
+    /// The lookup, insertion and forgetting around one decision, which
+    /// `decide` makes (a request of `cost` at `now`) on the key's state.
+    /// Always inlined, so that `check`, the hot path, compiles to exactly
+    /// the code it would be written out by hand.
+    #[inline(always)]
+    fn check_with<A, Q, R>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+        decide: impl FnOnce(&mut S) -> Result<(Decision, R), CostTooLarge>,
+    ) -> Result<(Decision, R), CostTooLarge>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+    {
         if now >= self.shard.next_sweep {
             self.sweep(alg, now);
         }
         let hasher = &self.table.hasher;
         let entries = &mut self.shard.entries;
         if let Some(entry) = entries.find_mut(hash, |e| e.0.borrow() == key) {
-            let decision = alg.check(&mut entry.1, cost, now)?;
+            let (decision, out) = decide(&mut entry.1)?;
             // A charged state is never idle; anything else may now be, and
             // then it goes (a second lookup, off the common path).
             let charged = decision.allowed && cost > 0;
@@ -177,10 +222,10 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
             {
                 entry.remove();
             }
-            return Ok(decision);
+            return Ok((decision, out));
         }
         let mut state = S::default();
-        let decision = alg.check(&mut state, cost, now)?;
+        let (decision, out) = decide(&mut state)?;
         if alg.idle_at(&state) > now {
             if entries.len() >= self.shard.cap {
                 self.evict_one(alg, now);
@@ -202,7 +247,40 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
                 .entries
                 .insert_unique(hash, (key.to_key(), state), |e| hasher.hash_one(&e.0));
         }
-        Ok(decision)
+        Ok((decision, out))
+    }
+
+    /// Takes back a charge of `key` that [`check_undoable`](Self::check_undoable)
+    /// made at `now`, in this request, and forgets the key if that leaves
+    /// it idle (as a check that charges nothing does).
+    pub(crate) fn undo<A, Q>(&mut self, alg: &A, key: &Q, hash: u64, undo: A::Undo, now: Micros)
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+    {
+        let hasher = &self.table.hasher;
+        match self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+            Ok(mut entry) => {
+                alg.undo(&mut entry.get_mut().1, undo);
+                if alg.idle_at(&entry.get().1) <= now {
+                    entry.remove();
+                }
+            }
+            // A later check of the same request evicted the key. An undo
+            // that holds the whole state before the charge puts it back, so
+            // the denied request leaves no trace; one that holds only the
+            // charge (a sliding log) leaves the key forgotten.
+            Err(absent) => {
+                let mut state = S::default();
+                alg.undo(&mut state, undo);
+                if alg.idle_at(&state) > now {
+                    absent
+                        .into_table()
+                        .insert_unique(hash, (key.to_key(), state), |e| hasher.hash_one(&e.0));
+                }
+            }
+        }
     }
 
     /// Gives back a charge made at `charged_at`.
@@ -223,43 +301,6 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
             if alg.idle_at(&entry.get().1) <= charged_at {
                 entry.remove();
             }
-        }
-    }
-
-    /// The state held for `key`, if any.
-    pub(crate) fn get<Q>(&self, key: &Q, hash: u64) -> Option<&S>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.shard
-            .entries
-            .find(hash, |e| e.0.borrow() == key)
-            .map(|e| &e.1)
-    }
-
-    /// Puts `key` back as it was before a request that is being undone:
-    /// holding `state`, or not held at all.
-    pub(crate) fn restore<Q>(&mut self, key: &Q, hash: u64, state: Option<S>)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + KeyRef<K> + ?Sized,
-    {
-        let hasher = &self.table.hasher;
-        match (
-            self.shard.entries.find_entry(hash, |e| e.0.borrow() == key),
-            state,
-        ) {
-            (Ok(mut entry), Some(state)) => entry.get_mut().1 = state,
-            (Ok(entry), None) => {
-                entry.remove();
-            }
-            (Err(absent), Some(state)) => {
-                absent
-                    .into_table()
-                    .insert_unique(hash, (key.to_key(), state), |e| hasher.hash_one(&e.0));
-            }
-            (Err(_), None) => {}
         }
     }
 
@@ -360,5 +401,32 @@ mod tests {
         // 24-byte entries and a control byte, 7/8 full: under 29 bytes a key.
         let per_key = table.allocation_size() as f64 / held as f64;
         assert!(per_key < 29.5, "{per_key:.1} bytes a key");
+    }
+
+    #[test]
+    fn undo_puts_back_a_key_evicted_later_in_the_same_request() {
+        use crate::Quota;
+        use crate::algorithm::FixedWindow;
+        use crate::algorithm::fixed_window::FixedWindowState;
+        use std::num::NonZeroU32;
+
+        let alg = FixedWindow::new(Quota::per_second(NonZeroU32::new(5).expect("nonzero")));
+        // One key at most: charging a second evicts the first.
+        let table: Table<u64, FixedWindowState> = Table::new(1, 1, u64::MAX);
+        let (h1, h2) = (table.hash(&1), table.hash(&2));
+        let mut shard = table.lock(0);
+        shard.check(&alg, &1, h1, 2, 0).expect("fits");
+        let (_, first) = shard.check_undoable(&alg, &1, h1, 1, 0).expect("fits");
+        let (_, second) = shard.check_undoable(&alg, &2, h2, 1, 0).expect("fits");
+        assert_eq!(table_len(&shard), 1, "key 1 was evicted for key 2");
+        shard.undo(&alg, &2, h2, second.expect("charged"), 0);
+        shard.undo(&alg, &1, h1, first.expect("charged"), 0);
+        // Key 2 is forgotten again, key 1 is back as it was.
+        assert_eq!(table_len(&shard), 1);
+        assert_eq!(shard.check(&alg, &1, h1, 0, 0).expect("fits").remaining, 3);
+    }
+
+    fn table_len<K, S>(shard: &ShardGuard<'_, K, S>) -> usize {
+        shard.shard.entries.len()
     }
 }
