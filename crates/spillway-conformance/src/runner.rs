@@ -320,7 +320,7 @@ fn compare_decision(
 /// A duration as the vectors write it, or exactly when it is not whole
 /// microseconds.
 fn micros(d: Duration) -> String {
-    if d.subsec_nanos() % 1_000 == 0 {
+    if d.subsec_nanos().is_multiple_of(1_000) {
         d.as_micros().to_string()
     } else {
         format!("{d:?}")

@@ -234,7 +234,7 @@ pub fn fmt_micros(us: Micros) -> String {
         0 => "0".to_owned(),
         _ if us < 1_000 => format!("{us} µs"),
         _ if us < 1_000_000 => trim(us as f64 / 1e3, "ms"),
-        _ if us < 60_000_000 || us % 60_000_000 != 0 => trim(us as f64 / 1e6, "s"),
+        _ if us < 60_000_000 || !us.is_multiple_of(60_000_000) => trim(us as f64 / 1e6, "s"),
         _ => format!("{} min", us / 60_000_000),
     }
 }

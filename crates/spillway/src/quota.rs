@@ -39,7 +39,7 @@ impl Quota {
     /// `limit` per `period`. Fails when the period is zero, longer than
     /// [`MAX_PERIOD`], or not a whole number of microseconds.
     pub fn new(limit: NonZeroU32, period: Duration) -> Result<Self, ConfigError> {
-        if period.subsec_nanos() % 1_000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1_000) {
             return Err(ConfigError::new(
                 "period",
                 "must be a whole number of microseconds",
