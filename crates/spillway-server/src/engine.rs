@@ -84,6 +84,16 @@ impl Store for AnyStore {
         result
     }
 
+    fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, StoreError>> {
+        let StoreImpl::Memory(s) = &self.inner else {
+            return None;
+        };
+        let started = Instant::now();
+        let result = s.check_now(checks).map_err(StoreError::from);
+        self.observe(started, result.as_ref().err());
+        Some(result)
+    }
+
     async fn refund(&self, checks: &[Check<'_>], charged_at: u64) -> Result<(), StoreError> {
         match &self.inner {
             StoreImpl::Memory(s) => s.refund_at(checks, charged_at).map_err(StoreError::from),

@@ -3,11 +3,11 @@
 
 use smallvec::SmallVec;
 use spillway::Decision;
-use spillway::store::{Check, Store};
+use spillway::store::{Check, Store, Verdict};
 
 use crate::rules::Action;
 
-type Small<T> = SmallVec<[T; 4]>;
+type Small<T> = SmallVec<[T; 2]>;
 
 /// How a request's checks came out (see [`enforce`]).
 #[derive(Debug, Clone)]
@@ -48,6 +48,63 @@ impl Enforced {
     }
 }
 
+/// The loop of [`enforce`], one store answer at a time, so that the same
+/// steps serve a store that must be waited for and one that answers at once.
+struct Enforcing<'a, 'k> {
+    checks: &'a [Check<'k>],
+    actions: &'a [Action],
+    out: Enforced,
+    // The checks still to be asked, by index; empty once decided.
+    active: Small<usize>,
+}
+
+impl<'a, 'k> Enforcing<'a, 'k> {
+    fn new(checks: &'a [Check<'k>], actions: &'a [Action]) -> Self {
+        Self {
+            checks,
+            actions,
+            out: Enforced {
+                decisions: smallvec::smallvec![None; checks.len()],
+                rejected_by: None,
+                denied_softly: SmallVec::new(),
+                charged: None,
+            },
+            active: (0..checks.len()).collect(),
+        }
+    }
+
+    /// The checks to ask the store next; `None` once decided.
+    fn ask(&self) -> Option<Small<Check<'k>>> {
+        (!self.active.is_empty()).then(|| self.active.iter().map(|&i| self.checks[i]).collect())
+    }
+
+    /// Takes the store's verdict on what [`ask`](Self::ask) gave.
+    fn answer(&mut self, verdict: &Verdict) {
+        for (&i, d) in self.active.iter().zip(&verdict.decisions) {
+            self.out.decisions[i] = Some(*d);
+        }
+        if verdict.allowed {
+            let charged = std::mem::take(&mut self.active);
+            self.out.charged = Some((charged, verdict.decided_at));
+            return;
+        }
+        let denying: Small<usize> = self
+            .active
+            .iter()
+            .zip(&verdict.decisions)
+            .filter(|(_, d)| !d.allowed)
+            .map(|(&i, _)| i)
+            .collect();
+        if let Some(&i) = denying.iter().find(|&&i| self.actions[i] == Action::Reject) {
+            self.out.rejected_by = Some(i);
+            self.active.clear();
+            return;
+        }
+        self.out.denied_softly.extend_from_slice(&denying);
+        self.active.retain(|i| !denying.contains(i));
+    }
+}
+
 /// Decides on one request: `checks[i]` under a rule whose action is
 /// `actions[i]`. All checks go to the store in one call. A denial by a
 /// `reject` rule ends it, charging nothing. A denial only by `shadow` or
@@ -59,35 +116,28 @@ pub async fn enforce<St: Store>(
     checks: &[Check<'_>],
     actions: &[Action],
 ) -> Result<Enforced, St::Error> {
-    let mut out = Enforced {
-        decisions: smallvec::smallvec![None; checks.len()],
-        rejected_by: None,
-        denied_softly: SmallVec::new(),
-        charged: None,
-    };
-    let mut active: Small<usize> = (0..checks.len()).collect();
-    while !active.is_empty() {
-        let asked: Small<Check<'_>> = active.iter().map(|&i| checks[i]).collect();
+    let mut enforcing = Enforcing::new(checks, actions);
+    while let Some(asked) = enforcing.ask() {
         let verdict = store.check(&asked).await?;
-        for (&i, d) in active.iter().zip(&verdict.decisions) {
-            out.decisions[i] = Some(*d);
-        }
-        if verdict.allowed {
-            out.charged = Some((active, verdict.decided_at));
-            break;
-        }
-        let denying: Small<usize> = active
-            .iter()
-            .zip(&verdict.decisions)
-            .filter(|(_, d)| !d.allowed)
-            .map(|(&i, _)| i)
-            .collect();
-        if let Some(&i) = denying.iter().find(|&&i| actions[i] == Action::Reject) {
-            out.rejected_by = Some(i);
-            break;
-        }
-        out.denied_softly.extend_from_slice(&denying);
-        active.retain(|i| !denying.contains(i));
+        enforcing.answer(&verdict);
     }
-    Ok(out)
+    Ok(enforcing.out)
+}
+
+/// [`enforce`] on a store that answers without waiting
+/// ([`Store::try_check_now`]); `None`, having charged nothing, on a store
+/// that has to be waited for.
+pub fn enforce_now<St: Store>(
+    store: &St,
+    checks: &[Check<'_>],
+    actions: &[Action],
+) -> Option<Result<Enforced, St::Error>> {
+    let mut enforcing = Enforcing::new(checks, actions);
+    while let Some(asked) = enforcing.ask() {
+        match store.try_check_now(&asked)? {
+            Ok(verdict) => enforcing.answer(&verdict),
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    Some(Ok(enforcing.out))
 }

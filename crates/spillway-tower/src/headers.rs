@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sfv::StringRef;
-use spillway::Decision;
+use spillway::{Algorithm, Decision, Quota};
 
 use crate::rules::{HeaderOptions, ResetFormat};
 
@@ -33,6 +33,63 @@ pub(crate) struct Applied<'a> {
     pub decision: Decision,
     // The policy's window in seconds: the time the quota takes to refill.
     pub window_secs: u64,
+    // The values made in advance for the quota that decided, used when the
+    // decision's limit is the one they were made for.
+    pub presented: Option<&'a Presented>,
+}
+
+impl Applied<'_> {
+    fn presented(&self) -> Option<&Presented> {
+        self.presented
+            .filter(|p| p.limit == self.decision.limit && p.window_secs == self.window_secs)
+    }
+}
+
+/// The header values a quota always gives, made once per rule and tier:
+/// the headers are written on every response, and these parts never change
+/// between requests.
+#[derive(Debug, Clone)]
+pub(crate) struct Presented {
+    /// The limit a decision under this quota reports: its capacity.
+    pub limit: u64,
+    /// The time the quota takes to refill from empty, in whole seconds.
+    pub window_secs: u64,
+    /// `X-RateLimit-Limit`.
+    limit_value: HeaderValue,
+    /// The quota's item in `RateLimit-Policy`: `"name";q=100;w=60`.
+    policy_item: String,
+    /// `RateLimit-Policy` when this is the only rule that applied.
+    policy_value: Option<HeaderValue>,
+}
+
+impl Presented {
+    /// The values for `algorithm`'s quota, under the rule whose name is
+    /// `sf_name` (see [`sf_name`]).
+    pub(crate) fn new(sf_name: &str, algorithm: &impl Algorithm) -> Self {
+        let limit = algorithm.capacity();
+        let window_secs = window_secs(&algorithm.quota(), limit);
+        let mut policy_item = String::with_capacity(sf_name.len() + 24);
+        policy_item.push_str(sf_name);
+        push_param(&mut policy_item, "q", limit);
+        push_param(&mut policy_item, "w", window_secs);
+        Self {
+            limit,
+            window_secs,
+            limit_value: HeaderValue::from(limit),
+            policy_value: HeaderValue::try_from(policy_item.as_str()).ok(),
+            policy_item,
+        }
+    }
+}
+
+/// The time `quota` takes to refill `limit` from empty, in whole seconds
+/// rounded up: `limit` x period / the quota's limit, in exact integers.
+pub(crate) fn window_secs(quota: &Quota, limit: u64) -> u64 {
+    let micros =
+        u128::from(quota.period_micros()) * u128::from(limit) / u128::from(quota.limit().get());
+    ceil_secs(Duration::from_micros(
+        u64::try_from(micros).unwrap_or(u64::MAX),
+    ))
 }
 
 /// A rule name as a structured-field String (quotes included), serialized
@@ -63,7 +120,7 @@ fn push_param(out: &mut String, key: &str, value: u64) {
 /// pre-serialized (see [`sf_name`]): this runs on every response, so it
 /// builds each header value in one string.
 pub(crate) fn write(
-    headers: &mut HeaderMap,
+    mut sink: impl FnMut(HeaderName, HeaderValue),
     options: &HeaderOptions,
     applied: &[Applied<'_>],
     restrictive: usize,
@@ -72,10 +129,11 @@ pub(crate) fn write(
         return;
     };
     let d = &main.decision;
-    headers.reserve(5);
+    let made = main.presented();
     if options.legacy {
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
+        let limit = made.map_or_else(|| HeaderValue::from(d.limit), |p| p.limit_value.clone());
+        sink(X_RATELIMIT_LIMIT, limit);
+        sink(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
         let reset = match options.reset {
             ResetFormat::Delta => ceil_secs(d.reset_after),
             ResetFormat::Unix => {
@@ -85,27 +143,39 @@ pub(crate) fn write(
                 ceil_secs(now + d.reset_after)
             }
         };
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        sink(X_RATELIMIT_RESET, HeaderValue::from(reset));
     }
     if options.ietf {
-        let mut policy = String::with_capacity(applied.len() * 32);
-        for (i, a) in applied.iter().enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
+        let single = match (applied, made) {
+            ([_], Some(p)) => p.policy_value.clone(),
+            _ => None,
+        };
+        let policy = single.or_else(|| {
+            let mut policy = String::with_capacity(applied.len() * 32);
+            for (i, a) in applied.iter().enumerate() {
+                if i > 0 {
+                    policy.push_str(", ");
+                }
+                match a.presented() {
+                    Some(p) => policy.push_str(&p.policy_item),
+                    None => {
+                        policy.push_str(a.name);
+                        push_param(&mut policy, "q", a.decision.limit);
+                        push_param(&mut policy, "w", a.window_secs);
+                    }
+                }
             }
-            policy.push_str(a.name);
-            push_param(&mut policy, "q", a.decision.limit);
-            push_param(&mut policy, "w", a.window_secs);
-        }
-        if let Ok(v) = HeaderValue::try_from(policy) {
-            headers.insert(RATELIMIT_POLICY, v);
+            HeaderValue::try_from(policy).ok()
+        });
+        if let Some(v) = policy {
+            sink(RATELIMIT_POLICY, v);
         }
         let mut current = String::with_capacity(main.name.len() + 24);
         current.push_str(main.name);
         push_param(&mut current, "r", d.remaining);
         push_param(&mut current, "t", ceil_secs(d.reset_after));
         if let Ok(v) = HeaderValue::try_from(current) {
-            headers.insert(RATELIMIT, v);
+            sink(RATELIMIT, v);
         }
     }
 }
@@ -118,7 +188,7 @@ pub(crate) fn write(
 ///
 /// ```
 /// use std::time::Duration;
-/// use spillway::Decision;
+/// use spillway::{Algorithm, Decision, Quota};
 /// use spillway_tower::HeaderOptions;
 /// use spillway_tower::headers::{RATELIMIT, X_RATELIMIT_REMAINING, rate_limit_headers};
 ///
@@ -151,9 +221,17 @@ pub fn rate_limit_headers(
             name,
             decision: *decision,
             window_secs: ceil_secs(*window),
+            presented: None,
         })
         .collect();
     let mut map = HeaderMap::new();
-    write(&mut map, options, &applied, restrictive);
+    write(
+        |name, value| {
+            map.insert(name, value);
+        },
+        options,
+        &applied,
+        restrictive,
+    );
     map
 }

@@ -36,7 +36,7 @@ mod rules;
 mod service;
 
 pub use clock::TokioClock;
-pub use enforce::{Enforced, enforce};
+pub use enforce::{Enforced, enforce, enforce_now};
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};
 pub use key::{ClientAddr, Clients, ForwardedHeader, KeyPart, Tier, UserId};

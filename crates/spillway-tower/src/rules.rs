@@ -9,6 +9,7 @@ use http::{HeaderName, Method};
 use spillway::AnyAlgorithm;
 use spillway::store::{Rule, RuleId};
 
+use crate::headers::Presented;
 use crate::key::{self, Client, Clients, KeyPart};
 
 /// A path or host pattern: `*` matches within one segment, `**` across
@@ -38,10 +39,14 @@ impl Glob {
 
     /// Whether `s` matches.
     pub fn matches(&self, s: &str) -> bool {
-        let s = if self.separator == b'.' {
-            s.to_ascii_lowercase()
+        // Hosts compare without case; this runs per request and rule, so
+        // only a host with upper case letters is copied.
+        let lowered;
+        let s = if self.separator == b'.' && s.bytes().any(|b| b.is_ascii_uppercase()) {
+            lowered = s.to_ascii_lowercase();
+            lowered.as_str()
         } else {
-            s.to_string()
+            s
         };
         // `/api/**` also matches `/api` itself.
         if let Some(prefix) = self.pattern.strip_suffix("/**")
@@ -149,8 +154,15 @@ pub struct HttpRule {
     pub(crate) fallback: Vec<KeyPart>,
     pub(crate) algorithm: AnyAlgorithm,
     pub(crate) tiers: Vec<(String, AnyAlgorithm)>,
+    // The header values of each quota: the default's, then each tier's.
+    pub(crate) presented: Vec<Presented>,
+    // The store rule of the default quota; the tiers' follow it. Set by
+    // the policy.
+    pub(crate) first_id: usize,
     pub(crate) cost: Cost,
     pub(crate) action: Action,
+    // False: no request matches the rule by itself (see `by_name_only`).
+    pub(crate) over_http: bool,
 }
 
 impl HttpRule {
@@ -158,18 +170,23 @@ impl HttpRule {
     /// by client IP. Narrow it with the builder methods.
     pub fn new(name: impl Into<String>, algorithm: impl Into<AnyAlgorithm>) -> Self {
         let name = name.into();
+        let sf_name = crate::headers::sf_name(&name);
+        let algorithm = algorithm.into();
         Self {
-            sf_name: crate::headers::sf_name(&name),
+            presented: vec![Presented::new(&sf_name, &algorithm)],
+            first_id: 0,
+            sf_name,
             name,
             methods: Vec::new(),
             path: None,
             host: None,
             key: vec![KeyPart::Ip],
             fallback: vec![KeyPart::Ip],
-            algorithm: algorithm.into(),
+            algorithm,
             tiers: Vec::new(),
             cost: Cost::Fixed(1),
             action: Action::Reject,
+            over_http: true,
         }
     }
 
@@ -207,7 +224,10 @@ impl HttpRule {
 
     /// A different quota for clients of `tier`.
     pub fn tier(mut self, tier: impl Into<String>, algorithm: impl Into<AnyAlgorithm>) -> Self {
-        self.tiers.push((tier.into(), algorithm.into()));
+        let algorithm = algorithm.into();
+        self.presented
+            .push(Presented::new(&self.sf_name, &algorithm));
+        self.tiers.push((tier.into(), algorithm));
         self
     }
 
@@ -223,6 +243,32 @@ impl HttpRule {
         self
     }
 
+    /// Which of the rule's quotas applies to `tier`: 0 for the default
+    /// (also when the rule has no quota for that tier), `i + 1` for
+    /// `tiers[i]`.
+    pub(crate) fn quota_index(&self, tier: Option<&str>) -> usize {
+        tier.and_then(|t| self.tiers.iter().position(|(name, _)| name == t))
+            .map_or(0, |p| p + 1)
+    }
+
+    /// The algorithm of quota `quota_index` (see [`quota_index`](Self::quota_index)).
+    pub(crate) fn algorithm_of(&self, quota_index: usize) -> &AnyAlgorithm {
+        quota_index
+            .checked_sub(1)
+            .and_then(|i| self.tiers.get(i))
+            .map_or(&self.algorithm, |(_, a)| a)
+    }
+
+    /// The rule matches no HTTP request: the middleware never applies it.
+    /// Its counters are still in the policy's store (see
+    /// [`Policy::store_rules`]), for callers that pick rules themselves: a
+    /// decision API asked for the rule by name, an Envoy rate limit service
+    /// mapping descriptors onto rules.
+    pub fn by_name_only(mut self) -> Self {
+        self.over_http = false;
+        self
+    }
+
     /// The rule's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -235,6 +281,9 @@ impl HttpRule {
 
     /// Whether the rule applies to a request with these parts.
     pub(crate) fn matches(&self, parts: &Parts) -> bool {
+        if !self.over_http {
+            return false;
+        }
         if !self.methods.is_empty() && !self.methods.contains(&parts.method) {
             return false;
         }
@@ -336,8 +385,14 @@ pub struct Policy {
 impl Policy {
     /// A policy with these rules and the defaults otherwise.
     pub fn new(rules: impl IntoIterator<Item = HttpRule>) -> Self {
+        let mut rules: Vec<HttpRule> = rules.into_iter().collect();
+        let mut next = 0;
+        for rule in &mut rules {
+            rule.first_id = next;
+            next += 1 + rule.tiers.len();
+        }
         Self {
-            rules: rules.into_iter().collect(),
+            rules,
             ..Self::default()
         }
     }
@@ -389,16 +444,8 @@ impl Policy {
     /// when the rule has no quota for that tier); see
     /// [`store_rules`](Self::store_rules).
     pub fn rule_id(&self, index: usize, tier: Option<&str>) -> RuleId {
-        let before: usize = self.rules[..index].iter().map(|r| 1 + r.tiers.len()).sum();
-        let offset = tier
-            .and_then(|t| {
-                self.rules[index]
-                    .tiers
-                    .iter()
-                    .position(|(name, _)| name == t)
-            })
-            .map_or(0, |p| p + 1);
-        RuleId(before + offset)
+        let rule = &self.rules[index];
+        RuleId(rule.first_id + rule.quota_index(tier))
     }
 
     /// The HTTP rules, in order: a rule's index here is its `index` in

@@ -89,17 +89,30 @@ where
         // The clone takes the place of the service that was made ready.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(handle(self.shared.clone(), inner, req))
+        let (parts, body) = req.into_parts();
+        match evaluate_now(&self.shared, &parts) {
+            Ok(decided) => respond(&self.shared, inner, parts, body, decided),
+            // The store has to be waited for.
+            Err(planned) => {
+                let shared = self.shared.clone();
+                Box::pin(async move {
+                    let decided = evaluate_planned(&shared, planned, false).await;
+                    respond(&shared, inner, parts, body, decided).await
+                })
+            }
+        }
     }
 }
 
 /// A few of something: requests rarely match more than four rules, and
 /// these live for one request, so they stay off the heap.
-type Small<T> = SmallVec<[T; 4]>;
+type Small<T> = SmallVec<[T; 2]>;
 
 /// One rule that applies to a request.
 struct Planned {
     index: usize,
+    // Which of the rule's quotas applies (see `HttpRule::quota_index`).
+    quota: usize,
     id: RuleId,
     key: String,
     cost: u64,
@@ -132,9 +145,11 @@ fn plan(policy: &Policy, client: &Client, parts: &Parts) -> Result<Small<Planned
                 },
             },
         };
+        let quota = rule.quota_index(tier);
         planned.push(Planned {
             index,
-            id: policy.rule_id(index, tier),
+            quota,
+            id: RuleId(rule.first_id + quota),
             key,
             cost,
         });
@@ -211,9 +226,9 @@ pub(crate) struct Evaluated {
     verdict: Verdict,
     // Filled only when details were asked for (the decision API).
     rules: Vec<RuleDecision>,
-    // Each rule that decided: its index in the policy, its decision, its
-    // window in seconds.
-    applied: Small<(usize, Decision, u64)>,
+    // Each rule that decided: its index in the policy and which of its
+    // quotas, its decision, its window in seconds.
+    applied: Small<(usize, usize, Decision, u64)>,
     // Which of `applied` X-RateLimit-* and RateLimit describe.
     restrictive: usize,
     charged: Option<Charged>,
@@ -222,16 +237,29 @@ pub(crate) struct Evaluated {
 impl Evaluated {
     /// Writes the rate-limit headers into `headers`.
     fn write_headers(&self, policy: &Policy, headers: &mut HeaderMap) {
+        headers.reserve(5);
+        self.each_header(policy, |name, value| {
+            headers.insert(name, value);
+        });
+    }
+
+    /// Gives each rate-limit header to `sink`.
+    fn each_header(&self, policy: &Policy, sink: impl FnMut(HeaderName, HeaderValue)) {
+        let options = &policy.headers;
+        if !(options.legacy || options.ietf) || self.applied.is_empty() {
+            return;
+        }
         let applied: Small<Applied<'_>> = self
             .applied
             .iter()
-            .map(|&(index, decision, window_secs)| Applied {
+            .map(|&(index, quota, decision, window_secs)| Applied {
                 name: &policy.rules[index].sf_name,
                 decision,
                 window_secs,
+                presented: policy.rules[index].presented.get(quota),
             })
             .collect();
-        headers::write(headers, &policy.headers, &applied, self.restrictive);
+        headers::write(sink, options, &applied, self.restrictive);
     }
 }
 
@@ -247,6 +275,49 @@ pub(crate) async fn decide<St: Store>(shared: &Shared<St>, parts: &Parts) -> Dec
     }
 }
 
+/// What happens to a request before the store is asked: no rule applies,
+/// or the request is malformed (`Done`); or these rules apply (`Ask`).
+enum Prepared {
+    Done(Verdict),
+    Ask(Small<Planned>),
+}
+
+/// An [`Evaluated`] that asked no store.
+fn without_store(verdict: Verdict) -> Evaluated {
+    Evaluated {
+        verdict,
+        rules: Vec::new(),
+        applied: SmallVec::new(),
+        restrictive: 0,
+        charged: None,
+    }
+}
+
+/// Plans the rules that apply to a request.
+fn prepare(policy: &Policy, parts: &Parts) -> Prepared {
+    let client = Client::of(parts, &policy.clients);
+    match plan(policy, &client, parts) {
+        Err(message) => Prepared::Done(Verdict::BadRequest(message)),
+        Ok(planned) if planned.is_empty() => Prepared::Done(Verdict::Unlimited),
+        Ok(planned) => Prepared::Ask(planned),
+    }
+}
+
+/// The store checks of the planned rules, and each rule's action.
+fn checks_of<'p>(policy: &Policy, planned: &'p [Planned]) -> (Small<Check<'p>>, Small<Action>) {
+    planned
+        .iter()
+        .map(|p| {
+            let check = Check {
+                rule: p.id,
+                key: &p.key,
+                cost: p.cost,
+            };
+            (check, policy.rules[p.index].action)
+        })
+        .unzip()
+}
+
 /// Applies the policy to a request's parts: plans the rules and asks the
 /// store (once, or again without the non-rejecting rules that denied).
 /// Charges the store as the verdict says; serves nothing. `details` also
@@ -257,37 +328,59 @@ pub(crate) async fn evaluate<St: Store>(
     parts: &Parts,
     details: bool,
 ) -> Evaluated {
-    let policy = &shared.policy;
-    let client = Client::of(parts, &policy.clients);
-    let unlimited = |verdict| Evaluated {
-        verdict,
-        rules: Vec::new(),
-        applied: SmallVec::new(),
-        restrictive: 0,
-        charged: None,
-    };
-    let planned = match plan(policy, &client, parts) {
-        Ok(p) => p,
-        Err(message) => return unlimited(Verdict::BadRequest(message)),
-    };
-    if planned.is_empty() {
-        return unlimited(Verdict::Unlimited);
+    match prepare(&shared.policy, parts) {
+        Prepared::Done(verdict) => without_store(verdict),
+        Prepared::Ask(planned) => evaluate_planned(shared, planned, details).await,
     }
+}
+
+/// [`evaluate`] once the rules are planned.
+async fn evaluate_planned<St: Store>(
+    shared: &Shared<St>,
+    planned: Small<Planned>,
+    details: bool,
+) -> Evaluated {
+    let enforced = {
+        let (checks, actions) = checks_of(&shared.policy, &planned);
+        crate::enforce::enforce(&shared.store, &checks, &actions).await
+    };
+    conclude(shared, &planned, enforced, details)
+}
+
+/// [`evaluate`] without waiting, on a store that can answer so
+/// ([`Store::try_check_now`]); otherwise the planned rules, with nothing
+/// asked yet.
+fn evaluate_now<St: Store>(
+    shared: &Shared<St>,
+    parts: &Parts,
+) -> Result<Evaluated, Small<Planned>> {
+    let planned = match prepare(&shared.policy, parts) {
+        Prepared::Done(verdict) => return Ok(without_store(verdict)),
+        Prepared::Ask(planned) => planned,
+    };
+    let enforced = {
+        let (checks, actions) = checks_of(&shared.policy, &planned);
+        crate::enforce::enforce_now(&shared.store, &checks, &actions)
+    };
+    match enforced {
+        Some(enforced) => Ok(conclude(shared, &planned, enforced, false)),
+        None => Err(planned),
+    }
+}
+
+/// The verdict on the planned rules from what the store said.
+fn conclude<St: Store>(
+    shared: &Shared<St>,
+    planned: &[Planned],
+    enforced: Result<crate::Enforced, St::Error>,
+    details: bool,
+) -> Evaluated {
+    let policy = &shared.policy;
     let action = |p: &Planned| policy.rules[p.index].action;
     let name = |p: &Planned| policy.rules[p.index].name.as_str();
-
-    let checks: Small<Check<'_>> = planned
-        .iter()
-        .map(|p| Check {
-            rule: p.id,
-            key: &p.key,
-            cost: p.cost,
-        })
-        .collect();
-    let actions: Small<Action> = planned.iter().map(action).collect();
-    let enforced = match crate::enforce::enforce(&shared.store, &checks, &actions).await {
+    let enforced = match enforced {
         Ok(e) => e,
-        Err(e) => return unlimited(store_error(shared, &planned, &e)),
+        Err(e) => return without_store(store_error(shared, planned, &e)),
     };
     let decisions = enforced.decisions();
     let rejected_by = enforced.rejected_by();
@@ -320,31 +413,29 @@ pub(crate) async fn evaluate<St: Store>(
 
     // Headers describe every rule that decided; X-RateLimit-* and RateLimit
     // the most restrictive: the rejecting rule, else the least remaining.
-    let tier = policy.tier_of(&client);
     let mut rules = Vec::new();
-    let mut applied: Small<(usize, Decision, u64)> = SmallVec::new();
+    let mut applied: Small<(usize, usize, Decision, u64)> = SmallVec::new();
     let mut positions: Small<usize> = SmallVec::new();
     for (p, plan) in planned.iter().enumerate() {
         let Some(decision) = decisions[p] else {
             continue;
         };
         let rule = &policy.rules[plan.index];
-        let used_tier = tier.filter(|t| rule.tiers.iter().any(|(name, _)| name == t));
-        let algorithm = used_tier
-            .and_then(|t| rule.tiers.iter().find(|(name, _)| name == t))
-            .map_or(rule.algorithm, |(_, a)| *a);
-        let quota = spillway::Algorithm::quota(&algorithm);
-        // The time the quota takes to refill from empty: capacity x period /
-        // limit, in exact integers.
-        let window_micros = u128::from(quota.period_micros()) * u128::from(decision.limit)
-            / u128::from(quota.limit().get());
-        let window = Duration::from_micros(u64::try_from(window_micros).unwrap_or(u64::MAX));
-        applied.push((plan.index, decision, headers::ceil_secs(window)));
+        let presented = &rule.presented[plan.quota];
+        // The time the quota takes to refill from empty.
+        let window_secs = if presented.limit == decision.limit {
+            presented.window_secs
+        } else {
+            let algorithm = rule.algorithm_of(plan.quota);
+            headers::window_secs(&spillway::Algorithm::quota(algorithm), decision.limit)
+        };
+        applied.push((plan.index, plan.quota, decision, window_secs));
         positions.push(p);
         if details {
+            let used_tier = plan.quota.checked_sub(1).map(|t| rule.tiers[t].0.clone());
             rules.push(RuleDecision {
                 rule: rule.name.clone(),
-                tier: used_tier.map(str::to_string),
+                tier: used_tier,
                 key: plan.key.clone(),
                 cost: plan.cost,
                 action: rule.action,
@@ -356,7 +447,7 @@ pub(crate) async fn evaluate<St: Store>(
         .and_then(|r| positions.iter().position(|&p| p == r))
         .or_else(|| {
             (0..applied.len()).min_by_key(|&i| {
-                let d = &applied[i].1;
+                let d = &applied[i].2;
                 (d.remaining, d.limit)
             })
         })
@@ -404,69 +495,67 @@ pub(crate) async fn evaluate<St: Store>(
     }
 }
 
-async fn handle<S, St, ReqBody, ResBody>(
-    shared: Arc<Shared<St>>,
+/// Serves a request once its verdict is known: answers at once (a 429, a
+/// 400, a 503), or calls the inner service, after the shaping delay if
+/// there is one, and adds the rate-limit headers to its response.
+fn respond<S, St, ReqBody, ResBody>(
+    shared: &Arc<Shared<St>>,
     mut inner: S,
-    req: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+    mut parts: Parts,
+    body: ReqBody,
+    decided: Evaluated,
+) -> ResponseFuture<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     St: Store + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
 {
-    let (mut parts, body) = req.into_parts();
-    let decided = evaluate(&shared, &parts, false).await;
     let policy = &shared.policy;
-    let grpc = response::is_grpc(&parts.headers);
-    let limited = match &decided.verdict {
+    let answer = |res| -> ResponseFuture<_, S::Error> { Box::pin(std::future::ready(Ok(res))) };
+    let grpc = || response::is_grpc(&parts.headers);
+    let (delay, limited) = match decided.verdict {
         Verdict::Unlimited => {
-            let res = inner.call(Request::from_parts(parts, body)).await?;
-            return Ok(res.map(ResponseBody::inner));
+            let response = inner.call(Request::from_parts(parts, body));
+            return Box::pin(async move { Ok(response.await?.map(ResponseBody::inner)) });
         }
         // gRPC clients get gRPC statuses: INVALID_ARGUMENT, UNAVAILABLE,
         // RESOURCE_EXHAUSTED.
-        Verdict::BadRequest(message) if grpc => return Ok(response::grpc_status(3, message)),
-        Verdict::BadRequest(message) => {
-            return Ok(response::problem(StatusCode::BAD_REQUEST, message));
+        Verdict::BadRequest(ref message) if grpc() => {
+            return answer(response::grpc_status(3, message));
         }
-        Verdict::Unavailable(_) if grpc => {
-            return Ok(response::grpc_status(
+        Verdict::BadRequest(ref message) => {
+            return answer(response::problem(StatusCode::BAD_REQUEST, message));
+        }
+        Verdict::Unavailable(_) if grpc() => {
+            return answer(response::grpc_status(
                 14,
                 "the rate limiter cannot reach its store",
             ));
         }
-        Verdict::Unavailable(_) => return Ok(response::unavailable()),
-        Verdict::Rejected { rule, retry_after } => {
-            let retry = response::retry_secs(*retry_after);
-            let mut res = if grpc {
+        Verdict::Unavailable(_) => return answer(response::unavailable()),
+        Verdict::Rejected {
+            ref rule,
+            retry_after,
+        } => {
+            let retry = response::retry_secs(retry_after);
+            let mut res = if grpc() {
                 let message = format!("rate limit `{rule}` exceeded: retry in {retry} s");
-                response::grpc_status(8, &message)
+                let mut res = response::grpc_status(8, &message);
+                res.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
+                res
             } else {
                 response::too_many_requests(policy.body, rule, retry)
             };
-            if grpc {
-                res.headers_mut()
-                    .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
-            }
             decided.write_headers(policy, res.headers_mut());
-            return Ok(res);
+            return answer(res);
         }
-        Verdict::Admitted { delay, limited, .. } => {
-            // Shaping: hold the request until its turn. If the client goes
-            // away meanwhile, the charges are given back.
-            if !delay.is_zero()
-                && let Some((checks, charged_at)) = decided.charged.clone()
-            {
-                let guard = RefundOnDrop {
-                    shared: shared.clone(),
-                    checks,
-                    charged_at,
-                    armed: true,
-                };
-                tokio::time::sleep(*delay).await;
-                guard.disarm();
-            }
-            limited.clone()
-        }
+        Verdict::Admitted {
+            delay, ref limited, ..
+        } => (delay, limited.clone()),
     };
     // The mark is trusted only as this layer (or one in front of it, through
     // the extension, which a client cannot send) sets it.
@@ -484,15 +573,38 @@ where
         parts.headers.insert(X_SPILLWAY_LIMITED, v.clone());
         parts.extensions.insert(Limited { rules: all_limited });
     }
-    let mut res = inner
-        .call(Request::from_parts(parts, body))
-        .await?
-        .map(ResponseBody::inner);
-    decided.write_headers(policy, res.headers_mut());
-    if let Some(v) = limited_header {
-        res.headers_mut().insert(X_SPILLWAY_LIMITED, v);
+    // The headers are made now, so that the future holds only them.
+    let mut headers: Small<(HeaderName, HeaderValue)> = SmallVec::new();
+    decided.each_header(policy, |name, value| headers.push((name, value)));
+    headers.extend(limited_header.map(|v| (X_SPILLWAY_LIMITED, v)));
+    let finish = move |res: Response<ResBody>| {
+        let mut res = res.map(ResponseBody::inner);
+        let map = res.headers_mut();
+        map.reserve(headers.len());
+        for (name, value) in headers {
+            map.insert(name, value);
+        }
+        res
+    };
+    // Shaping: hold the request until its turn. If the client goes away
+    // meanwhile, the charges are given back.
+    if !delay.is_zero()
+        && let Some((checks, charged_at)) = decided.charged
+    {
+        let guard = RefundOnDrop {
+            shared: shared.clone(),
+            checks,
+            charged_at,
+            armed: true,
+        };
+        return Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            guard.disarm();
+            Ok(finish(inner.call(Request::from_parts(parts, body)).await?))
+        });
     }
-    Ok(res)
+    let response = inner.call(Request::from_parts(parts, body));
+    Box::pin(async move { Ok(finish(response.await?)) })
 }
 
 /// The verdict when the store could not decide: a request that can never be

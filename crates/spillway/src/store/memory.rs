@@ -429,6 +429,10 @@ impl<C: Clock> Store for MemoryStore<C> {
     ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
         std::future::ready(self.refund_at(checks, charged_at))
     }
+
+    fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {
+        Some(self.check_now(checks))
+    }
 }
 
 impl<C: fmt::Debug> fmt::Debug for MemoryStore<C> {
