@@ -1,12 +1,17 @@
 //! The configuration file: TOML, parsed into raw structs that mirror the file,
 //! then converted once into validated types. Every error names the field and
 //! the line.
+//!
+//! `[envoy] descriptors_file` names a second file, in envoyproxy/ratelimit's
+//! YAML format, whose rate limits join the rules ([`descriptors`]).
+
+pub mod descriptors;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
@@ -25,6 +30,10 @@ use toml::Spanned;
 /// A configuration error: where, which field, what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The file the error is in, when it is not the configuration file
+    /// itself: the `[envoy] descriptors_file`. `line` and `field` are then
+    /// that file's.
+    pub file: Option<PathBuf>,
     /// The 1-based line, when known.
     pub line: Option<usize>,
     /// The field's path, like `rules[2].limit`.
@@ -35,6 +44,9 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "{}: ", file.display())?;
+        }
         match self.line {
             Some(line) => write!(f, "line {line}: `{}`: {}", self.field, self.message),
             None => write!(f, "`{}`: {}", self.field, self.message),
@@ -54,10 +66,14 @@ pub struct Config {
     /// The HTTP rules, clients, tiers and headers.
     pub policy: Policy,
     /// The rules' Envoy descriptor keys, by rule index (empty: not reachable
-    /// from Envoy).
+    /// from Envoy by keys; a rule of the descriptor file is reached through
+    /// [`descriptor_tree`](Self::descriptor_tree) instead).
     pub descriptors: Vec<Vec<String>>,
     /// The Envoy rate limit domain this service answers for.
     pub envoy_domain: String,
+    /// The tree of `[envoy] descriptors_file`, if set. Its rate limits are
+    /// the last rules of [`policy`](Self::policy).
+    pub descriptor_tree: Option<descriptors::DescriptorTree>,
 }
 
 /// `[server]`.
@@ -188,7 +204,8 @@ struct RawTier {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawEnvoy {
-    domain: Option<String>,
+    domain: Option<Spanned<String>>,
+    descriptors_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -210,7 +227,7 @@ struct RawRule {
     cost: Option<Spanned<RawCost>>,
     action: Option<Spanned<String>>,
     #[serde(default)]
-    tiers: BTreeMap<Spanned<String>, RawQuotaOverride>,
+    tiers: BTreeMap<Spanned<String>, RawQuota>,
     #[serde(default)]
     descriptors: Vec<String>,
 }
@@ -223,26 +240,47 @@ struct RawMatch {
     host: Option<String>,
 }
 
-/// A rule's quota, from the rule or a tier's override merged over it.
-#[derive(Debug)]
-struct RawQuota {
-    algorithm: Spanned<String>,
-    limit: Spanned<u64>,
-    window: Spanned<String>,
-    burst: Option<Spanned<u64>>,
-    mode: Option<Spanned<String>>,
-    delay: Option<Spanned<u64>>,
-}
-
-#[derive(Debug, Deserialize)]
+/// A quota as written: a rule's own (whose `algorithm`, `limit` and `window`
+/// [`RawRule`] requires) or a tier's override (`[rules.tiers.NAME]`), where
+/// every field is optional and falls back to the rule's ([`RawQuota::over`]).
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawQuotaOverride {
+struct RawQuota {
     algorithm: Option<Spanned<String>>,
     limit: Option<Spanned<u64>>,
     window: Option<Spanned<String>>,
     burst: Option<Spanned<u64>>,
     mode: Option<Spanned<String>>,
     delay: Option<Spanned<u64>>,
+}
+
+impl RawQuota {
+    /// The rule's own quota.
+    fn of(rule: &RawRule) -> Self {
+        Self {
+            algorithm: Some(rule.algorithm.clone()),
+            limit: Some(rule.limit.clone()),
+            window: Some(rule.window.clone()),
+            burst: rule.burst.clone(),
+            mode: rule.mode.clone(),
+            delay: rule.delay.clone(),
+        }
+    }
+
+    /// This quota merged over `base`: each field set here wins.
+    fn over(&self, base: &Self) -> Self {
+        fn pick<T: Clone>(over: &Option<T>, base: &Option<T>) -> Option<T> {
+            over.as_ref().or(base.as_ref()).cloned()
+        }
+        Self {
+            algorithm: pick(&self.algorithm, &base.algorithm),
+            limit: pick(&self.limit, &base.limit),
+            window: pick(&self.window, &base.window),
+            burst: pick(&self.burst, &base.burst),
+            mode: pick(&self.mode, &base.mode),
+            delay: pick(&self.delay, &base.delay),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -269,6 +307,7 @@ impl Lines<'_> {
         message: impl Into<String>,
     ) -> ConfigError {
         ConfigError {
+            file: None,
             line: Some(self.line(at.span().start)),
             field: field.into(),
             message: message.into(),
@@ -303,31 +342,41 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl Config {
-    /// Reads and validates a configuration file.
+    /// Reads and validates a configuration file (and the descriptor file
+    /// it names, relative to its directory).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: None,
             line: None,
             field: path.display().to_string(),
             message: format!("cannot read: {e}"),
         })?;
-        Self::parse(&text)
+        Self::parse_in(&text, path.parent().unwrap_or(Path::new("")))
     }
 
-    /// Parses and validates a configuration.
+    /// Parses and validates a configuration; a relative `descriptors_file`
+    /// is relative to the working directory.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        Self::parse_in(text, Path::new(""))
+    }
+
+    /// Parses and validates a configuration whose relative paths (the
+    /// `descriptors_file`) are relative to `dir`.
+    pub fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| Lines(text).line(s.start));
             ConfigError {
+                file: None,
                 line,
                 field: "(file)".into(),
                 message: e.message().to_string(),
             }
         })?;
-        convert(raw, &Lines(text))
+        convert(raw, &Lines(text), dir)
     }
 }
 
-fn convert(raw: RawConfig, lines: &Lines<'_>) -> Result<Config, ConfigError> {
+fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, ConfigError> {
     let addr = |v: &Spanned<String>, field: &str| {
         v.get_ref().parse::<SocketAddr>().map_err(|_| {
             lines.err(
@@ -457,14 +506,7 @@ fn convert(raw: RawConfig, lines: &Lines<'_>) -> Result<Config, ConfigError> {
                 format!("`{name}` is used by another rule"),
             ));
         }
-        let quota = RawQuota {
-            algorithm: r.algorithm.clone(),
-            limit: r.limit.clone(),
-            window: r.window.clone(),
-            burst: r.burst.clone(),
-            mode: r.mode.clone(),
-            delay: r.delay.clone(),
-        };
+        let quota = RawQuota::of(r);
         let algorithm = algorithm_of(&quota, lines, &field)?;
         let mut rule = HttpRule::new(name, algorithm);
         if let Some(methods) = &r.matcher.methods {
@@ -548,17 +590,7 @@ fn convert(raw: RawConfig, lines: &Lines<'_>) -> Result<Config, ConfigError> {
                     ),
                 ));
             }
-            let merged = RawQuota {
-                algorithm: over
-                    .algorithm
-                    .clone()
-                    .unwrap_or_else(|| quota.algorithm.clone()),
-                limit: over.limit.clone().unwrap_or_else(|| quota.limit.clone()),
-                window: over.window.clone().unwrap_or_else(|| quota.window.clone()),
-                burst: over.burst.clone().or_else(|| quota.burst.clone()),
-                mode: over.mode.clone().or_else(|| quota.mode.clone()),
-                delay: over.delay.clone().or_else(|| quota.delay.clone()),
-            };
+            let merged = over.over(&quota);
             let tier_field = |f: &str| format!("rules[{i}].tiers.{}.{f}", tier.get_ref());
             rule = rule.tier(
                 tier.get_ref().clone(),
@@ -568,6 +600,33 @@ fn convert(raw: RawConfig, lines: &Lines<'_>) -> Result<Config, ConfigError> {
         descriptors.push(r.descriptors.clone());
         rules.push(rule);
     }
+
+    let envoy_domain = raw.envoy.domain.as_ref().map(|d| d.get_ref().clone());
+    let (envoy_domain, descriptor_tree) = match &raw.envoy.descriptors_file {
+        None => (envoy_domain, None),
+        Some(path) => {
+            let file = descriptor_file(path, dir, raw.envoy.domain.as_ref(), &raw.rules, lines)?;
+            for r in &file.rules {
+                let quota = Quota::new(r.limit.requests_per_unit, r.limit.unit.duration())
+                    .map_err(|e| file_error(&file.path, r, e.to_string()))?;
+                let action = if r.shadow {
+                    Action::Shadow
+                } else {
+                    Action::Reject
+                };
+                // For Envoy's descriptors only, as in envoyproxy/ratelimit:
+                // never applied to HTTP requests (the middleware, the proxy,
+                // `POST /v1/check` with a request description).
+                rules.push(
+                    HttpRule::new(r.name.clone(), FixedWindow::new(quota))
+                        .action(action)
+                        .by_name_only(),
+                );
+                descriptors.push(Vec::new());
+            }
+            (Some(file.domain), Some(file.tree))
+        }
+    };
 
     let mut policy = Policy::new(rules)
         .clients(clients)
@@ -583,8 +642,89 @@ fn convert(raw: RawConfig, lines: &Lines<'_>) -> Result<Config, ConfigError> {
         store,
         policy,
         descriptors,
-        envoy_domain: raw.envoy.domain.unwrap_or_else(|| "spillway".to_string()),
+        envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
+        descriptor_tree,
     })
+}
+
+/// Reads and converts `[envoy] descriptors_file` (named by `path`, relative
+/// to `dir`), whose rules will follow the TOML file's `rules`, and checks it
+/// against the TOML file: the same domain as `domain` if set, no rule name
+/// twice.
+fn descriptor_file(
+    path: &Spanned<String>,
+    dir: &Path,
+    domain: Option<&Spanned<String>>,
+    rules: &[Spanned<RawRule>],
+    lines: &Lines<'_>,
+) -> Result<descriptors::DescriptorFile, ConfigError> {
+    let resolved = descriptors::resolve(path.get_ref(), dir);
+    let text = std::fs::read_to_string(&resolved).map_err(|e| {
+        lines.err(
+            path,
+            "envoy.descriptors_file",
+            format!("cannot read `{}`: {e}", resolved.display()),
+        )
+    })?;
+    let file = descriptors::DescriptorFile::parse(&text, &resolved, rules.len())?;
+    if let Some(domain) = domain
+        && *domain.get_ref() != file.domain
+    {
+        return Err(lines.err(
+            domain,
+            "envoy.domain",
+            format!(
+                "`{}` is not the domain of `{}` (`{}`{}): set the same, or leave this one out",
+                domain.get_ref(),
+                resolved.display(),
+                file.domain,
+                file.domain_line
+                    .map(|l| format!(", line {l}"))
+                    .unwrap_or_default(),
+            ),
+        ));
+    }
+    // Every store rule of the TOML file by name: the rules, and their tiers'
+    // quotas (`rule@tier`).
+    let mut taken = std::collections::HashMap::new();
+    for (i, spanned) in rules.iter().enumerate() {
+        let r = spanned.get_ref();
+        let name = r.name.get_ref().trim();
+        let line = lines.line(r.name.span().start);
+        taken.insert(name.to_string(), (format!("rules[{i}]"), line));
+        for tier in r.tiers.keys() {
+            taken.insert(
+                format!("{name}@{}", tier.get_ref()),
+                (
+                    format!("rules[{i}].tiers.{}", tier.get_ref()),
+                    lines.line(tier.span().start),
+                ),
+            );
+        }
+    }
+    for r in &file.rules {
+        if let Some((field, line)) = taken.get(&r.name) {
+            return Err(file_error(
+                &file.path,
+                r,
+                format!(
+                    "`{}` is also the name of `{field}` (line {line} of the configuration file): rule names must be unique",
+                    r.name
+                ),
+            ));
+        }
+    }
+    Ok(file)
+}
+
+/// An error about rule `rule` of the descriptor file `path`.
+fn file_error(path: &Path, rule: &descriptors::FileRule, message: String) -> ConfigError {
+    ConfigError {
+        file: Some(path.to_path_buf()),
+        line: rule.line,
+        field: rule.field.clone(),
+        message,
+    }
 }
 
 fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, ConfigError> {
@@ -662,14 +802,33 @@ fn algorithm_of(
     lines: &Lines<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<AnyAlgorithm, ConfigError> {
-    let limit = u32::try_from(*q.limit.get_ref())
+    // Always set: `RawRule` requires them, and a tier's quota falls back to
+    // its rule's.
+    fn required<T>(v: &Option<Spanned<T>>, field: String) -> Result<&Spanned<T>, ConfigError> {
+        v.as_ref().ok_or(ConfigError {
+            file: None,
+            line: None,
+            field,
+            message: "is required".into(),
+        })
+    }
+    let algorithm = required(&q.algorithm, field("algorithm"))?;
+    let limit_field = required(&q.limit, field("limit"))?;
+    let window_field = required(&q.window, field("window"))?;
+    let limit = u32::try_from(*limit_field.get_ref())
         .ok()
         .and_then(NonZeroU32::new)
-        .ok_or_else(|| lines.err(&q.limit, field("limit"), "must be between 1 and 4294967295"))?;
-    let window =
-        parse_duration(q.window.get_ref()).map_err(|m| lines.err(&q.window, field("window"), m))?;
+        .ok_or_else(|| {
+            lines.err(
+                limit_field,
+                field("limit"),
+                "must be between 1 and 4294967295",
+            )
+        })?;
+    let window = parse_duration(window_field.get_ref())
+        .map_err(|m| lines.err(window_field, field("window"), m))?;
     let quota = Quota::new(limit, window)
-        .map_err(|e| lines.err(&q.window, field("window"), e.to_string()))?;
+        .map_err(|e| lines.err(window_field, field("window"), e.to_string()))?;
     let count = |v: &Option<Spanned<u64>>,
                  name: &str,
                  default: NonZeroU32|
@@ -682,7 +841,7 @@ fn algorithm_of(
                 .ok_or_else(|| lines.err(v, field(name), "must be between 1 and 4294967295")),
         }
     };
-    let name = q.algorithm.get_ref().as_str();
+    let name = algorithm.get_ref().as_str();
     let not_for = |v: &Option<Spanned<u64>>, f: &str| match v {
         Some(v) => Err(lines.err(v, field(f), format!("does not apply to {name}"))),
         None => Ok(()),
@@ -734,7 +893,7 @@ fn algorithm_of(
         }
         other => {
             return Err(lines.err(
-                &q.algorithm,
+                algorithm,
                 field("algorithm"),
                 format!("`{other}`: expected fixed_window, sliding_log, sliding_window, token_bucket or leaky_bucket"),
             ));

@@ -1,4 +1,5 @@
-//! `ShouldRateLimit`: Envoy's descriptors mapped onto the configured rules,
+//! `ShouldRateLimit`: Envoy's descriptors mapped onto the configured rules
+//! (by their `descriptors` keys, and through the descriptor file's tree),
 //! decided in one store call.
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use super::rls::rate_limit_response::rate_limit::Unit;
 use super::rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 use super::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use super::rls::{RateLimitRequest, RateLimitResponse};
+use crate::config::descriptors::{self, DescriptorTree, Reached, UnitLimit};
 use crate::engine::{Engine, Shared};
 
 /// The Envoy rate limit service: answers `ShouldRateLimit` with the current
@@ -91,18 +93,46 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
     // Envoy: an unset (0) request-level addend means 1; a descriptor-level
     // one, when present, wins, and may be 0 to only look.
     let request_cost = u64::from(request.hits_addend.max(1));
+    let tree = config.descriptor_tree.as_ref();
     let mut keys = Vec::with_capacity(request.descriptors.len());
     let mut planned = Vec::new();
+    // The descriptors the file's tree says are `unlimited`.
+    let mut unlimited_in_file = vec![false; request.descriptors.len()];
     for (d, descriptor) in request.descriptors.iter().enumerate() {
         keys.push(key_of(descriptor));
+        if descriptor.limit.is_some() {
+            tracing::debug!(
+                "a descriptor's limit override is not supported: the configured limits apply"
+            );
+        }
         let cost = descriptor.hits_addend.unwrap_or(request_cost);
-        for rule in rules_for(&config.descriptors, descriptor) {
+        let reached = match tree.map(|t| reached(t, descriptor)) {
+            Some(Reached::Rule(rule)) => Some(rule),
+            Some(Reached::Unlimited) => {
+                unlimited_in_file[d] = true;
+                None
+            }
+            Some(Reached::Nothing) | None => None,
+        };
+        for rule in rules_for(&config.descriptors, descriptor).chain(reached) {
             planned.push(Planned {
                 descriptor: d,
                 rule,
                 id: policy.rule_id(rule, None),
                 cost,
             });
+        }
+    }
+    // As in envoyproxy/ratelimit: a rate limit of the file with `replaces`
+    // takes the place of those it names when one request reaches both.
+    if let Some(tree) = tree {
+        let replaced: Vec<usize> = planned
+            .iter()
+            .flat_map(|p| tree.replaced_by(p.rule))
+            .copied()
+            .collect();
+        if !replaced.is_empty() {
+            planned.retain(|p| !replaced.contains(&p.rule));
         }
     }
 
@@ -164,15 +194,25 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
                 && action(engine, &planned[i]) == Action::Reject)
     };
     let mut statuses = Vec::with_capacity(request.descriptors.len());
-    for d in 0..request.descriptors.len() {
+    for (d, &file_says_unlimited) in unlimited_in_file.iter().enumerate() {
         let mine: Vec<usize> = (0..planned.len())
             .filter(|&i| planned[i].descriptor == d)
             .collect();
         let Some(shown) = most_restrictive(&mine, decisions, &hard_denied) else {
-            statuses.push(unlimited());
+            statuses.push(if file_says_unlimited {
+                // As envoyproxy/ratelimit answers for an unlimited one.
+                DescriptorStatus {
+                    limit_remaining: u32::MAX,
+                    ..unlimited()
+                }
+            } else {
+                unlimited()
+            });
             continue;
         };
         let decision = decisions[shown].expect("decided");
+        let rule = planned[shown].rule;
+        let name = policy.rules()[rule].name();
         let quota = store.rules()[planned[shown].id.0].algorithm().quota();
         statuses.push(DescriptorStatus {
             code: if mine.iter().any(|&i| hard_denied(i)) {
@@ -181,10 +221,11 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
                 Code::Ok
             }
             .into(),
-            current_limit: Some(current_limit(
-                policy.rules()[planned[shown].rule].name(),
-                quota,
-            )),
+            current_limit: Some(
+                tree.and_then(|t| t.limit_of(rule))
+                    .and_then(|limit| as_configured(name, limit))
+                    .unwrap_or_else(|| current_limit(name, quota)),
+            ),
             limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
             duration_until_reset: Some(
                 prost_types::Duration::try_from(decision.reset_after).unwrap_or_default(),
@@ -290,6 +331,35 @@ fn rules_for<'a>(
                 .zip(&descriptor.entries)
                 .all(|(k, e)| *k == e.key);
         matches.then_some(i)
+    })
+}
+
+/// Where a descriptor's entries lead in the descriptor file's tree.
+fn reached(tree: &DescriptorTree, descriptor: &RateLimitDescriptor) -> Reached {
+    tree.find(
+        descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str())),
+    )
+}
+
+/// A rate limit of the descriptor file as it is written there, if the
+/// version of Envoy's API this service speaks has its unit (it has no week).
+fn as_configured(name: &str, limit: UnitLimit) -> Option<RateLimit> {
+    let unit = match limit.unit {
+        descriptors::Unit::Second => Unit::Second,
+        descriptors::Unit::Minute => Unit::Minute,
+        descriptors::Unit::Hour => Unit::Hour,
+        descriptors::Unit::Day => Unit::Day,
+        descriptors::Unit::Month => Unit::Month,
+        descriptors::Unit::Year => Unit::Year,
+        descriptors::Unit::Week => return None,
+    };
+    Some(RateLimit {
+        name: name.to_string(),
+        requests_per_unit: limit.requests_per_unit.get(),
+        unit: unit.into(),
     })
 }
 
