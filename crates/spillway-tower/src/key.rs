@@ -312,9 +312,8 @@ pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Opti
             KeyPart::ApiKey => push_pair(&mut out, "api_key", client.api_key.as_deref()?),
             KeyPart::User => push_pair(&mut out, "user", client.user.as_deref()?),
             KeyPart::Ip => {
-                let ip = client.ip?;
-                // An address's text has no separator to escape.
-                let _ = write!(out, "ip={ip}");
+                out.push_str("ip=");
+                push_ip(&mut out, client.ip?);
             }
             KeyPart::Route => {
                 out.push_str("route=");
@@ -333,6 +332,26 @@ pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Opti
         }
     }
     Some(bounded(out))
+}
+
+/// Writes an address as its standard text, which has no separator to
+/// escape. An IPv4 address (the common case, on every request) is written
+/// digit by digit rather than through `fmt`, which costs several times more.
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                out.push_str(digits.format(octet));
+            }
+        }
+        IpAddr::V6(_) => {
+            let _ = write!(out, "{ip}");
+        }
+    }
 }
 
 fn push_pair(out: &mut String, name: &str, value: &str) {
@@ -400,6 +419,30 @@ mod tests {
     use super::*;
 
     use http::Request;
+
+    #[test]
+    fn addresses_are_written_as_their_standard_text() {
+        let mut ips: Vec<IpAddr> = ["::1", "2001:db8::8a2e:370:7334", "::ffff:10.0.0.1"]
+            .iter()
+            .map(|s| s.parse().expect("an address"))
+            .collect();
+        // Every octet value in every position, and the extremes.
+        for octet in 0..=255u8 {
+            ips.push(IpAddr::from([
+                octet,
+                255 - octet,
+                octet / 2,
+                octet.wrapping_mul(7),
+            ]));
+        }
+        ips.push(IpAddr::from([0, 0, 0, 0]));
+        ips.push(IpAddr::from([255, 255, 255, 255]));
+        for ip in ips {
+            let mut out = String::new();
+            push_ip(&mut out, ip);
+            assert_eq!(out, ip.to_string());
+        }
+    }
 
     fn req(peer: &str, headers: &[(&str, &str)]) -> Parts {
         let mut b = Request::builder().uri("/x");
