@@ -120,7 +120,7 @@ fn push_param(out: &mut String, key: &str, value: u64) {
 /// pre-serialized (see [`sf_name`]): this runs on every response, so it
 /// builds each header value in one string.
 pub(crate) fn write(
-    mut sink: impl FnMut(HeaderName, HeaderValue),
+    headers: &mut HeaderMap,
     options: &HeaderOptions,
     applied: &[Applied<'_>],
     restrictive: usize,
@@ -130,10 +130,11 @@ pub(crate) fn write(
     };
     let d = &main.decision;
     let made = main.presented();
+    headers.reserve(5);
     if options.legacy {
         let limit = made.map_or_else(|| HeaderValue::from(d.limit), |p| p.limit_value.clone());
-        sink(X_RATELIMIT_LIMIT, limit);
-        sink(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
+        headers.insert(X_RATELIMIT_LIMIT, limit);
+        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
         let reset = match options.reset {
             ResetFormat::Delta => ceil_secs(d.reset_after),
             ResetFormat::Unix => {
@@ -143,7 +144,7 @@ pub(crate) fn write(
                 ceil_secs(now + d.reset_after)
             }
         };
-        sink(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
     }
     if options.ietf {
         let single = match (applied, made) {
@@ -168,14 +169,14 @@ pub(crate) fn write(
             HeaderValue::try_from(policy).ok()
         });
         if let Some(v) = policy {
-            sink(RATELIMIT_POLICY, v);
+            headers.insert(RATELIMIT_POLICY, v);
         }
         let mut current = String::with_capacity(main.name.len() + 24);
         current.push_str(main.name);
         push_param(&mut current, "r", d.remaining);
         push_param(&mut current, "t", ceil_secs(d.reset_after));
         if let Ok(v) = HeaderValue::try_from(current) {
-            sink(RATELIMIT, v);
+            headers.insert(RATELIMIT, v);
         }
     }
 }
@@ -225,13 +226,6 @@ pub fn rate_limit_headers(
         })
         .collect();
     let mut map = HeaderMap::new();
-    write(
-        |name, value| {
-            map.insert(name, value);
-        },
-        options,
-        &applied,
-        restrictive,
-    );
+    write(&mut map, options, &applied, restrictive);
     map
 }

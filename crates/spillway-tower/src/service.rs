@@ -226,25 +226,25 @@ pub(crate) struct Evaluated {
     verdict: Verdict,
     // Filled only when details were asked for (the decision API).
     rules: Vec<RuleDecision>,
+    described: Described,
+    charged: Option<Charged>,
+}
+
+/// What a response's rate-limit headers say: kept this small so that the
+/// response future can carry it and write the headers straight into the
+/// response.
+#[derive(Default)]
+struct Described {
     // Each rule that decided: its index in the policy and which of its
     // quotas, its decision, its window in seconds.
     applied: Small<(usize, usize, Decision, u64)>,
     // Which of `applied` X-RateLimit-* and RateLimit describe.
     restrictive: usize,
-    charged: Option<Charged>,
 }
 
-impl Evaluated {
+impl Described {
     /// Writes the rate-limit headers into `headers`.
-    fn write_headers(&self, policy: &Policy, headers: &mut HeaderMap) {
-        headers.reserve(5);
-        self.each_header(policy, |name, value| {
-            headers.insert(name, value);
-        });
-    }
-
-    /// Gives each rate-limit header to `sink`.
-    fn each_header(&self, policy: &Policy, sink: impl FnMut(HeaderName, HeaderValue)) {
+    fn write(&self, policy: &Policy, headers: &mut HeaderMap) {
         let options = &policy.headers;
         if !(options.legacy || options.ietf) || self.applied.is_empty() {
             return;
@@ -259,7 +259,7 @@ impl Evaluated {
                 presented: policy.rules[index].presented.get(quota),
             })
             .collect();
-        headers::write(sink, options, &applied, self.restrictive);
+        headers::write(headers, options, &applied, self.restrictive);
     }
 }
 
@@ -267,7 +267,7 @@ impl Evaluated {
 pub(crate) async fn decide<St: Store>(shared: &Shared<St>, parts: &Parts) -> Decided {
     let evaluated = evaluate(shared, parts, true).await;
     let mut headers = HeaderMap::new();
-    evaluated.write_headers(&shared.policy, &mut headers);
+    evaluated.described.write(&shared.policy, &mut headers);
     Decided {
         verdict: evaluated.verdict,
         rules: evaluated.rules,
@@ -287,8 +287,7 @@ fn without_store(verdict: Verdict) -> Evaluated {
     Evaluated {
         verdict,
         rules: Vec::new(),
-        applied: SmallVec::new(),
-        restrictive: 0,
+        described: Described::default(),
         charged: None,
     }
 }
@@ -489,8 +488,10 @@ fn conclude<St: Store>(
     Evaluated {
         verdict,
         rules,
-        applied,
-        restrictive,
+        described: Described {
+            applied,
+            restrictive,
+        },
         charged,
     }
 }
@@ -550,7 +551,7 @@ where
             } else {
                 response::too_many_requests(policy.body, rule, retry)
             };
-            decided.write_headers(policy, res.headers_mut());
+            decided.described.write(policy, res.headers_mut());
             return answer(res);
         }
         Verdict::Admitted {
@@ -573,16 +574,14 @@ where
         parts.headers.insert(X_SPILLWAY_LIMITED, v.clone());
         parts.extensions.insert(Limited { rules: all_limited });
     }
-    // The headers are made now, so that the future holds only them.
-    let mut headers: Small<(HeaderName, HeaderValue)> = SmallVec::new();
-    decided.each_header(policy, |name, value| headers.push((name, value)));
-    headers.extend(limited_header.map(|v| (X_SPILLWAY_LIMITED, v)));
+    let described = decided.described;
+    let owner = Arc::clone(shared);
     let finish = move |res: Response<ResBody>| {
         let mut res = res.map(ResponseBody::inner);
-        let map = res.headers_mut();
-        map.reserve(headers.len());
-        for (name, value) in headers {
-            map.insert(name, value);
+        let headers = res.headers_mut();
+        described.write(&owner.policy, headers);
+        if let Some(v) = limited_header {
+            headers.insert(X_SPILLWAY_LIMITED, v);
         }
         res
     };
