@@ -19,13 +19,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use spillway::store::{Check, RuleId, Store, StoreError as _};
-use spillway::{Algorithm, Decision};
 use spillway_redis::OnError;
-use spillway_tower::headers::rate_limit_headers;
 use spillway_tower::{Action, ClientAddr, Decided, Outcome, RuleDecision, Verdict};
 
 use crate::engine::Engine;
@@ -118,8 +116,12 @@ fn unavailable(detail: impl Into<String>) -> Response {
     res
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response {
-    let mut res = (status, body.to_string()).into_response();
+fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
+    let body = serde_json::to_vec(body).unwrap_or_else(|e| {
+        // Our own types always serialize; should one not, say so.
+        format!("{{\"error\":\"cannot serialize the answer: {e}\"}}").into_bytes()
+    });
+    let mut res = (status, body).into_response();
     res.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     res
@@ -145,31 +147,55 @@ async fn in_flight(Extract(state): Extract<State>, req: Request, next: Next) -> 
 
 // ---- POST /v1/check ----------------------------------------------------
 
-/// `{"rule", "key", "cost", "tier"}`: one rule, one key, decided by the store.
+/// The body of `POST /v1/check`, parsed in one pass: the fields of both
+/// forms, told apart afterwards (see [`CheckBody::into_check`]).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RuleCheck {
-    rule: String,
-    key: String,
+struct CheckBody {
+    #[serde(default)]
+    rule: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
     #[serde(default)]
     cost: Option<serde_json::Number>,
     #[serde(default)]
     tier: Option<String>,
-}
-
-/// `{"method", "path", "host", "headers", "ip"}`: a request, decided as the
-/// middleware would.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RequestCheck {
     #[serde(default)]
     method: Option<String>,
-    path: String,
+    #[serde(default)]
+    path: Option<String>,
     #[serde(default)]
     host: Option<String>,
     #[serde(default)]
-    headers: BTreeMap<String, HeaderValues>,
+    headers: Option<BTreeMap<String, HeaderValues>>,
     #[serde(default)]
+    ip: Option<String>,
+}
+
+/// What `POST /v1/check` was asked.
+enum CheckKind {
+    /// `{"rule", "key", "cost", "tier"}`: one rule, one key, decided by the
+    /// store.
+    Rule(RuleCheck),
+    /// `{"method", "path", "host", "headers", "ip"}`: a request, decided as
+    /// the middleware would.
+    Request(RequestCheck),
+}
+
+#[derive(Debug)]
+struct RuleCheck {
+    rule: String,
+    key: String,
+    cost: Option<serde_json::Number>,
+    tier: Option<String>,
+}
+
+#[derive(Debug)]
+struct RequestCheck {
+    method: Option<String>,
+    path: String,
+    host: Option<String>,
+    headers: BTreeMap<String, HeaderValues>,
     ip: Option<String>,
 }
 
@@ -180,34 +206,93 @@ enum HeaderValues {
     Many(Vec<String>),
 }
 
+impl CheckBody {
+    /// Which form the body is: a rule check has `rule`, a request
+    /// description `path` or `method`; a field of the other form is an
+    /// error, as is a missing one.
+    fn into_check(self) -> Result<CheckKind, String> {
+        let present = |fields: &[(&'static str, bool)]| {
+            fields
+                .iter()
+                .find(|(_, present)| *present)
+                .map(|(name, _)| *name)
+        };
+        if let Some(rule) = self.rule {
+            let other = present(&[
+                ("method", self.method.is_some()),
+                ("path", self.path.is_some()),
+                ("host", self.host.is_some()),
+                ("headers", self.headers.is_some()),
+                ("ip", self.ip.is_some()),
+            ]);
+            if let Some(field) = other {
+                return Err(format!(
+                    "Invalid rule check: unknown field `{field}`, expected one of `rule`, `key`, `cost`, `tier`."
+                ));
+            }
+            let key = self.key.ok_or("Invalid rule check: missing field `key`.")?;
+            return Ok(CheckKind::Rule(RuleCheck {
+                rule,
+                key,
+                cost: self.cost,
+                tier: self.tier,
+            }));
+        }
+        if self.path.is_none() && self.method.is_none() {
+            return Err(
+                "Expected either {\"rule\", \"key\", \"cost\"} or a request description \
+                 {\"method\", \"path\", \"host\", \"headers\", \"ip\"}."
+                    .to_string(),
+            );
+        }
+        let other = present(&[
+            ("key", self.key.is_some()),
+            ("cost", self.cost.is_some()),
+            ("tier", self.tier.is_some()),
+        ]);
+        if let Some(field) = other {
+            return Err(format!(
+                "Invalid request description: unknown field `{field}`, expected one of `method`, `path`, `host`, `headers`, `ip`."
+            ));
+        }
+        let path = self
+            .path
+            .ok_or("Invalid request description: missing field `path`.")?;
+        Ok(CheckKind::Request(RequestCheck {
+            method: self.method,
+            path,
+            host: self.host,
+            headers: self.headers.unwrap_or_default(),
+            ip: self.ip,
+        }))
+    }
+}
+
 async fn check(Extract(state): Extract<State>, body: Result<Bytes, BytesRejection>) -> Response {
     let body = match body {
         Ok(b) => b,
         Err(rejection) => return problem(rejection.status(), rejection.body_text()),
     };
-    let value: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return bad_request(format!("The body is not valid JSON: {e}.")),
-    };
-    let Some(object) = value.as_object() else {
-        return bad_request("The body must be a JSON object.");
+    let parsed = serde_json::from_slice::<CheckBody>(&body).map_err(|e| {
+        if e.is_data() {
+            // Valid JSON, not of our shape: say which field.
+            if body.trim_ascii_start().first() == Some(&b'{') {
+                format!("Invalid check: {e}.")
+            } else {
+                "The body must be a JSON object.".to_string()
+            }
+        } else {
+            format!("The body is not valid JSON: {e}.")
+        }
+    });
+    let check = match parsed.and_then(CheckBody::into_check) {
+        Ok(c) => c,
+        Err(message) => return bad_request(message),
     };
     let engine = state.shared.engine();
-    if object.contains_key("rule") {
-        match serde_json::from_value::<RuleCheck>(value) {
-            Ok(c) => check_rule(&state, &engine, c).await,
-            Err(e) => bad_request(format!("Invalid rule check: {e}.")),
-        }
-    } else if object.contains_key("path") || object.contains_key("method") {
-        match serde_json::from_value::<RequestCheck>(value) {
-            Ok(c) => check_request(&engine, c).await,
-            Err(e) => bad_request(format!("Invalid request description: {e}.")),
-        }
-    } else {
-        bad_request(
-            "Expected either {\"rule\", \"key\", \"cost\"} or a request description \
-             {\"method\", \"path\", \"host\", \"headers\", \"ip\"}.",
-        )
+    match check {
+        CheckKind::Rule(c) => check_rule(&state, &engine, c).await,
+        CheckKind::Request(c) => check_request(&engine, c).await,
     }
 }
 
@@ -243,15 +328,6 @@ fn rule_index(engine: &Engine, rule: &str) -> Option<usize> {
         .position(|r| r.name() == rule)
 }
 
-/// How long the quota of store rule `id` takes to refill `decision.limit`:
-/// the window the headers announce.
-fn window_of(engine: &Engine, id: RuleId, decision: &Decision) -> Duration {
-    let quota = engine.store().rules()[id.0].algorithm().quota();
-    quota
-        .period()
-        .mul_f64(decision.limit as f64 / f64::from(quota.limit().get()))
-}
-
 async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Response {
     let Some(index) = rule_index(engine, &c.rule) else {
         return bad_request(format!("Unknown rule `{}`.", c.rule));
@@ -279,8 +355,7 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Response {
     let id = match &c.tier {
         None => policy.rule_id(index, None),
         Some(tier) => {
-            let known = (0..policy.rules().len())
-                .any(|i| store_rules_of(engine, i).iter().any(|(_, t)| t == &c.tier));
+            let known = policy.rules().iter().any(|r| r.tiers().any(|t| t == tier));
             if !known {
                 return bad_request(format!(
                     "Unknown tier `{tier}`: no rule has a quota for it."
@@ -353,15 +428,11 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Response {
         }
     };
     state.metrics.decision(rule.name(), outcome);
-    let headers = rate_limit_headers(
-        policy.header_options(),
-        &[(rule.name(), decision, window_of(engine, id, &decision))],
-        0,
-    );
+    let headers = policy.decision_headers(index, used_tier.as_deref(), &decision);
     let rules = vec![RuleDecision {
-        rule: c.rule.clone(),
+        rule: c.rule,
         tier: used_tier,
-        key: c.key.clone(),
+        key: c.key,
         cost,
         action,
         decision,
@@ -435,6 +506,35 @@ async fn check_request(engine: &Engine, c: RequestCheck) -> Response {
     }
 }
 
+/// The 200 answer of `/v1/check` (see docs/openapi.json).
+#[derive(Serialize)]
+struct DecisionBody<'a> {
+    allowed: bool,
+    status: u16,
+    denied_by: Option<&'a str>,
+    retry_after_ms: Option<u64>,
+    delay_ms: u64,
+    limited: &'a [String],
+    shadowed: &'a [String],
+    rules: Vec<RuleBody<'a>>,
+}
+
+/// One rule's decision in a [`DecisionBody`].
+#[derive(Serialize)]
+struct RuleBody<'a> {
+    rule: &'a str,
+    tier: Option<&'a str>,
+    key: &'a str,
+    cost: u64,
+    action: &'static str,
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+    retry_after_ms: Option<u64>,
+    delay_ms: u64,
+}
+
 /// The 200 answer of `/v1/check`: the verdict, every rule's decision, and
 /// the rate-limit headers the middleware would have sent.
 fn decision_response(verdict: &Verdict, rules: &[RuleDecision], headers: HeaderMap) -> Response {
@@ -463,35 +563,35 @@ fn decision_response(verdict: &Verdict, rules: &[RuleDecision], headers: HeaderM
         ),
         _ => (true, 200, None, None, 0, &[][..], &[][..]),
     };
-    let rules: Vec<Value> = rules
+    let rules: Vec<RuleBody<'_>> = rules
         .iter()
         .map(|r| {
             let d = &r.decision;
-            json!({
-                "rule": r.rule,
-                "tier": r.tier,
-                "key": r.key,
-                "cost": r.cost,
-                "action": r.action.name(),
-                "allowed": d.allowed,
-                "limit": d.limit,
-                "remaining": d.remaining,
-                "reset_after_ms": ms(d.reset_after),
-                "retry_after_ms": d.retry_after.map(ms),
-                "delay_ms": ms(d.delay),
-            })
+            RuleBody {
+                rule: &r.rule,
+                tier: r.tier.as_deref(),
+                key: &r.key,
+                cost: r.cost,
+                action: r.action.name(),
+                allowed: d.allowed,
+                limit: d.limit,
+                remaining: d.remaining,
+                reset_after_ms: ms(d.reset_after),
+                retry_after_ms: d.retry_after.map(ms),
+                delay_ms: ms(d.delay),
+            }
         })
         .collect();
-    let body = json!({
-        "allowed": allowed,
-        "status": status,
-        "denied_by": denied_by,
-        "retry_after_ms": retry_after,
-        "delay_ms": delay,
-        "limited": limited,
-        "shadowed": shadowed,
-        "rules": rules,
-    });
+    let body = DecisionBody {
+        allowed,
+        status,
+        denied_by,
+        retry_after_ms: retry_after,
+        delay_ms: delay,
+        limited,
+        shadowed,
+        rules,
+    };
     let mut res = json_response(StatusCode::OK, &body);
     res.headers_mut().extend(headers);
     res

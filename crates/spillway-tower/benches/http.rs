@@ -66,8 +66,37 @@ fn serve(runtime: &tokio::runtime::Runtime, app: Router) -> SocketAddr {
     })
 }
 
-/// wrk's requests per second against `addr`.
-fn wrk(addr: SocketAddr, seconds: u64) -> f64 {
+/// CPU seconds used so far by this process (the servers) and by its
+/// waited-for children (the wrk runs), from /proc/self/stat (ticks of
+/// 1/100 s, `getconf CLK_TCK` on Linux).
+fn cpu_seconds() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let field = |n: usize| -> f64 {
+        rest.split_whitespace()
+            .nth(n)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime, stime, cutime, cstime are fields 14 to 17; `rest` starts at 3.
+    (
+        (field(11) + field(12)) / 100.0,
+        (field(13) + field(14)) / 100.0,
+    )
+}
+
+/// One wrk run: requests per second, and the server's and wrk's CPU time
+/// per request in microseconds.
+struct Run {
+    rate: f64,
+    server_us: f64,
+    wrk_us: f64,
+}
+
+/// Runs wrk against `addr` for `seconds`.
+fn wrk(addr: SocketAddr, seconds: u64) -> Run {
+    let (server0, wrk0) = cpu_seconds();
     let out = Command::new("wrk")
         .args([
             "-t1",
@@ -77,11 +106,19 @@ fn wrk(addr: SocketAddr, seconds: u64) -> f64 {
         ])
         .output()
         .expect("wrk runs (install the Debian package wrk)");
+    let (server1, wrk1) = cpu_seconds();
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
+    let rate: f64 = text
+        .lines()
         .find_map(|l| l.strip_prefix("Requests/sec:"))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no rate in wrk's output: {text}"))
+        .unwrap_or_else(|| panic!("no rate in wrk's output: {text}"));
+    let requests = rate * seconds as f64;
+    Run {
+        rate,
+        server_us: (server1 - server0) * 1e6 / requests,
+        wrk_us: (wrk1 - wrk0) * 1e6 / requests,
+    }
 }
 
 fn main() {
@@ -106,23 +143,48 @@ fn main() {
     for addr in [bare, with, control] {
         wrk(addr, 1);
     }
-    let (mut bare_rates, mut with_rates, mut control_rates) = (Vec::new(), Vec::new(), Vec::new());
+    let apps = [
+        ("without the layer", bare),
+        ("with the layer", with),
+        ("without, 5 static headers", control),
+    ];
+    let mut runs: [Vec<Run>; 3] = Default::default();
     for _ in 0..rounds {
-        bare_rates.push(wrk(bare, seconds));
-        with_rates.push(wrk(with, seconds));
-        control_rates.push(wrk(control, seconds));
+        for (i, (_, addr)) in apps.iter().enumerate() {
+            runs[i].push(wrk(*addr, seconds));
+        }
     }
-    let median = |v: &mut Vec<f64>| {
+    let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (b, w) = (median(&mut bare_rates), median(&mut with_rates));
-    let c = median(&mut control_rates);
     println!("axum hello world, wrk -t1 -c50, {rounds} rounds of {seconds}s, medians:");
-    println!("  without the layer:          {b:>10.0} req/s  {bare_rates:.0?}");
-    println!("  with the layer:             {w:>10.0} req/s  {with_rates:.0?}");
-    println!("  without, 5 static headers:  {c:>10.0} req/s  {control_rates:.0?}");
-    println!("  ratio, layer / bare:           {:.3}", w / b);
-    println!("  ratio, static headers / bare:  {:.3}", c / b);
-    println!("  ratio, layer / static headers: {:.3}", w / c);
+    let mut rates = [0.0; 3];
+    let mut cpu = [0.0; 3];
+    for (i, (name, _)) in apps.iter().enumerate() {
+        let all: Vec<f64> = runs[i].iter().map(|r| r.rate).collect();
+        rates[i] = median(all.clone());
+        cpu[i] = median(runs[i].iter().map(|r| r.server_us).collect());
+        let wrk_us = median(runs[i].iter().map(|r| r.wrk_us).collect());
+        println!(
+            "  {name:<26} {:>9.0} req/s {all:.0?}; CPU per request: server {:.2} us, wrk {wrk_us:.2} us",
+            rates[i], cpu[i]
+        );
+    }
+    println!(
+        "  throughput ratio, layer / bare:           {:.3}",
+        rates[1] / rates[0]
+    );
+    println!(
+        "  throughput ratio, static headers / bare:  {:.3}",
+        rates[2] / rates[0]
+    );
+    println!(
+        "  throughput ratio, layer / static headers: {:.3}",
+        rates[1] / rates[2]
+    );
+    println!(
+        "  server CPU per request, bare / layer:     {:.3}",
+        cpu[0] / cpu[1]
+    );
 }

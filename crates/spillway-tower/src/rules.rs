@@ -6,8 +6,8 @@ use std::fmt;
 
 use http::request::Parts;
 use http::{HeaderName, Method};
-use spillway::AnyAlgorithm;
 use spillway::store::{Rule, RuleId};
+use spillway::{AnyAlgorithm, Decision};
 
 use crate::headers::Presented;
 use crate::key::{self, Client, Clients, KeyPart};
@@ -269,6 +269,11 @@ impl HttpRule {
         self
     }
 
+    /// The tiers the rule has a quota of their own for, in order.
+    pub fn tiers(&self) -> impl Iterator<Item = &str> {
+        self.tiers.iter().map(|(name, _)| name.as_str())
+    }
+
     /// The rule's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -446,6 +451,59 @@ impl Policy {
     pub fn rule_id(&self, index: usize, tier: Option<&str>) -> RuleId {
         let rule = &self.rules[index];
         RuleId(rule.first_id + rule.quota_index(tier))
+    }
+
+    /// The rate-limit headers (as configured) for one decision of HTTP rule
+    /// `index` under its quota for `tier`: what the middleware would send
+    /// had this rule alone decided a request. The values that do not change
+    /// between requests are made once, when the rule is.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use spillway::{Decision, Quota};
+    /// use spillway::algorithm::FixedWindow;
+    /// use spillway_tower::headers::{RATELIMIT, RATELIMIT_POLICY};
+    /// use spillway_tower::{HttpRule, Policy};
+    ///
+    /// let quota = Quota::per_minute(NonZeroU32::new(100).unwrap());
+    /// let policy = Policy::new([HttpRule::new("api", FixedWindow::new(quota))]);
+    /// let decision = Decision {
+    ///     allowed: true,
+    ///     limit: 100,
+    ///     remaining: 42,
+    ///     reset_after: Duration::from_millis(17_200),
+    ///     retry_after: None,
+    ///     delay: Duration::ZERO,
+    /// };
+    /// let headers = policy.decision_headers(0, None, &decision);
+    /// assert_eq!(headers[RATELIMIT_POLICY], "\"api\";q=100;w=60");
+    /// assert_eq!(headers[RATELIMIT], "\"api\";r=42;t=18");
+    /// ```
+    pub fn decision_headers(
+        &self,
+        index: usize,
+        tier: Option<&str>,
+        decision: &Decision,
+    ) -> http::HeaderMap {
+        let rule = &self.rules[index];
+        let quota = rule.quota_index(tier);
+        let presented = &rule.presented[quota];
+        let window_secs = if presented.limit == decision.limit {
+            presented.window_secs
+        } else {
+            let algorithm = rule.algorithm_of(quota);
+            crate::headers::window_secs(&spillway::Algorithm::quota(algorithm), decision.limit)
+        };
+        let applied = crate::headers::Applied {
+            name: &rule.sf_name,
+            decision: *decision,
+            window_secs,
+            presented: Some(presented),
+        };
+        let mut map = http::HeaderMap::new();
+        crate::headers::write(&mut map, &self.headers, &[applied], 0);
+        map
     }
 
     /// The HTTP rules, in order: a rule's index here is its `index` in
