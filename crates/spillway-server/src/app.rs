@@ -27,6 +27,7 @@ use spillway_redis::OnError;
 use spillway_tower::{Action, ClientAddr, Decided, Outcome, RuleDecision, Verdict};
 
 use crate::engine::Engine;
+use crate::metrics::InFlightLayer;
 use crate::server::State;
 
 /// The OpenAPI 3 description of this API, as served at `/openapi.json`.
@@ -83,7 +84,7 @@ pub fn app(state: State) -> Router {
         .nest("/admin", admin)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(state.clone(), in_flight))
+        .layer(InFlightLayer(state.metrics.clone()))
         .with_state(state)
 }
 
@@ -138,11 +139,6 @@ async fn not_found() -> Response {
 /// waits that long is never early.
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
-}
-
-async fn in_flight(Extract(state): Extract<State>, req: Request, next: Next) -> Response {
-    let _guard = state.metrics.in_flight();
-    next.run(req).await
 }
 
 // ---- POST /v1/check ----------------------------------------------------

@@ -363,3 +363,69 @@ impl Collector for StoreSnapshot {
         Ok(())
     }
 }
+
+/// A layer counting the requests in flight (the `in_flight` gauge) for as
+/// long as the inner service takes to answer. A plain tower layer rather
+/// than `axum::middleware::from_fn`, which clones and boxes the inner service
+/// and its future on every request.
+#[derive(Debug, Clone)]
+pub struct InFlightLayer(pub Arc<Metrics>);
+
+impl<S> tower_layer::Layer<S> for InFlightLayer {
+    type Service = CountInFlight<S>;
+
+    fn layer(&self, inner: S) -> CountInFlight<S> {
+        CountInFlight {
+            inner,
+            metrics: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`InFlightLayer`].
+#[derive(Debug, Clone)]
+pub struct CountInFlight<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S: tower_service::Service<R>, R> tower_service::Service<R> for CountInFlight<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = CountedFuture<S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> CountedFuture<S::Future> {
+        CountedFuture {
+            _guard: self.metrics.in_flight(),
+            inner: self.inner.call(req),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`CountInFlight`]: the inner future, counted until it
+    /// is done or dropped.
+    pub struct CountedFuture<F> {
+        #[pin]
+        inner: F,
+        _guard: InFlight,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for CountedFuture<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.project().inner.poll(cx)
+    }
+}
