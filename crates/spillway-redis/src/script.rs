@@ -48,10 +48,20 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
     let quota = algorithm.quota();
     let limit = u64::from(quota.limit().get());
     let window = quota.period_micros();
-    let windowed = |id| {
-        if 2 * u128::from(limit) * u128::from(window) >= EXACT {
+    // The fixed window and the sliding log only add and compare times and
+    // counts: a time a window or two past now must stay exact. The sliding
+    // window (the counter) weighs the previous count by the time left,
+    // `limit x window` at most.
+    let windowed = |id, weighs: bool| {
+        if 4 * u128::from(window) >= EXACT {
             return Err(too_large(
-                "limit x window must stay below 2^52 for exact Lua arithmetic",
+                "a window must stay below 2^51 µs (71 years) for exact Lua arithmetic",
+            ));
+        }
+        if weighs && 2 * u128::from(limit) * u128::from(window) >= EXACT {
+            return Err(too_large(
+                "limit x window must stay below 2^52 for exact Lua arithmetic in a \
+                 sliding window; a fixed window or a sliding log has no such bound",
             ));
         }
         Ok([id, limit, window, 0, 0, 0])
@@ -69,9 +79,9 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
         Ok([id, capacity, interval.micros, interval.per, mode, undelayed])
     };
     match algorithm {
-        AnyAlgorithm::FixedWindow(_) => windowed(1),
-        AnyAlgorithm::SlidingLog(_) => windowed(2),
-        AnyAlgorithm::SlidingWindow(_) => windowed(3),
+        AnyAlgorithm::FixedWindow(_) => windowed(1, false),
+        AnyAlgorithm::SlidingLog(_) => windowed(2, false),
+        AnyAlgorithm::SlidingWindow(_) => windowed(3, true),
         AnyAlgorithm::TokenBucket(_) => bucket(4, 0, 0),
         AnyAlgorithm::LeakyBucket(lb) => match lb.mode() {
             LeakyMode::Shape => bucket(5, 1, u64::from(lb.undelayed())),
@@ -153,6 +163,22 @@ mod tests {
         assert_eq!(redis_key("s:", "a:b", &fw, "c"), "s:{a%3Ab:c}:fw");
         assert_eq!(redis_key("s:", "a", &fw, "b:c"), "s:{a:b%3Ac}:fw");
         assert_eq!(redis_key("s:", "r", &fw, "}{"), "s:{r:%7D%7B}:fw");
+    }
+
+    #[test]
+    fn only_the_sliding_window_bounds_limit_times_window() {
+        use spillway::Quota;
+        use spillway::algorithm::{FixedWindow, SlidingLog, SlidingWindow};
+        let day = std::time::Duration::from_secs(86_400);
+        let big = Quota::new(std::num::NonZeroU32::new(1_000_000).expect("nonzero"), day)
+            .expect("a quota");
+        assert!(params("fw", &FixedWindow::new(big).into()).is_ok());
+        assert!(params("sl", &SlidingLog::new(big).into()).is_ok());
+        let refused = params("sw", &SlidingWindow::new(big).into()).expect_err("too large");
+        assert!(refused.to_string().contains("sw"), "{refused}");
+        let small =
+            Quota::new(std::num::NonZeroU32::new(50_000).expect("nonzero"), day).expect("a quota");
+        assert!(params("sw", &SlidingWindow::new(small).into()).is_ok());
     }
 
     #[test]

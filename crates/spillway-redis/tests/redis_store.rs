@@ -579,3 +579,46 @@ async fn cluster_follows_ask_and_moved_while_a_slot_migrates() {
     assert_eq!(d.decisions[0].remaining, 5);
     assert_eq!(s.stats().redis_errors, 0);
 }
+
+#[tokio::test]
+async fn windows_of_a_million_a_day_count_exactly() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    // limit x window is 8.64e16 µs, past 2^53: only the sliding window's
+    // weighting needs that product exact, so these two are accepted.
+    let day = Duration::from_secs(86_400);
+    let rules = vec![
+        Rule::new("fw", FixedWindow::new(per(1_000_000, day))),
+        Rule::new("log", SlidingLog::new(per(1_000_000, day))),
+    ];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    for rule in [RuleId(0), RuleId(1)] {
+        let check = |cost| {
+            [Check {
+                rule,
+                key: "client",
+                cost,
+            }]
+        };
+        let first = s.check(&check(999_998)).await.expect("decides");
+        assert!(first.allowed);
+        assert_eq!(first.decisions[0].remaining, 2);
+        for left in [1, 0] {
+            let next = s.check(&check(1)).await.expect("decides");
+            assert!(next.allowed);
+            assert_eq!(next.decisions[0].remaining, left);
+        }
+        let over = s.check(&check(1)).await.expect("decides");
+        assert!(!over.allowed, "{rule:?}: the million and first is denied");
+        assert!(over.decisions[0].retry_after.is_some_and(|r| r <= day));
+    }
+    let refused = RedisStore::connect(
+        Topology::Standalone(server.url()),
+        vec![Rule::new("sw", SlidingWindow::new(per(1_000_000, day)))],
+        RedisOptions::default(),
+    )
+    .await
+    .expect_err("a sliding window this large is refused");
+    assert!(refused.to_string().contains("sw"), "{refused}");
+}
