@@ -6,6 +6,13 @@
 //! (needs `redis-server` and `redis-benchmark` on PATH; starts its own server
 //! on a free loopback port). `SPILLWAY_BENCH_REQUESTS` sets the requests per
 //! measurement (default 200 000).
+//!
+//! With `SPILLWAY_BENCH_RLFLEX` set to a `node_modules` directory holding
+//! rate-limiter-flexible and ioredis (`npm install --prefix
+//! target/bench-tools/rlflex rate-limiter-flexible ioredis`), it also runs
+//! `benches/rlflex.js` against the same redis-server, alternating with our
+//! `fixed_window` for three rounds, and reports both rates and the Redis
+//! server's own time per script call.
 
 use std::num::NonZeroU32;
 use std::process::Command;
@@ -166,6 +173,10 @@ fn main() {
         );
     }
 
+    if let Ok(modules) = std::env::var("SPILLWAY_BENCH_RLFLEX") {
+        against_rlflex(&runtime, &server, requests, &modules);
+    }
+
     // The deny-cache path: one key, over its limit, hammered by every caller.
     let tiny = Quota::new(nz(1), Duration::from_secs(3600)).expect("valid");
     let rules = vec![Rule::new("denied", FixedWindow::new(tiny))];
@@ -196,5 +207,90 @@ fn main() {
     println!(
         "deny cache: {cached:.0} denials/s locally vs {redis_path:.0}/s through Redis: {:.1}x",
         cached / redis_path
+    );
+}
+
+/// The Redis server's own time per EVALSHA since the last `CONFIG
+/// RESETSTAT`, in microseconds.
+fn evalsha_usec(server: &RedisServer) -> f64 {
+    server
+        .command("INFO commandstats")
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("usec_per_call=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Our fixed window against rate-limiter-flexible's `RateLimiterRedis` (a
+/// fixed window too) on the same redis-server, rounds alternating.
+fn against_rlflex(
+    runtime: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    requests: usize,
+    modules: &str,
+) {
+    let big = Quota::new(nz(1_000_000), Duration::from_secs(3600)).expect("valid");
+    let store = Arc::new(
+        runtime
+            .block_on(RedisStore::connect(
+                Topology::Standalone(server.url()),
+                vec![Rule::new("fixed_window", FixedWindow::new(big))],
+                RedisOptions {
+                    timeout: Duration::from_secs(5),
+                    deny_cache_entries: 0,
+                    ..RedisOptions::default()
+                },
+            ))
+            .expect("connects"),
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/rlflex.js");
+    let rlflex = || -> f64 {
+        let out = Command::new("node")
+            .arg(script)
+            .env("NODE_PATH", modules)
+            .env("SPILLWAY_REDIS_PORT", server.port().to_string())
+            .env("SPILLWAY_BENCH_REQUESTS", requests.to_string())
+            .output()
+            .expect("node runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .find(|w| w[1] == "decisions/s,")
+            .and_then(|w| w[0].parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no rate from rlflex.js: {text} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+    };
+    runtime.block_on(ours(store.clone(), CONCURRENCY * 100, None));
+    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+    println!("fixed_window against rate-limiter-flexible, same redis-server, alternating:");
+    for round in 1..=3 {
+        server.command("CONFIG RESETSTAT");
+        let m = runtime.block_on(ours(store.clone(), requests, None));
+        let m_usec = evalsha_usec(server);
+        server.command("CONFIG RESETSTAT");
+        let t = rlflex();
+        let t_usec = evalsha_usec(server);
+        println!(
+            "  round {round}: spillway {m:>8.0}/s ({m_usec:.2} µs in Redis per call), \
+             rate-limiter-flexible {t:>8.0}/s ({t_usec:.2} µs)"
+        );
+        mine.push(m);
+        theirs.push(t);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (m, t) = (median(&mut mine), median(&mut theirs));
+    println!(
+        "  medians: spillway {m:.0}/s, rate-limiter-flexible {t:.0}/s: {:.2}x",
+        m / t
     );
 }

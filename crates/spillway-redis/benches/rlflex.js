@@ -62,17 +62,23 @@ async function run(limiter, requests) {
 }
 
 async function main() {
-  const port = await freePort();
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rlflex-redis-'));
-  const server = spawn('redis-server', [
-    '--port', String(port), '--bind', '127.0.0.1',
-    '--save', '', '--appendonly', 'no', '--loglevel', 'warning', '--dir', dir,
-  ], { stdio: 'ignore' });
-  const stop = () => {
-    server.kill('SIGTERM');
-    fs.rmSync(dir, { recursive: true, force: true });
-  };
-  process.on('exit', stop);
+  // SPILLWAY_REDIS_PORT: a server already running (the Rust bench's), else
+  // one started here.
+  const given = Number(process.env.SPILLWAY_REDIS_PORT || 0);
+  const port = given || await freePort();
+  let stop = () => {};
+  if (!given) {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rlflex-redis-'));
+    const server = spawn('redis-server', [
+      '--port', String(port), '--bind', '127.0.0.1',
+      '--save', '', '--appendonly', 'no', '--loglevel', 'warning', '--dir', dir,
+    ], { stdio: 'ignore' });
+    stop = () => {
+      server.kill('SIGTERM');
+      fs.rmSync(dir, { recursive: true, force: true });
+    };
+  }
+  process.on('exit', () => stop());
   // A hard bound on the whole run.
   setTimeout(() => { console.error('timed out'); process.exit(2); }, 300000).unref();
   try {
