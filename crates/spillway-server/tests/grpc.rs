@@ -2,19 +2,24 @@
 //! called by a tonic client, on the in-memory store (and a killed Redis for
 //! the failure test).
 
+mod grpc_support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use grpc_support::{code, descriptor, request};
 use spillway_server::config::Config;
 use spillway_server::engine::{Engine, Shared};
 use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use spillway_server::grpc::rls::rate_limit_response::rate_limit::Unit;
 use spillway_server::grpc::rls::rate_limit_response::{Code, DescriptorStatus};
 use spillway_server::grpc::rls::rate_limit_service_client::RateLimitServiceClient;
 use spillway_server::grpc::rls::{RateLimitRequest, RateLimitResponse};
 use tokio::sync::oneshot;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+/// The rate limit domain the tests' configuration answers.
+const DOMAIN: &str = "spillway";
 
 /// Rules reachable from Envoy, in the `spillway` domain:
 /// - `per-ip`: 3 per minute by `remote_address` (fixed window);
@@ -83,35 +88,10 @@ async fn start_engine(engine: Engine) -> Server {
     tokio::spawn(spillway_server::grpc::serve(listener, shared, async {
         let _ = stopped.await;
     }));
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("the server accepts connections");
+    let client = grpc_support::connect(addr).await;
     Server {
-        client: RateLimitServiceClient::new(channel),
+        client,
         _stop: stop,
-    }
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
-    }
-}
-
-fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "spillway".into(),
-        descriptors,
-        hits_addend: 0,
     }
 }
 
@@ -125,12 +105,8 @@ impl Server {
     }
 
     async fn one(&mut self, entries: &[(&str, &str)]) -> RateLimitResponse {
-        self.ask(request(vec![descriptor(entries)])).await
+        self.ask(request(DOMAIN, vec![descriptor(entries)])).await
     }
-}
-
-fn code(c: i32) -> Code {
-    Code::try_from(c).expect("a known code")
 }
 
 fn until_reset(s: &DescriptorStatus) -> Duration {
@@ -207,7 +183,7 @@ async fn hits_addend_is_the_cost() {
     let r = s
         .ask(RateLimitRequest {
             hits_addend: 4,
-            ..request(vec![user.clone()])
+            ..request(DOMAIN, vec![user.clone()])
         })
         .await;
     assert_eq!(r.statuses[0].limit_remaining, 6);
@@ -215,19 +191,25 @@ async fn hits_addend_is_the_cost() {
     let r = s
         .ask(RateLimitRequest {
             hits_addend: 4,
-            ..request(vec![RateLimitDescriptor {
-                hits_addend: Some(2),
-                ..user.clone()
-            }])
+            ..request(
+                DOMAIN,
+                vec![RateLimitDescriptor {
+                    hits_addend: Some(2),
+                    ..user.clone()
+                }],
+            )
         })
         .await;
     assert_eq!(r.statuses[0].limit_remaining, 4);
     // A descriptor addend of 0 only looks.
     let r = s
-        .ask(request(vec![RateLimitDescriptor {
-            hits_addend: Some(0),
-            ..user.clone()
-        }]))
+        .ask(request(
+            DOMAIN,
+            vec![RateLimitDescriptor {
+                hits_addend: Some(0),
+                ..user.clone()
+            }],
+        ))
         .await;
     assert_eq!(code(r.overall_code), Code::Ok);
     assert_eq!(r.statuses[0].limit_remaining, 4);
@@ -235,20 +217,23 @@ async fn hits_addend_is_the_cost() {
     let r = s
         .ask(RateLimitRequest {
             hits_addend: 5,
-            ..request(vec![user.clone()])
+            ..request(DOMAIN, vec![user.clone()])
         })
         .await;
     assert_eq!(code(r.overall_code), Code::OverLimit);
     assert_eq!(r.statuses[0].limit_remaining, 4);
     // More than the bucket can ever hold: over limit, not an error.
     let r = s
-        .ask(request(vec![
-            RateLimitDescriptor {
-                hits_addend: Some(11),
-                ..user
-            },
-            descriptor(IP),
-        ]))
+        .ask(request(
+            DOMAIN,
+            vec![
+                RateLimitDescriptor {
+                    hits_addend: Some(11),
+                    ..user
+                },
+                descriptor(IP),
+            ],
+        ))
         .await;
     assert_eq!(code(r.overall_code), Code::OverLimit);
     assert_eq!(code(r.statuses[0].code), Code::OverLimit);
@@ -262,10 +247,13 @@ async fn hits_addend_is_the_cost() {
 async fn one_descriptor_over_denies_the_request_and_charges_no_other() {
     let mut s = start(CONFIG).await;
     let both = || {
-        request(vec![
-            descriptor(&[("path", "/login"), ("remote_address", "10.0.0.9")]),
-            descriptor(&[("user", "cy")]),
-        ])
+        request(
+            DOMAIN,
+            vec![
+                descriptor(&[("path", "/login"), ("remote_address", "10.0.0.9")]),
+                descriptor(&[("user", "cy")]),
+            ],
+        )
     };
     for (path_left, user_left) in [(1, 9), (0, 8)] {
         let r = s.ask(both()).await;
@@ -286,12 +274,15 @@ async fn one_descriptor_over_denies_the_request_and_charges_no_other() {
 async fn descriptors_no_rule_knows_are_ok_and_unlimited() {
     let mut s = start(CONFIG).await;
     let r = s
-        .ask(request(vec![
-            descriptor(&[("generic_key", "anything")]),
-            // The keys of a rule, in another order, are another descriptor.
-            descriptor(&[("remote_address", "10.0.0.1"), ("path", "/")]),
-            descriptor(IP),
-        ]))
+        .ask(request(
+            DOMAIN,
+            vec![
+                descriptor(&[("generic_key", "anything")]),
+                // The keys of a rule, in another order, are another descriptor.
+                descriptor(&[("remote_address", "10.0.0.1"), ("path", "/")]),
+                descriptor(IP),
+            ],
+        ))
         .await;
     assert_eq!(code(r.overall_code), Code::Ok);
     for unknown in &r.statuses[..2] {
@@ -314,7 +305,7 @@ async fn another_domain_limits_nothing() {
         let r = s
             .ask(RateLimitRequest {
                 domain: "other".into(),
-                ..request(vec![descriptor(IP), descriptor(&[("x", "y")])])
+                ..request(DOMAIN, vec![descriptor(IP), descriptor(&[("x", "y")])])
             })
             .await;
         assert_eq!(code(r.overall_code), Code::Ok);
@@ -331,13 +322,13 @@ async fn malformed_requests_are_invalid_arguments() {
     let mut s = start(CONFIG).await;
     let no_domain = RateLimitRequest {
         domain: String::new(),
-        ..request(vec![descriptor(IP)])
+        ..request(DOMAIN, vec![descriptor(IP)])
     };
     let e = s.client.should_rate_limit(no_domain).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     let e = s
         .client
-        .should_rate_limit(request(vec![]))
+        .should_rate_limit(request(DOMAIN, vec![]))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
@@ -347,10 +338,13 @@ async fn malformed_requests_are_invalid_arguments() {
 async fn response_headers_carry_our_rate_limit_headers() {
     let mut s = start(CONFIG).await;
     let both = || {
-        request(vec![
-            descriptor(IP),
-            descriptor(&[("path", "/a"), ("remote_address", "10.0.0.1")]),
-        ])
+        request(
+            DOMAIN,
+            vec![
+                descriptor(IP),
+                descriptor(&[("path", "/a"), ("remote_address", "10.0.0.1")]),
+            ],
+        )
     };
     let r = s.ask(both()).await;
     // The most restrictive descriptor: per-path-ip, 1 left of 2.
@@ -383,10 +377,10 @@ async fn degrade_and_shadow_rules_never_deny() {
     // Over the degrade rule, with another descriptor that is under its
     // limit: allowed, marked, and the other one is charged.
     let r = s
-        .ask(request(vec![
-            descriptor(&[("client", "c1")]),
-            descriptor(IP),
-        ]))
+        .ask(request(
+            DOMAIN,
+            vec![descriptor(&[("client", "c1")]), descriptor(IP)],
+        ))
         .await;
     assert_eq!(code(r.overall_code), Code::Ok);
     assert_eq!(code(r.statuses[0].code), Code::Ok);
@@ -425,7 +419,7 @@ async fn a_fail_closed_store_that_cannot_answer_is_unavailable() {
     redis.kill();
     let e = s
         .client
-        .should_rate_limit(request(vec![descriptor(IP)]))
+        .should_rate_limit(request(DOMAIN, vec![descriptor(IP)]))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
@@ -442,15 +436,13 @@ async fn decisions_over_grpc_are_counted_in_the_metrics() {
     tokio::spawn(spillway_server::grpc::serve(listener, shared, async {
         let _ = stopped.await;
     }));
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = RateLimitServiceClient::new(channel);
+    let mut client = grpc_support::connect(addr).await;
     for _ in 0..4 {
         client
-            .should_rate_limit(request(vec![descriptor(&[("remote_address", "10.9.9.9")])]))
+            .should_rate_limit(request(
+                DOMAIN,
+                vec![descriptor(&[("remote_address", "10.9.9.9")])],
+            ))
             .await
             .unwrap();
     }

@@ -3,18 +3,18 @@
 //! port 0) called by a tonic client; the configuration errors; reload; the
 //! same rules on Redis; `spillway check-config`.
 
+mod grpc_support;
 mod serve_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use grpc_support::{code, descriptor, request};
 use serde_json::json;
 use serve_support::{Http, metric_value, temp_dir, write_atomically};
 use spillway_server::config::{Config, ConfigError};
 use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use spillway_server::grpc::rls::rate_limit_response::rate_limit::Unit;
 use spillway_server::grpc::rls::rate_limit_response::{Code, DescriptorStatus};
 use spillway_server::grpc::rls::rate_limit_service_client::RateLimitServiceClient;
@@ -23,7 +23,10 @@ use spillway_server::reload::Reloader;
 use spillway_server::{ConfigSource, State};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+/// The rate limit domain the tests' configuration answers.
+const DOMAIN: &str = "edge";
 
 /// The TOML file: one rule of its own, reached by its `descriptors` keys,
 /// and the descriptor file, which also sets the domain.
@@ -123,37 +126,12 @@ async fn start_with(state: State, source: Option<ConfigSource>) -> Server {
             let _ = stopped.await;
         },
     ));
-    let channel = Endpoint::from_shared(format!("http://{grpc}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("the server accepts connections");
+    let client = grpc_support::connect(grpc).await;
     Server {
-        grpc: RateLimitServiceClient::new(channel),
+        grpc: client,
         http: Http::new(http),
         state,
         _stop: stop,
-    }
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
-    }
-}
-
-fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "edge".into(),
-        descriptors,
-        hits_addend: 0,
     }
 }
 
@@ -167,7 +145,7 @@ impl Server {
     }
 
     async fn one(&mut self, entries: &[(&str, &str)]) -> RateLimitResponse {
-        self.ask(request(vec![descriptor(entries)])).await
+        self.ask(request(DOMAIN, vec![descriptor(entries)])).await
     }
 
     /// Asks `times` times for one descriptor: how many were OK.
@@ -180,10 +158,6 @@ impl Server {
         }
         ok
     }
-}
-
-fn code(c: i32) -> Code {
-    Code::try_from(c).expect("a known code")
 }
 
 fn limit(s: &DescriptorStatus) -> (&str, u32, Unit) {
@@ -292,7 +266,7 @@ async fn unlimited_is_ok_without_counting_and_shadow_mode_never_denies() {
     assert_eq!(r.statuses[0].limit_remaining, 0);
     for charged in 1..=3 {
         let r = s
-            .ask(request(vec![descriptor(trial), descriptor(IP)]))
+            .ask(request(DOMAIN, vec![descriptor(trial), descriptor(IP)]))
             .await;
         assert_eq!(code(r.overall_code), Code::Ok);
         assert_eq!(code(r.statuses[0].code), Code::Ok);
@@ -321,7 +295,7 @@ async fn the_files_rules_are_rules_like_the_others() {
     let r = s
         .ask(RateLimitRequest {
             domain: "spillway".into(),
-            ..request(vec![descriptor(IP)])
+            ..request(DOMAIN, vec![descriptor(IP)])
         })
         .await;
     assert_eq!(r.statuses[0].current_limit, None);
@@ -378,10 +352,13 @@ descriptors:
     let dir = files("yaml-replaces", TOML, yaml);
     let mut s = start(&dir).await;
     let both = || {
-        request(vec![
-            descriptor(&[("client", "c")]),
-            descriptor(&[("vip", "yes")]),
-        ])
+        request(
+            DOMAIN,
+            vec![
+                descriptor(&[("client", "c")]),
+                descriptor(&[("vip", "yes")]),
+            ],
+        )
     };
     for remaining in [2, 1, 0] {
         let r = s.ask(both()).await;
@@ -406,7 +383,7 @@ async fn limit_overrides_are_ignored() {
         ..descriptor(IP)
     };
     for remaining in [2, 1, 0] {
-        let r = s.ask(request(vec![overridden.clone()])).await;
+        let r = s.ask(request(DOMAIN, vec![overridden.clone()])).await;
         assert_eq!(r.statuses[0].limit_remaining, remaining);
         assert_eq!(limit(&r.statuses[0]), ("remote_address", 3, Unit::Minute));
     }
