@@ -24,7 +24,7 @@ const PARTS: [&str; 6] = [
 /// The script's source. With `time_override`, the first argument (when not
 /// empty) replaces the server's clock: only the test build asks for that.
 pub(crate) fn source(time_override: bool) -> String {
-    let mut src = format!("local ALLOW_TIME_OVERRIDE = {time_override}\nlocal ALGORITHMS = {{}}\n");
+    let mut src = format!("local ALLOW_TIME_OVERRIDE = {time_override}\n");
     for part in PARTS {
         src.push_str(part);
         src.push('\n');

@@ -3,111 +3,112 @@
 -- and one field per entry, "e<seq>" = "<timestamp>:<cost>". Entries are
 -- read lazily: a check that expires nothing reads only the header and the
 -- newest entry.
-local function log_entry(s, seq)
-  local e = s.cache[seq]
-  if not e then
-    local v = redis.call('HGET', s.key, 'e' .. int(seq))
-    local at, cost = string.match(v or '', '^(%d+):(%d+)$')
-    if not at then
-      error('spillway: corrupt sliding log entry ' .. int(seq) .. ' in ' .. s.key)
+local function sliding_log()
+  local function log_entry(s, seq)
+    local e = s.cache[seq]
+    if not e then
+      local v = redis.call('HGET', s.key, 'e' .. int(seq))
+      local at, cost = string.match(v or '', '^(%d+):(%d+)$')
+      if not at then
+        error('spillway: corrupt sliding log entry ' .. int(seq) .. ' in ' .. s.key)
+      end
+      e = { tonumber(at), tonumber(cost) }
+      s.cache[seq] = e
     end
-    e = { tonumber(at), tonumber(cost) }
-    s.cache[seq] = e
+    return e
   end
-  return e
-end
 
-ALGORITHMS[2] = {
-  load = function(key)
-    local v = redis.call('HMGET', key, 't', 'h', 'n')
-    return { key = key, t = num(v[1]) or 0, h = num(v[2]) or 0, n = num(v[3]) or 0,
-             cache = {}, dropped = {}, dirty = {} }
-  end,
-  save = function(key, s)
-    for _, seq in ipairs(s.dropped) do redis.call('HDEL', key, 'e' .. int(seq)) end
-    for seq in pairs(s.dirty) do
-      local e = s.cache[seq]
-      redis.call('HSET', key, 'e' .. int(seq), int(e[1]) .. ':' .. int(e[2]))
-    end
-    redis.call('HSET', key, 't', int(s.t), 'h', int(s.h), 'n', int(s.n))
-  end,
-  check = function(s, p, cost, now)
-    local limit, w = p[1], p[2]
-    -- Drop the entries that left the window (now - w, now].
-    while s.h < s.n do
-      local e = log_entry(s, s.h)
-      if e[1] + w > now then break end
-      s.t = s.t - e[2]
-      table.insert(s.dropped, s.h)
-      s.dirty[s.h] = nil
-      s.h = s.h + 1
-    end
-    local function reset_after()
-      if s.h == s.n then return 0 end
-      return math.max(log_entry(s, s.n - 1)[1] + w - now, 0)
-    end
-    if s.t + cost <= limit then
-      if cost > 0 then
-        local newest = s.h < s.n and log_entry(s, s.n - 1)
-        if newest and newest[1] >= now then
-          -- Same microsecond, or time went backwards: charge the newest
-          -- entry, which expires no earlier than `now` would.
-          newest[2] = newest[2] + cost
-          s.dirty[s.n - 1] = true
-        else
-          s.cache[s.n] = { now, cost }
-          s.dirty[s.n] = true
-          s.n = s.n + 1
+  return {
+    load = function(key)
+      local v = redis.call('HMGET', key, 't', 'h', 'n')
+      return { key = key, t = num(v[1]) or 0, h = num(v[2]) or 0, n = num(v[3]) or 0,
+               cache = {}, dropped = {}, dirty = {} }
+    end,
+    save = function(key, s)
+      for _, seq in ipairs(s.dropped) do redis.call('HDEL', key, 'e' .. int(seq)) end
+      for seq in pairs(s.dirty) do
+        local e = s.cache[seq]
+        redis.call('HSET', key, 'e' .. int(seq), int(e[1]) .. ':' .. int(e[2]))
+      end
+      redis.call('HSET', key, 't', s.t, 'h', s.h, 'n', s.n)
+    end,
+    check = function(s, p, cost, now)
+      local limit, w = p[1], p[2]
+      -- Drop the entries that left the window (now - w, now].
+      while s.h < s.n do
+        local e = log_entry(s, s.h)
+        if e[1] + w > now then break end
+        s.t = s.t - e[2]
+        table.insert(s.dropped, s.h)
+        s.dirty[s.h] = nil
+        s.h = s.h + 1
+      end
+      local function reset_after()
+        if s.h == s.n then return 0 end
+        return math.max(log_entry(s, s.n - 1)[1] + w - now, 0)
+      end
+      if s.t + cost <= limit then
+        if cost > 0 then
+          local newest = s.h < s.n and log_entry(s, s.n - 1)
+          if newest and newest[1] >= now then
+            -- Same microsecond, or time went backwards: charge the newest
+            -- entry, which expires no earlier than `now` would.
+            newest[2] = newest[2] + cost
+            s.dirty[s.n - 1] = true
+          else
+            s.cache[s.n] = { now, cost }
+            s.dirty[s.n] = true
+            s.n = s.n + 1
+          end
+          s.t = s.t + cost
         end
-        s.t = s.t + cost
+        return decision(true, limit, limit - s.t, reset_after())
       end
-      return decision(true, limit, limit - s.t, reset_after())
-    end
-    local left, retry_at = s.t, now
-    for seq = s.h, s.n - 1 do
-      local e = log_entry(s, seq)
-      left = left - e[2]
-      if left + cost <= limit then
-        retry_at = e[1] + w
-        break
+      local left, retry_at = s.t, now
+      for seq = s.h, s.n - 1 do
+        local e = log_entry(s, seq)
+        left = left - e[2]
+        if left + cost <= limit then
+          retry_at = e[1] + w
+          break
+        end
       end
-    end
-    return decision(false, limit, limit - s.t, reset_after(), math.max(retry_at - now, 0))
-  end,
-  idle_at = function(s, p)
-    if s.h == s.n then return 0 end
-    return log_entry(s, s.n - 1)[1] + p[2]
-  end,
-}
-
--- The charge is in the entry stamped `at`, or (if time went backwards when
--- it was made) in the oldest later one.
-ALGORITHMS[2].refund = function(s, p, cost, at)
-  local found = nil
-  for seq = s.n - 1, s.h, -1 do
-    if log_entry(s, seq)[1] == at then found = seq break end
-  end
-  if not found then
-    for seq = s.h, s.n - 1 do
-      if log_entry(s, seq)[1] > at then found = seq break end
-    end
-  end
-  if not found then return end
-  local e = log_entry(s, found)
-  local taken = math.min(cost, e[2])
-  e[2] = e[2] - taken
-  s.t = s.t - taken
-  s.dirty[found] = true
-  -- An emptied entry stays as a zero-cost placeholder unless it is the
-  -- oldest or newest, so sequence numbers stay contiguous.
-  while s.h < s.n and log_entry(s, s.h)[2] == 0 do
-    table.insert(s.dropped, s.h)
-    s.dirty[s.h] = nil
-    s.h = s.h + 1
-  end
-  while s.h < s.n and log_entry(s, s.n - 1)[2] == 0 do
-    s.n = s.n - 1
-    table.insert(s.dropped, s.n)
-    s.dirty[s.n] = nil
-  end
+      return decision(false, limit, limit - s.t, reset_after(), math.max(retry_at - now, 0))
+    end,
+    idle_at = function(s, p)
+      if s.h == s.n then return 0 end
+      return log_entry(s, s.n - 1)[1] + p[2]
+    end,
+    -- The charge is in the entry stamped `at`, or (if time went backwards when
+    -- it was made) in the oldest later one.
+    refund = function(s, p, cost, at)
+      local found = nil
+      for seq = s.n - 1, s.h, -1 do
+        if log_entry(s, seq)[1] == at then found = seq break end
+      end
+      if not found then
+        for seq = s.h, s.n - 1 do
+          if log_entry(s, seq)[1] > at then found = seq break end
+        end
+      end
+      if not found then return end
+      local e = log_entry(s, found)
+      local taken = math.min(cost, e[2])
+      e[2] = e[2] - taken
+      s.t = s.t - taken
+      s.dirty[found] = true
+      -- An emptied entry stays as a zero-cost placeholder unless it is the
+      -- oldest or newest, so sequence numbers stay contiguous.
+      while s.h < s.n and log_entry(s, s.h)[2] == 0 do
+        table.insert(s.dropped, s.h)
+        s.dirty[s.h] = nil
+        s.h = s.h + 1
+      end
+      while s.h < s.n and log_entry(s, s.n - 1)[2] == 0 do
+        s.n = s.n - 1
+        table.insert(s.dropped, s.n)
+        s.dirty[s.n] = nil
+      end
+    end,
+  }
 end
