@@ -104,7 +104,7 @@ where
     }
 }
 
-/// A few of something: requests rarely match more than four rules, and
+/// A few of something: requests rarely match more than two rules, and
 /// these live for one request, so they stay off the heap.
 type Small<T> = SmallVec<[T; 2]>;
 
