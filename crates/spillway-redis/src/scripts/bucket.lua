@@ -1,58 +1,50 @@
 -- token_bucket and leaky_bucket share one exact virtual-scheduling step.
--- p = { capacity, unit, per, mode, undelayed }: one unit of cost is worth
--- unit/per microseconds. State: m (whole microseconds) and f (remainder, in
--- 1/per µs) of the time the bucket is full / the queue has drained.
--- mode: 0 token bucket, 1 leaky shape, 2 leaky police.
-local function bucket()
-  return {
-    load = function(key)
-      local v = redis.call('HMGET', key, 'm', 'f')
-      return { m = num(v[1]) or 0, f = num(v[2]) or 0 }
-    end,
-    save = function(key, s)
-      redis.call('HSET', key, 'm', s.m, 'f', s.f)
-    end,
-    check = function(s, p, cost, now)
-      local capacity, unit, per, mode, undelayed = p[1], p[2], p[3], p[4], p[5]
-      -- The backlog in 1/per µs: (m - now) * per + f when the stamp is ahead.
-      local backlog = 0
-      if s.m > now or (s.m == now and s.f > 0) then
-        backlog = (s.m - now) * per + s.f
+-- p1 capacity, p2 unit, p3 per, p4 mode, p5 undelayed: one unit of cost is
+-- worth unit/per microseconds. State: m (whole microseconds) and f
+-- (remainder, in 1/per µs) of the time the bucket is full / the queue has
+-- drained. mode: 0 token bucket, 1 leaky shape, 2 leaky police.
+local function bucket(op, key, s, cost, now, capacity, unit, per, mode, undelayed)
+  if op == 'check' then
+    -- The backlog in 1/per µs: (m - now) * per + f when the stamp is ahead.
+    local backlog = 0
+    if s.m > now or (s.m == now and s.f > 0) then
+      backlog = (s.m - now) * per + s.f
+    end
+    local tolerance = capacity * unit
+    local after = backlog + cost * unit
+    -- Cost 0 only looks: allowed even when a clock set back leaves more
+    -- backlog than the capacity.
+    if cost == 0 or after <= tolerance then
+      if cost > 0 then
+        s.m = now + idiv(after, per)
+        s.f = after - idiv(after, per) * per
       end
-      local tolerance = capacity * unit
-      local after = backlog + cost * unit
-      -- Cost 0 only looks: allowed even when a clock set back leaves more
-      -- backlog than the capacity.
-      if cost == 0 or after <= tolerance then
-        if cost > 0 then
-          s.m = now + idiv(after, per)
-          s.f = after - idiv(after, per) * per
-        end
-        local delay = 0
-        if mode == 1 and cost > 0 then
-          delay = cdiv(math.max(backlog - undelayed * unit, 0), per)
-        end
-        return decision(true, capacity, idiv(math.max(tolerance - after, 0), unit), cdiv(after, per), nil, delay)
+      local delay = 0
+      if mode == 1 and cost > 0 then
+        delay = cdiv(math.max(backlog - undelayed * unit, 0), per)
       end
-      local fits_at = backlog - (tolerance - cost * unit)
-      return decision(false, capacity, idiv(math.max(tolerance - backlog, 0), unit),
-        cdiv(backlog, per), cdiv(fits_at, per))
-    end,
-    idle_at = function(s, p)
-      if s.f > 0 then return s.m + 1 end
-      return s.m
-    end,
-    refund = function(s, p, cost, at)
-      local unit, per = p[2], p[3]
-      local back = cost * unit
-      local whole = idiv(back, per)
-      s.m = s.m - whole
-      s.f = s.f - (back - whole * per)
-      if s.f < 0 then
-        s.f = s.f + per
-        s.m = s.m - 1
-      end
-      if s.m < 0 then s.m, s.f = 0, 0 end
-    end,
-  }
+      return 1, capacity, idiv(math.max(tolerance - after, 0), unit), cdiv(after, per), -1, delay
+    end
+    local fits_at = backlog - (tolerance - cost * unit)
+    return 0, capacity, idiv(math.max(tolerance - backlog, 0), unit), cdiv(backlog, per),
+      cdiv(fits_at, per), 0
+  elseif op == 'load' then
+    local v = redis.call('HMGET', key, 'm', 'f')
+    return { m = (v[1] or 0) + 0, f = (v[2] or 0) + 0 }
+  elseif op == 'idle_at' then
+    if s.f > 0 then return s.m + 1 end
+    return s.m
+  elseif op == 'save' then
+    redis.call('HSET', key, 'm', s.m, 'f', s.f)
+  elseif op == 'refund' then
+    local back = cost * unit
+    local whole = idiv(back, per)
+    s.m = s.m - whole
+    s.f = s.f - (back - whole * per)
+    if s.f < 0 then
+      s.f = s.f + per
+      s.m = s.m - 1
+    end
+    if s.m < 0 then s.m, s.f = 0, 0 end
+  end
 end

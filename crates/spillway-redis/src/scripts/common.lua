@@ -2,9 +2,21 @@
 -- below 2^53 (the store refuses rules that could exceed it), and division
 -- goes through idiv so that it is exact.
 --
--- The whole script runs on every call, so each algorithm file only
--- registers a definer: the driver builds an algorithm's functions when a
--- check uses it, not on every call for every algorithm.
+-- The whole script runs on every call, and each function definition in it
+-- builds a closure every time it runs. So each algorithm is one function,
+-- `algorithm(op, key, state, cost, now, p1..p5)`, whose `op` says what to
+-- do: 'load' (returns the key's state), 'check' (updates the state and
+-- returns the decision), 'idle_at' (when the state is back to fresh, in
+-- µs), 'save' (writes the state), 'refund' (takes `cost` charged at `now`
+-- back off the state). The parameters come as arguments, never in a table.
+--
+-- A decision is six numbers (no table: the driver copies them into the
+-- reply): allowed (0/1), limit, remaining, reset_after, retry_after (-1 when
+-- admitted), delay. Times in microseconds.
+--
+-- Numbers arrive as strings (ARGV, HMGET, TIME). `v + 0` converts one
+-- exactly as tonumber does (Lua's string-to-number, strtod: exact below
+-- 2^53) for less than half the cost of calling tonumber.
 
 -- floor(a / b) for integers a >= 0, b > 0, exactly.
 local function idiv(a, b)
@@ -19,25 +31,4 @@ local function cdiv(a, b)
   local q = idiv(a, b)
   if q * b < a then q = q + 1 end
   return q
-end
-
--- An integer as text, for the strings this script builds itself. Lua's own
--- number-to-string conversion keeps 14 significant digits, which would
--- round a timestamp in microseconds (16 digits). A number passed straight
--- to redis.call needs no such care: Redis converts it exactly (`%.17g`, or
--- its integer printer when the number is whole).
-local function int(x)
-  return string.format('%.0f', x)
-end
-
-local function num(v)
-  if v then return tonumber(v) end
-  return nil
-end
-
--- A decision, as six numbers (no table: the driver copies them into the
--- reply): allowed (0/1), limit, remaining, reset_after, retry_after (-1 when
--- admitted), delay. Times in microseconds.
-local function decision(allowed, limit, remaining, reset_after, retry_after, delay)
-  return allowed and 1 or 0, limit, remaining, reset_after, retry_after or -1, delay or 0
 end

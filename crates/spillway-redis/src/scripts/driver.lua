@@ -14,49 +14,52 @@ local now
 -- one, so keeping it longer changes no decision.
 local ttl_slack_ms = 0
 if ARGV[1] ~= '' and ALLOW_TIME_OVERRIDE then
-  now = tonumber(ARGV[1])
+  now = ARGV[1] + 0
   ttl_slack_ms = 60000
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 
 local n = #KEYS
 
--- An algorithm's functions, by its number (script.rs::params). The whole
--- script runs on every call: defining only the algorithms a call uses keeps
--- the others from costing anything.
-local function define(id)
-  if id == 1 then return fixed_window() end
-  if id == 2 then return sliding_log() end
-  if id == 3 then return sliding_window() end
-  if id == 4 or id == 5 then return bucket() end
+-- Check i's algorithm (by its number, script.rs::params), its cost and its
+-- parameters: only those the algorithm reads are converted.
+local function check_of(i)
+  local base = 2 + (i - 1) * 7
+  local id = ARGV[base + 1]
+  if id == '1' then
+    return fixed_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+  elseif id == '4' or id == '5' then
+    return bucket, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0,
+      ARGV[base + 4] + 0, ARGV[base + 5] + 0, ARGV[base + 6] + 0
+  elseif id == '3' then
+    return sliding_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+  elseif id == '2' then
+    return sliding_log, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+  end
   error('spillway: unknown algorithm ' .. tostring(id))
 end
 
--- Check i's algorithm (defined once per call when given a `defined`
--- table to keep it in), its parameters, its cost.
-local function params_of(i, defined)
-  local base = 2 + (i - 1) * 7
-  local id = tonumber(ARGV[base + 1])
-  local algo = defined and defined[id]
-  if not algo then
-    algo = define(id)
-    if defined then defined[id] = algo end
-  end
-  local p = { tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]),
-              tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]) }
-  return algo, p, tonumber(ARGV[base + 7])
-end
-
-local function save(algo, key, state, p)
-  local idle_at = algo.idle_at(state, p)
+local function save(algo, key, state, p1, p2, p3, p4, p5)
+  local idle_at = algo('idle_at', key, state, 0, now, p1, p2, p3, p4, p5)
   if idle_at <= now then
     redis.call('DEL', key)
   else
-    algo.save(key, state)
+    algo('save', key, state, 0, now, p1, p2, p3, p4, p5)
     redis.call('PEXPIRE', key, cdiv(idle_at - now, 1000) + ttl_slack_ms)
   end
+end
+
+if n == 1 and ARGV[2] == '' then
+  -- The common case, without the bookkeeping for several checks.
+  local algo, cost, p1, p2, p3, p4, p5 = check_of(1)
+  local key = KEYS[1]
+  local state = algo('load', key)
+  local allowed, limit, remaining, reset_after, retry_after, delay =
+    algo('check', key, state, cost, now, p1, p2, p3, p4, p5)
+  if allowed == 1 and cost > 0 then save(algo, key, state, p1, p2, p3, p4, p5) end
+  return { allowed, now, allowed, limit, remaining, reset_after, retry_after, delay }
 end
 
 -- Copies check i's decision (six numbers) into the reply.
@@ -67,48 +70,51 @@ local function put(reply, i, allowed, limit, remaining, reset_after, retry_after
   return allowed
 end
 
+-- Each check's algorithm, cost, and parameters (five slots per check).
+local algos, costs, params = {}, {}, {}
+for i = 1, n do
+  local o = 5 * i
+  algos[i], costs[i], params[o + 1], params[o + 2], params[o + 3], params[o + 4], params[o + 5] =
+    check_of(i)
+end
+-- Check i's call of its algorithm.
+local function run(i, op, state, cost, at)
+  local o = 5 * i
+  return algos[i](op, KEYS[i], state, cost, at,
+    params[o + 1], params[o + 2], params[o + 3], params[o + 4], params[o + 5])
+end
+local function save_of(i, state)
+  local o = 5 * i
+  save(algos[i], KEYS[i], state, params[o + 1], params[o + 2], params[o + 3], params[o + 4],
+    params[o + 5])
+end
+
 if ARGV[2] ~= '' then
   -- Refund: another part of the request (on another cluster node) denied.
-  local charged_at = tonumber(ARGV[2])
-  local defined = {}
+  local charged_at = ARGV[2] + 0
   for i = 1, n do
-    local algo, p, cost = params_of(i, defined)
-    if cost > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-      local state = algo.load(KEYS[i])
-      algo.refund(state, p, cost, charged_at)
-      save(algo, KEYS[i], state, p)
+    if costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+      local state = run(i, 'load')
+      run(i, 'refund', state, costs[i], charged_at)
+      save_of(i, state)
     end
   end
   -- Report each key's state as it now stands.
   local reply = { 1, now }
   for i = 1, n do
-    local algo, p = params_of(i, defined)
-    put(reply, i, algo.check(algo.load(KEYS[i]), p, 0, now))
+    put(reply, i, run(i, 'check', run(i, 'load'), 0, now))
   end
   return reply
 end
 
-if n == 1 then
-  -- The common case, without the bookkeeping for several checks.
-  local algo, p, cost = params_of(1)
-  local key = KEYS[1]
-  local state = algo.load(key)
-  local allowed, limit, remaining, reset_after, retry_after, delay =
-    algo.check(state, p, cost, now)
-  if allowed == 1 and cost > 0 then save(algo, key, state, p) end
-  return { allowed, now, allowed, limit, remaining, reset_after, retry_after, delay }
-end
-
-local defined, states, algos, params, costs = {}, {}, {}, {}, {}
+local states = {}
 local reply = { 1, now }
 for i = 1, n do
-  local algo, p, cost = params_of(i, defined)
   local key = KEYS[i]
   if not states[key] then
-    states[key] = algo.load(key)
+    states[key] = run(i, 'load')
   end
-  algos[i], params[i], costs[i] = algo, p, cost
-  if put(reply, i, algo.check(states[key], p, cost, now)) == 0 then reply[1] = 0 end
+  if put(reply, i, run(i, 'check', states[key], costs[i], now)) == 0 then reply[1] = 0 end
 end
 
 if reply[1] == 1 then
@@ -117,7 +123,7 @@ if reply[1] == 1 then
     local key = KEYS[i]
     if not written[key] and costs[i] > 0 then
       written[key] = true
-      save(algos[i], key, states[key], params[i])
+      save_of(i, states[key])
     end
   end
 else
@@ -125,8 +131,7 @@ else
   -- have seen a charge of this request) report their state as it stands.
   for i = 1, n do
     if reply[6 * i - 3] == 1 then
-      local fresh = algos[i].load(KEYS[i])
-      put(reply, i, algos[i].check(fresh, params[i], 0, now))
+      put(reply, i, run(i, 'check', run(i, 'load'), 0, now))
     end
   end
 end

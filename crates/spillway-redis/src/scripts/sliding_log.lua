@@ -1,114 +1,116 @@
--- sliding_log: p = { limit, window }. State, in one hash: t (total cost),
+-- sliding_log: p1 limit, p2 window. State, in one hash: t (total cost),
 -- h (sequence number of the oldest entry), n (the next sequence number),
 -- and one field per entry, "e<seq>" = "<timestamp>:<cost>". Entries are
 -- read lazily: a check that expires nothing reads only the header and the
 -- newest entry.
-local function sliding_log()
+local function sliding_log(op, key, s, cost, now, limit, w)
+  -- An integer as text, for the strings this algorithm builds itself. Lua's
+  -- own number-to-string conversion keeps 14 significant digits, which
+  -- would round a timestamp in microseconds (16 digits). A number passed
+  -- straight to redis.call needs no such care: Redis converts it exactly
+  -- (`%.17g`, or its integer printer when the number is whole).
+  local function int(x)
+    return string.format('%.0f', x)
+  end
+
   local function log_entry(s, seq)
     local e = s.cache[seq]
     if not e then
       local v = redis.call('HGET', s.key, 'e' .. int(seq))
-      local at, cost = string.match(v or '', '^(%d+):(%d+)$')
+      local at, c = string.match(v or '', '^(%d+):(%d+)$')
       if not at then
         error('spillway: corrupt sliding log entry ' .. int(seq) .. ' in ' .. s.key)
       end
-      e = { tonumber(at), tonumber(cost) }
+      e = { at + 0, c + 0 }
       s.cache[seq] = e
     end
     return e
   end
 
-  return {
-    load = function(key)
-      local v = redis.call('HMGET', key, 't', 'h', 'n')
-      return { key = key, t = num(v[1]) or 0, h = num(v[2]) or 0, n = num(v[3]) or 0,
-               cache = {}, dropped = {}, dirty = {} }
-    end,
-    save = function(key, s)
-      for _, seq in ipairs(s.dropped) do redis.call('HDEL', key, 'e' .. int(seq)) end
-      for seq in pairs(s.dirty) do
-        local e = s.cache[seq]
-        redis.call('HSET', key, 'e' .. int(seq), int(e[1]) .. ':' .. int(e[2]))
-      end
-      redis.call('HSET', key, 't', s.t, 'h', s.h, 'n', s.n)
-    end,
-    check = function(s, p, cost, now)
-      local limit, w = p[1], p[2]
-      -- Drop the entries that left the window (now - w, now].
-      while s.h < s.n do
-        local e = log_entry(s, s.h)
-        if e[1] + w > now then break end
-        s.t = s.t - e[2]
-        table.insert(s.dropped, s.h)
-        s.dirty[s.h] = nil
-        s.h = s.h + 1
-      end
-      local function reset_after()
-        if s.h == s.n then return 0 end
-        return math.max(log_entry(s, s.n - 1)[1] + w - now, 0)
-      end
-      if s.t + cost <= limit then
-        if cost > 0 then
-          local newest = s.h < s.n and log_entry(s, s.n - 1)
-          if newest and newest[1] >= now then
-            -- Same microsecond, or time went backwards: charge the newest
-            -- entry, which expires no earlier than `now` would.
-            newest[2] = newest[2] + cost
-            s.dirty[s.n - 1] = true
-          else
-            s.cache[s.n] = { now, cost }
-            s.dirty[s.n] = true
-            s.n = s.n + 1
-          end
-          s.t = s.t + cost
-        end
-        return decision(true, limit, limit - s.t, reset_after())
-      end
-      local left, retry_at = s.t, now
-      for seq = s.h, s.n - 1 do
-        local e = log_entry(s, seq)
-        left = left - e[2]
-        if left + cost <= limit then
-          retry_at = e[1] + w
-          break
-        end
-      end
-      return decision(false, limit, limit - s.t, reset_after(), math.max(retry_at - now, 0))
-    end,
-    idle_at = function(s, p)
+  if op == 'load' then
+    local v = redis.call('HMGET', key, 't', 'h', 'n')
+    return { key = key, t = (v[1] or 0) + 0, h = (v[2] or 0) + 0, n = (v[3] or 0) + 0,
+             cache = {}, dropped = {}, dirty = {} }
+  elseif op == 'save' then
+    for _, seq in ipairs(s.dropped) do redis.call('HDEL', key, 'e' .. int(seq)) end
+    for seq in pairs(s.dirty) do
+      local e = s.cache[seq]
+      redis.call('HSET', key, 'e' .. int(seq), int(e[1]) .. ':' .. int(e[2]))
+    end
+    redis.call('HSET', key, 't', s.t, 'h', s.h, 'n', s.n)
+  elseif op == 'check' then
+    -- Drop the entries that left the window (now - w, now].
+    while s.h < s.n do
+      local e = log_entry(s, s.h)
+      if e[1] + w > now then break end
+      s.t = s.t - e[2]
+      table.insert(s.dropped, s.h)
+      s.dirty[s.h] = nil
+      s.h = s.h + 1
+    end
+    local function reset_after()
       if s.h == s.n then return 0 end
-      return log_entry(s, s.n - 1)[1] + p[2]
-    end,
-    -- The charge is in the entry stamped `at`, or (if time went backwards when
-    -- it was made) in the oldest later one.
-    refund = function(s, p, cost, at)
-      local found = nil
-      for seq = s.n - 1, s.h, -1 do
-        if log_entry(s, seq)[1] == at then found = seq break end
-      end
-      if not found then
-        for seq = s.h, s.n - 1 do
-          if log_entry(s, seq)[1] > at then found = seq break end
+      return math.max(log_entry(s, s.n - 1)[1] + w - now, 0)
+    end
+    if s.t + cost <= limit then
+      if cost > 0 then
+        local newest = s.h < s.n and log_entry(s, s.n - 1)
+        if newest and newest[1] >= now then
+          -- Same microsecond, or time went backwards: charge the newest
+          -- entry, which expires no earlier than `now` would.
+          newest[2] = newest[2] + cost
+          s.dirty[s.n - 1] = true
+        else
+          s.cache[s.n] = { now, cost }
+          s.dirty[s.n] = true
+          s.n = s.n + 1
         end
+        s.t = s.t + cost
       end
-      if not found then return end
-      local e = log_entry(s, found)
-      local taken = math.min(cost, e[2])
-      e[2] = e[2] - taken
-      s.t = s.t - taken
-      s.dirty[found] = true
-      -- An emptied entry stays as a zero-cost placeholder unless it is the
-      -- oldest or newest, so sequence numbers stay contiguous.
-      while s.h < s.n and log_entry(s, s.h)[2] == 0 do
-        table.insert(s.dropped, s.h)
-        s.dirty[s.h] = nil
-        s.h = s.h + 1
+      return 1, limit, limit - s.t, reset_after(), -1, 0
+    end
+    local left, retry_at = s.t, now
+    for seq = s.h, s.n - 1 do
+      local e = log_entry(s, seq)
+      left = left - e[2]
+      if left + cost <= limit then
+        retry_at = e[1] + w
+        break
       end
-      while s.h < s.n and log_entry(s, s.n - 1)[2] == 0 do
-        s.n = s.n - 1
-        table.insert(s.dropped, s.n)
-        s.dirty[s.n] = nil
+    end
+    return 0, limit, limit - s.t, reset_after(), math.max(retry_at - now, 0), 0
+  elseif op == 'idle_at' then
+    if s.h == s.n then return 0 end
+    return log_entry(s, s.n - 1)[1] + w
+  elseif op == 'refund' then
+    -- `now` is the time of the charge. It is in the entry stamped with
+    -- it, or (if time went backwards when it was made) in the oldest later one.
+    local at, found = now, nil
+    for seq = s.n - 1, s.h, -1 do
+      if log_entry(s, seq)[1] == at then found = seq break end
+    end
+    if not found then
+      for seq = s.h, s.n - 1 do
+        if log_entry(s, seq)[1] > at then found = seq break end
       end
-    end,
-  }
+    end
+    if not found then return end
+    local e = log_entry(s, found)
+    local taken = math.min(cost, e[2])
+    e[2] = e[2] - taken
+    s.t = s.t - taken
+    s.dirty[found] = true
+    -- An emptied entry stays as a zero-cost placeholder unless it is the
+    -- oldest or newest, so sequence numbers stay contiguous.
+    while s.h < s.n and log_entry(s, s.h)[2] == 0 do
+      table.insert(s.dropped, s.h)
+      s.dirty[s.h] = nil
+      s.h = s.h + 1
+    end
+    while s.h < s.n and log_entry(s, s.n - 1)[2] == 0 do
+      s.n = s.n - 1
+      table.insert(s.dropped, s.n)
+      s.dirty[s.n] = nil
+    end
+  end
 end

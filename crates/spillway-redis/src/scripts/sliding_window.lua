@@ -1,68 +1,56 @@
--- sliding_window: p = { limit, window }. State: w (window index),
+-- sliding_window: p1 limit, p2 window. State: w (window index),
 -- p (previous window's count), c (current window's count).
-local function sliding_window()
-  local function sw_idle_at(s, w)
+local function sliding_window(op, key, s, cost, now, limit, w)
+  if op == 'check' then
+    local k = idiv(now, w)
+    local e = 0
+    if k >= s.w then
+      if k == s.w + 1 then
+        s.w, s.p, s.c = k, s.c, 0
+      elseif k > s.w then
+        s.w, s.p, s.c = k, 0, 0
+      end
+      e = now - k * w
+    end
+    -- Otherwise time went backwards: stay in the stored window with the
+    -- previous one at full weight.
+    local weighted = s.p * (w - e)
+    if cost == 0 or weighted + (s.c + cost) * w <= limit * w then
+      s.c = s.c + cost
+      return 1, limit, idiv(math.max(limit * w - weighted - s.c * w, 0), w),
+        math.max(sliding_window('idle_at', key, s, 0, now, limit, w) - now, 0), -1, 0
+    end
+    local start = s.w * w
+    local retry_at = nil
+    local room = limit - s.c - cost
+    if room >= 0 and s.p > 0 then
+      local e_ok = w - idiv(room * w, s.p)
+      if e_ok < 0 then e_ok = 0 end
+      if e_ok < w then retry_at = start + e_ok end
+    end
+    if not retry_at then
+      local e_next = 0
+      if s.c > 0 then e_next = math.max(w - idiv((limit - cost) * w, s.c), 0) end
+      retry_at = start + w + e_next
+    end
+    return 0, limit, idiv(math.max(limit * w - weighted - s.c * w, 0), w),
+      math.max(sliding_window('idle_at', key, s, 0, now, limit, w) - now, 0),
+      math.max(retry_at - now, 0), 0
+  elseif op == 'load' then
+    local v = redis.call('HMGET', key, 'w', 'p', 'c')
+    return { w = (v[1] or 0) + 0, p = (v[2] or 0) + 0, c = (v[3] or 0) + 0 }
+  elseif op == 'idle_at' then
     if s.c > 0 then return (s.w + 2) * w end
     if s.p > 0 then return (s.w + 1) * w end
     return 0
+  elseif op == 'save' then
+    redis.call('HSET', key, 'w', s.w, 'p', s.p, 'c', s.c)
+  elseif op == 'refund' then
+    local k = idiv(now, w)
+    if k == s.w then
+      s.c = math.max(s.c - cost, 0)
+    elseif k + 1 == s.w then
+      s.p = math.max(s.p - cost, 0)
+    end
   end
-
-  return {
-    load = function(key)
-      local v = redis.call('HMGET', key, 'w', 'p', 'c')
-      return { w = num(v[1]) or 0, p = num(v[2]) or 0, c = num(v[3]) or 0 }
-    end,
-    save = function(key, s)
-      redis.call('HSET', key, 'w', s.w, 'p', s.p, 'c', s.c)
-    end,
-    check = function(s, p, cost, now)
-      local limit, w = p[1], p[2]
-      local k = idiv(now, w)
-      local e = 0
-      if k >= s.w then
-        if k == s.w + 1 then
-          s.w, s.p, s.c = k, s.c, 0
-        elseif k > s.w then
-          s.w, s.p, s.c = k, 0, 0
-        end
-        e = now - k * w
-      end
-      -- Otherwise time went backwards: stay in the stored window with the
-      -- previous one at full weight.
-      local weighted = s.p * (w - e)
-      local function remaining(curr)
-        return idiv(math.max(limit * w - weighted - curr * w, 0), w)
-      end
-      if cost == 0 or weighted + (s.c + cost) * w <= limit * w then
-        s.c = s.c + cost
-        return decision(true, limit, remaining(s.c), math.max(sw_idle_at(s, w) - now, 0))
-      end
-      local start = s.w * w
-      local retry_at = nil
-      local room = limit - s.c - cost
-      if room >= 0 and s.p > 0 then
-        local e_ok = w - idiv(room * w, s.p)
-        if e_ok < 0 then e_ok = 0 end
-        if e_ok < w then retry_at = start + e_ok end
-      end
-      if not retry_at then
-        local e_next = 0
-        if s.c > 0 then e_next = math.max(w - idiv((limit - cost) * w, s.c), 0) end
-        retry_at = start + w + e_next
-      end
-      return decision(false, limit, remaining(s.c), math.max(sw_idle_at(s, w) - now, 0),
-        math.max(retry_at - now, 0))
-    end,
-    idle_at = function(s, p)
-      return sw_idle_at(s, p[2])
-    end,
-    refund = function(s, p, cost, at)
-      local k = idiv(at, p[2])
-      if k == s.w then
-        s.c = math.max(s.c - cost, 0)
-      elseif k + 1 == s.w then
-        s.p = math.max(s.p - cost, 0)
-      end
-    end,
-  }
 end
