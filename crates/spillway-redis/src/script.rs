@@ -127,13 +127,22 @@ pub(crate) fn redis_key(prefix: &str, rule: &str, algorithm: &AnyAlgorithm, key:
     out.push(':');
     escape_into(&mut out, key);
     out.push_str("}:");
-    out.push_str(match algorithm {
-        AnyAlgorithm::FixedWindow(_) => "fw",
-        AnyAlgorithm::SlidingLog(_) => "sl",
-        AnyAlgorithm::SlidingWindow(_) => "sw",
-        AnyAlgorithm::TokenBucket(_) => "tb",
-        AnyAlgorithm::LeakyBucket(_) => "lb",
-    });
+    // The windows' state counts windows by number, which means nothing
+    // under another window length: their suffix names the length, so a
+    // reload that changes it starts afresh instead of misreading the count.
+    // The other states are times and counts, kept across any change.
+    let window = |tag: &str, out: &mut String| {
+        out.push_str(tag);
+        out.push(':');
+        out.push_str(itoa::Buffer::new().format(algorithm.quota().period_micros()));
+    };
+    match algorithm {
+        AnyAlgorithm::FixedWindow(_) => window("fw", &mut out),
+        AnyAlgorithm::SlidingWindow(_) => window("sw", &mut out),
+        AnyAlgorithm::SlidingLog(_) => out.push_str("sl"),
+        AnyAlgorithm::TokenBucket(_) => out.push_str("tb"),
+        AnyAlgorithm::LeakyBucket(_) => out.push_str("lb"),
+    }
     out
 }
 
@@ -160,9 +169,9 @@ mod tests {
         let fw = AnyAlgorithm::from(FixedWindow::new(Quota::per_second(
             std::num::NonZeroU32::MIN,
         )));
-        assert_eq!(redis_key("s:", "a:b", &fw, "c"), "s:{a%3Ab:c}:fw");
-        assert_eq!(redis_key("s:", "a", &fw, "b:c"), "s:{a:b%3Ac}:fw");
-        assert_eq!(redis_key("s:", "r", &fw, "}{"), "s:{r:%7D%7B}:fw");
+        assert_eq!(redis_key("s:", "a:b", &fw, "c"), "s:{a%3Ab:c}:fw:1000000");
+        assert_eq!(redis_key("s:", "a", &fw, "b:c"), "s:{a:b%3Ac}:fw:1000000");
+        assert_eq!(redis_key("s:", "r", &fw, "}{"), "s:{r:%7D%7B}:fw:1000000");
     }
 
     #[test]

@@ -89,10 +89,10 @@ async fn every_key_gets_a_ttl_that_ends_when_its_state_is_fresh_again() {
         reply.trim().trim_start_matches(':').parse().unwrap()
     };
     // Fixed window: until the end of the current minute.
-    let fw = pttl("spillway:{fw:ttl}:fw");
+    let fw = pttl("spillway:{fw:ttl}:fw:60000000");
     assert!(fw > 0 && fw <= 60_000, "fixed window PTTL {fw}");
     // Sliding window: the count weighs on the next window too.
-    let sw = pttl("spillway:{sw:ttl}:sw");
+    let sw = pttl("spillway:{sw:ttl}:sw:60000000");
     assert!(sw > 60_000 && sw <= 120_000, "sliding window PTTL {sw}");
     // Sliding log: one window after the entry.
     let log = pttl("spillway:{log:ttl}:sl");
@@ -114,7 +114,7 @@ async fn decisions_use_the_servers_clock() {
     // The stored window index is the server's TIME divided by the window.
     let time = server.command("TIME");
     let secs: u64 = time.lines().nth(2).unwrap().trim().parse().unwrap();
-    let stored = server.command("HGET spillway:{fw:clock}:fw w");
+    let stored = server.command("HGET spillway:{fw:clock}:fw:1000000 w");
     let index: u64 = stored.lines().nth(1).unwrap().trim().parse().unwrap();
     assert!(
         secs.abs_diff(index) <= 1,
@@ -526,7 +526,7 @@ async fn cluster_follows_ask_and_moved_while_a_slot_migrates() {
     )
     .await
     .unwrap();
-    let redis_key = "spillway:{mig:client}:fw";
+    let redis_key = "spillway:{mig:client}:fw:3600000000";
     let slot = spillway_redis::slot(redis_key.as_bytes());
     for _ in 0..3 {
         assert!(s.check(&one("client")).await.unwrap().allowed);
@@ -621,4 +621,53 @@ async fn windows_of_a_million_a_day_count_exactly() {
     .await
     .expect_err("a sliding window this large is refused");
     assert!(refused.to_string().contains("sw"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_reload_that_changes_a_window_starts_it_afresh() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    // The same rule and key, before and after a reload that takes the
+    // window from a millisecond to an hour. The windows' state counts
+    // windows by number: read under the new length, the old number would
+    // put the window's end past 2^53 µs. The new length is a new counter.
+    let ms = Duration::from_millis(1);
+    let hour = Duration::from_secs(3600);
+    for (name, before, after) in [
+        (
+            "fw",
+            AnyAlgorithm::from(FixedWindow::new(per(2, ms))),
+            AnyAlgorithm::from(FixedWindow::new(per(2, hour))),
+        ),
+        (
+            "sw",
+            SlidingWindow::new(per(2, ms)).into(),
+            SlidingWindow::new(per(2, hour)).into(),
+        ),
+    ] {
+        let old = store(
+            &server,
+            vec![Rule::new(name, before)],
+            RedisOptions::default(),
+        )
+        .await;
+        assert!(old.check(&one("k")).await.expect("decides").allowed);
+        let new = store(
+            &server,
+            vec![Rule::new(name, after)],
+            RedisOptions::default(),
+        )
+        .await;
+        for remaining in [1, 0] {
+            let d = new.check(&one("k")).await.expect("decides");
+            assert!(d.allowed, "{name}");
+            assert_eq!(d.decisions[0].remaining, remaining, "{name}");
+            assert!(d.decisions[0].reset_after <= 2 * hour, "{name}");
+        }
+        assert!(
+            !new.check(&one("k")).await.expect("decides").allowed,
+            "{name}"
+        );
+    }
 }

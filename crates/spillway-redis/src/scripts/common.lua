@@ -20,9 +20,12 @@
 
 -- floor(a / b) for integers a >= 0, b > 0, exactly.
 local function idiv(a, b)
+  -- Below 2^53 the rounded quotient's floor is the true one or one more:
+  -- one step corrects it. A step, not a loop: past 2^53 (a state the store
+  -- never writes) q - 1 == q, and a loop would hold Redis for ever.
   local q = math.floor(a / b)
-  while q * b > a do q = q - 1 end
-  while (q + 1) * b <= a do q = q + 1 end
+  if q * b > a then q = q - 1 end
+  if (q + 1) * b <= a then q = q + 1 end
   return q
 end
 
