@@ -97,11 +97,7 @@ async fn start_engine(engine: Engine) -> Server {
 
 impl Server {
     async fn ask(&mut self, request: RateLimitRequest) -> RateLimitResponse {
-        self.client
-            .should_rate_limit(request)
-            .await
-            .expect("an answer")
-            .into_inner()
+        grpc_support::ask(&mut self.client, request).await
     }
 
     async fn one(&mut self, entries: &[(&str, &str)]) -> RateLimitResponse {

@@ -137,11 +137,7 @@ async fn start_with(state: State, source: Option<ConfigSource>) -> Server {
 
 impl Server {
     async fn ask(&mut self, request: RateLimitRequest) -> RateLimitResponse {
-        self.grpc
-            .should_rate_limit(request)
-            .await
-            .expect("an answer")
-            .into_inner()
+        grpc_support::ask(&mut self.grpc, request).await
     }
 
     async fn one(&mut self, entries: &[(&str, &str)]) -> RateLimitResponse {

@@ -229,3 +229,50 @@ pub fn rate_limit_headers(
     write(&mut map, options, &applied, restrictive);
     map
 }
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use spillway::Quota;
+    use spillway::algorithm::FixedWindow;
+
+    use super::*;
+
+    fn decision(limit: u64) -> Decision {
+        Decision {
+            allowed: true,
+            limit,
+            remaining: 1,
+            reset_after: Duration::from_secs(5),
+            retry_after: None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn values_made_in_advance_are_used_only_for_the_limit_they_were_made_for() {
+        let quota = Quota::per_minute(NonZeroU32::new(100).expect("nonzero"));
+        let name = sf_name("api");
+        let made = Presented::new(&name, &FixedWindow::new(quota));
+        let write_for = |limit, window_secs| {
+            let mut map = HeaderMap::new();
+            let applied = Applied {
+                name: &name,
+                decision: decision(limit),
+                window_secs,
+                presented: Some(&made),
+            };
+            write(&mut map, &HeaderOptions::default(), &[applied], 0);
+            map
+        };
+        let same = write_for(100, 60);
+        assert_eq!(same[X_RATELIMIT_LIMIT], "100");
+        assert_eq!(same[RATELIMIT_POLICY], "\"api\";q=100;w=60");
+        // A store reporting another limit (or window) is described as it
+        // reports, not with the values made for the configured quota.
+        let other = write_for(40, 24);
+        assert_eq!(other[X_RATELIMIT_LIMIT], "40");
+        assert_eq!(other[RATELIMIT_POLICY], "\"api\";q=40;w=24");
+    }
+}

@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 
 use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use spillway_server::grpc::rls::RateLimitRequest;
 use spillway_server::grpc::rls::rate_limit_response::Code;
 use spillway_server::grpc::rls::rate_limit_service_client::RateLimitServiceClient;
+use spillway_server::grpc::rls::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::{Channel, Endpoint};
 
 /// A client of the service listening on `addr`.
@@ -48,4 +48,16 @@ pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimit
 /// A status code as the enum.
 pub fn code(c: i32) -> Code {
     Code::try_from(c).expect("a known code")
+}
+
+/// Asks the service, which must answer.
+pub async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .expect("an answer")
+        .into_inner()
 }
