@@ -274,6 +274,19 @@ impl HttpRule {
         self.tiers.iter().map(|(name, _)| name.as_str())
     }
 
+    /// The time quota `quota_index` takes to refill `limit` from empty, in
+    /// whole seconds: the window the headers announce. Made in advance for
+    /// the quota's own capacity, which is what decisions report.
+    pub(crate) fn window_secs(&self, quota_index: usize, limit: u64) -> u64 {
+        match self.presented.get(quota_index) {
+            Some(made) if made.limit == limit => made.window_secs,
+            _ => crate::headers::window_secs(
+                &spillway::Algorithm::quota(self.algorithm_of(quota_index)),
+                limit,
+            ),
+        }
+    }
+
     /// The rule's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -488,21 +501,17 @@ impl Policy {
     ) -> http::HeaderMap {
         let rule = &self.rules[index];
         let quota = rule.quota_index(tier);
-        let presented = &rule.presented[quota];
-        let window_secs = if presented.limit == decision.limit {
-            presented.window_secs
-        } else {
-            let algorithm = rule.algorithm_of(quota);
-            crate::headers::window_secs(&spillway::Algorithm::quota(algorithm), decision.limit)
-        };
-        let applied = crate::headers::Applied {
-            name: &rule.sf_name,
-            decision: *decision,
-            window_secs,
-            presented: Some(presented),
+        let described = crate::service::Described {
+            applied: smallvec::smallvec![(
+                index,
+                quota,
+                *decision,
+                rule.window_secs(quota, decision.limit)
+            )],
+            restrictive: 0,
         };
         let mut map = http::HeaderMap::new();
-        crate::headers::write(&mut map, &self.headers, &[applied], 0);
+        described.write(self, &mut map);
         map
     }
 

@@ -234,17 +234,17 @@ pub(crate) struct Evaluated {
 /// response future can carry it and write the headers straight into the
 /// response.
 #[derive(Default)]
-struct Described {
+pub(crate) struct Described {
     // Each rule that decided: its index in the policy and which of its
     // quotas, its decision, its window in seconds.
-    applied: Small<(usize, usize, Decision, u64)>,
+    pub(crate) applied: Small<(usize, usize, Decision, u64)>,
     // Which of `applied` X-RateLimit-* and RateLimit describe.
-    restrictive: usize,
+    pub(crate) restrictive: usize,
 }
 
 impl Described {
     /// Writes the rate-limit headers into `headers`.
-    fn write(&self, policy: &Policy, headers: &mut HeaderMap) {
+    pub(crate) fn write(&self, policy: &Policy, headers: &mut HeaderMap) {
         let options = &policy.headers;
         if !(options.legacy || options.ietf) || self.applied.is_empty() {
             return;
@@ -420,14 +420,7 @@ fn conclude<St: Store>(
             continue;
         };
         let rule = &policy.rules[plan.index];
-        let presented = &rule.presented[plan.quota];
-        // The time the quota takes to refill from empty.
-        let window_secs = if presented.limit == decision.limit {
-            presented.window_secs
-        } else {
-            let algorithm = rule.algorithm_of(plan.quota);
-            headers::window_secs(&spillway::Algorithm::quota(algorithm), decision.limit)
-        };
+        let window_secs = rule.window_secs(plan.quota, decision.limit);
         applied.push((plan.index, plan.quota, decision, window_secs));
         positions.push(p);
         if details {
