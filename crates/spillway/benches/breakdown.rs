@@ -1,6 +1,7 @@
 //! Where the time of one in-memory check goes: the clock read, the hash, the
 //! shard lock, the table probe and the algorithm, each timed alone, next to
-//! the same parts of governor (its quanta clock, its SipHash hasher).
+//! the same parts of governor (its quanta clock, its SipHash hasher); and the
+//! floors: the least any limiter shared between threads can cost per check.
 //!
 //! Run with `cargo bench -p spillway --bench breakdown`. BENCHMARKS.md
 //! explains how the parts add up.
@@ -9,6 +10,7 @@ mod common;
 
 use std::hash::{BuildHasher, RandomState};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
@@ -188,6 +190,45 @@ impl Subject for Model {
     }
 }
 
+/// The floor of a shared limiter (see [`floors`]) as a subject: read the
+/// clock, then one compare-and-swap on the key's 8-byte state in a plain
+/// array. What two threads gain on it bounds what any limiter whose keys
+/// both threads update can gain.
+struct ClockThenCas {
+    states: Vec<AtomicU64>,
+    clock: MonotonicClock,
+}
+
+impl ClockThenCas {
+    fn new(keys: usize) -> Self {
+        Self {
+            states: (0..keys).map(|_| AtomicU64::new(0)).collect(),
+            clock: MonotonicClock::new(),
+        }
+    }
+}
+
+impl Subject for ClockThenCas {
+    type Key = u64;
+
+    fn check(&self, key: &u64) -> bool {
+        let now = self.clock.now();
+        let state = &self.states[(*key % self.states.len() as u64) as usize];
+        let old = state.load(Ordering::Relaxed);
+        state
+            .compare_exchange(old, old.max(now) + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    fn charge(&self, _: &u64, _: u32) -> bool {
+        true
+    }
+
+    fn len(&self) -> usize {
+        self.states.len()
+    }
+}
+
 /// Two threads on 10k keys, either all visiting every key (as in the
 /// `memory` bench) or each visiting its own half. With disjoint halves the
 /// threads never write the same entry, though they still share the locks
@@ -233,6 +274,7 @@ fn scaling(c: &mut Criterion) {
     three(c, "governor", &theirs);
     let model = Model::new(n);
     three(c, "model_table", &model);
+    three(c, "clock_then_cas", &ClockThenCas::new(n));
     // Each thread on the keys of its own shards: no cache line is written
     // by both, neither a lock nor an entry.
     let own: Vec<Vec<u64>> = (0..2)
@@ -305,6 +347,56 @@ fn stores(c: &mut Criterion) {
     }
 }
 
+/// Floors: the least a check can cost in any limiter whose keys share state
+/// between threads, with nothing of a real table, each part alone and then
+/// together. Every such check updates its key's state with at least one
+/// atomic read-modify-write (a lock takes one to lock and one to unlock),
+/// and one that reads the time reads a clock (quanta's, as governor does).
+/// `clock_then_cas` is both on a plain array, with the key's slot found by
+/// an index and not a lookup: below it, no exact limiter that reads the
+/// clock per check can go, whatever its table. BENCHMARKS.md compares these
+/// with half of governor's time per check.
+fn floors(c: &mut Criterion) {
+    let mut g = c.benchmark_group("floor");
+    g.throughput(Throughput::Elements(1));
+    let lock = CachePadded::new(Mutex::new(0u64));
+    g.bench_function("lock_write_unlock", |b| {
+        b.iter(|| {
+            let mut v = lock.lock();
+            *v += 1;
+        });
+    });
+    let cell = CachePadded::new(AtomicU64::new(0));
+    g.bench_function("cas", |b| {
+        b.iter(|| {
+            let old = cell.load(Ordering::Relaxed);
+            cell.compare_exchange(old, old + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+    });
+    let clock = MonotonicClock::new();
+    for (label, n) in [("10k", 10_000usize), ("1M", 1_000_000)] {
+        // One 8-byte state per key, indexed directly: smaller and simpler
+        // than any table that holds the keys themselves.
+        let states: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        let slots: Vec<usize> = order(n).take(ACCESSES).map(|i| i as usize).collect();
+        let mask = slots.len() - 1;
+        g.bench_function(format!("clock_then_cas/{label}"), |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i += 1;
+                let now = clock.now();
+                let state = &states[slots[i & mask]];
+                let old = state.load(Ordering::Relaxed);
+                state
+                    .compare_exchange(old, old.max(now) + 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            });
+        });
+    }
+    g.finish();
+}
+
 fn main() {
     let mut c = Criterion::default()
         .sample_size(20)
@@ -316,6 +408,7 @@ fn main() {
     hashes(&mut c);
     algorithms(&mut c);
     stores(&mut c);
+    floors(&mut c);
     scaling(&mut c);
     c.final_summary();
 }
