@@ -12,7 +12,9 @@
 //! target/bench-tools/rlflex rate-limiter-flexible ioredis`), it also runs
 //! `benches/rlflex.js` against the same redis-server, alternating with our
 //! `fixed_window` for three rounds, and reports both rates and the Redis
-//! server's own time per script call.
+//! server's own time per script call; then Redis's ceiling (redis-benchmark
+//! keeping it saturated) for our fixed window and for `benches/floor.lua`,
+//! the least work an exact fixed window can do there.
 
 use std::num::NonZeroU32;
 use std::process::Command;
@@ -36,10 +38,21 @@ fn nz(n: u32) -> NonZeroU32 {
 }
 
 /// redis-benchmark's requests per second for EVALSHA of our script.
-fn redis_benchmark(port: u16, requests: usize, sha: &str, key: &str, args: &[String]) -> f64 {
+/// redis-benchmark's rate for `EVALSHA sha 1 key args...`, with `pipeline`
+/// commands in flight per connection (1: none, as our callers; more:
+/// enough to keep Redis itself busy, which measures the script's ceiling).
+fn redis_benchmark(
+    port: u16,
+    requests: usize,
+    pipeline: usize,
+    sha: &str,
+    key: &str,
+    args: &[String],
+) -> f64 {
     let mut cmd = Command::new("redis-benchmark");
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &CONCURRENCY.to_string(), "-n", &requests.to_string()])
+        .args(["-P", &pipeline.to_string()])
         .args([
             "-r",
             &KEYSPACE.to_string(),
@@ -126,14 +139,7 @@ fn main() {
             LeakyBucket::shape(big, nz(1_000_000)).into(),
         ),
     ];
-    let sha = {
-        let src = spillway_redis::script_source();
-        let load = Command::new("redis-cli")
-            .args(["-p", &server.port().to_string(), "SCRIPT", "LOAD", &src])
-            .output()
-            .expect("redis-cli runs");
-        String::from_utf8_lossy(&load.stdout).trim().to_string()
-    };
+    let sha = load_script(server.port(), &spillway_redis::script_source());
     println!(
         "{CONCURRENCY} concurrent callers, {requests} requests each side, keys spread over {KEYSPACE}"
     );
@@ -162,7 +168,7 @@ fn main() {
             .expect("valid");
         // The same key layout as ours, spread over the same number of keys.
         let key = keys[0].replace(":k}", ":k__rand_int__}");
-        let theirs = redis_benchmark(server.port(), requests, &sha, &key, &args);
+        let theirs = redis_benchmark(server.port(), requests, 1, &sha, &key, &args);
         let store = Arc::new(store);
         // Warm up the connection and the script cache.
         runtime.block_on(ours(store.clone(), CONCURRENCY * 100, None));
@@ -174,7 +180,7 @@ fn main() {
     }
 
     if let Ok(modules) = std::env::var("SPILLWAY_BENCH_RLFLEX") {
-        against_rlflex(&runtime, &server, requests, &modules);
+        against_rlflex(&runtime, &server, requests, &modules, &sha);
     }
 
     // The deny-cache path: one key, over its limit, hammered by every caller.
@@ -210,6 +216,15 @@ fn main() {
     );
 }
 
+/// Loads `source` into the server on `port`; its SHA1.
+fn load_script(port: u16, source: &str) -> String {
+    let load = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "SCRIPT", "LOAD", source])
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&load.stdout).trim().to_string()
+}
+
 /// The Redis server's own time per EVALSHA since the last `CONFIG
 /// RESETSTAT`, in microseconds.
 fn evalsha_usec(server: &RedisServer) -> f64 {
@@ -230,6 +245,7 @@ fn against_rlflex(
     server: &RedisServer,
     requests: usize,
     modules: &str,
+    sha: &str,
 ) {
     let big = Quota::new(nz(1_000_000), Duration::from_secs(3600)).expect("valid");
     let store = Arc::new(
@@ -293,4 +309,46 @@ fn against_rlflex(
         "  medians: spillway {m:.0}/s, rate-limiter-flexible {t:.0}/s: {:.2}x",
         m / t
     );
+    ceilings(server, &store, sha, 1.3 * t);
+}
+
+/// What Redis itself can run, whatever the client: redis-benchmark with 16
+/// calls in flight per connection keeps the server saturated, so its rate
+/// is the server's ceiling for a script. Measured for our fixed window and
+/// for `benches/floor.lua`, the least an exact fixed window can do (see
+/// there), against `target`, the rate a goal asks for.
+fn ceilings(server: &RedisServer, store: &RedisStore, sha: &str, target: f64) {
+    const PIPELINE: usize = 16;
+    let requests = 1_000_000;
+    let (keys, args) = store
+        .script_call(&[Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 1,
+        }])
+        .expect("valid");
+    let key = keys[0].replace(":k}", ":k__rand_int__}");
+    let floor_sha = load_script(server.port(), include_str!("floor.lua"));
+    let floor_args: Vec<String> = ["1000000", "3600000000", "1"].map(String::from).into();
+    println!("Redis's ceiling ({PIPELINE} calls in flight per connection, {requests} calls):");
+    for round in 1..=2 {
+        server.command("CONFIG RESETSTAT");
+        let ours = redis_benchmark(server.port(), requests, PIPELINE, sha, &key, &args);
+        let ours_usec = evalsha_usec(server);
+        server.command("CONFIG RESETSTAT");
+        let floor = redis_benchmark(
+            server.port(),
+            requests,
+            PIPELINE,
+            &floor_sha,
+            "floor:k__rand_int__",
+            &floor_args,
+        );
+        let floor_usec = evalsha_usec(server);
+        println!(
+            "  round {round}: our fixed window {ours:>8.0}/s ({ours_usec:.2} µs per call), \
+             the floor script {floor:>8.0}/s ({floor_usec:.2} µs); \
+             1.3x rate-limiter-flexible is {target:.0}/s"
+        );
+    }
 }
