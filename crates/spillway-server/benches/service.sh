@@ -2,7 +2,8 @@
 # The service's peer comparisons, in one run, on loopback only (issue 5,
 # item 10):
 #
-#   1. `spillway serve` POST /v1/check  vs  throttlecrab-server POST /throttle
+#   1. `spillway serve` POST /v1/check  vs  throttlecrab-server POST /throttle,
+#      then the control: GET /healthz vs GET /health (no work on either side)
 #   2. `spillway proxy` (a rule that never denies)  vs  nginx limit_req
 #      (a zone that never denies, burst + nodelay), both in front of the
 #      same upstream (a separate nginx answering "hello").
@@ -19,7 +20,7 @@
 # Each side is measured with the same wrk (-t$BENCH_THREADS -c$BENCH_CONNS,
 # -d$BENCH_SECONDS s), the two sides alternating, $BENCH_ROUNDS rounds; the
 # medians are compared. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
-# (about 3 minutes once built). Every process started here is stopped by its
+# (about 4.5 minutes once built). Every process started here is stopped by its
 # PID on exit.
 
 set -euo pipefail
@@ -174,6 +175,13 @@ if [[ -n $TC ]]; then
             run_wrk -s "$LUA" "http://127.0.0.1:$TC_PORT"
     }
     compare "spillway /v1/check" side_sw "throttlecrab /throttle" side_tc
+    # The control: both servers answering a request that does nothing (our
+    # /healthz, their /health), the ceiling of anything either serves over
+    # HTTP on this machine. BENCHMARKS.md compares the target with it.
+    echo "== control: GET /healthz vs GET /health (no rate limiting at all)"
+    side_sw_health() { run_wrk "http://127.0.0.1:$SW_PORT/healthz"; }
+    side_tc_health() { run_wrk "http://127.0.0.1:$TC_PORT/health"; }
+    compare "spillway /healthz" side_sw_health "throttlecrab /health" side_tc_health
     echo "  spillway's decisions (from /metrics):"
     curl -sS --max-time 2 "http://127.0.0.1:$SW_PORT/metrics" | grep -E '^spillway_decisions' | sed 's/^/    /' || true
 fi
