@@ -39,8 +39,9 @@ const COUNTS: [usize; 7] = [
 ];
 
 /// Configurations beyond `each_subject`'s.
-const EXTRA: [&str; 3] = [
+const EXTRA: [&str; 4] = [
     "token_bucket/str",
+    "token_bucket/compact_str",
     "governor/str",
     "token_bucket/default_options",
 ];
@@ -110,6 +111,11 @@ fn run(name: &str, keys: usize) -> Option<Measured> {
     match name {
         "token_bucket/str" => Some(measure(
             || ours::<_, String>(token_bucket(), keys),
+            client,
+            keys,
+        )),
+        "token_bucket/compact_str" => Some(measure(
+            || ours::<_, compact_str::CompactString>(token_bucket(), keys),
             client,
             keys,
         )),

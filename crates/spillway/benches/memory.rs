@@ -159,6 +159,13 @@ fn string_keys(c: &mut Criterion) {
             prefill(&ours, (0..n as u64).map(client), Prefill::Live);
             (ours, visits())
         });
+        // Held inline (keys of up to 24 bytes), as the memory store holds
+        // them.
+        bench_config(c, "token_bucket_compact", &id, &[1, 2], n, || {
+            let ours = ours::<_, compact_str::CompactString>(token_bucket(), n);
+            prefill(&ours, (0..n as u64).map(client), Prefill::Live);
+            (ours, visits())
+        });
         bench_config(c, "governor", &id, &[1, 2], n, || {
             let theirs = common::governor::<String>();
             prefill(&theirs, (0..n as u64).map(client), Prefill::Live);

@@ -178,29 +178,39 @@ impl<A: Algorithm> Subject for RateLimiter<A, u64> {
     }
 }
 
-impl<A: Algorithm> Subject for RateLimiter<A, String> {
-    type Key = String;
+/// Our limiter keyed by text, held as `K` (checked by `&str`, as the
+/// service does).
+macro_rules! text_keyed {
+    ($k:ty) => {
+        impl<A: Algorithm> Subject for RateLimiter<A, $k> {
+            type Key = String;
 
-    fn check(&self, key: &String) -> bool {
-        RateLimiter::check(self, key.as_str(), 1)
-            .expect("cost fits")
-            .allowed
-    }
+            fn check(&self, key: &String) -> bool {
+                RateLimiter::check(self, key.as_str(), 1)
+                    .expect("cost fits")
+                    .allowed
+            }
 
-    fn charge(&self, key: &String, cost: u32) -> bool {
-        RateLimiter::check(self, key.as_str(), u64::from(cost))
-            .expect("cost fits")
-            .allowed
-    }
+            fn charge(&self, key: &String, cost: u32) -> bool {
+                RateLimiter::check(self, key.as_str(), u64::from(cost))
+                    .expect("cost fits")
+                    .allowed
+            }
 
-    fn len(&self) -> usize {
-        RateLimiter::len(self)
-    }
+            fn len(&self) -> usize {
+                RateLimiter::len(self)
+            }
 
-    fn table_bytes(&self) -> Option<usize> {
-        Some(RateLimiter::table_bytes(self))
-    }
+            fn table_bytes(&self) -> Option<usize> {
+                Some(RateLimiter::table_bytes(self))
+            }
+        }
+    };
 }
+
+text_keyed!(String);
+// Short keys inline in the entry: what the memory store holds.
+text_keyed!(compact_str::CompactString);
 
 impl<K: Hash + Eq + Clone + Send + Sync> Subject for governor::DefaultKeyedRateLimiter<K> {
     type Key = K;

@@ -8,6 +8,8 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
+use compact_str::CompactString;
+
 use super::table::{ShardGuard, Table};
 use super::{Check, KeyRef, Rule, Store, Verdict};
 use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState};
@@ -200,7 +202,7 @@ pub struct MemoryStore<C = MonotonicClock> {
     rules: Vec<Rule>,
     // Shared with the stores `reconfigure` makes, so counters survive a
     // configuration reload.
-    tables: Vec<Arc<Table<Box<str>, AnyState>>>,
+    tables: Vec<Arc<Table<CompactString, AnyState>>>,
     options: MemoryOptions,
     clock: C,
 }
@@ -305,7 +307,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut order: Vec<(usize, usize)> = located.iter().map(|&(r, s, _)| (r, s)).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<ShardGuard<'_, Box<str>, AnyState>> = order
+        let mut guards: Vec<ShardGuard<'_, CompactString, AnyState>> = order
             .iter()
             .map(|&(rule, shard)| self.tables[rule].lock(shard))
             .collect();

@@ -45,6 +45,15 @@ impl KeyRef<Box<str>> for str {
     }
 }
 
+/// Keys of up to 24 bytes are kept inline, in the table's own entry: no
+/// allocation when a key arrives or goes, and no second memory access to
+/// compare it. What the memory store keeps its keys in.
+impl KeyRef<compact_str::CompactString> for str {
+    fn to_key(&self) -> compact_str::CompactString {
+        compact_str::CompactString::new(self)
+    }
+}
+
 impl KeyRef<Vec<u8>> for [u8] {
     fn to_key(&self) -> Vec<u8> {
         self.to_vec()
