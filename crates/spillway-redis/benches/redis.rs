@@ -159,15 +159,7 @@ fn main() {
                 },
             ))
             .expect("connects");
-        let (keys, args) = store
-            .script_call(&[Check {
-                rule: RuleId(0),
-                key: "k",
-                cost: 1,
-            }])
-            .expect("valid");
-        // The same key layout as ours, spread over the same number of keys.
-        let key = keys[0].replace(":k}", ":k__rand_int__}");
+        let (key, args) = spread_call(&store);
         let theirs = redis_benchmark(server.port(), requests, 1, &sha, &key, &args);
         let store = Arc::new(store);
         // Warm up the connection and the script cache.
@@ -214,6 +206,20 @@ fn main() {
         "deny cache: {cached:.0} denials/s locally vs {redis_path:.0}/s through Redis: {:.1}x",
         cached / redis_path
     );
+}
+
+/// The key pattern and arguments of the store's script for one check of
+/// its first rule, as redis-benchmark sends them: the same key layout as
+/// ours, spread over the same number of keys (`__rand_int__`).
+fn spread_call(store: &RedisStore) -> (String, Vec<String>) {
+    let (keys, args) = store
+        .script_call(&[Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 1,
+        }])
+        .expect("valid");
+    (keys[0].replace(":k}", ":k__rand_int__}"), args)
 }
 
 /// Loads `source` into the server on `port`; its SHA1.
@@ -320,14 +326,7 @@ fn against_rlflex(
 fn ceilings(server: &RedisServer, store: &RedisStore, sha: &str, target: f64) {
     const PIPELINE: usize = 16;
     let requests = 1_000_000;
-    let (keys, args) = store
-        .script_call(&[Check {
-            rule: RuleId(0),
-            key: "k",
-            cost: 1,
-        }])
-        .expect("valid");
-    let key = keys[0].replace(":k}", ":k__rand_int__}");
+    let (key, args) = spread_call(store);
     let floor_sha = load_script(server.port(), include_str!("floor.lua"));
     let floor_args: Vec<String> = ["1000000", "3600000000", "1"].map(String::from).into();
     println!("Redis's ceiling ({PIPELINE} calls in flight per connection, {requests} calls):");
