@@ -139,7 +139,6 @@ fn main() {
             LeakyBucket::shape(big, nz(1_000_000)).into(),
         ),
     ];
-    let sha = load_script(server.port(), &spillway_redis::script_source());
     println!(
         "{CONCURRENCY} concurrent callers, {requests} requests each side, keys spread over {KEYSPACE}"
     );
@@ -159,7 +158,7 @@ fn main() {
                 },
             ))
             .expect("connects");
-        let (key, args) = spread_call(&store);
+        let (sha, key, args) = spread_call(&server, &store);
         let theirs = redis_benchmark(server.port(), requests, 1, &sha, &key, &args);
         let store = Arc::new(store);
         // Warm up the connection and the script cache.
@@ -172,7 +171,7 @@ fn main() {
     }
 
     if let Ok(modules) = std::env::var("SPILLWAY_BENCH_RLFLEX") {
-        against_rlflex(&runtime, &server, requests, &modules, &sha);
+        against_rlflex(&runtime, &server, requests, &modules);
     }
 
     // The deny-cache path: one key, over its limit, hammered by every caller.
@@ -208,18 +207,24 @@ fn main() {
     );
 }
 
-/// The key pattern and arguments of the store's script for one check of
-/// its first rule, as redis-benchmark sends them: the same key layout as
-/// ours, spread over the same number of keys (`__rand_int__`).
-fn spread_call(store: &RedisStore) -> (String, Vec<String>) {
-    let (keys, args) = store
+/// The store's script call for one check of its first rule, as
+/// redis-benchmark sends it: the same script (loaded now; its SHA1), the
+/// same arguments, and the same key layout spread over the same number of
+/// keys (`__rand_int__`).
+fn spread_call(server: &RedisServer, store: &RedisStore) -> (String, String, Vec<String>) {
+    let call = store
         .script_call(&[Check {
             rule: RuleId(0),
             key: "k",
             cost: 1,
         }])
         .expect("valid");
-    (keys[0].replace(":k}", ":k__rand_int__}"), args)
+    let sha = load_script(server.port(), &call.source);
+    (
+        sha,
+        call.keys[0].replace(":k}", ":k__rand_int__}"),
+        call.args,
+    )
 }
 
 /// Loads `source` into the server on `port`; its SHA1.
@@ -251,7 +256,6 @@ fn against_rlflex(
     server: &RedisServer,
     requests: usize,
     modules: &str,
-    sha: &str,
 ) {
     let big = Quota::new(nz(1_000_000), Duration::from_secs(3600)).expect("valid");
     let store = Arc::new(
@@ -315,7 +319,7 @@ fn against_rlflex(
         "  medians: spillway {m:.0}/s, rate-limiter-flexible {t:.0}/s: {:.2}x",
         m / t
     );
-    ceilings(server, &store, sha, 1.3 * t);
+    ceilings(server, &store, 1.3 * t);
 }
 
 /// What Redis itself can run, whatever the client: redis-benchmark with 16
@@ -323,16 +327,16 @@ fn against_rlflex(
 /// is the server's ceiling for a script. Measured for our fixed window and
 /// for `benches/floor.lua`, the least an exact fixed window can do (see
 /// there), against `target`, the rate a goal asks for.
-fn ceilings(server: &RedisServer, store: &RedisStore, sha: &str, target: f64) {
+fn ceilings(server: &RedisServer, store: &RedisStore, target: f64) {
     const PIPELINE: usize = 16;
     let requests = 1_000_000;
-    let (key, args) = spread_call(store);
+    let (sha, key, args) = spread_call(server, store);
     let floor_sha = load_script(server.port(), include_str!("floor.lua"));
     let floor_args: Vec<String> = ["1000000", "3600000000", "1"].map(String::from).into();
     println!("Redis's ceiling ({PIPELINE} calls in flight per connection, {requests} calls):");
     for round in 1..=2 {
         server.command("CONFIG RESETSTAT");
-        let ours = redis_benchmark(server.port(), requests, PIPELINE, sha, &key, &args);
+        let ours = redis_benchmark(server.port(), requests, PIPELINE, &sha, &key, &args);
         let ours_usec = evalsha_usec(server);
         server.command("CONFIG RESETSTAT");
         let floor = redis_benchmark(

@@ -170,9 +170,9 @@ pub struct RedisStore {
 struct Inner {
     rules: Vec<Rule>,
     params: Vec<script::Params>,
-    script: redis::Script,
+    scripts: Scripts,
     #[cfg(feature = "test-time")]
-    test_script: redis::Script,
+    test_scripts: Scripts,
     options: RedisOptions,
     deny_cache: Option<DenyCache>,
     // The in-memory fallback of `OnError::Local`.
@@ -181,6 +181,27 @@ struct Inner {
     down_until: Mutex<Option<Instant>>,
     down: AtomicBool,
     counters: Counters,
+}
+
+/// The general script and the single-check ones, as Redis runs them
+/// (EVALSHA, loaded again on NOSCRIPT by `redis::Script`).
+struct Scripts {
+    general: redis::Script,
+    single: [redis::Script; script::SINGLE_SCRIPTS],
+    // Whether these scripts take a time argument (the test build's).
+    time_override: bool,
+}
+
+impl Scripts {
+    fn new(time_override: bool) -> Self {
+        Self {
+            general: redis::Script::new(&script::source(time_override)),
+            single: std::array::from_fn(|family| {
+                redis::Script::new(&script::single_source(family, time_override))
+            }),
+            time_override,
+        }
+    }
 }
 
 /// One check, ready to send.
@@ -262,9 +283,9 @@ impl RedisStore {
         let inner = Inner {
             rules,
             params,
-            script: redis::Script::new(&script::source(false)),
+            scripts: Scripts::new(false),
             #[cfg(feature = "test-time")]
-            test_script: redis::Script::new(&script::source(true)),
+            test_scripts: Scripts::new(true),
             options,
             deny_cache,
             local,
@@ -284,22 +305,40 @@ impl RedisStore {
     #[cfg(feature = "test-time")]
     pub async fn check_at(&self, checks: &[Check<'_>], now: u64) -> Result<Verdict, Error> {
         let prepared = self.prepare(checks)?;
-        self.run(&self.inner.test_script, &prepared, Some(now))
+        self.run(&self.inner.test_scripts, &prepared, Some(now))
             .await
     }
 
-    /// The keys and arguments the store sends to the script for `checks`
-    /// (one script call on a standalone server), for inspection and
-    /// benchmarks.
-    pub fn script_call(&self, checks: &[Check<'_>]) -> Result<(Vec<String>, Vec<String>), Error> {
+    /// The script call the store makes for `checks` on a standalone server
+    /// (its source, keys and arguments), for inspection and benchmarks.
+    pub fn script_call(&self, checks: &[Check<'_>]) -> Result<ScriptCall, Error> {
         let prepared = self.prepare(checks)?;
         let keys = prepared.iter().map(|p| p.key.clone()).collect();
-        let mut args = vec![String::new(), String::new()];
-        for p in &prepared {
-            args.extend(p.params.iter().map(u64::to_string));
-            args.push(p.cost.to_string());
-        }
-        Ok((keys, args))
+        let text = |v: &u64| v.to_string();
+        Ok(match prepared.as_slice() {
+            [p] => {
+                let mut args: Vec<String> =
+                    script::single_args(p.params).iter().map(text).collect();
+                args.push(p.cost.to_string());
+                ScriptCall {
+                    source: script::single_source(script::family(p.params), false),
+                    keys,
+                    args,
+                }
+            }
+            _ => {
+                let mut args = vec![String::new(), String::new()];
+                for p in &prepared {
+                    args.extend(p.params.iter().map(text));
+                    args.push(p.cost.to_string());
+                }
+                ScriptCall {
+                    source: script::source(false),
+                    keys,
+                    args,
+                }
+            }
+        })
     }
 
     /// What the store has done so far.
@@ -335,7 +374,7 @@ impl RedisStore {
                 return self.fall_back(checks, &prepared, Error::Unavailable);
             }
         }
-        match self.run(&inner.script, &prepared, None).await {
+        match self.run(&inner.scripts, &prepared, None).await {
             Ok(verdict) => {
                 if inner.down.swap(false, Ordering::Relaxed) {
                     *inner.down_until.lock() = None;
@@ -414,9 +453,15 @@ impl RedisStore {
         }
         let prepared = self.prepare(checks)?;
         let groups = self.groups(&prepared);
-        let calls = groups
-            .iter()
-            .map(|group| self.call(&self.inner.script, &prepared, group, None, Some(charged_at)));
+        let calls = groups.iter().map(|group| {
+            self.call(
+                &self.inner.scripts,
+                &prepared,
+                group,
+                None,
+                Some(charged_at),
+            )
+        });
         futures_util::future::try_join_all(calls).await?;
         Ok(())
     }
@@ -505,14 +550,14 @@ impl RedisStore {
 
     async fn run(
         &self,
-        script: &redis::Script,
+        scripts: &Scripts,
         prepared: &[Prepared<'_>],
         now: Option<u64>,
     ) -> Result<Verdict, Error> {
         let groups = self.groups(prepared);
         let calls = groups
             .iter()
-            .map(|group| self.call(script, prepared, group, now, None));
+            .map(|group| self.call(scripts, prepared, group, now, None));
         let replies = futures_util::future::try_join_all(calls).await?;
 
         let mut decisions = vec![None; prepared.len()];
@@ -520,7 +565,7 @@ impl RedisStore {
         let mut refunds = Vec::new();
         for (group, reply) in groups.iter().zip(&replies) {
             if !allowed && reply.allowed {
-                refunds.push(self.call(script, prepared, group, now, Some(reply.now)));
+                refunds.push(self.call(scripts, prepared, group, now, Some(reply.now)));
             }
             for (&i, d) in group.iter().zip(&reply.decisions) {
                 decisions[i] = Some(*d);
@@ -564,24 +609,42 @@ impl RedisStore {
         }
     }
 
-    /// One script call for the checks in `group` (all in one slot).
+    /// One script call for the checks in `group` (all in one slot): the
+    /// single-check script of the check's algorithm when it decides one
+    /// check, else the general script.
     async fn call<'g>(
         &self,
-        script: &redis::Script,
+        scripts: &Scripts,
         prepared: &[Prepared<'_>],
         group: &'g [usize],
         now: Option<u64>,
         refund_of: Option<u64>,
     ) -> Result<Reply<'g>, Error> {
-        let mut invocation = script.prepare_invoke();
-        invocation.arg(now.map_or(String::new(), |t| t.to_string()));
-        invocation.arg(refund_of.map_or(String::new(), |t| t.to_string()));
-        for &i in group {
-            let p = &prepared[i];
-            invocation.key(&p.key);
-            invocation.arg(&p.params[..]);
-            invocation.arg(p.cost);
-        }
+        let invocation = match group {
+            &[i] if refund_of.is_none() => {
+                let p = &prepared[i];
+                let mut invocation = scripts.single[script::family(p.params)].prepare_invoke();
+                invocation.key(&p.key);
+                invocation.arg(script::single_args(p.params));
+                invocation.arg(p.cost);
+                if let Some(t) = now.filter(|_| scripts.time_override) {
+                    invocation.arg(t);
+                }
+                invocation
+            }
+            _ => {
+                let mut invocation = scripts.general.prepare_invoke();
+                invocation.arg(now.map_or(String::new(), |t| t.to_string()));
+                invocation.arg(refund_of.map_or(String::new(), |t| t.to_string()));
+                for &i in group {
+                    let p = &prepared[i];
+                    invocation.key(&p.key);
+                    invocation.arg(&p.params[..]);
+                    invocation.arg(p.cost);
+                }
+                invocation
+            }
+        };
         bump(&self.inner.counters.redis_calls);
         let timeout = self.inner.options.timeout;
         let reply: Vec<i64> = match &self.connection {
@@ -605,11 +668,15 @@ impl RedisStore {
     }
 }
 
-/// The Lua source of the script the store runs (the service's version, on
-/// the server's clock), for inspection and for benchmarks that run the same
-/// script with `redis-benchmark`.
-pub fn script_source() -> String {
-    script::source(false)
+/// A script call as the store makes it: see [`RedisStore::script_call`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptCall {
+    /// The script's Lua source (the store runs it by its SHA1).
+    pub source: String,
+    /// The keys (`KEYS`).
+    pub keys: Vec<String>,
+    /// The arguments (`ARGV`).
+    pub args: Vec<String>,
 }
 
 /// The Redis Cluster slot of a key (CRC16 of its hash tag, mod 16384), as

@@ -1,9 +1,13 @@
-//! The Lua script: assembled from one file per algorithm plus the driver
-//! that runs all the checks of a request atomically.
+//! The Lua scripts: the general one, assembled from one file per algorithm
+//! plus the driver that runs all the checks of a request atomically and
+//! gives charges back; and, for the common request of one check, one
+//! smaller script per algorithm (its file plus `single.lua`).
 //!
-//! Arguments, per check: the algorithm's number, five parameters and the
-//! cost (see `scripts/driver.lua`). The reply: whether the request was
-//! admitted, the server's time, then six numbers per check.
+//! Arguments of the general script, per check: the algorithm's number, five
+//! parameters and the cost (see `scripts/driver.lua`); of a single-check
+//! script: only the parameters its algorithm reads, then the cost. The
+//! reply, either way: whether the request was admitted, the server's time,
+//! then six numbers per check.
 
 use std::time::Duration;
 
@@ -12,8 +16,9 @@ use spillway::{Algorithm, Decision};
 
 use crate::Error;
 
-const PARTS: [&str; 6] = [
-    include_str!("scripts/common.lua"),
+const COMMON: &str = include_str!("scripts/common.lua");
+
+const PARTS: [&str; 5] = [
     include_str!("scripts/fixed_window.lua"),
     include_str!("scripts/sliding_log.lua"),
     include_str!("scripts/sliding_window.lua"),
@@ -21,15 +26,66 @@ const PARTS: [&str; 6] = [
     include_str!("scripts/driver.lua"),
 ];
 
-/// The script's source. With `time_override`, the first argument (when not
-/// empty) replaces the server's clock: only the test build asks for that.
+/// The general script's source. With `time_override`, the first argument
+/// (when not empty) replaces the server's clock: only the test build asks
+/// for that.
 pub(crate) fn source(time_override: bool) -> String {
-    let mut src = format!("local ALLOW_TIME_OVERRIDE = {time_override}\n");
+    let mut src = format!("local ALLOW_TIME_OVERRIDE = {time_override}\n{COMMON}\n");
     for part in PARTS {
         src.push_str(part);
         src.push('\n');
     }
     src
+}
+
+/// The algorithms of the single-check scripts, indexed by [`family`]: the
+/// file, the function it defines, and how many parameters it reads.
+const FAMILIES: [(&str, &str, usize); 4] = [
+    (include_str!("scripts/fixed_window.lua"), "fixed_window", 2),
+    (include_str!("scripts/sliding_log.lua"), "sliding_log", 2),
+    (
+        include_str!("scripts/sliding_window.lua"),
+        "sliding_window",
+        2,
+    ),
+    (include_str!("scripts/bucket.lua"), "bucket", 5),
+];
+
+/// How many single-check scripts there are.
+pub(crate) const SINGLE_SCRIPTS: usize = FAMILIES.len();
+
+/// Which single-check script decides a check with these parameters.
+pub(crate) fn family(params: &Params) -> usize {
+    match params[0] {
+        1 => 0,
+        2 => 1,
+        3 => 2,
+        _ => 3,
+    }
+}
+
+/// The arguments a single-check script takes before the cost: the
+/// parameters its algorithm reads.
+pub(crate) fn single_args(params: &Params) -> &[u64] {
+    &params[1..=FAMILIES[family(params)].2]
+}
+
+/// The source of single-check script `family`; `time_override` as for
+/// [`source`] (there, an argument after the cost).
+pub(crate) fn single_source(family: usize, time_override: bool) -> String {
+    let (algorithm, function, arity) = FAMILIES[family];
+    let names: Vec<String> = (1..=arity).map(|i| format!("p{i}")).collect();
+    let reads: Vec<String> = (1..=arity).map(|i| format!("ARGV[{i}] + 0")).collect();
+    let driver = include_str!("scripts/single.lua")
+        .replace(
+            "-- PARAMS_FROM_ARGV",
+            &format!("local {} = {}", names.join(", "), reads.join(", ")),
+        )
+        .replace("ALGORITHM", function)
+        .replace("ARITY + 1", &(arity + 1).to_string())
+        .replace("ARITY + 2", &(arity + 2).to_string())
+        .replace("PARAMS", &names.join(", "));
+    format!("local ALLOW_TIME_OVERRIDE = {time_override}\n{COMMON}\n{algorithm}\n{driver}")
 }
 
 /// Lua numbers are doubles: every intermediate value must stay below 2^53.
@@ -191,7 +247,35 @@ mod tests {
     }
 
     #[test]
-    fn the_test_clock_is_off_in_the_service_script() {
+    fn the_test_clock_is_off_in_the_service_scripts() {
         assert!(source(false).starts_with("local ALLOW_TIME_OVERRIDE = false\n"));
+        for family in 0..SINGLE_SCRIPTS {
+            assert!(
+                single_source(family, false).starts_with("local ALLOW_TIME_OVERRIDE = false\n")
+            );
+        }
+    }
+
+    #[test]
+    fn a_single_check_script_reads_exactly_its_parameters() {
+        use spillway::Quota;
+        use spillway::algorithm::{FixedWindow, LeakyBucket};
+        let quota = Quota::per_second(std::num::NonZeroU32::new(10).expect("nonzero"));
+        let fw = params("fw", &FixedWindow::new(quota).into()).expect("fits");
+        assert_eq!(single_args(&fw), &[10, 1_000_000]);
+        let src = single_source(family(&fw), false);
+        assert!(
+            src.contains("local p1, p2 = ARGV[1] + 0, ARGV[2] + 0"),
+            "{src}"
+        );
+        assert!(src.contains("fixed_window('check', key, state, cost, now, p1, p2)"));
+        assert!(!src.contains("ALGORITHM") && !src.contains("ARITY") && !src.contains("PARAMS"));
+        let shape = params(
+            "lb",
+            &LeakyBucket::shape(quota, std::num::NonZeroU32::MIN).into(),
+        )
+        .expect("fits");
+        assert_eq!(single_args(&shape).len(), 5);
+        assert!(single_source(family(&shape), false).contains("local cost = ARGV[6] + 0"));
     }
 }

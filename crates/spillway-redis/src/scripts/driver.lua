@@ -1,5 +1,6 @@
 -- Decides on one request: every check at once, nothing written unless all
--- admit.
+-- admit; and gives charges back. A request of one check goes to the
+-- smaller script.rs makes from single.lua instead.
 -- KEYS[i]: the state key of check i.
 -- ARGV[1]: the time in µs, or "" to read the server's clock (the store
 --          sends "" always; only the test build can send a time).
@@ -49,17 +50,6 @@ local function save(algo, key, state, p1, p2, p3, p4, p5)
     algo('save', key, state, 0, now, p1, p2, p3, p4, p5)
     redis.call('PEXPIRE', key, cdiv(idle_at - now, 1000) + ttl_slack_ms)
   end
-end
-
-if n == 1 and ARGV[2] == '' then
-  -- The common case, without the bookkeeping for several checks.
-  local algo, cost, p1, p2, p3, p4, p5 = check_of(1)
-  local key = KEYS[1]
-  local state = algo('load', key)
-  local allowed, limit, remaining, reset_after, retry_after, delay =
-    algo('check', key, state, cost, now, p1, p2, p3, p4, p5)
-  if allowed == 1 and cost > 0 then save(algo, key, state, p1, p2, p3, p4, p5) end
-  return { allowed, now, allowed, limit, remaining, reset_after, retry_after, delay }
 end
 
 -- Copies check i's decision (six numbers) into the reply.
