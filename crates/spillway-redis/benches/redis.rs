@@ -12,8 +12,8 @@
 //! target/bench-tools/rlflex rate-limiter-flexible ioredis`), it also runs
 //! `benches/rlflex.js` against the same redis-server, alternating with our
 //! `fixed_window` for three rounds, and reports both rates and the Redis
-//! server's own time per script call; then Redis's ceiling (redis-benchmark
-//! keeping it saturated) for our fixed window and for `benches/floor.lua`,
+//! server's own time per script call; then an estimate of Redis's ceiling
+//! (redis-benchmark keeping it busy) for our fixed window and for `benches/floor.lua`,
 //! the least work an exact fixed window can do there.
 
 use std::num::NonZeroU32;
@@ -40,7 +40,7 @@ fn nz(n: u32) -> NonZeroU32 {
 /// redis-benchmark's requests per second for EVALSHA of our script.
 /// redis-benchmark's rate for `EVALSHA sha 1 key args...`, with `pipeline`
 /// commands in flight per connection (1: none, as our callers; more:
-/// enough to keep Redis itself busy, which measures the script's ceiling).
+/// enough to keep Redis itself busy, which estimates the script's ceiling).
 fn redis_benchmark(
     port: u16,
     requests: usize,
@@ -322,9 +322,10 @@ fn against_rlflex(
     ceilings(server, &store, 1.3 * t);
 }
 
-/// What Redis itself can run, whatever the client: redis-benchmark with 16
-/// calls in flight per connection keeps the server saturated, so its rate
-/// is the server's ceiling for a script. Measured for our fixed window and
+/// About what Redis itself can run, whatever the client: redis-benchmark
+/// with 16 calls in flight per connection keeps the server busy, so its
+/// rate estimates the server's ceiling for a script (from below: the
+/// benchmark shares the machine's cores with the server). Measured for our fixed window and
 /// for `benches/floor.lua`, the least an exact fixed window can do (see
 /// there), against `target`, the rate a goal asks for.
 fn ceilings(server: &RedisServer, store: &RedisStore, target: f64) {
