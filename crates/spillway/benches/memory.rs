@@ -166,6 +166,11 @@ fn string_keys(c: &mut Criterion) {
             prefill(&ours, (0..n as u64).map(client), Prefill::Live);
             (ours, visits())
         });
+        bench_config(c, "memory_store", &id, &[1, 2], n, || {
+            let store = common::memory_store(n);
+            prefill(&store, (0..n as u64).map(client), Prefill::Live);
+            (store, visits())
+        });
         bench_config(c, "governor", &id, &[1, 2], n, || {
             let theirs = common::governor::<String>();
             prefill(&theirs, (0..n as u64).map(client), Prefill::Live);

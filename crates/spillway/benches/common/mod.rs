@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use spillway::algorithm::{FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
 use spillway::clock::MonotonicClock;
-use spillway::store::{MemoryOptions, RateLimiter};
+use spillway::store::{Check, MemoryOptions, MemoryStore, RateLimiter, Rule, RuleId};
 use spillway::{Algorithm, Quota};
 
 /// What every subject allows. A key must stay live for the whole run, or
@@ -211,6 +211,34 @@ macro_rules! text_keyed {
 text_keyed!(String);
 // Short keys inline in the entry: what the memory store holds.
 text_keyed!(compact_str::CompactString);
+
+/// The service's store (rules by name, text keys) with one rule, the token
+/// bucket: what `spillway serve` and the middleware check through.
+pub(crate) fn memory_store(keys: usize) -> MemoryStore {
+    MemoryStore::new(vec![Rule::new("bench", token_bucket())], options(keys))
+}
+
+impl Subject for MemoryStore {
+    type Key = String;
+
+    fn check(&self, key: &String) -> bool {
+        self.charge(key, 1)
+    }
+
+    fn charge(&self, key: &String, cost: u32) -> bool {
+        self.check_now(&[Check {
+            rule: RuleId(0),
+            key,
+            cost: u64::from(cost),
+        }])
+        .expect("cost fits")
+        .allowed
+    }
+
+    fn len(&self) -> usize {
+        MemoryStore::len(self, RuleId(0))
+    }
+}
 
 impl<K: Hash + Eq + Clone + Send + Sync> Subject for governor::DefaultKeyedRateLimiter<K> {
     type Key = K;
