@@ -188,8 +188,6 @@ struct Inner {
 struct Scripts {
     general: redis::Script,
     single: [redis::Script; script::SINGLE_SCRIPTS],
-    // Whether these scripts take a time argument (the test build's).
-    time_override: bool,
 }
 
 impl Scripts {
@@ -199,7 +197,6 @@ impl Scripts {
             single: std::array::from_fn(|family| {
                 redis::Script::new(&script::single_source(family, time_override))
             }),
-            time_override,
         }
     }
 }
@@ -627,7 +624,8 @@ impl RedisStore {
                 invocation.key(&p.key);
                 invocation.arg(script::single_args(p.params));
                 invocation.arg(p.cost);
-                if let Some(t) = now.filter(|_| scripts.time_override) {
+                // Only the test build's scripts read it; only it sends one.
+                if let Some(t) = now {
                     invocation.arg(t);
                 }
                 invocation

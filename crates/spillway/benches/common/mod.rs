@@ -156,43 +156,22 @@ pub(crate) trait Subject: Sync {
     }
 }
 
-impl<A: Algorithm> Subject for RateLimiter<A, u64> {
-    type Key = u64;
-
-    fn check(&self, key: &u64) -> bool {
-        RateLimiter::check(self, key, 1).expect("cost fits").allowed
-    }
-
-    fn charge(&self, key: &u64, cost: u32) -> bool {
-        RateLimiter::check(self, key, u64::from(cost))
-            .expect("cost fits")
-            .allowed
-    }
-
-    fn len(&self) -> usize {
-        RateLimiter::len(self)
-    }
-
-    fn table_bytes(&self) -> Option<usize> {
-        Some(RateLimiter::table_bytes(self))
-    }
-}
-
-/// Our limiter keyed by text, held as `K` (checked by `&str`, as the
-/// service does).
-macro_rules! text_keyed {
-    ($k:ty) => {
+/// One of our limiters keyed by `$k`, checked with what `|$key| $query`
+/// makes of the bench's key: the `u64` itself, or a text key as `&str` (as
+/// the service does).
+macro_rules! limiter_subject {
+    ($k:ty, $bench_key:ty, |$key:ident| $query:expr) => {
         impl<A: Algorithm> Subject for RateLimiter<A, $k> {
-            type Key = String;
+            type Key = $bench_key;
 
-            fn check(&self, key: &String) -> bool {
-                RateLimiter::check(self, key.as_str(), 1)
+            fn check(&self, $key: &$bench_key) -> bool {
+                RateLimiter::check(self, $query, 1)
                     .expect("cost fits")
                     .allowed
             }
 
-            fn charge(&self, key: &String, cost: u32) -> bool {
-                RateLimiter::check(self, key.as_str(), u64::from(cost))
+            fn charge(&self, $key: &$bench_key, cost: u32) -> bool {
+                RateLimiter::check(self, $query, u64::from(cost))
                     .expect("cost fits")
                     .allowed
             }
@@ -208,9 +187,10 @@ macro_rules! text_keyed {
     };
 }
 
-text_keyed!(String);
+limiter_subject!(u64, u64, |key| key);
+limiter_subject!(String, String, |key| key.as_str());
 // Short keys inline in the entry: what the memory store holds.
-text_keyed!(compact_str::CompactString);
+limiter_subject!(compact_str::CompactString, String, |key| key.as_str());
 
 /// The service's store (rules by name, text keys) with one rule, the token
 /// bucket: what `spillway serve` and the middleware check through.
