@@ -61,6 +61,53 @@ async fn reloads_the_script_after_script_flush() {
 }
 
 #[tokio::test]
+async fn a_request_of_one_check_runs_its_algorithms_own_script() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let minute = Duration::from_secs(60);
+    let rules = vec![
+        Rule::new("fw", FixedWindow::new(per(5, minute))),
+        Rule::new("tb", TokenBucket::new(per(5, minute), nz(5))),
+    ];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    let both = [
+        Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(1),
+            key: "k",
+            cost: 1,
+        },
+    ];
+    let single = s.script_call(&one("k")).unwrap();
+    let general = s.script_call(&both).unwrap();
+    // The fixed window's own script: no other algorithm, two parameters.
+    assert!(single.source.contains("local function fixed_window("));
+    assert!(!single.source.contains("local function bucket("));
+    assert_eq!(single.args, ["5", "60000000", "1"]);
+    assert!(general.source.contains("local function bucket("));
+    let loaded = |source: &str| {
+        let sha = redis::Script::new(source).get_hash().to_string();
+        server
+            .command(&format!("SCRIPT EXISTS {sha}"))
+            .contains(":1")
+    };
+    assert!(server.command("SCRIPT FLUSH").starts_with("+OK"));
+    assert!(s.check(&one("k")).await.unwrap().allowed);
+    assert!(loaded(&single.source), "one check ran another script");
+    assert!(!loaded(&general.source), "one check ran the general script");
+    assert!(s.check(&both).await.unwrap().allowed);
+    assert!(
+        loaded(&general.source),
+        "two checks did not run the general script"
+    );
+}
+
+#[tokio::test]
 async fn every_key_gets_a_ttl_that_ends_when_its_state_is_fresh_again() {
     let Some(server) = RedisServer::start() else {
         return;

@@ -148,6 +148,26 @@ fn mixed_costs_never_overshoot_under_contention() {
     assert_eq!(peek.decisions[0].remaining, 1_000 - total);
 }
 
+#[test]
+fn text_keys_held_inline_count_as_any_other_key() {
+    // A key of up to 24 bytes lives in the table's entry, a longer one on
+    // the heap: both are checked with `&str` and counted apart.
+    let limiter: RateLimiter<_, compact_str::CompactString, _> = RateLimiter::with_clock(
+        FixedWindow::new(Quota::per_minute(nz(2))),
+        FakeClock::new(HOUR_START),
+    );
+    let short = "ip=203.0.113.7";
+    let long = "api_key=0123456789abcdef0123456789abcdef";
+    assert!(long.len() > 24);
+    for key in [short, long] {
+        assert!(limiter.check(key, 1).expect("fits").allowed);
+        assert!(limiter.check(key, 1).expect("fits").allowed);
+        assert!(!limiter.check(key, 1).expect("fits").allowed, "{key}");
+    }
+    assert_eq!(limiter.len(), 2);
+    assert!(limiter.check("ip=203.0.113.8", 1).expect("fits").allowed);
+}
+
 // ---------------------------------------------------------------------------
 // 2. A flood of distinct keys
 
