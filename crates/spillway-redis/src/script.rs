@@ -18,28 +18,25 @@ use crate::Error;
 
 const COMMON: &str = include_str!("scripts/common.lua");
 
-const PARTS: [&str; 5] = [
-    include_str!("scripts/fixed_window.lua"),
-    include_str!("scripts/sliding_log.lua"),
-    include_str!("scripts/sliding_window.lua"),
-    include_str!("scripts/bucket.lua"),
-    include_str!("scripts/driver.lua"),
-];
+const DRIVER: &str = include_str!("scripts/driver.lua");
 
 /// The general script's source. With `time_override`, the first argument
 /// (when not empty) replaces the server's clock: only the test build asks
 /// for that.
 pub(crate) fn source(time_override: bool) -> String {
     let mut src = format!("local ALLOW_TIME_OVERRIDE = {time_override}\n{COMMON}\n");
-    for part in PARTS {
-        src.push_str(part);
+    for (algorithm, _, _) in FAMILIES {
+        src.push_str(algorithm);
         src.push('\n');
     }
+    src.push_str(DRIVER);
+    src.push('\n');
     src
 }
 
-/// The algorithms of the single-check scripts, indexed by [`family`]: the
-/// file, the function it defines, and how many parameters it reads.
+/// Every algorithm's file (the general script holds them all, in this
+/// order), indexed by [`family`] for the single-check scripts: the file,
+/// the function it defines, and how many parameters it reads.
 const FAMILIES: [(&str, &str, usize); 4] = [
     (include_str!("scripts/fixed_window.lua"), "fixed_window", 2),
     (include_str!("scripts/sliding_log.lua"), "sliding_log", 2),
