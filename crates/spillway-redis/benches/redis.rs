@@ -11,10 +11,12 @@
 //! rate-limiter-flexible and ioredis (`npm install --prefix
 //! target/bench-tools/rlflex rate-limiter-flexible ioredis`), it also runs
 //! `benches/rlflex.js` against the same redis-server, alternating with our
-//! `fixed_window` for three rounds, and reports both rates and the Redis
+//! `fixed_window` for three rounds (`SPILLWAY_BENCH_ROUNDS`), and reports
+//! the medians of both rates and the Redis
 //! server's own time per script call; then an estimate of Redis's ceiling
-//! (redis-benchmark keeping it busy) for our fixed window and for `benches/floor.lua`,
-//! the least work an exact fixed window can do there.
+//! (redis-benchmark keeping it busy) for our fixed window and for
+//! `benches/floor.lua`, the two commands (`TIME`, `INCRBY`) that any fixed
+//! window reading the server's clock must at least run.
 
 use std::num::NonZeroU32;
 use std::process::Command;
@@ -295,8 +297,13 @@ fn against_rlflex(
     };
     runtime.block_on(ours(store.clone(), CONCURRENCY * 100, None));
     let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+    let (mut mine_usec, mut theirs_usec) = (Vec::new(), Vec::new());
     println!("fixed_window against rate-limiter-flexible, same redis-server, alternating:");
-    for round in 1..=3 {
+    let rounds: usize = std::env::var("SPILLWAY_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    for round in 1..=rounds {
         server.command("CONFIG RESETSTAT");
         let m = runtime.block_on(ours(store.clone(), requests, None));
         let m_usec = evalsha_usec(server);
@@ -309,14 +316,18 @@ fn against_rlflex(
         );
         mine.push(m);
         theirs.push(t);
+        mine_usec.push(m_usec);
+        theirs_usec.push(t_usec);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     let (m, t) = (median(&mut mine), median(&mut theirs));
+    let (m_usec, t_usec) = (median(&mut mine_usec), median(&mut theirs_usec));
     println!(
-        "  medians: spillway {m:.0}/s, rate-limiter-flexible {t:.0}/s: {:.2}x",
+        "  medians: spillway {m:.0}/s ({m_usec:.2} µs), \
+         rate-limiter-flexible {t:.0}/s ({t_usec:.2} µs): {:.2}x",
         m / t
     );
     ceilings(server, &store, 1.3 * t);
@@ -325,9 +336,9 @@ fn against_rlflex(
 /// About what Redis itself can run, whatever the client: redis-benchmark
 /// with 16 calls in flight per connection keeps the server busy, so its
 /// rate estimates the server's ceiling for a script (from below: the
-/// benchmark shares the machine's cores with the server). Measured for our fixed window and
-/// for `benches/floor.lua`, the least an exact fixed window can do (see
-/// there), against `target`, the rate a goal asks for.
+/// benchmark shares the machine's cores with the server). Measured for our
+/// fixed window and for `benches/floor.lua` (its two unavoidable commands
+/// alone; see there), against `target`, the rate a goal asks for.
 fn ceilings(server: &RedisServer, store: &RedisStore, target: f64) {
     const PIPELINE: usize = 16;
     let requests = 1_000_000;

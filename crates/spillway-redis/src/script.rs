@@ -25,8 +25,8 @@ const DRIVER: &str = include_str!("scripts/driver.lua");
 /// for that.
 pub(crate) fn source(time_override: bool) -> String {
     let mut src = format!("local ALLOW_TIME_OVERRIDE = {time_override}\n{COMMON}\n");
-    for (algorithm, _, _) in FAMILIES {
-        src.push_str(algorithm);
+    for family in &FAMILIES {
+        src.push_str(family.file);
         src.push('\n');
     }
     src.push_str(DRIVER);
@@ -34,18 +34,48 @@ pub(crate) fn source(time_override: bool) -> String {
     src
 }
 
-/// Every algorithm's file (the general script holds them all, in this
-/// order), indexed by [`family`] for the single-check scripts: the file,
-/// the function it defines, and how many parameters it reads.
-const FAMILIES: [(&str, &str, usize); 4] = [
-    (include_str!("scripts/fixed_window.lua"), "fixed_window", 2),
-    (include_str!("scripts/sliding_log.lua"), "sliding_log", 2),
-    (
-        include_str!("scripts/sliding_window.lua"),
-        "sliding_window",
-        2,
-    ),
-    (include_str!("scripts/bucket.lua"), "bucket", 5),
+/// An algorithm's Lua.
+struct Family {
+    /// Its file, which defines `function`.
+    file: &'static str,
+    /// The function, `function(op, key, state, cost, now, p1..)`.
+    function: &'static str,
+    /// How many parameters it reads.
+    arity: usize,
+    /// Its own single-check script, if `single.lua` around the function
+    /// is not the one: the fixed window's is written out in line, since
+    /// its common case is two commands and the generic script's calls
+    /// would cost more than they do.
+    single: Option<&'static str>,
+}
+
+/// Every algorithm's Lua (the general script holds them all, in this
+/// order), indexed by [`family`] for the single-check scripts.
+const FAMILIES: [Family; 4] = [
+    Family {
+        file: include_str!("scripts/fixed_window.lua"),
+        function: "fixed_window",
+        arity: 2,
+        single: Some(include_str!("scripts/fixed_window_single.lua")),
+    },
+    Family {
+        file: include_str!("scripts/sliding_log.lua"),
+        function: "sliding_log",
+        arity: 2,
+        single: None,
+    },
+    Family {
+        file: include_str!("scripts/sliding_window.lua"),
+        function: "sliding_window",
+        arity: 2,
+        single: None,
+    },
+    Family {
+        file: include_str!("scripts/bucket.lua"),
+        function: "bucket",
+        arity: 5,
+        single: None,
+    },
 ];
 
 /// How many single-check scripts there are.
@@ -64,13 +94,23 @@ pub(crate) fn family(params: &Params) -> usize {
 /// The arguments a single-check script takes before the cost: the
 /// parameters its algorithm reads.
 pub(crate) fn single_args(params: &Params) -> &[u64] {
-    &params[1..=FAMILIES[family(params)].2]
+    &params[1..=FAMILIES[family(params)].arity]
 }
 
 /// The source of single-check script `family`; `time_override` as for
 /// [`source`] (there, an argument after the cost).
 pub(crate) fn single_source(family: usize, time_override: bool) -> String {
-    let (algorithm, function, arity) = FAMILIES[family];
+    let Family {
+        file,
+        function,
+        arity,
+        single,
+    } = &FAMILIES[family];
+    let arity = *arity;
+    let head = format!("local ALLOW_TIME_OVERRIDE = {time_override}\n{COMMON}\n");
+    if let Some(single) = single {
+        return format!("{head}{single}");
+    }
     let names: Vec<String> = (1..=arity).map(|i| format!("p{i}")).collect();
     let reads: Vec<String> = (1..=arity).map(|i| format!("ARGV[{i}] + 0")).collect();
     let driver = include_str!("scripts/single.lua")
@@ -82,7 +122,7 @@ pub(crate) fn single_source(family: usize, time_override: bool) -> String {
         .replace("ARITY + 1", &(arity + 1).to_string())
         .replace("ARITY + 2", &(arity + 2).to_string())
         .replace("PARAMS", &names.join(", "));
-    format!("local ALLOW_TIME_OVERRIDE = {time_override}\n{COMMON}\n{algorithm}\n{driver}")
+    format!("{head}{file}\n{driver}")
 }
 
 /// Lua numbers are doubles: every intermediate value must stay below 2^53.
@@ -190,7 +230,7 @@ pub(crate) fn redis_key(prefix: &str, rule: &str, algorithm: &AnyAlgorithm, key:
         out.push_str(itoa::Buffer::new().format(algorithm.quota().period_micros()));
     };
     match algorithm {
-        AnyAlgorithm::FixedWindow(_) => window("fw", &mut out),
+        AnyAlgorithm::FixedWindow(_) => window("fwi", &mut out),
         AnyAlgorithm::SlidingWindow(_) => window("sw", &mut out),
         AnyAlgorithm::SlidingLog(_) => out.push_str("sl"),
         AnyAlgorithm::TokenBucket(_) => out.push_str("tb"),
@@ -222,9 +262,9 @@ mod tests {
         let fw = AnyAlgorithm::from(FixedWindow::new(Quota::per_second(
             std::num::NonZeroU32::MIN,
         )));
-        assert_eq!(redis_key("s:", "a:b", &fw, "c"), "s:{a%3Ab:c}:fw:1000000");
-        assert_eq!(redis_key("s:", "a", &fw, "b:c"), "s:{a:b%3Ac}:fw:1000000");
-        assert_eq!(redis_key("s:", "r", &fw, "}{"), "s:{r:%7D%7B}:fw:1000000");
+        assert_eq!(redis_key("s:", "a:b", &fw, "c"), "s:{a%3Ab:c}:fwi:1000000");
+        assert_eq!(redis_key("s:", "a", &fw, "b:c"), "s:{a:b%3Ac}:fwi:1000000");
+        assert_eq!(redis_key("s:", "r", &fw, "}{"), "s:{r:%7D%7B}:fwi:1000000");
     }
 
     #[test]
@@ -256,16 +296,23 @@ mod tests {
     #[test]
     fn a_single_check_script_reads_exactly_its_parameters() {
         use spillway::Quota;
-        use spillway::algorithm::{FixedWindow, LeakyBucket};
+        use spillway::algorithm::{FixedWindow, LeakyBucket, SlidingLog};
         let quota = Quota::per_second(std::num::NonZeroU32::new(10).expect("nonzero"));
         let fw = params("fw", &FixedWindow::new(quota).into()).expect("fits");
         assert_eq!(single_args(&fw), &[10, 1_000_000]);
         let src = single_source(family(&fw), false);
         assert!(
+            src.contains("local limit, w, cost = ARGV[1] + 0, ARGV[2] + 0, ARGV[3] + 0"),
+            "{src}"
+        );
+        let sl = params("sl", &SlidingLog::new(quota).into()).expect("fits");
+        assert_eq!(single_args(&sl), &[10, 1_000_000]);
+        let src = single_source(family(&sl), false);
+        assert!(
             src.contains("local p1, p2 = ARGV[1] + 0, ARGV[2] + 0"),
             "{src}"
         );
-        assert!(src.contains("fixed_window('check', key, state, cost, now, p1, p2)"));
+        assert!(src.contains("sliding_log('check', key, state, cost, now, p1, p2)"));
         assert!(!src.contains("ALGORITHM") && !src.contains("ARITY") && !src.contains("PARAMS"));
         let shape = params(
             "lb",

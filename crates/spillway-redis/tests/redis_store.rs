@@ -34,9 +34,15 @@ fn one(key: &str) -> [Check<'_>; 1] {
 }
 
 fn evalsha_calls(server: &RedisServer) -> u64 {
+    command_calls(server, "evalsha")
+}
+
+/// How many times the server ran `command` (scripts' commands included).
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
     let info = server.command("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:");
     info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .find(|l| l.starts_with(&prefix))
         .and_then(|l| l.split("calls=").nth(1))
         .and_then(|v| v.split(',').next())
         .and_then(|v| v.parse().ok())
@@ -86,7 +92,7 @@ async fn a_request_of_one_check_runs_its_algorithms_own_script() {
     let single = s.script_call(&one("k")).unwrap();
     let general = s.script_call(&both).unwrap();
     // The fixed window's own script: no other algorithm, two parameters.
-    assert!(single.source.contains("local function fixed_window("));
+    assert!(single.source.contains("redis.call('INCRBY', key, ARGV[3])"));
     assert!(!single.source.contains("local function bucket("));
     assert_eq!(single.args, ["5", "60000000", "1"]);
     assert!(general.source.contains("local function bucket("));
@@ -136,7 +142,7 @@ async fn every_key_gets_a_ttl_that_ends_when_its_state_is_fresh_again() {
         reply.trim().trim_start_matches(':').parse().unwrap()
     };
     // Fixed window: until the end of the current minute.
-    let fw = pttl("spillway:{fw:ttl}:fw:60000000");
+    let fw = pttl("spillway:{fw:ttl}:fwi:60000000");
     assert!(fw > 0 && fw <= 60_000, "fixed window PTTL {fw}");
     // Sliding window: the count weighs on the next window too.
     let sw = pttl("spillway:{sw:ttl}:sw:60000000");
@@ -158,14 +164,112 @@ async fn decisions_use_the_servers_clock() {
     let rules = vec![Rule::new("fw", FixedWindow::new(per(5, window)))];
     let s = store(&server, rules, RedisOptions::default()).await;
     s.check(&one("clock")).await.unwrap();
-    // The stored window index is the server's TIME divided by the window.
+    // The stored window is the server's TIME divided by the window: its
+    // tag (the integer's bits above the count's 33) is that index mod
+    // 2^20 - 1, plus one.
     let time = server.command("TIME");
     let secs: u64 = time.lines().nth(2).unwrap().trim().parse().unwrap();
-    let stored = server.command("HGET spillway:{fw:clock}:fw:1000000 w");
-    let index: u64 = stored.lines().nth(1).unwrap().trim().parse().unwrap();
+    let stored = server.command("GET spillway:{fw:clock}:fwi:1000000");
+    let value: u64 = stored.lines().nth(1).unwrap().trim().parse().unwrap();
+    assert_eq!(value & ((1 << 33) - 1), 1, "one charge counted in {value}");
+    let tag = value >> 33;
     assert!(
-        secs.abs_diff(index) <= 1,
-        "server second {secs}, window {index}"
+        (secs % 1_048_575 + 1).abs_diff(tag) <= 1,
+        "server second {secs}, window tag {tag}"
+    );
+}
+
+#[tokio::test]
+async fn a_lone_fixed_window_check_adds_its_cost_in_one_command() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rules = vec![Rule::new(
+        "fw",
+        FixedWindow::new(per(3, Duration::from_secs(3600))),
+    )];
+    let s = store(
+        &server,
+        rules,
+        RedisOptions {
+            deny_cache_entries: 0,
+            ..RedisOptions::default()
+        },
+    )
+    .await;
+    let key = "spillway:{fw:k}:fwi:3600000000";
+    // Each check adds its cost first; the window's first also writes the
+    // tag and the expiry with one SET.
+    let remaining: Vec<u64> = {
+        let mut r = Vec::new();
+        for _ in 0..3 {
+            r.push(s.check(&one("k")).await.unwrap().decisions[0].remaining);
+        }
+        r
+    };
+    assert_eq!(remaining, [2, 1, 0]);
+    assert_eq!(command_calls(&server, "incrby"), 3);
+    assert_eq!(command_calls(&server, "set"), 1);
+    assert_eq!(command_calls(&server, "decrby"), 0);
+    // A denial takes its cost back within the same script.
+    let denied = s.check(&one("k")).await.unwrap();
+    assert!(!denied.allowed);
+    assert_eq!(denied.decisions[0].remaining, 0);
+    assert_eq!(command_calls(&server, "decrby"), 1);
+    let value: u64 = server
+        .command(&format!("GET {key}"))
+        .lines()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(value & ((1 << 33) - 1), 3, "the count in {value}");
+    let ttl: i64 = server.command(&format!("PTTL {key}"))[1..]
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        ttl > 0 && ttl <= 3_600_000,
+        "expires at the window's end: {ttl} ms"
+    );
+
+    // Tags run 1..=2^20 - 1 in a circle. One ahead of this window's is a
+    // window the server's clock was set back from: it goes on counting
+    // there, as the in-memory store does.
+    let tags = 1_048_575;
+    let tag = value >> 33;
+    let next = tag % tags + 1;
+    server.command(&format!("SET {key} {} PX 60000", (next << 33) | 3));
+    assert!(!s.check(&one("k")).await.unwrap().allowed);
+    // The window before's count no longer counts: the window starts afresh.
+    let before = if tag == 1 { tags } else { tag - 1 };
+    server.command(&format!("SET {key} {} PX 60000", (before << 33) | 3));
+    let fresh = s.check(&one("k")).await.unwrap();
+    assert!(fresh.allowed);
+    assert_eq!(fresh.decisions[0].remaining, 2);
+
+    // A request of two checks (the general script) reads and writes the
+    // same integer as the lone check's script.
+    let two = [
+        Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(0),
+            key: "other",
+            cost: 1,
+        },
+    ];
+    let both = s.check(&two).await.unwrap();
+    assert!(both.allowed);
+    assert_eq!(both.decisions[0].remaining, 1);
+    assert_eq!(s.check(&one("k")).await.unwrap().decisions[0].remaining, 0);
+    assert!(!s.check(&two).await.unwrap().allowed);
+    assert_eq!(
+        s.check(&one("other")).await.unwrap().decisions[0].remaining,
+        1
     );
 }
 
@@ -573,7 +677,7 @@ async fn cluster_follows_ask_and_moved_while_a_slot_migrates() {
     )
     .await
     .unwrap();
-    let redis_key = "spillway:{mig:client}:fw:3600000000";
+    let redis_key = "spillway:{mig:client}:fwi:3600000000";
     let slot = spillway_redis::slot(redis_key.as_bytes());
     for _ in 0..3 {
         assert!(s.check(&one("client")).await.unwrap().allowed);

@@ -36,6 +36,7 @@ local function bucket(op, key, s, cost, now, capacity, unit, per, mode, undelaye
     return s.m
   elseif op == 'save' then
     redis.call('HSET', key, 'm', s.m, 'f', s.f)
+    redis.call('PEXPIRE', key, cost) -- `cost` is the time to live, in ms
   elseif op == 'refund' then
     local back = cost * unit
     local whole = idiv(back, per)

@@ -5,10 +5,11 @@
 -- The whole script runs on every call, and each function definition in it
 -- builds a closure every time it runs. So each algorithm is one function,
 -- `algorithm(op, key, state, cost, now, p1..p5)`, whose `op` says what to
--- do: 'load' (returns the key's state), 'check' (updates the state and
--- returns the decision), 'idle_at' (when the state is back to fresh, in
--- µs), 'save' (writes the state), 'refund' (takes `cost` charged at `now`
--- back off the state). The parameters come as arguments, never in a table.
+-- do: 'load' (returns the key's state as it stands at `now`), 'check'
+-- (updates the state and returns the decision), 'idle_at' (when the state
+-- is back to fresh, in µs), 'save' (writes the state, to expire in `cost`
+-- ms), 'refund' (takes `cost` charged at `now` back off the state). The
+-- parameters come as arguments, never in a table.
 --
 -- A decision is six numbers (no table: the driver copies them into the
 -- reply): allowed (0/1), limit, remaining, reset_after, retry_after (-1 when

@@ -47,8 +47,7 @@ local function save(algo, key, state, p1, p2, p3, p4, p5)
   if idle_at <= now then
     redis.call('DEL', key)
   else
-    algo('save', key, state, 0, now, p1, p2, p3, p4, p5)
-    redis.call('PEXPIRE', key, cdiv(idle_at - now, 1000) + ttl_slack_ms)
+    algo('save', key, state, cdiv(idle_at - now, 1000) + ttl_slack_ms, now, p1, p2, p3, p4, p5)
   end
 end
 
@@ -84,7 +83,7 @@ if ARGV[2] ~= '' then
   local charged_at = ARGV[2] + 0
   for i = 1, n do
     if costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-      local state = run(i, 'load')
+      local state = run(i, 'load', nil, 0, now)
       run(i, 'refund', state, costs[i], charged_at)
       save_of(i, state)
     end
@@ -92,7 +91,7 @@ if ARGV[2] ~= '' then
   -- Report each key's state as it now stands.
   local reply = { 1, now }
   for i = 1, n do
-    put(reply, i, run(i, 'check', run(i, 'load'), 0, now))
+    put(reply, i, run(i, 'check', run(i, 'load', nil, 0, now), 0, now))
   end
   return reply
 end
@@ -102,7 +101,7 @@ local reply = { 1, now }
 for i = 1, n do
   local key = KEYS[i]
   if not states[key] then
-    states[key] = run(i, 'load')
+    states[key] = run(i, 'load', nil, 0, now)
   end
   if put(reply, i, run(i, 'check', states[key], costs[i], now)) == 0 then reply[1] = 0 end
 end
@@ -121,7 +120,7 @@ else
   -- have seen a charge of this request) report their state as it stands.
   for i = 1, n do
     if reply[6 * i - 3] == 1 then
-      put(reply, i, run(i, 'check', run(i, 'load'), 0, now))
+      put(reply, i, run(i, 'check', run(i, 'load', nil, 0, now), 0, now))
     end
   end
 end

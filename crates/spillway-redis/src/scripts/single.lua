@@ -1,7 +1,8 @@
 -- Decides on one check: the common request, without driver.lua's
 -- bookkeeping for several checks. script.rs makes one such script per
--- algorithm, filling in its function, how many parameters it reads and
--- their names.
+-- algorithm (but the fixed window, which has its own:
+-- fixed_window_single.lua), filling in its function, how many parameters
+-- it reads and their names.
 -- KEYS[1]: the state key.
 -- ARGV: the algorithm's parameters, then the cost, then (only the test
 --       build reads it) a time in µs to decide at instead of the server's
@@ -22,7 +23,7 @@ else
   now = t[1] * 1000000 + t[2]
 end
 -- PARAMS_FROM_ARGV
-local state = ALGORITHM('load', key)
+local state = ALGORITHM('load', key, nil, 0, now, PARAMS)
 local allowed, limit, remaining, reset_after, retry_after, delay =
   ALGORITHM('check', key, state, cost, now, PARAMS)
 if allowed == 1 and cost > 0 then
@@ -30,8 +31,7 @@ if allowed == 1 and cost > 0 then
   if idle_at <= now then
     redis.call('DEL', key)
   else
-    ALGORITHM('save', key, state, 0, now, PARAMS)
-    redis.call('PEXPIRE', key, cdiv(idle_at - now, 1000) + ttl_slack_ms)
+    ALGORITHM('save', key, state, cdiv(idle_at - now, 1000) + ttl_slack_ms, now, PARAMS)
   end
 end
 return { allowed, now, allowed, limit, remaining, reset_after, retry_after, delay }

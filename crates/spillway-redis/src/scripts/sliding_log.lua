@@ -38,6 +38,7 @@ local function sliding_log(op, key, s, cost, now, limit, w)
       redis.call('HSET', key, 'e' .. int(seq), int(e[1]) .. ':' .. int(e[2]))
     end
     redis.call('HSET', key, 't', s.t, 'h', s.h, 'n', s.n)
+    redis.call('PEXPIRE', key, cost) -- `cost` is the time to live, in ms
   elseif op == 'check' then
     -- Drop the entries that left the window (now - w, now].
     while s.h < s.n do

@@ -45,6 +45,7 @@ local function sliding_window(op, key, s, cost, now, limit, w)
     return 0
   elseif op == 'save' then
     redis.call('HSET', key, 'w', s.w, 'p', s.p, 'c', s.c)
+    redis.call('PEXPIRE', key, cost) -- `cost` is the time to live, in ms
   elseif op == 'refund' then
     local k = idiv(now, w)
     if k == s.w then
