@@ -496,45 +496,40 @@ fn floors(c: &mut Criterion) {
     // does, and the clock read waits for the previous check's miss.
     let n = 1_000_000;
     let slots: Vec<usize> = order(n).take(ACCESSES).map(|i| i as usize).collect();
-    let mask = slots.len() - 1;
-    let keyed: Vec<[AtomicU64; 2]> = (0..n as u64)
-        .map(|i| [AtomicU64::new(key(i)), AtomicU64::new(0)])
-        .collect();
-    g.bench_function("clock_then_cas/1M_16B_slots", |b| {
-        let mut i = 0;
-        b.iter(|| {
-            i += 1;
-            let now = clock.now();
-            let slot = &keyed[slots[i & mask]];
-            if slot[0].load(Ordering::Relaxed) == u64::MAX {
-                return false;
-            }
-            let old = slot[1].load(Ordering::Relaxed);
-            slot[1]
-                .compare_exchange(old, old.max(now) + 1, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        });
-    });
-    drop(keyed);
-    let ours_sized: Vec<[AtomicU64; 3]> = (0..n as u64)
-        .map(|i| [AtomicU64::new(key(i)), AtomicU64::new(0), AtomicU64::new(0)])
-        .collect();
-    g.bench_function("clock_then_cas/1M_24B_slots", |b| {
-        let mut i = 0;
-        b.iter(|| {
-            i += 1;
-            let now = clock.now();
-            let slot = &ours_sized[slots[i & mask]];
-            if slot[0].load(Ordering::Relaxed) == u64::MAX {
-                return false;
-            }
-            let old = slot[1].load(Ordering::Relaxed);
-            slot[1]
-                .compare_exchange(old, old.max(now) + 1, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        });
-    });
+    keyed_slots::<2>(&mut g, "clock_then_cas/1M_16B_slots", &clock, n, &slots);
+    keyed_slots::<3>(&mut g, "clock_then_cas/1M_24B_slots", &clock, n, &slots);
     g.finish();
+}
+
+/// Clock, then one CAS on the state beside the key in an `N`-word slot
+/// (the key, then `N - 1` words of state), one slot for each of `keys`
+/// keys, visited in `order`.
+fn keyed_slots<const N: usize>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    clock: &MonotonicClock,
+    keys: usize,
+    order: &[usize],
+) {
+    let slots: Vec<[AtomicU64; N]> = (0..keys as u64)
+        .map(|i| std::array::from_fn(|w| AtomicU64::new(if w == 0 { key(i) } else { 0 })))
+        .collect();
+    let mask = order.len() - 1;
+    g.bench_function(name, |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i += 1;
+            let now = clock.now();
+            let slot = &slots[order[i & mask]];
+            if slot[0].load(Ordering::Relaxed) == u64::MAX {
+                return false;
+            }
+            let old = slot[1].load(Ordering::Relaxed);
+            slot[1]
+                .compare_exchange(old, old.max(now) + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+    });
 }
 
 fn main() {
