@@ -37,8 +37,12 @@ pub trait Clock: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     timer: quanta::Clock,
-    origin: quanta::Instant,
-    // The wall-clock time at `origin`, so readings are comparable with the
+    // The timer's raw reading at `origin_micros`. Elapsed time is taken
+    // from raw readings (one scaling of a difference, in nanoseconds)
+    // rather than through `quanta::Instant` and `Duration`, which split
+    // it into seconds and nanoseconds only for `as_micros` to join them.
+    origin_raw: u64,
+    // The wall-clock time at `origin_raw`, so readings are comparable with the
     // Unix time used in `X-RateLimit-Reset`.
     origin_micros: Micros,
 }
@@ -48,7 +52,7 @@ impl MonotonicClock {
     pub fn new() -> Self {
         let timer = quanta::Clock::new();
         Self {
-            origin: timer.now(),
+            origin_raw: timer.raw(),
             timer,
             origin_micros: SystemClock.now(),
         }
@@ -63,9 +67,10 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now(&self) -> Micros {
-        let elapsed = self.timer.now().duration_since(self.origin).as_micros();
-        self.origin_micros
-            .saturating_add(u64::try_from(elapsed).unwrap_or(u64::MAX))
+        // Zero if the reading is before the origin (a core whose counter
+        // lags), as `Instant::duration_since` would give.
+        let nanos = self.timer.delta_as_nanos(self.origin_raw, self.timer.raw());
+        self.origin_micros.saturating_add(nanos / 1000)
     }
 }
 
@@ -155,6 +160,17 @@ mod tests {
         let mono = MonotonicClock::new().now();
         // Both read within a second of each other.
         assert!(mono.abs_diff(wall) < 1_000_000, "{mono} vs {wall}");
+    }
+
+    #[test]
+    fn monotonic_clock_counts_elapsed_microseconds() {
+        let clock = MonotonicClock::new();
+        let a = clock.now();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = clock.now();
+        // A sleep lasts at least what it asks (only a lower bound holds on
+        // a loaded machine); 5% off that for the counter's calibration.
+        assert!(b - a >= 19_000, "{a} then {b}");
     }
 
     #[test]
