@@ -5,8 +5,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use mimalloc::MiMalloc;
 use spillway_sim::scenario::{Params, ScenarioKind};
 use spillway_sim::{AlgorithmKind, Options, parse_duration};
+
+// Allocation-heavy paths (the proxy's buffers and headers, each request's
+// futures) run faster on mimalloc than on glibc's malloc.
+#[global_allocator]
+static ALLOCATOR: MiMalloc = MiMalloc;
 
 /// Rate limiting for HTTP APIs.
 #[derive(Debug, Parser)]
