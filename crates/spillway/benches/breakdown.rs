@@ -406,40 +406,44 @@ fn stores(c: &mut Criterion) {
         drop((limiter, theirs));
 
         let model = Model::new(n);
-        g.bench_function("model_table_lock_probe_write", |b| {
-            let mut i = 0;
-            b.iter(|| {
-                i += 1;
-                model.touch(visits[i & mask], i as u64)
-            });
-        });
-        // The same with the clock read per check, as a limiter must: at 1M
-        // keys the read waits for the previous check's misses.
-        g.bench_function("model_table_with_clock", |b| {
-            let mut i = 0;
-            b.iter(|| {
-                i += 1;
-                model.touch(visits[i & mask], clock.now())
-            });
+        touches(&mut g, "model_table", &visits, &clock, |k, now| {
+            model.touch(k, now)
         });
         drop(model);
         let inline = InlineModel::new(n);
-        g.bench_function("inline_table_lock_probe_write", |b| {
-            let mut i = 0;
-            b.iter(|| {
-                i += 1;
-                inline.touch(visits[i & mask], i as u64)
-            });
-        });
-        g.bench_function("inline_table_with_clock", |b| {
-            let mut i = 0;
-            b.iter(|| {
-                i += 1;
-                inline.touch(visits[i & mask], clock.now())
-            });
+        touches(&mut g, "inline_table", &visits, &clock, |k, now| {
+            inline.touch(k, now)
         });
         g.finish();
     }
+}
+
+/// `{name}_lock_probe_write`: a model table's `touch` over `visits`, with
+/// a counter for the time; `{name}_with_clock`: the same reading the clock
+/// per check, as a limiter must (at 1M keys the read waits for the
+/// previous check's misses).
+fn touches(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    visits: &[u64],
+    clock: &MonotonicClock,
+    touch: impl Fn(u64, u64) -> bool,
+) {
+    let mask = visits.len() - 1;
+    g.bench_function(format!("{name}_lock_probe_write"), |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i += 1;
+            touch(visits[i & mask], i as u64)
+        });
+    });
+    g.bench_function(format!("{name}_with_clock"), |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i += 1;
+            touch(visits[i & mask], clock.now())
+        });
+    });
 }
 
 /// Floors: the least a check can cost in any limiter whose keys share state
