@@ -141,18 +141,37 @@ async fn every_key_gets_a_ttl_that_ends_when_its_state_is_fresh_again() {
         let reply = server.command(&format!("PTTL {key}"));
         reply.trim().trim_start_matches(':').parse().unwrap()
     };
-    // Fixed window: until the end of the current minute.
-    let fw = pttl("spillway:{fw:ttl}:fwi:60000000");
-    assert!(fw > 0 && fw <= 60_000, "fixed window PTTL {fw}");
-    // Sliding window: the count weighs on the next window too.
-    let sw = pttl("spillway:{sw:ttl}:sw:60000000");
-    assert!(sw > 60_000 && sw <= 120_000, "sliding window PTTL {sw}");
-    // Sliding log: one window after the entry.
-    let log = pttl("spillway:{log:ttl}:sl");
-    assert!(log > 59_000 && log <= 60_000, "sliding log PTTL {log}");
-    // Token bucket: one token back takes 10 s.
-    let tb = pttl("spillway:{tb:ttl}:tb");
-    assert!(tb > 9_000 && tb <= 10_000, "token bucket PTTL {tb}");
+    // The same expiries whether the general script wrote the state (the
+    // request above, four checks) or each algorithm's own script (a request
+    // of one check each, on key "one").
+    for r in 0..4 {
+        let one = [Check {
+            rule: RuleId(r),
+            key: "one",
+            cost: 1,
+        }];
+        assert!(s.check(&one).await.unwrap().allowed);
+    }
+    for key in ["ttl", "one"] {
+        // Fixed window: until the end of the current minute.
+        let fw = pttl(&format!("spillway:{{fw:{key}}}:fwi:60000000"));
+        assert!(fw > 0 && fw <= 60_000, "fixed window PTTL {fw} ({key})");
+        // Sliding window: the count weighs on the next window too.
+        let sw = pttl(&format!("spillway:{{sw:{key}}}:sw:60000000"));
+        assert!(
+            sw > 60_000 && sw <= 120_000,
+            "sliding window PTTL {sw} ({key})"
+        );
+        // Sliding log: one window after the entry.
+        let log = pttl(&format!("spillway:{{log:{key}}}:sl"));
+        assert!(
+            log > 59_000 && log <= 60_000,
+            "sliding log PTTL {log} ({key})"
+        );
+        // Token bucket: one token back takes 10 s.
+        let tb = pttl(&format!("spillway:{{tb:{key}}}:tb"));
+        assert!(tb > 9_000 && tb <= 10_000, "token bucket PTTL {tb} ({key})");
+    }
 }
 
 #[tokio::test]
