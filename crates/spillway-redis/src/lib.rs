@@ -310,32 +310,18 @@ impl RedisStore {
     /// (its source, keys and arguments), for inspection and benchmarks.
     pub fn script_call(&self, checks: &[Check<'_>]) -> Result<ScriptCall, Error> {
         let prepared = self.prepare(checks)?;
-        let keys = prepared.iter().map(|p| p.key.clone()).collect();
-        let text = |v: &u64| v.to_string();
-        Ok(match prepared.as_slice() {
-            [p] => {
-                let mut args: Vec<String> =
-                    script::single_args(p.params).iter().map(text).collect();
-                args.push(p.cost.to_string());
-                ScriptCall {
-                    source: script::single_source(script::family(p.params), false),
-                    keys,
-                    args,
-                }
-            }
-            _ => {
-                let mut args = vec![String::new(), String::new()];
-                for p in &prepared {
-                    args.extend(p.params.iter().map(text));
-                    args.push(p.cost.to_string());
-                }
-                ScriptCall {
-                    source: script::source(false),
-                    keys,
-                    args,
-                }
-            }
-        })
+        let group: Vec<usize> = (0..prepared.len()).collect();
+        let family = single_family(&prepared, &group, None);
+        let mut call = ScriptCall {
+            source: match family {
+                Some(family) => script::single_source(family, false),
+                None => script::source(false),
+            },
+            keys: Vec::new(),
+            args: Vec::new(),
+        };
+        assemble(&prepared, &group, None, None, family, &mut call);
+        Ok(call)
     }
 
     /// What the store has done so far.
@@ -617,32 +603,12 @@ impl RedisStore {
         now: Option<u64>,
         refund_of: Option<u64>,
     ) -> Result<Reply<'g>, Error> {
-        let invocation = match group {
-            &[i] if refund_of.is_none() => {
-                let p = &prepared[i];
-                let mut invocation = scripts.single[script::family(p.params)].prepare_invoke();
-                invocation.key(&p.key);
-                invocation.arg(script::single_args(p.params));
-                invocation.arg(p.cost);
-                // Only the test build's scripts read it; only it sends one.
-                if let Some(t) = now {
-                    invocation.arg(t);
-                }
-                invocation
-            }
-            _ => {
-                let mut invocation = scripts.general.prepare_invoke();
-                invocation.arg(now.map_or(String::new(), |t| t.to_string()));
-                invocation.arg(refund_of.map_or(String::new(), |t| t.to_string()));
-                for &i in group {
-                    let p = &prepared[i];
-                    invocation.key(&p.key);
-                    invocation.arg(&p.params[..]);
-                    invocation.arg(p.cost);
-                }
-                invocation
-            }
+        let family = single_family(prepared, group, refund_of);
+        let mut invocation = match family {
+            Some(family) => scripts.single[family].prepare_invoke(),
+            None => scripts.general.prepare_invoke(),
         };
+        assemble(prepared, group, now, refund_of, family, &mut invocation);
         bump(&self.inner.counters.redis_calls);
         let timeout = self.inner.options.timeout;
         let reply: Vec<i64> = match &self.connection {
@@ -663,6 +629,94 @@ impl RedisStore {
             now,
             decisions,
         })
+    }
+}
+
+/// Which single-check script decides `group`: the one of its check's
+/// algorithm when it is one check and not a refund; `None` for the general
+/// script.
+fn single_family(
+    prepared: &[Prepared<'_>],
+    group: &[usize],
+    refund_of: Option<u64>,
+) -> Option<usize> {
+    match group {
+        &[i] if refund_of.is_none() => Some(script::family(prepared[i].params)),
+        _ => None,
+    }
+}
+
+/// Where [`assemble`] puts a script call's keys and arguments: the call
+/// itself, or its text for [`RedisStore::script_call`].
+trait CallArgs {
+    fn key(&mut self, key: &str);
+    fn number(&mut self, n: u64);
+    fn text(&mut self, s: &str);
+}
+
+impl CallArgs for redis::ScriptInvocation<'_> {
+    fn key(&mut self, key: &str) {
+        redis::ScriptInvocation::key(self, key);
+    }
+    fn number(&mut self, n: u64) {
+        self.arg(n);
+    }
+    fn text(&mut self, s: &str) {
+        self.arg(s);
+    }
+}
+
+impl CallArgs for ScriptCall {
+    fn key(&mut self, key: &str) {
+        self.keys.push(key.to_string());
+    }
+    fn number(&mut self, n: u64) {
+        self.args.push(n.to_string());
+    }
+    fn text(&mut self, s: &str) {
+        self.args.push(s.to_string());
+    }
+}
+
+/// The keys and arguments of the script call for `group`: for a
+/// single-check script (`family`), the parameters its algorithm reads, the
+/// cost and (only the test build sends one) the time; for the general
+/// script, the time or "", the refund's time or "", then each check's
+/// algorithm, five parameters and cost.
+fn assemble(
+    prepared: &[Prepared<'_>],
+    group: &[usize],
+    now: Option<u64>,
+    refund_of: Option<u64>,
+    family: Option<usize>,
+    out: &mut impl CallArgs,
+) {
+    if family.is_some() {
+        let p = &prepared[group[0]];
+        out.key(&p.key);
+        script::single_args(p.params)
+            .iter()
+            .for_each(|&v| out.number(v));
+        out.number(p.cost);
+        // Only the test build's scripts read it; only it sends one.
+        if let Some(t) = now {
+            out.number(t);
+        }
+        return;
+    }
+    match now {
+        Some(t) => out.number(t),
+        None => out.text(""),
+    }
+    match refund_of {
+        Some(t) => out.number(t),
+        None => out.text(""),
+    }
+    for &i in group {
+        let p = &prepared[i];
+        out.key(&p.key);
+        p.params.iter().for_each(|&v| out.number(v));
+        out.number(p.cost);
     }
 }
 
