@@ -85,21 +85,7 @@ impl ForwardError {
     /// The response: the status and a problem+json body (RFC 9457).
     pub fn into_response(self) -> Response<ProxyBody> {
         let status = self.status();
-        let detail = match &self {
-            Self::Unreachable(_) => "The upstream service could not be reached.".to_string(),
-            Self::ConnectTimeout(_) => {
-                "The upstream service did not accept a connection in time.".to_string()
-            }
-            Self::ResponseTimeout(_) => "The upstream service did not answer in time.".to_string(),
-            Self::Unsupported(method) => format!("This proxy does not forward {method} requests."),
-        };
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": detail,
-        })
-        .to_string();
+        let body = self.problem_json();
         let mut res = Response::new(
             Full::new(Bytes::from(body))
                 .map_err(|never| match never {})
@@ -111,6 +97,26 @@ impl ForwardError {
             HeaderValue::from_static("application/problem+json"),
         );
         res
+    }
+
+    /// The problem+json body (RFC 9457) of the response.
+    pub(crate) fn problem_json(&self) -> String {
+        let status = self.status();
+        let detail = match self {
+            Self::Unreachable(_) => "The upstream service could not be reached.".to_string(),
+            Self::ConnectTimeout(_) => {
+                "The upstream service did not accept a connection in time.".to_string()
+            }
+            Self::ResponseTimeout(_) => "The upstream service did not answer in time.".to_string(),
+            Self::Unsupported(method) => format!("This proxy does not forward {method} requests."),
+        };
+        serde_json::json!({
+            "type": "about:blank",
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "detail": detail,
+        })
+        .to_string()
     }
 }
 

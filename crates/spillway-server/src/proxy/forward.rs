@@ -90,6 +90,11 @@ impl Upstream {
             .expect("a valid scheme, authority and path make a valid URI")
     }
 
+    /// `host:port` (the port may be implied), to connect to.
+    pub(crate) fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
     /// `http://host:port`, for logs.
     pub(crate) fn base(&self) -> String {
         format!("{}://{}", self.scheme, self.authority)
@@ -137,40 +142,11 @@ where
             return Box::pin(async move { Ok(refused) });
         }
 
-        // The host the client asked for, before anything changes it: the
-        // `Host` header (HTTP/1.1) or the URI's authority (HTTP/2).
-        let asked_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
-        headers::remove_hop_by_hop(&mut parts.headers);
-        if parts.version == Version::HTTP_2 {
-            headers::join_cookies(&mut parts.headers);
-        }
-        if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
-            headers::append_forwarded_for(&mut parts.headers, peer.ip());
-        }
-        // A trusted proxy in front said what the client used; otherwise this
-        // proxy listens on plain HTTP, so that is what the client used.
-        let trusted = parts.extensions.get::<TrustedPeer>().is_some();
-        if !(trusted && parts.headers.contains_key(&X_FORWARDED_PROTO)) {
-            parts
-                .headers
-                .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-        }
-        if !(trusted && parts.headers.contains_key(&X_FORWARDED_HOST)) {
-            match &asked_host {
-                Some(host) => parts.headers.insert(X_FORWARDED_HOST, host.clone()),
-                None => parts.headers.remove(X_FORWARDED_HOST),
-            };
-        }
-        let host = match (self.host, asked_host) {
-            (HostHeader::Keep, Some(asked)) => asked,
-            (HostHeader::Keep, None) | (HostHeader::Upstream, _) => self.upstream.host.clone(),
-        };
-        parts.headers.insert(header::HOST, host);
+        let hop = parts
+            .extensions
+            .get::<ClientAddr>()
+            .map(|ClientAddr(peer)| headers::hop_of(peer.ip()));
+        rewrite_head(&self.upstream, self.host, &mut parts, hop.as_ref());
         parts.uri = self.upstream.uri_for(&parts.uri);
         // The client speaks HTTP/1.1 to the upstream, whatever the client
         // spoke to the proxy.
@@ -196,6 +172,53 @@ where
             Ok(error.into_response())
         })
     }
+}
+
+/// Rewrites a request's head for the upstream (all but its URI and
+/// version): hop-by-hop headers go, `X-Forwarded-For` gets the peer's
+/// `hop` (see [`headers::hop_of`]), `X-Forwarded-Proto` and
+/// `X-Forwarded-Host` are set unless a trusted proxy in front set them, and
+/// `Host` is as `host` says.
+pub(crate) fn rewrite_head(
+    upstream: &Upstream,
+    host: HostHeader,
+    parts: &mut http::request::Parts,
+    hop: Option<&HeaderValue>,
+) {
+    // The host the client asked for, before anything changes it: the
+    // `Host` header (HTTP/1.1) or the URI's authority (HTTP/2).
+    let asked_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    headers::remove_hop_by_hop(&mut parts.headers);
+    if parts.version == Version::HTTP_2 {
+        headers::join_cookies(&mut parts.headers);
+    }
+    if let Some(hop) = hop {
+        headers::append_hop(&mut parts.headers, hop);
+    }
+    // A trusted proxy in front said what the client used; otherwise this
+    // proxy listens on plain HTTP, so that is what the client used.
+    let trusted = parts.extensions.get::<TrustedPeer>().is_some();
+    if !(trusted && parts.headers.contains_key(&X_FORWARDED_PROTO)) {
+        parts
+            .headers
+            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if !(trusted && parts.headers.contains_key(&X_FORWARDED_HOST)) {
+        match &asked_host {
+            Some(host) => parts.headers.insert(X_FORWARDED_HOST, host.clone()),
+            None => parts.headers.remove(X_FORWARDED_HOST),
+        };
+    }
+    let host = match (host, asked_host) {
+        (HostHeader::Keep, Some(asked)) => asked,
+        (HostHeader::Keep, None) | (HostHeader::Upstream, _) => upstream.host.clone(),
+    };
+    parts.headers.insert(header::HOST, host);
 }
 
 #[cfg(test)]

@@ -31,6 +31,11 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes the hop-by-hop headers, and the headers that `Connection` lists
 /// (which are hop-by-hop by the sender's declaration).
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests have none: one pass over the names, rather than a
+    // lookup for each hop-by-hop name.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -44,10 +49,27 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Appends `peer` to `X-Forwarded-For`, after the chain the request came
 /// with (all its header lines, in order, joined with `", "`), as one line.
+#[cfg(test)]
 pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
+    append_hop(headers, &hop_of(peer));
+}
+
+/// A peer's address as an `X-Forwarded-For` hop.
+pub(crate) fn hop_of(peer: IpAddr) -> HeaderValue {
     // An IPv4 client on a dual-stack socket shows as `::ffff:a.b.c.d`; the
     // chain should carry the address the client has.
     let peer = peer.to_canonical().to_string();
+    HeaderValue::try_from(peer).expect("an address is a valid header value")
+}
+
+/// Appends `hop` (see [`hop_of`]) to `X-Forwarded-For`, after the chain
+/// the request came with (all its header lines, in order, joined with
+/// `", "`), as one line.
+pub(crate) fn append_hop(headers: &mut HeaderMap, hop: &HeaderValue) {
+    if !headers.contains_key(&X_FORWARDED_FOR) {
+        headers.insert(X_FORWARDED_FOR, hop.clone());
+        return;
+    }
     let mut chain: Vec<u8> = Vec::new();
     for value in headers.get_all(&X_FORWARDED_FOR) {
         let hops = value.as_bytes().trim_ascii();
@@ -63,7 +85,7 @@ pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
     if !chain.is_empty() {
         chain.extend_from_slice(b", ");
     }
-    chain.extend_from_slice(peer.as_bytes());
+    chain.extend_from_slice(hop.as_bytes());
     // The parts were valid header values and the address is ASCII.
     let value = HeaderValue::from_bytes(&chain).expect("a valid header value");
     headers.insert(X_FORWARDED_FOR, value);

@@ -48,7 +48,9 @@ mod connect;
 mod error;
 mod forward;
 mod headers;
+mod relay;
 mod service;
+mod wire;
 
 use std::str::FromStr;
 use std::sync::Arc;

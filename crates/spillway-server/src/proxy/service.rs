@@ -21,11 +21,13 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use spillway_tower::{ClientAddr, ResponseBody};
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
 use tower::{Layer, Service, ServiceExt};
 
 use super::connect::TimeoutConnector;
 use super::error::{BoxError, InvalidUpstream};
 use super::forward::{Forward, Upstream};
+use super::relay::{self, Lifetime, Relay};
 use super::{Connector, ProxyBody, ProxyOptions};
 use crate::engine::Shared;
 
@@ -41,6 +43,10 @@ pub type ProxyResponse = Response<ResponseBody<ProxyBody>>;
 pub struct Proxy<C = HttpConnector> {
     shared: Arc<Shared>,
     forward: Forward<C>,
+    options: ProxyOptions,
+    // Made by `new`: HTTP/1 clients are served by the relay, which opens
+    // its own TCP connections (a custom connector keeps hyper's path).
+    tcp: bool,
 }
 
 impl Proxy<HttpConnector> {
@@ -74,7 +80,9 @@ impl Proxy<HttpConnector> {
         let mut tcp = HttpConnector::new();
         // Requests are small writes answered at once: no Nagle delay.
         tcp.set_nodelay(true);
-        Self::with_connector(upstream, shared, options, tcp)
+        let mut proxy = Self::with_connector(upstream, shared, options, tcp)?;
+        proxy.tcp = true;
+        Ok(proxy)
     }
 }
 
@@ -103,6 +111,8 @@ impl<C: Connector> Proxy<C> {
                 response_timeout: options.response_timeout,
                 host: options.host,
             },
+            options: options.clone(),
+            tcp: false,
         })
     }
 
@@ -110,11 +120,19 @@ impl<C: Connector> Proxy<C> {
     /// `listener` until `shutdown` resolves; then stops accepting, and
     /// returns once the connections' requests in flight have finished (idle
     /// connections are closed at once).
+    ///
+    /// A proxy made by [`new`](Proxy::new) relays HTTP/1.1 itself, each
+    /// client connection over an upstream connection of its own (the
+    /// relay); one made [`with_connector`](Proxy::with_connector) serves
+    /// every request with hyper and the pooled client.
     pub async fn run(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        if self.tcp {
+            return self.run_relay(listener, shutdown).await;
+        }
         let mut http = auto::Builder::new(TokioExecutor::new());
         // With a timer, an HTTP/1.1 client gets 30 s (hyper's default) to
         // send each request head: a slow or idle client cannot hold a
@@ -158,6 +176,51 @@ impl<C: Connector> Proxy<C> {
         graceful.shutdown().await;
         Ok(())
     }
+
+    /// [`run`](Proxy::run) with the relay.
+    async fn run_relay(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let relay = Arc::new(Relay {
+            shared: self.shared.clone(),
+            upstream: self.forward.upstream.clone(),
+            host: self.forward.host,
+            connect_timeout: self.options.connect_timeout,
+            response_timeout: self.options.response_timeout,
+            idle_timeout: self.options.pool_idle_timeout,
+            proxy: self,
+        });
+        let (closing, closing_seen) = watch::channel(false);
+        let (alive, mut all_done) = mpsc::channel::<()>(1);
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not accept a connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let life = Lifetime {
+                closing: closing_seen.clone(),
+                _alive: alive.clone(),
+            };
+            tokio::spawn(relay::serve(relay.clone(), stream, peer, life));
+        }
+        drop(listener);
+        let _ = closing.send(true);
+        drop(alive);
+        // Every connection holds a sender: this ends when the last one is
+        // done.
+        let _ = all_done.recv().await;
+        Ok(())
+    }
 }
 
 impl<C: Clone> Clone for Proxy<C> {
@@ -165,6 +228,8 @@ impl<C: Clone> Clone for Proxy<C> {
         Self {
             shared: self.shared.clone(),
             forward: self.forward.clone(),
+            options: self.options.clone(),
+            tcp: self.tcp,
         }
     }
 }
@@ -202,15 +267,7 @@ where
         let trusted = req
             .extensions()
             .get::<ClientAddr>()
-            .is_some_and(|ClientAddr(peer)| {
-                engine
-                    .layer
-                    .policy()
-                    .client_settings()
-                    .trusted_proxies
-                    .iter()
-                    .any(|net| net.contains(&peer.ip()))
-            });
+            .is_some_and(|ClientAddr(peer)| relay::is_trusted(&engine, peer));
         if trusted {
             req.extensions_mut().insert(super::forward::TrustedPeer);
         }

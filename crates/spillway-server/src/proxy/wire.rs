@@ -1,0 +1,782 @@
+//! HTTP/1.1 on the wire, for the relay: request and response heads parsed
+//! with `httparse`, message framing (RFC 9112 section 6), and a chunked
+//! body's framing followed byte by byte.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, StatusCode, Uri, Version};
+
+/// The most header lines a request or response head may have.
+pub(crate) const MAX_HEADERS: usize = 100;
+/// The longest request or response head, in bytes.
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
+/// The longest chunk-size line (size, extensions) or trailer section.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// Why a message cannot be relayed; each is answered (to a client) or
+/// reported (of an upstream) as such.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum WireError {
+    /// Not HTTP/1.x, or a head that does not parse.
+    #[error("malformed message head: {0}")]
+    Malformed(&'static str),
+    /// A head longer than [`MAX_HEAD`] or with more than [`MAX_HEADERS`]
+    /// lines.
+    #[error("message head too large")]
+    TooLarge,
+    /// Framing that cannot be trusted: both `Content-Length` and
+    /// `Transfer-Encoding`, conflicting lengths, an encoding other than
+    /// chunked (RFC 9112 section 6.3).
+    #[error("ambiguous or unsupported message framing: {0}")]
+    Framing(&'static str),
+    /// A chunked body whose framing is broken.
+    #[error("malformed chunked body: {0}")]
+    Chunked(&'static str),
+}
+
+impl WireError {
+    /// The status a client gets for its request failing so.
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Self::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// How a message's body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// No body.
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// Chunked transfer coding: the body ends with its last chunk and
+    /// trailers.
+    Chunked,
+    /// Until the sender closes the connection (responses only).
+    Close,
+}
+
+/// Where a head ends: the index after its blank line, if it is all in `buf`.
+pub(crate) fn head_end(buf: &[u8]) -> Option<usize> {
+    // Lines may end in a bare LF (RFC 9112 section 2.2 lets a recipient
+    // accept it); httparse does, so the end is found the same way.
+    let mut from = 0;
+    while let Some(i) = memchr(b'\n', &buf[from..]) {
+        let lf = from + i;
+        match buf.get(lf + 1) {
+            Some(b'\n') => return Some(lf + 2),
+            Some(b'\r') if buf.get(lf + 2) == Some(&b'\n') => return Some(lf + 3),
+            Some(_) => from = lf + 1,
+            None => return None,
+        }
+    }
+    None
+}
+
+fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == needle)
+}
+
+/// A request head, parsed: its parts (with the headers sharing `head`'s
+/// memory), how its body is framed, and whether the client keeps the
+/// connection open after it.
+#[derive(Debug)]
+pub(crate) struct RequestHead {
+    pub(crate) parts: Parts,
+    pub(crate) framing: Framing,
+    pub(crate) keep_alive: bool,
+    /// `Expect: 100-continue` was sent: the client waits for a `100
+    /// Continue` before sending the body.
+    pub(crate) expects_continue: bool,
+}
+
+/// Parses a complete request head (`head` ends with its blank line).
+pub(crate) fn parse_request(head: &Bytes) -> Result<RequestHead, WireError> {
+    // Not zeroed: httparse writes the lines it returns.
+    let mut lines =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(head, &mut lines) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(WireError::Malformed("incomplete head")),
+        Err(httparse::Error::TooManyHeaders) => return Err(WireError::TooLarge),
+        Err(_) => return Err(WireError::Malformed("not an HTTP/1.x request")),
+    }
+    let (Some(method), Some(target), Some(minor)) = (req.method, req.path, req.version) else {
+        return Err(WireError::Malformed("incomplete request line"));
+    };
+    let method =
+        Method::from_bytes(method.as_bytes()).map_err(|_| WireError::Malformed("bad method"))?;
+    let uri = Uri::from_maybe_shared(head.slice_ref(target.as_bytes()))
+        .map_err(|_| WireError::Malformed("bad request target"))?;
+    let version = if minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let headers = header_map(head, req.headers)?;
+    let framing = request_framing(&headers, version)?;
+    let keep_alive = keeps_alive(&headers, version);
+    let expects_continue = version == Version::HTTP_11
+        && headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let (mut parts, ()) = Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = version;
+    parts.headers = headers;
+    Ok(RequestHead {
+        parts,
+        framing,
+        keep_alive,
+        expects_continue,
+    })
+}
+
+/// The headers of a parsed head, their values sharing `head`'s memory.
+fn header_map(head: &Bytes, lines: &[httparse::Header<'_>]) -> Result<HeaderMap, WireError> {
+    let mut headers = HeaderMap::with_capacity(lines.len());
+    for line in lines {
+        let name = HeaderName::from_bytes(line.name.as_bytes())
+            .map_err(|_| WireError::Malformed("bad header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice_ref(line.value))
+            .map_err(|_| WireError::Malformed("bad header value"))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+/// Whether the sender of a message with these headers keeps the
+/// connection open after it (RFC 9112 section 9.3).
+pub(crate) fn keeps_alive(headers: &HeaderMap, version: Version) -> bool {
+    let has = |token: &[u8]| {
+        headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.as_bytes()
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+        })
+    };
+    if version == Version::HTTP_11 {
+        !has(b"close")
+    } else {
+        has(b"keep-alive") && !has(b"close")
+    }
+}
+
+/// A request's body framing (RFC 9112 section 6.3): chunked, a length, or
+/// none. Anything a proxy could read differently from its upstream (both
+/// headers, conflicting lengths, another coding) is refused.
+fn request_framing(headers: &HeaderMap, version: Version) -> Result<Framing, WireError> {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(WireError::Framing(
+                "Transfer-Encoding in an HTTP/1.0 request",
+            ));
+        }
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            return Err(WireError::Framing(
+                "both Content-Length and Transfer-Encoding",
+            ));
+        }
+        return if only_chunked(headers) {
+            Ok(Framing::Chunked)
+        } else {
+            Err(WireError::Framing("a transfer coding other than chunked"))
+        };
+    }
+    match content_length(headers)? {
+        None | Some(0) => Ok(Framing::Empty),
+        Some(n) => Ok(Framing::Length(n)),
+    }
+}
+
+/// `Transfer-Encoding` says exactly `chunked` (the relay passes chunked
+/// bodies through and decodes no other coding).
+fn only_chunked(headers: &HeaderMap) -> bool {
+    let mut codings = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty());
+    codings
+        .next()
+        .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"))
+        && codings.next().is_none()
+}
+
+/// `Content-Length`, if present: every line and list member the same
+/// decimal number.
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, WireError> {
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for member in value.as_bytes().split(|&b| b == b',') {
+            let digits = member.trim_ascii();
+            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) || digits.len() > 19 {
+                return Err(WireError::Framing("an invalid Content-Length"));
+            }
+            let n = digits
+                .iter()
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            if length.is_some_and(|l| l != n) {
+                return Err(WireError::Framing("conflicting Content-Length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
+/// A response head, parsed: what the relay needs of it, the header lines
+/// left as they are.
+#[derive(Debug)]
+pub(crate) struct ResponseHead {
+    pub(crate) status: StatusCode,
+    pub(crate) framing: Framing,
+    pub(crate) keep_alive: bool,
+}
+
+/// Parses a complete response head to a request of `method`, calling
+/// `line` for each header line (name, value) that the client should get:
+/// all but the hop-by-hop ones, those `Connection` names, and the
+/// `Content-Length` of a body (which the relay writes).
+pub(crate) fn parse_response(
+    head: &[u8],
+    method: &Method,
+    mut line: impl FnMut(&str, &[u8]),
+) -> Result<ResponseHead, WireError> {
+    // Not zeroed: httparse writes the lines it returns.
+    let mut lines =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut []);
+    match httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut res, head, &mut lines)
+    {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(WireError::Malformed("incomplete head")),
+        Err(httparse::Error::TooManyHeaders) => return Err(WireError::TooLarge),
+        Err(_) => return Err(WireError::Malformed("not an HTTP/1.x response")),
+    }
+    let (Some(code), Some(minor)) = (res.code, res.version) else {
+        return Err(WireError::Malformed("incomplete status line"));
+    };
+    let status = StatusCode::from_u16(code).map_err(|_| WireError::Malformed("bad status"))?;
+    let version = if minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let mut connection: Vec<&[u8]> = Vec::new();
+    let mut close = false;
+    let mut keep_alive_token = false;
+    let mut chunked = None;
+    let mut length: Option<u64> = None;
+    let mut bad_length = false;
+    for h in res.headers.iter() {
+        if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                connection.push(token);
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            let last = h
+                .value
+                .split(|&b| b == b',')
+                .map(<[u8]>::trim_ascii)
+                .rfind(|t| !t.is_empty());
+            chunked = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            for member in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                let n = std::str::from_utf8(member)
+                    .ok()
+                    .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok());
+                match (n, length) {
+                    (Some(n), Some(l)) if n != l => bad_length = true,
+                    (Some(n), _) => length = Some(n),
+                    (None, _) => bad_length = true,
+                }
+            }
+        }
+    }
+    let no_body = *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if no_body {
+        Framing::Empty
+    } else {
+        match (chunked, length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) => Framing::Close,
+            (None, _) if bad_length => {
+                return Err(WireError::Framing("an invalid Content-Length"));
+            }
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::Close,
+        }
+    };
+    for h in res.headers.iter() {
+        let hop = is_hop_by_hop(h.name)
+            || connection
+                .iter()
+                .any(|t| t.eq_ignore_ascii_case(h.name.as_bytes()));
+        // The relay writes a body's length itself; a response without one
+        // (to HEAD, a 304) keeps the length it describes.
+        let body_length =
+            framing != Framing::Empty && h.name.eq_ignore_ascii_case("content-length");
+        if !hop && !body_length {
+            line(h.name, h.value);
+        }
+    }
+    let keep_alive = if version == Version::HTTP_11 {
+        !close
+    } else {
+        keep_alive_token && !close
+    };
+    Ok(ResponseHead {
+        status,
+        framing,
+        keep_alive,
+    })
+}
+
+/// The hop-by-hop headers (see `headers::HOP_BY_HOP`) by name.
+fn is_hop_by_hop(name: &str) -> bool {
+    const NAMES: [&str; 8] = [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "expect",
+    ];
+    NAMES.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// Appends `name: value\r\n`.
+pub(crate) fn put_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a decimal number.
+pub(crate) fn put_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// Appends a status line, `HTTP/1.1 429 Too Many Requests\r\n`.
+pub(crate) fn put_status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Where a chunked body's framing is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    /// In a chunk-size line: the size so far, and whether an extension
+    /// started.
+    Size {
+        size: u64,
+        digits: u8,
+        ext: bool,
+    },
+    /// After the size line's CR.
+    SizeLf {
+        size: u64,
+    },
+    /// In a chunk's data: bytes left.
+    Data(u64),
+    /// After a chunk's data: its CR, then its LF.
+    DataCr,
+    DataLf,
+    /// In the trailer section: at the start of a line (or inside one).
+    Trailer {
+        line_start: bool,
+    },
+    /// After a trailer line's CR.
+    TrailerLf {
+        line_start: bool,
+    },
+    /// The body is over.
+    Done,
+}
+
+/// Follows a chunked body's framing (RFC 9112 section 7.1) as its bytes go
+/// by, so that the relay knows where it ends and can pass it through as it
+/// came, or take out the data alone.
+#[derive(Debug, Clone)]
+pub(crate) struct Chunked {
+    state: ChunkState,
+    // Bytes of the current size line or of the trailers, against the limits.
+    line: usize,
+}
+
+impl Default for Chunked {
+    fn default() -> Self {
+        Self {
+            state: ChunkState::Size {
+                size: 0,
+                digits: 0,
+                ext: false,
+            },
+            line: 0,
+        }
+    }
+}
+
+impl Chunked {
+    /// Whether the last chunk and the trailers have gone by.
+    pub(crate) fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+
+    /// Reads `input` up to the end of the body: returns how many bytes
+    /// belong to the body, calling `data` with the chunk data among them.
+    pub(crate) fn feed(
+        &mut self,
+        input: &[u8],
+        mut data: impl FnMut(&[u8]),
+    ) -> Result<usize, WireError> {
+        let mut i = 0;
+        while i < input.len() {
+            let b = input[i];
+            self.state = match self.state {
+                ChunkState::Size { size, digits, ext } => {
+                    self.line += 1;
+                    if self.line > MAX_CHUNK_LINE {
+                        return Err(WireError::Chunked("chunk-size line too long"));
+                    }
+                    match b {
+                        b'\r' if digits > 0 => ChunkState::SizeLf { size },
+                        b'\n' if digits > 0 => self.after_size(size),
+                        _ if ext => ChunkState::Size { size, digits, ext },
+                        b';' | b' ' | b'\t' if digits > 0 => ChunkState::Size {
+                            size,
+                            digits,
+                            ext: true,
+                        },
+                        _ => {
+                            let Some(d) = (b as char).to_digit(16) else {
+                                return Err(WireError::Chunked("bad chunk size"));
+                            };
+                            if digits >= 15 {
+                                return Err(WireError::Chunked("chunk size too large"));
+                            }
+                            ChunkState::Size {
+                                size: size * 16 + u64::from(d),
+                                digits: digits + 1,
+                                ext,
+                            }
+                        }
+                    }
+                }
+                ChunkState::SizeLf { size } => match b {
+                    b'\n' => self.after_size(size),
+                    _ => return Err(WireError::Chunked("expected LF after chunk size")),
+                },
+                ChunkState::Data(left) => {
+                    let take = (input.len() - i).min(usize::try_from(left).unwrap_or(usize::MAX));
+                    data(&input[i..i + take]);
+                    i += take;
+                    let left = left - take as u64;
+                    self.state = if left == 0 {
+                        ChunkState::DataCr
+                    } else {
+                        ChunkState::Data(left)
+                    };
+                    continue;
+                }
+                ChunkState::DataCr => match b {
+                    b'\r' => ChunkState::DataLf,
+                    b'\n' => self.next_size(),
+                    _ => return Err(WireError::Chunked("expected CRLF after chunk data")),
+                },
+                ChunkState::DataLf => match b {
+                    b'\n' => self.next_size(),
+                    _ => return Err(WireError::Chunked("expected LF after chunk data")),
+                },
+                ChunkState::Trailer { line_start } => {
+                    self.line += 1;
+                    if self.line > MAX_TRAILERS {
+                        return Err(WireError::Chunked("trailers too long"));
+                    }
+                    match b {
+                        b'\r' => ChunkState::TrailerLf { line_start },
+                        b'\n' if line_start => ChunkState::Done,
+                        b'\n' => ChunkState::Trailer { line_start: true },
+                        _ => ChunkState::Trailer { line_start: false },
+                    }
+                }
+                ChunkState::TrailerLf { line_start } => match b {
+                    b'\n' if line_start => ChunkState::Done,
+                    b'\n' => ChunkState::Trailer { line_start: true },
+                    _ => return Err(WireError::Chunked("expected LF in trailers")),
+                },
+                ChunkState::Done => return Ok(i),
+            };
+            i += 1;
+            if self.state == ChunkState::Done {
+                return Ok(i);
+            }
+        }
+        Ok(i)
+    }
+
+    fn after_size(&mut self, size: u64) -> ChunkState {
+        self.line = 0;
+        if size == 0 {
+            ChunkState::Trailer { line_start: true }
+        } else {
+            ChunkState::Data(size)
+        }
+    }
+
+    fn next_size(&mut self) -> ChunkState {
+        self.line = 0;
+        ChunkState::Size {
+            size: 0,
+            digits: 0,
+            ext: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(text: &str) -> Result<RequestHead, WireError> {
+        parse_request(&Bytes::copy_from_slice(text.as_bytes()))
+    }
+
+    #[test]
+    fn a_head_ends_at_its_blank_line() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nrest"), Some(27));
+        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: a\n\nrest"), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n"), None);
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r"), None);
+    }
+
+    #[test]
+    fn a_request_head_becomes_parts_with_its_framing() {
+        let head = request(
+            "POST /a?b HTTP/1.1\r\nHost: x\r\nX-Tag: 1\r\nx-tag: 2\r\nContent-Length: 5\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(head.parts.method, Method::POST);
+        assert_eq!(head.parts.uri, "/a?b");
+        assert_eq!(head.parts.version, Version::HTTP_11);
+        let tags: Vec<_> = head.parts.headers.get_all("x-tag").iter().collect();
+        assert_eq!(tags, ["1", "2"]);
+        assert_eq!(head.framing, Framing::Length(5));
+        assert!(head.keep_alive);
+        assert!(!head.expects_continue);
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection() {
+        let alive = |text: &str| request(text).unwrap().keep_alive;
+        assert!(!alive("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n"));
+        assert!(!alive("GET / HTTP/1.0\r\n\r\n"));
+        assert!(alive("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+        assert!(alive(
+            "GET / HTTP/1.1\r\nConnection: x-a, keep-alive\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn framing_a_proxy_could_read_differently_is_refused() {
+        let framing = |text: &str| request(text).map(|h| h.framing);
+        assert_eq!(
+            framing("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Ok(Framing::Chunked)
+        );
+        assert_eq!(
+            framing("POST / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\n"),
+            Ok(Framing::Length(3))
+        );
+        assert_eq!(
+            framing("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+            Ok(Framing::Empty)
+        );
+        for bad in [
+            "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        ] {
+            assert!(matches!(framing(bad), Err(WireError::Framing(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_or_oversized_head_is_an_error() {
+        assert!(matches!(
+            request("HELLO\r\n\r\n"),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            request("GET / HTTP/2.0\r\n\r\n"),
+            Err(WireError::Malformed(_))
+        ));
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "a: b\r\n".repeat(MAX_HEADERS + 1)
+        );
+        assert_eq!(request(&many).unwrap_err(), WireError::TooLarge);
+        assert_eq!(
+            WireError::TooLarge.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
+    }
+
+    fn response(text: &str, method: &Method) -> (ResponseHead, Vec<String>) {
+        let mut kept = Vec::new();
+        let head = parse_response(text.as_bytes(), method, |name, value| {
+            kept.push(format!("{name}: {}", String::from_utf8_lossy(value)));
+        })
+        .unwrap();
+        (head, kept)
+    }
+
+    #[test]
+    fn a_response_keeps_its_end_to_end_headers_and_says_its_framing() {
+        let (head, kept) = response(
+            "HTTP/1.1 201 Created\r\nConnection: x-hop, keep-alive\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nContent-Length: 4\r\n\r\n",
+            &Method::GET,
+        );
+        assert_eq!(head.status, StatusCode::CREATED);
+        assert_eq!(head.framing, Framing::Length(4));
+        assert!(head.keep_alive);
+        assert_eq!(kept, ["Set-Cookie: a=1", "Set-Cookie: b=2"]);
+    }
+
+    #[test]
+    fn a_responses_body_is_framed_as_rfc_9112_says() {
+        let framing = |text: &str, method: &Method| response(text, method).0.framing;
+        let get = &Method::GET;
+        assert_eq!(
+            framing(
+                "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
+                &Method::HEAD
+            ),
+            Framing::Empty
+        );
+        assert_eq!(
+            framing(
+                "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+                get
+            ),
+            Framing::Empty
+        );
+        assert_eq!(
+            framing("HTTP/1.1 204 No Content\r\n\r\n", get),
+            Framing::Empty
+        );
+        assert_eq!(
+            framing(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n",
+                get
+            ),
+            Framing::Chunked
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", get),
+            Framing::Close
+        );
+        assert_eq!(framing("HTTP/1.1 200 OK\r\n\r\n", get), Framing::Close);
+        let closing = response("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", get).0;
+        assert!(!closing.keep_alive);
+        assert!(
+            parse_response(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n",
+                get,
+                |_, _| {}
+            )
+            .is_err()
+        );
+    }
+
+    fn dechunk(parts: &[&[u8]]) -> Result<(Vec<u8>, usize, bool), WireError> {
+        let mut chunked = Chunked::default();
+        let mut data = Vec::new();
+        let mut used = 0;
+        for part in parts {
+            used += chunked.feed(part, |d| data.extend_from_slice(d))?;
+            if chunked.is_done() {
+                break;
+            }
+        }
+        Ok((data, used, chunked.is_done()))
+    }
+
+    #[test]
+    fn a_chunked_body_is_followed_to_its_end_across_reads() {
+        let body = b"5;ext=1\r\nhello\r\nA\r\n0123456789\r\n0\r\nX-Sum: 1\r\n\r\nNEXT";
+        let whole = dechunk(&[body]).unwrap();
+        assert_eq!(whole, (b"hello0123456789".to_vec(), body.len() - 4, true));
+        // Byte by byte, the same.
+        let bytes: Vec<&[u8]> = body.chunks(1).collect();
+        assert_eq!(dechunk(&bytes).unwrap(), whole);
+        let unfinished = dechunk(&[b"5\r\nhel"]).unwrap();
+        assert_eq!(unfinished, (b"hel".to_vec(), 6, false));
+    }
+
+    #[test]
+    fn broken_chunked_framing_is_an_error() {
+        for bad in [
+            &b"x\r\n"[..],
+            b"5\r\nhelloX",
+            b"\r\n",
+            b"1234567890abcdef0\r\n",
+        ] {
+            assert!(
+                dechunk(&[bad]).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long_line = vec![b'a'; MAX_CHUNK_LINE + 1];
+        assert!(dechunk(&[&long_line]).is_err());
+    }
+
+    #[test]
+    fn numbers_and_status_lines_are_written_as_text() {
+        let mut out = Vec::new();
+        put_u64(&mut out, 0);
+        out.push(b' ');
+        put_u64(&mut out, u64::MAX);
+        assert_eq!(out, b"0 18446744073709551615");
+        let mut line = Vec::new();
+        put_status_line(&mut line, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(line, b"HTTP/1.1 429 Too Many Requests\r\n");
+    }
+}

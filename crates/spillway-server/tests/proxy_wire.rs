@@ -1,0 +1,938 @@
+//! `spillway proxy`'s HTTP/1.1 on the wire. The clients and upstreams here
+//! are raw TCP sockets that write and read the bytes themselves, so these
+//! tests see what the proxy actually sends and accepts: framing,
+//! pipelining, connection reuse, and what it must refuse (request
+//! smuggling). A hyper peer would hide most of that, by being lenient or by
+//! normalising it away.
+//!
+//! Where the protocol leaves the proxy a choice (how to frame a body,
+//! whether to keep a connection after an error), the tests accept every
+//! correct choice and pin only what every correct proxy must do.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use spillway_server::config::Config;
+use spillway_server::engine::{Engine, Shared};
+use spillway_server::proxy::{ProxyOptions, serve_with};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// The longest any one step may take: a bug fails the test instead of
+/// hanging it.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// Between the pieces of a request sent in pieces, so that the proxy reads
+/// them apart. No outcome depends on it.
+const PAUSE: Duration = Duration::from_millis(20);
+
+/// A rule that never denies in these tests.
+const GENEROUS: &str = r#"
+[[rules]]
+name = "generous"
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1000
+window = "1m"
+"#;
+
+async fn within<T>(what: &str, step: impl Future<Output = T>) -> T {
+    wait_up_to(Some(WAIT), what, step).await
+}
+
+async fn wait_up_to<T>(limit: Option<Duration>, what: &str, step: impl Future<Output = T>) -> T {
+    match limit {
+        Some(limit) => match tokio::time::timeout(limit, step).await {
+            Ok(done) => done,
+            Err(_) => panic!("{what}: nothing within {limit:?}"),
+        },
+        None => step.await,
+    }
+}
+
+/// Starts a proxy with `config` in front of `upstream`; returns its address.
+async fn start_proxy(config: &str, upstream: SocketAddr) -> SocketAddr {
+    let config = Config::parse(config).expect("a valid config");
+    let engine = Engine::build(config, None, None).await.expect("an engine");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("an address");
+    let upstream = format!("http://{upstream}").parse().expect("a URL");
+    tokio::spawn(serve_with(
+        listener,
+        upstream,
+        Arc::new(Shared::new(engine)),
+        ProxyOptions::default(),
+        std::future::pending(),
+    ));
+    addr
+}
+
+fn get(target: &str) -> Vec<u8> {
+    format!("GET {target} HTTP/1.1\r\nHost: spillway.test\r\n\r\n").into_bytes()
+}
+
+fn post(target: &str, body: &[u8]) -> Vec<u8> {
+    let head = format!(
+        "POST {target} HTTP/1.1\r\nHost: spillway.test\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    [head.as_bytes(), body].concat()
+}
+
+/// `len` bytes that are not all alike, so a lost or moved piece shows.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+/// A message's header lines, in order, names lowercased.
+#[derive(Debug, Clone, Default)]
+struct Headers(Vec<(String, String)>);
+
+impl Headers {
+    fn parse(lines: &[httparse::Header<'_>]) -> Self {
+        let lines = lines.iter().map(|line| {
+            let value = String::from_utf8_lossy(line.value).into_owned();
+            (line.name.to_ascii_lowercase(), value)
+        });
+        Self(lines.collect())
+    }
+
+    /// The value of each `name` line, in order.
+    fn all(&self, name: &str) -> Vec<&str> {
+        let lines = self.0.iter().filter(|(n, _)| n == name);
+        lines.map(|(_, value)| value.as_str()).collect()
+    }
+
+    /// The elements of a list header, however the sender split it across
+    /// lines: two lines `a` and `b` are the same list as one `a, b`.
+    fn list(&self, name: &str) -> Vec<&str> {
+        let elements = self.all(name).into_iter().flat_map(|v| v.split(','));
+        elements.map(str::trim).filter(|e| !e.is_empty()).collect()
+    }
+
+    /// How these headers delimit the body that follows (RFC 9112 section
+    /// 6.3); None if they do not. An ambiguous message fails the test: the
+    /// proxy must never send one.
+    fn framing(&self) -> Option<Framing> {
+        let codings = self.list("transfer-encoding");
+        let lengths = self.list("content-length");
+        match (codings.as_slice(), lengths.as_slice()) {
+            ([], []) => None,
+            ([], [length, others @ ..]) if others.iter().all(|o| o == length) => {
+                let length = length.parse().expect("a numeric Content-Length");
+                Some(Framing::Length(length))
+            }
+            ([.., last], []) if last.eq_ignore_ascii_case("chunked") => Some(Framing::Chunked),
+            _ => panic!(
+                "ambiguous framing: Transfer-Encoding {codings:?}, Content-Length {lengths:?}"
+            ),
+        }
+    }
+}
+
+/// How a body was delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body, whatever the headers say: a response to HEAD, a 1xx, 204
+    /// or 304.
+    None,
+    Length(usize),
+    Chunked,
+    /// By the end of the connection.
+    Close,
+}
+
+/// A request as the raw upstream read it.
+#[derive(Debug, Clone)]
+struct Request {
+    method: String,
+    target: String,
+    headers: Headers,
+    body: Vec<u8>,
+}
+
+/// A response as a raw client read it.
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    headers: Headers,
+    body: Vec<u8>,
+    framing: Framing,
+}
+
+impl Response {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+type Parsed<T> = Result<Option<(usize, T)>, httparse::Error>;
+
+fn request_head(buf: &[u8]) -> Parsed<Request> {
+    let mut lines = [httparse::EMPTY_HEADER; 64];
+    let mut head = httparse::Request::new(&mut lines);
+    let httparse::Status::Complete(len) = head.parse(buf)? else {
+        return Ok(None);
+    };
+    let request = Request {
+        method: head.method.unwrap_or_default().to_owned(),
+        target: head.path.unwrap_or_default().to_owned(),
+        headers: Headers::parse(head.headers),
+        body: Vec::new(),
+    };
+    Ok(Some((len, request)))
+}
+
+fn response_head(buf: &[u8]) -> Parsed<Response> {
+    let mut lines = [httparse::EMPTY_HEADER; 64];
+    let mut head = httparse::Response::new(&mut lines);
+    let httparse::Status::Complete(len) = head.parse(buf)? else {
+        return Ok(None);
+    };
+    let response = Response {
+        status: head.code.unwrap_or_default(),
+        headers: Headers::parse(head.headers),
+        body: Vec::new(),
+        framing: Framing::None,
+    };
+    Ok(Some((len, response)))
+}
+
+/// Whether an I/O error just means that the peer has gone.
+fn ended(e: &io::Error) -> bool {
+    use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    matches!(e.kind(), BrokenPipe | ConnectionAborted | ConnectionReset)
+}
+
+/// One end of an HTTP/1.1 connection, read and written as bytes. What was
+/// read past the current message stays in `buf` for the next one.
+struct Wire {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// How long one read or write may wait: bounded for the tests' clients;
+    /// not for the raw upstream, whose pooled connections idle between
+    /// requests for as long as the proxy likes.
+    patience: Option<Duration>,
+}
+
+impl Wire {
+    async fn connect(addr: SocketAddr) -> Self {
+        let stream = within("connecting", TcpStream::connect(addr))
+            .await
+            .expect("connected");
+        // Each write its own segment: pieces sent apart arrive apart.
+        stream.set_nodelay(true).expect("TCP_NODELAY");
+        Self {
+            stream,
+            buf: Vec::new(),
+            patience: Some(WAIT),
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        wait_up_to(self.patience, "writing", self.stream.write_all(bytes)).await
+    }
+
+    /// Sends `pieces`, one write each, a pause apart.
+    async fn send_in_pieces(&mut self, pieces: &[&[u8]]) {
+        for (i, piece) in pieces.iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(PAUSE).await;
+            }
+            self.send(piece).await.expect("sent");
+        }
+    }
+
+    /// Reads more bytes; false once the connection has ended.
+    async fn fill(&mut self) -> bool {
+        self.buf.reserve(64 * 1024);
+        let reading = self.stream.read_buf(&mut self.buf);
+        match wait_up_to(self.patience, "waiting for bytes or the end", reading).await {
+            Ok(0) => false,
+            Ok(_) => true,
+            Err(e) if ended(&e) => false,
+            Err(e) => panic!("reading: {e}"),
+        }
+    }
+
+    /// Whether the peer ends the connection now (within [`WAIT`]), with
+    /// nothing more to read.
+    async fn closes(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut byte = [0; 1];
+        match tokio::time::timeout(WAIT, self.stream.read(&mut byte)).await {
+            Ok(Ok(0)) => true,
+            Ok(Err(e)) if ended(&e) => true,
+            Ok(Err(e)) => panic!("reading: {e}"),
+            Ok(Ok(_)) | Err(_) => false,
+        }
+    }
+
+    /// Reads until `parse` finds a whole head, and takes it; None if the
+    /// connection ends before a head starts.
+    async fn head<T>(&mut self, parse: fn(&[u8]) -> Parsed<T>) -> Option<T> {
+        loop {
+            match parse(&self.buf) {
+                Ok(Some((len, head))) => {
+                    self.buf.drain(..len);
+                    return Some(head);
+                }
+                Ok(None) => {}
+                Err(e) => panic!("not a head ({e}): {:?}", String::from_utf8_lossy(&self.buf)),
+            }
+            if !self.fill().await {
+                let rest = String::from_utf8_lossy(&self.buf);
+                assert!(
+                    rest.is_empty(),
+                    "the connection ended inside a head: {rest:?}"
+                );
+                return None;
+            }
+        }
+    }
+
+    /// The next `n` bytes.
+    async fn take(&mut self, n: usize) -> Vec<u8> {
+        while self.buf.len() < n {
+            let had = self.buf.len();
+            assert!(
+                self.fill().await,
+                "the connection ended {had} bytes into {n}"
+            );
+        }
+        self.buf.drain(..n).collect()
+    }
+
+    /// The next line, without its CRLF.
+    async fn line(&mut self) -> String {
+        loop {
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line = self.take(end + 2).await;
+                return String::from_utf8_lossy(&line[..end]).into_owned();
+            }
+            assert!(self.fill().await, "the connection ended inside a line");
+        }
+    }
+
+    /// A chunked body, decoded (RFC 9112 section 7.1); trailers are dropped.
+    async fn chunked(&mut self) -> Vec<u8> {
+        let mut body = Vec::new();
+        loop {
+            let line = self.line().await;
+            let size = line.split(';').next().unwrap_or_default().trim_end();
+            let size = usize::from_str_radix(size, 16)
+                .unwrap_or_else(|_| panic!("not a chunk size line: {line:?}"));
+            if size == 0 {
+                break;
+            }
+            body.extend(self.take(size).await);
+            assert_eq!(self.line().await, "", "chunk data not followed by CRLF");
+        }
+        // Trailer fields, up to a blank line.
+        while !self.line().await.is_empty() {}
+        body
+    }
+
+    async fn body(&mut self, framing: Framing) -> Vec<u8> {
+        match framing {
+            Framing::None => Vec::new(),
+            Framing::Length(n) => self.take(n).await,
+            Framing::Chunked => self.chunked().await,
+            Framing::Close => {
+                while self.fill().await {}
+                std::mem::take(&mut self.buf)
+            }
+        }
+    }
+
+    /// The next request; None if the connection ends before one starts.
+    async fn request(&mut self) -> Option<Request> {
+        let mut request = self.head(request_head).await?;
+        let framing = request.headers.framing().unwrap_or(Framing::Length(0));
+        request.body = self.body(framing).await;
+        Some(request)
+    }
+
+    /// The next response, to a `method` request; None if the connection
+    /// ends before one starts. A 1xx is a response of its own here.
+    async fn response(&mut self, method: &str) -> Option<Response> {
+        let mut response = self.head(response_head).await?;
+        let bodiless = matches!(response.status, 100..200 | 204 | 304);
+        response.framing = if bodiless || method == "HEAD" {
+            Framing::None
+        } else {
+            response.headers.framing().unwrap_or(Framing::Close)
+        };
+        response.body = self.body(response.framing).await;
+        Some(response)
+    }
+
+    /// Sends `request` and reads its response; None if the connection turns
+    /// out to be closed, on writing or before a response starts.
+    async fn try_exchange(&mut self, request: &[u8]) -> Option<Response> {
+        if let Err(e) = self.send(request).await {
+            assert!(ended(&e), "writing: {e}");
+            return None;
+        }
+        let method = request.split(|&b| b == b' ').next().unwrap_or_default();
+        self.response(&String::from_utf8_lossy(method)).await
+    }
+
+    async fn exchange(&mut self, request: &[u8]) -> Response {
+        let response = self.try_exchange(request).await;
+        response.expect("a response, not a closed connection")
+    }
+}
+
+/// What the raw upstream received, and on which of its connections
+/// (numbered from 0, as accepted).
+#[derive(Debug, Clone)]
+struct Seen {
+    connection: usize,
+    request: Request,
+}
+
+/// The raw upstream's answer to a request: exactly these bytes, then
+/// whether to close the connection.
+struct Reply {
+    bytes: Vec<u8>,
+    close: bool,
+}
+
+/// `200 OK` naming the request, with a Content-Length, kept alive.
+fn echo(request: &Request) -> Reply {
+    let body = format!("upstream got {} {}", request.method, request.target);
+    let bytes = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    Reply {
+        bytes: bytes.into_bytes(),
+        close: false,
+    }
+}
+
+/// An upstream that reads requests and writes its replies as bytes.
+struct RawUpstream {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// The number of each connection as it ends.
+    ended: mpsc::UnboundedReceiver<usize>,
+}
+
+impl RawUpstream {
+    async fn start(reply: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("an address");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (ending, ended) = mpsc::unbounded_channel();
+        let (log, reply) = (seen.clone(), Arc::new(reply));
+        tokio::spawn(async move {
+            for connection in 0.. {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (log, reply, ending) = (log.clone(), reply.clone(), ending.clone());
+                tokio::spawn(async move {
+                    let mut wire = Wire {
+                        stream,
+                        buf: Vec::new(),
+                        patience: None,
+                    };
+                    while let Some(request) = wire.request().await {
+                        let Reply { bytes, close } = reply(&request);
+                        let seen = Seen {
+                            connection,
+                            request,
+                        };
+                        log.lock().expect("not poisoned").push(seen);
+                        if wire.send(&bytes).await.is_err() || close {
+                            break;
+                        }
+                    }
+                    drop(wire);
+                    let _ = ending.send(connection);
+                });
+            }
+        });
+        Self { addr, seen, ended }
+    }
+
+    async fn echo() -> Self {
+        Self::start(echo).await
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("not poisoned").clone()
+    }
+
+    fn targets(&self) -> Vec<String> {
+        self.seen().into_iter().map(|s| s.request.target).collect()
+    }
+
+    /// Waits for one of its connections to end; returns its number.
+    async fn ended(&mut self) -> usize {
+        let ended = within("an upstream connection ending", self.ended.recv()).await;
+        ended.expect("the upstream running")
+    }
+}
+
+/// After an exchange that leaves the connection in doubt (a body the proxy
+/// may not have read, a request it refused), either the connection is
+/// closed or the next request gets its own response.
+async fn assert_closed_or_the_next_request_answered(client: &mut Wire) {
+    if let Some(next) = client.try_exchange(&get("/next")).await {
+        assert_eq!(
+            (next.status, next.text()),
+            (200, "upstream got GET /next".into())
+        );
+    }
+}
+
+#[tokio::test]
+async fn pipelined_requests_get_their_own_responses_in_order() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    client
+        .send(&[get("/one"), get("/two")].concat())
+        .await
+        .expect("sent");
+    for path in ["/one", "/two"] {
+        let response = client.response("GET").await.expect("a response");
+        assert_eq!(response.status, 200);
+        assert_eq!(response.text(), format!("upstream got GET {path}"));
+    }
+    assert_eq!(upstream.targets(), ["/one", "/two"]);
+}
+
+#[tokio::test]
+async fn a_chunked_request_body_sent_in_pieces_reaches_the_upstream_exactly() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    // Split inside a size line, inside data and between CR and LF, with an
+    // extension on the first size line and a trailer at the end.
+    client
+        .send_in_pieces(&[
+            b"POST /upload HTTP/1.1\r\nHost: spillway.test\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"5;name=value\r\nhel",
+            b"lo\r\n1",
+            b"0\r\n, world. 0123456\r",
+            b"\n0\r\nx-checksum: 1\r\n",
+            b"\r\n",
+        ])
+        .await;
+    let response = client.response("POST").await.expect("a response");
+    assert_eq!(response.text(), "upstream got POST /upload");
+    assert_eq!(upstream.seen()[0].request.body, b"hello, world. 0123456");
+
+    let next = client.exchange(&get("/next")).await;
+    assert_eq!(
+        next.text(),
+        "upstream got GET /next",
+        "the body ended where it did"
+    );
+}
+
+#[tokio::test]
+async fn a_content_length_body_sent_in_pieces_reaches_the_upstream_and_the_connection_is_reused() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    client
+        .send_in_pieces(&[
+            b"POST /upload HTTP/1.1\r\nHost: spillway.test\r\nContent-Length: 21\r\n\r\n",
+            b"hello",
+            b", world.",
+            b" 0123456",
+        ])
+        .await;
+    let response = client.response("POST").await.expect("a response");
+    assert_eq!(response.text(), "upstream got POST /upload");
+    assert_eq!(upstream.seen()[0].request.body, b"hello, world. 0123456");
+
+    let next = client.exchange(&get("/next")).await;
+    assert_eq!(next.text(), "upstream got GET /next");
+}
+
+#[tokio::test]
+async fn an_http10_client_gets_a_body_of_unknown_length_unchunked_then_the_connection_closes() {
+    let upstream = RawUpstream::start(|_| Reply {
+        bytes: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+                 6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n"
+            .to_vec(),
+        close: false,
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let response = client
+        .exchange(b"GET /stream HTTP/1.0\r\nHost: spillway.test\r\n\r\n")
+        .await;
+    assert_eq!(response.status, 200);
+    assert_ne!(
+        response.framing,
+        Framing::Chunked,
+        "HTTP/1.0 has no chunked"
+    );
+    assert!(response.headers.all("transfer-encoding").is_empty());
+    assert_eq!(response.text(), "hello world");
+    assert!(client.closes().await, "a 1.0 client without keep-alive");
+}
+
+#[tokio::test]
+async fn a_close_delimited_upstream_body_reaches_an_http11_client_whole() {
+    let body = pattern(100_000);
+    let upstream = RawUpstream::start({
+        let body = body.clone();
+        move |request| match request.target.as_str() {
+            "/close-delimited" => Reply {
+                bytes: [
+                    &b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n"[..],
+                    &body,
+                ]
+                .concat(),
+                close: true,
+            },
+            _ => echo(request),
+        }
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let response = client.exchange(&get("/close-delimited")).await;
+    assert_eq!(response.status, 200);
+    assert!(response.body == body, "the body came back altered");
+    if response.framing != Framing::Close {
+        let next = client.exchange(&get("/next")).await;
+        assert_eq!(next.text(), "upstream got GET /next");
+    }
+}
+
+#[tokio::test]
+async fn a_head_response_has_no_body_and_the_connection_stays_usable() {
+    let upstream = RawUpstream::start(|request| match request.method.as_str() {
+        "HEAD" => Reply {
+            bytes: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec(),
+            close: false,
+        },
+        _ => echo(request),
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let head = b"HEAD /h HTTP/1.1\r\nHost: spillway.test\r\n\r\n";
+    let response = client.exchange(head).await;
+    assert_eq!(response.status, 200);
+    let length = response.headers.all("content-length");
+    assert!(
+        matches!(length[..], [] | ["100"]),
+        "Content-Length {length:?}"
+    );
+
+    // Any body bytes after the head would be read as the next response.
+    let next = client.exchange(&get("/next")).await;
+    assert_eq!(next.text(), "upstream got GET /next");
+}
+
+#[tokio::test]
+async fn no_content_and_not_modified_responses_have_no_body_and_the_connection_stays_usable() {
+    let upstream = RawUpstream::start(|request| {
+        let bytes: &[u8] = match request.target.as_str() {
+            "/no-content" => b"HTTP/1.1 204 No Content\r\n\r\n",
+            "/not-modified" => b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n\r\n",
+            _ => return echo(request),
+        };
+        Reply {
+            bytes: bytes.to_vec(),
+            close: false,
+        }
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let no_content = client.exchange(&get("/no-content")).await;
+    assert_eq!(no_content.status, 204);
+    for framing in ["transfer-encoding", "content-length"] {
+        let sent = no_content.headers.all(framing);
+        assert!(sent.is_empty(), "a 204 with {framing} {sent:?}");
+    }
+    let not_modified = client.exchange(&get("/not-modified")).await;
+    assert_eq!(not_modified.status, 304);
+    assert_eq!(not_modified.headers.all("etag"), ["\"v1\""]);
+
+    // Body bytes after either would be read as the next response.
+    let next = client.exchange(&get("/next")).await;
+    assert_eq!(next.text(), "upstream got GET /next");
+}
+
+#[tokio::test]
+async fn an_upstream_connection_closed_while_idle_is_replaced() {
+    // Keep-alive in the response, then an idle timeout of zero.
+    let mut upstream = RawUpstream::start(|request| Reply {
+        close: true,
+        ..echo(request)
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let first = client.exchange(&get("/first")).await;
+    assert_eq!(first.text(), "upstream got GET /first");
+    assert_eq!(upstream.ended().await, 0);
+
+    let second = client.exchange(&get("/second")).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.text(), "upstream got GET /second");
+    let connections: Vec<_> = upstream.seen().iter().map(|s| s.connection).collect();
+    assert_eq!(connections, [0, 1]);
+}
+
+#[tokio::test]
+async fn an_upstreams_connection_close_leaves_the_clients_connection_open() {
+    let upstream = RawUpstream::start(|request| match request.target.as_str() {
+        "/last" => Reply {
+            bytes: b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 4\r\n\r\nlast"
+                .to_vec(),
+            close: true,
+        },
+        _ => echo(request),
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let last = client.exchange(&get("/last")).await;
+    assert_eq!(last.text(), "last");
+    let next = client.exchange(&get("/next")).await;
+    assert_eq!(next.text(), "upstream got GET /next");
+    let connections: Vec<_> = upstream.seen().iter().map(|s| s.connection).collect();
+    assert_eq!(connections, [0, 1], "a new upstream connection");
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_by_the_proxy_and_not_forwarded() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let head = b"POST /upload HTTP/1.1\r\nHost: spillway.test\r\n\
+                 Content-Length: 11\r\nExpect: 100-continue\r\n\r\n";
+    client.send(head).await.expect("sent");
+    let interim = client.response("POST").await.expect("an interim response");
+    assert_eq!(interim.status, 100);
+    client.send(b"hello world").await.expect("sent");
+    let response = client.response("POST").await.expect("a response");
+    assert_eq!(response.text(), "upstream got POST /upload");
+
+    let seen = &upstream.seen()[0].request;
+    assert!(seen.headers.all("expect").is_empty(), "{:?}", seen.headers);
+    assert_eq!(seen.body, b"hello world");
+}
+
+/// One POST per minute per client, and any number of GETs: a GET smuggled
+/// in a denied POST's body would be forwarded, so the upstream would show
+/// it.
+const ONE_POST_PER_MINUTE: &str = r#"
+[[rules]]
+name = "posts"
+match = { methods = ["POST"] }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#;
+
+const SMUGGLED: &[u8] = b"GET /smuggled HTTP/1.1\r\nHost: spillway.test\r\n\r\n";
+
+#[tokio::test]
+async fn a_denied_requests_body_is_never_read_as_a_request() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(ONE_POST_PER_MINUTE, upstream.addr).await).await;
+    assert_eq!(client.exchange(&post("/first", b"")).await.status, 200);
+
+    let denied = client.exchange(&post("/second", SMUGGLED)).await;
+    assert_eq!(denied.status, 429);
+    assert_closed_or_the_next_request_answered(&mut client).await;
+    assert!(!upstream.targets().contains(&"/smuggled".into()));
+}
+
+#[tokio::test]
+async fn a_denied_requests_body_sent_after_the_429_is_never_read_as_a_request() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(ONE_POST_PER_MINUTE, upstream.addr).await).await;
+    assert_eq!(client.exchange(&post("/first", b"")).await.status, 200);
+
+    // The head alone: the proxy denies without the body.
+    let request = post("/second", SMUGGLED);
+    let head = &request[..request.len() - SMUGGLED.len()];
+    assert_eq!(client.exchange(head).await.status, 429);
+    if client.send(SMUGGLED).await.is_ok() {
+        assert_closed_or_the_next_request_answered(&mut client).await;
+    }
+    assert!(!upstream.targets().contains(&"/smuggled".into()));
+}
+
+#[tokio::test]
+async fn conflicting_or_invalid_content_lengths_get_400_and_are_never_forwarded() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    for lengths in [
+        "Content-Length: 5\r\nContent-Length: 6\r\n",
+        "Content-Length: 5, 6\r\n",
+        "Content-Length: abc\r\n",
+        "Content-Length: +5\r\n",
+        "Content-Length: -5\r\n",
+        "Content-Length: 0x5\r\n",
+        "Content-Length: 99999999999999999999999\r\n",
+    ] {
+        let mut client = Wire::connect(proxy).await;
+        let request = format!("POST /bad HTTP/1.1\r\nHost: spillway.test\r\n{lengths}\r\nhello");
+        let response = client.try_exchange(request.as_bytes()).await;
+        assert_eq!(response.map(|r| r.status), Some(400), "{lengths:?}");
+        let closed = client.closes().await;
+        assert!(closed, "{lengths:?}: no telling where the next one starts");
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.targets());
+}
+
+#[tokio::test]
+async fn content_length_with_chunked_is_refused_or_read_as_chunked_then_the_connection_closes() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    // By the Content-Length the body is all of it; by the chunked coding it
+    // is empty, and a smuggled request follows.
+    let body = [&b"0\r\n\r\n"[..], SMUGGLED].concat();
+    let length = format!("Content-Length: {}\r\n", body.len());
+    let chunked = "Transfer-Encoding: chunked\r\n";
+    for framing in [length.clone() + chunked, chunked.to_owned() + &length] {
+        let mut client = Wire::connect(proxy).await;
+        let head = format!("POST /both HTTP/1.1\r\nHost: spillway.test\r\n{framing}\r\n");
+        let request = [head.as_bytes(), &body].concat();
+        // Refused (a 400, or closed without one), or read as chunked.
+        let response = client.try_exchange(&request).await;
+        if let Some(response) = response.filter(|r| r.status != 400) {
+            assert_eq!(response.text(), "upstream got POST /both", "{framing:?}");
+        }
+        // RFC 9112 section 6.3: whatever the server does, it must then close.
+        assert!(client.closes().await, "{framing:?}");
+    }
+    for Seen { request, .. } in upstream.seen() {
+        assert_eq!(request.target, "/both", "never the smuggled request");
+        assert!(
+            request.body.is_empty(),
+            "read as chunked: {:?}",
+            request.body
+        );
+        let lengths = request.headers.list("content-length");
+        assert!(
+            matches!(lengths[..], [] | ["0"]),
+            "Content-Length {lengths:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn garbage_instead_of_a_request_gets_400_or_a_closed_connection_and_is_never_forwarded() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    for garbage in [
+        &b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n"[..],
+        b"hello, proxy\r\n\r\n",
+        b"GET /x\r\nHost: spillway.test\r\n\r\n",
+        b"GET /x HTTP/1.1 extra\r\nHost: spillway.test\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nHost: spillway.test\r\nno colon here\r\n\r\n",
+    ] {
+        let mut client = Wire::connect(proxy).await;
+        let shown = String::from_utf8_lossy(garbage);
+        if let Some(response) = client.try_exchange(garbage).await {
+            assert_eq!(response.status, 400, "{shown:?}");
+            assert_closed_or_the_next_request_answered(&mut client).await;
+        }
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.targets());
+}
+
+#[tokio::test]
+async fn an_absolute_form_target_reaches_the_upstream_in_origin_form() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let request = b"GET http://example.com/x?y=1 HTTP/1.1\r\nHost: example.com\r\n\r\n";
+    let response = client.exchange(request).await;
+    assert_eq!(response.text(), "upstream got GET /x?y=1");
+    assert_eq!(upstream.targets(), ["/x?y=1"]);
+}
+
+#[tokio::test]
+async fn four_mib_bodies_arrive_intact_with_a_content_length_and_chunked() {
+    const LEN: usize = 4 * 1024 * 1024 + 3;
+    let upstream = RawUpstream::start(|request| {
+        let body = pattern(LEN);
+        let mut bytes = Vec::with_capacity(LEN + 64 * 1024);
+        if request.target == "/length" {
+            bytes.extend(format!("HTTP/1.1 200 OK\r\nContent-Length: {LEN}\r\n\r\n").bytes());
+            bytes.extend(&body);
+        } else {
+            bytes.extend(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+            // Chunks of uneven sizes, small and large.
+            let sizes = [1, 10, 4093, 65_521, 300_007].into_iter().cycle();
+            let mut rest = &body[..];
+            for size in sizes {
+                let (chunk, after) = rest.split_at(size.min(rest.len()));
+                bytes.extend(format!("{:x}\r\n", chunk.len()).bytes());
+                bytes.extend(chunk);
+                bytes.extend(b"\r\n");
+                rest = after;
+                if rest.is_empty() {
+                    break;
+                }
+            }
+            bytes.extend(b"0\r\n\r\n");
+        }
+        Reply {
+            bytes,
+            close: false,
+        }
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let expected = pattern(LEN);
+    for target in ["/length", "/chunked"] {
+        let response = client.exchange(&get(target)).await;
+        assert_eq!(response.status, 200);
+        assert_eq!(response.body.len(), LEN, "{target}");
+        assert!(
+            response.body == expected,
+            "{target}: the body came back altered"
+        );
+    }
+}
+
+#[tokio::test]
+async fn repeated_header_lines_keep_every_value_in_order_both_ways() {
+    let upstream = RawUpstream::start(|_| Reply {
+        bytes: b"HTTP/1.1 200 OK\r\n\
+                 Set-Cookie: a=1; Path=/\r\n\
+                 Set-Cookie: b=2; Expires=Wed, 21 Oct 2037 07:28:00 GMT\r\n\
+                 Content-Length: 2\r\n\r\nok"
+            .to_vec(),
+        close: false,
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let request = b"GET /tags HTTP/1.1\r\nHost: spillway.test\r\nX-Tag: a\r\nX-Tag: b\r\n\r\n";
+    let response = client.exchange(request).await;
+    // Set-Cookie cannot be joined into one line (its values hold commas).
+    assert_eq!(
+        response.headers.all("set-cookie"),
+        ["a=1; Path=/", "b=2; Expires=Wed, 21 Oct 2037 07:28:00 GMT"]
+    );
+    // Other repeated fields may be joined with commas, in order.
+    assert_eq!(upstream.seen()[0].request.headers.list("x-tag"), ["a", "b"]);
+}
