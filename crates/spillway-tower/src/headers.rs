@@ -4,6 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sfv::StringRef;
 use spillway::{Algorithm, Decision, Quota};
@@ -68,10 +69,12 @@ impl Presented {
     pub(crate) fn new(sf_name: &str, algorithm: &impl Algorithm) -> Self {
         let limit = algorithm.capacity();
         let window_secs = window_secs(&algorithm.quota(), limit);
-        let mut policy_item = String::with_capacity(sf_name.len() + 24);
-        policy_item.push_str(sf_name);
-        push_param(&mut policy_item, "q", limit);
-        push_param(&mut policy_item, "w", window_secs);
+        let mut item = BytesMut::with_capacity(sf_name.len() + 24);
+        item.extend_from_slice(sf_name.as_bytes());
+        push_param(&mut item, "q", limit);
+        push_param(&mut item, "w", window_secs);
+        // A rule name (printable ASCII, see `sf_name`) and digits.
+        let policy_item = String::from_utf8(item.to_vec()).expect("ASCII");
         Self {
             limit,
             window_secs,
@@ -107,12 +110,12 @@ pub(crate) fn sf_name(name: &str) -> String {
 
 /// Appends a parameter `;key=value`. Structured-field integers are their
 /// decimal digits, at most 15 of them.
-fn push_param(out: &mut String, key: &str, value: u64) {
-    out.push(';');
-    out.push_str(key);
-    out.push('=');
+fn push_param(out: &mut BytesMut, key: &str, value: u64) {
+    out.extend_from_slice(b";");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"=");
     let mut buf = itoa::Buffer::new();
-    out.push_str(buf.format(value.min(999_999_999_999_999)));
+    out.extend_from_slice(buf.format(value.min(999_999_999_999_999)).as_bytes());
 }
 
 /// Writes the headers for the rules that applied; `restrictive` is the one
@@ -131,10 +134,16 @@ pub(crate) fn write(
     let d = &main.decision;
     let made = main.presented();
     headers.reserve(5);
-    if options.legacy {
-        let limit = made.map_or_else(|| HeaderValue::from(d.limit), |p| p.limit_value.clone());
-        headers.insert(X_RATELIMIT_LIMIT, limit);
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
+    // The values made for this response share one buffer (one allocation
+    // rather than three); each header gets a slice of it.
+    let mut values = BytesMut::with_capacity(48 + main.name.len());
+    let mut digits = itoa::Buffer::new();
+    let put = |values: &mut BytesMut, text: &[u8]| {
+        let start = values.len();
+        values.extend_from_slice(text);
+        start..values.len()
+    };
+    let (remaining, reset) = if options.legacy {
         let reset = match options.reset {
             ResetFormat::Delta => ceil_secs(d.reset_after),
             ResetFormat::Unix => {
@@ -144,7 +153,33 @@ pub(crate) fn write(
                 ceil_secs(now + d.reset_after)
             }
         };
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        let remaining = put(&mut values, digits.format(d.remaining).as_bytes());
+        (
+            Some(remaining),
+            Some(put(&mut values, digits.format(reset).as_bytes())),
+        )
+    } else {
+        (None, None)
+    };
+    let current = options.ietf.then(|| {
+        let start = values.len();
+        values.extend_from_slice(main.name.as_bytes());
+        push_param(&mut values, "r", d.remaining);
+        push_param(&mut values, "t", ceil_secs(d.reset_after));
+        start..values.len()
+    });
+    let values = values.freeze();
+    let value =
+        |range: std::ops::Range<usize>| HeaderValue::from_maybe_shared(values.slice(range)).ok();
+    if options.legacy {
+        let limit = made.map_or_else(|| HeaderValue::from(d.limit), |p| p.limit_value.clone());
+        headers.insert(X_RATELIMIT_LIMIT, limit);
+        if let Some(v) = remaining.and_then(value) {
+            headers.insert(X_RATELIMIT_REMAINING, v);
+        }
+        if let Some(v) = reset.and_then(value) {
+            headers.insert(X_RATELIMIT_RESET, v);
+        }
     }
     if options.ietf {
         let single = match (applied, made) {
@@ -152,30 +187,26 @@ pub(crate) fn write(
             _ => None,
         };
         let policy = single.or_else(|| {
-            let mut policy = String::with_capacity(applied.len() * 32);
+            let mut policy = BytesMut::with_capacity(applied.len() * 32);
             for (i, a) in applied.iter().enumerate() {
                 if i > 0 {
-                    policy.push_str(", ");
+                    policy.extend_from_slice(b", ");
                 }
                 match a.presented() {
-                    Some(p) => policy.push_str(&p.policy_item),
+                    Some(p) => policy.extend_from_slice(p.policy_item.as_bytes()),
                     None => {
-                        policy.push_str(a.name);
+                        policy.extend_from_slice(a.name.as_bytes());
                         push_param(&mut policy, "q", a.decision.limit);
                         push_param(&mut policy, "w", a.window_secs);
                     }
                 }
             }
-            HeaderValue::try_from(policy).ok()
+            HeaderValue::from_maybe_shared(policy.freeze()).ok()
         });
         if let Some(v) = policy {
             headers.insert(RATELIMIT_POLICY, v);
         }
-        let mut current = String::with_capacity(main.name.len() + 24);
-        current.push_str(main.name);
-        push_param(&mut current, "r", d.remaining);
-        push_param(&mut current, "t", ceil_secs(d.reset_after));
-        if let Ok(v) = HeaderValue::try_from(current) {
+        if let Some(v) = current.and_then(value) {
             headers.insert(RATELIMIT, v);
         }
     }
