@@ -767,8 +767,12 @@ impl<C: Connector> Conn<C> {
         self.lines.clear();
         let lines = &mut self.lines;
         let response = wire::parse_response(head, &exchange.method, |name, value| {
-            // The limiter's headers replace the upstream's of the same name.
-            if !limit_headers.contains_key(name) {
+            // The limiter's headers replace the upstream's of the same name
+            // (a handful, compared as they are: cheaper than a lookup).
+            let replaced = limit_headers
+                .keys()
+                .any(|ours| ours.as_str().eq_ignore_ascii_case(name));
+            if !replaced {
                 wire::put_header(lines, name.as_bytes(), value);
             }
         })

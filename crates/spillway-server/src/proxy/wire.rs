@@ -140,7 +140,8 @@ pub(crate) fn parse_request(head: &Bytes) -> Result<RequestHead, WireError> {
 
 /// The headers of a parsed head, their values sharing `head`'s memory.
 fn header_map(head: &Bytes, lines: &[httparse::Header<'_>]) -> Result<HeaderMap, WireError> {
-    let mut headers = HeaderMap::with_capacity(lines.len());
+    // Room for the X-Forwarded-* headers the proxy adds.
+    let mut headers = HeaderMap::with_capacity(lines.len() + 4);
     for line in lines {
         let name = HeaderName::from_bytes(line.name.as_bytes())
             .map_err(|_| WireError::Malformed("bad header name"))?;
