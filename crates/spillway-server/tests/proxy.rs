@@ -298,6 +298,9 @@ async fn a_denied_request_gets_429_and_never_reaches_the_upstream() {
     assert!((1..=60).contains(&retry), "Retry-After {retry}");
     assert_eq!(headers["content-type"], "application/problem+json");
     assert_eq!(headers["x-ratelimit-remaining"], "0");
+    // The proxy is this response's origin: it dates it.
+    let date = headers["date"].to_str().expect("ASCII");
+    assert!(httpdate::parse_http_date(date).is_ok(), "Date {date}");
     let problem = json(&body);
     assert_eq!(problem["status"], 429);
     assert_eq!(problem["rule"], "per-ip");

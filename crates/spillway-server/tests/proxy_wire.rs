@@ -694,6 +694,30 @@ async fn an_upstream_connection_closed_while_idle_is_replaced() {
 }
 
 #[tokio::test]
+async fn a_request_with_a_body_is_not_sent_on_an_upstream_connection_closed_while_idle() {
+    // A body cannot be sent twice: the proxy must find the kept connection
+    // closed before it sends, not after.
+    let mut upstream = RawUpstream::start(|request| Reply {
+        close: true,
+        ..echo(request)
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let first = client.exchange(&get("/first")).await;
+    assert_eq!(first.text(), "upstream got GET /first");
+    assert_eq!(upstream.ended().await, 0);
+
+    let second = client.exchange(&post("/second", b"a body")).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.text(), "upstream got POST /second");
+    let seen = upstream.seen();
+    assert_eq!(seen[1].request.body, b"a body");
+    let connections: Vec<_> = seen.iter().map(|s| s.connection).collect();
+    assert_eq!(connections, [0, 1]);
+}
+
+#[tokio::test]
 async fn an_upstreams_connection_close_leaves_the_clients_connection_open() {
     let upstream = RawUpstream::start(|request| match request.target.as_str() {
         "/last" => Reply {

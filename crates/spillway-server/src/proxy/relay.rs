@@ -528,6 +528,9 @@ impl<C: Connector> Conn<C> {
         self.out.extend_from_slice(b"content-length: ");
         wire::put_u64(&mut self.out, body.len() as u64);
         self.out.extend_from_slice(b"\r\n");
+        // The proxy is the origin of this response (RFC 9110 section 6.6.1).
+        let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+        wire::put_header(&mut self.out, b"date", date.as_bytes());
         if close {
             self.out.extend_from_slice(b"connection: close\r\n");
         }
@@ -1089,10 +1092,14 @@ fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>, cx: &mut Context<'_>) -> Opti
 }
 
 /// Whether a kept upstream connection has been closed by the upstream (or
-/// sent something unasked): a read that does not wait.
+/// sent something unasked): a peek that does not wait. It asks the socket
+/// itself (one system call): the runtime may not have seen the close yet.
 fn closed_or_unexpected(stream: &TcpStream) -> bool {
-    let mut probe = [0u8; 1];
-    !matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    !matches!(
+        socket2::SockRef::from(stream).peek(&mut probe),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock
+    )
 }
 
 /// The client's connection with the bytes already read from it put back
