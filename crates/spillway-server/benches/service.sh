@@ -19,7 +19,8 @@
 #
 # Each side is measured with the same wrk (-t$BENCH_THREADS -c$BENCH_CONNS,
 # -d$BENCH_SECONDS s), the two sides alternating, $BENCH_ROUNDS rounds; the
-# medians are compared. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
+# medians are compared, with the CPU time each server process (nginx: its
+# workers too) took per request. BENCH_PARTS=check or =proxy runs one part. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
 # (about 4.5 minutes once built). Every process started here is stopped by its
 # PID on exit.
 
@@ -71,12 +72,29 @@ wait_for() {
     return 1
 }
 
-# wrk's requests/s, p99 (ms) and non-2xx count, as "RATE P99 BAD".
+TICKS=$(getconf CLK_TCK)
+
+# The CPU time (user + system, in clock ticks) used so far by process $1
+# and its child processes (nginx's workers).
+cpu_ticks() {
+    local total=0 pid
+    for pid in "$1" $(pgrep -P "$1" || true); do
+        total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
+}
+
+# wrk's requests/s, p99 (ms), non-2xx count, and the CPU time the server
+# process $BENCH_PID took per request (us; 0 without one), as
+# "RATE P99 BAD CPU". Throughput here moves with whatever else the shared
+# machine runs; the CPU a request costs moves less.
 run_wrk() {
-    local out
+    local out c0=0 c1=0
+    [[ -n ${BENCH_PID:-} ]] && c0=$(cpu_ticks "$BENCH_PID")
     out=$(timeout $((SECS + 20)) wrk "-t$THREADS" "-c$CONNS" "-d${SECS}s" --timeout 5s --latency "$@")
+    [[ -n ${BENCH_PID:-} ]] && c1=$(cpu_ticks "$BENCH_PID")
     echo "$out" >>"$WORK/wrk.log"
-    local rate p99 bad unit errs
+    local rate p99 bad unit errs count cpu
     rate=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
     p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
     bad=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' <<<"$out")
@@ -90,7 +108,9 @@ run_wrk() {
     ms) ;;
     s) p99=$(awk -v v="$p99" 'BEGIN {print v * 1000}') ;;
     esac
-    echo "${rate:-0} ${p99:-0} ${bad:-0}"
+    count=$(awk '/requests in/ {print $1}' <<<"$out")
+    cpu=$(awk -v t=$((c1 - c0)) -v hz="$TICKS" -v n="${count:-0}" 'BEGIN {print (n > 0 ? t * 1e6 / hz / n : 0)}')
+    echo "${rate:-0} ${p99:-0} ${bad:-0} ${cpu}"
 }
 
 median() {
@@ -101,7 +121,7 @@ median() {
 # compare LABEL_A FUNC_A LABEL_B FUNC_B, each FUNC running `run_wrk ...`.
 compare() {
     local la=$1 fa=$2 lb=$3 fb=$4
-    local ra=() rb=() pa=() pb=() r p bad
+    local ra=() rb=() pa=() pb=() ca=() cb=() r p bad c
     # Warm-up: 2 s each.
     local save=$SECS
     SECS=2
@@ -109,22 +129,23 @@ compare() {
     "$fb" >/dev/null
     SECS=$save
     for i in $(seq "$ROUNDS"); do
-        read -r r p bad < <("$fa")
-        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  non-2xx %s  (load %s)\n' \
-            "$i" "$la" "$r" "$p" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
-        ra+=("$r") pa+=("$p")
-        read -r r p bad < <("$fb")
-        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  non-2xx %s  (load %s)\n' \
-            "$i" "$lb" "$r" "$p" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
-        rb+=("$r") pb+=("$p")
+        read -r r p bad c < <("$fa")
+        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req  non-2xx %s  (load %s)\n' \
+            "$i" "$la" "$r" "$p" "$c" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
+        ra+=("$r") pa+=("$p") ca+=("$c")
+        read -r r p bad c < <("$fb")
+        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req  non-2xx %s  (load %s)\n' \
+            "$i" "$lb" "$r" "$p" "$c" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
+        rb+=("$r") pb+=("$p") cb+=("$c")
     done
-    local mra mrb mpa mpb
+    local mra mrb mpa mpb mca mcb
     mra=$(median "${ra[@]}") mrb=$(median "${rb[@]}")
     mpa=$(median "${pa[@]}") mpb=$(median "${pb[@]}")
-    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms\n' "$la" "$mra" "$mpa"
-    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms\n' "$lb" "$mrb" "$mpb"
-    awk -v a="$mra" -v b="$mrb" -v pa="$mpa" -v pb="$mpb" -v la="$la" -v lb="$lb" \
-        'BEGIN {printf "  RATIO    %s / %s: throughput %.2fx; p99 %.2f ms vs %.2f ms\n", la, lb, a / b, pa, pb}'
+    mca=$(median "${ca[@]}") mcb=$(median "${cb[@]}")
+    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req\n' "$la" "$mra" "$mpa" "$mca"
+    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req\n' "$lb" "$mrb" "$mpb" "$mcb"
+    awk -v a="$mra" -v b="$mrb" -v pa="$mpa" -v pb="$mpb" -v ca="$mca" -v cb="$mcb" -v la="$la" -v lb="$lb" \
+        'BEGIN {printf "  RATIO    %s / %s: throughput %.2fx; p99 %.2f ms vs %.2f ms; cpu per request %.1f vs %.1f us\n", la, lb, a / b, pa, pb, ca, cb}'
 }
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -134,13 +155,17 @@ echo "== building spillway (release)"
 (cd "$ROOT" && cargo build --release -p spillway-server --bin spillway --quiet)
 SPILLWAY=$TARGET/release/spillway
 
+PARTS=${BENCH_PARTS:-check,proxy}
+
 # ---- 1. /v1/check vs throttlecrab-server ------------------------------------
+if [[ ,$PARTS, == *,check,* ]]; then
 
 LUA=$HERE/check.lua
 SW_PORT=$(free_port)
 "$SPILLWAY" serve --config "$HERE/bench.toml" --listen "127.0.0.1:$SW_PORT" \
     >"$WORK/spillway-serve.log" 2>&1 &
 PIDS+=($!)
+SW_PID=$!
 wait_for "http://127.0.0.1:$SW_PORT/healthz"
 echo "== spillway serve on 127.0.0.1:$SW_PORT (pid ${PIDS[-1]}); one check:"
 curl -sS -i --max-time 2 -X POST -H 'content-type: application/json' \
@@ -162,6 +187,7 @@ if [[ -n $TC ]]; then
     "$TC" --http --http-host 127.0.0.1 --http-port "$TC_PORT" --log-level warn \
         >"$WORK/throttlecrab.log" 2>&1 &
     PIDS+=($!)
+    TC_PID=$!
     wait_for "http://127.0.0.1:$TC_PORT/health"
     echo "== $("$TC" --version 2>/dev/null || echo throttlecrab-server) on 127.0.0.1:$TC_PORT (pid ${PIDS[-1]}); one check:"
     TC_BODY='{"key":"ip=10.0.%d","max_burst":1000000000,"count_per_period":1000000000,"period":60}'
@@ -169,9 +195,9 @@ if [[ -n $TC ]]; then
         -d "$(printf "$TC_BODY" 1)" "http://127.0.0.1:$TC_PORT/throttle" | tr -d '\r' | sed 's/^/    /'
     echo
     echo "== POST /v1/check vs POST /throttle, keys spread over $KEYS"
-    side_sw() { BENCH_PATH=/v1/check BENCH_KEYS=$KEYS run_wrk -s "$LUA" "http://127.0.0.1:$SW_PORT"; }
+    side_sw() { BENCH_PID=$SW_PID BENCH_PATH=/v1/check BENCH_KEYS=$KEYS run_wrk -s "$LUA" "http://127.0.0.1:$SW_PORT"; }
     side_tc() {
-        BENCH_PATH=/throttle BENCH_KEYS=$KEYS BENCH_BODY=$TC_BODY \
+        BENCH_PID=$TC_PID BENCH_PATH=/throttle BENCH_KEYS=$KEYS BENCH_BODY=$TC_BODY \
             run_wrk -s "$LUA" "http://127.0.0.1:$TC_PORT"
     }
     compare "spillway /v1/check" side_sw "throttlecrab /throttle" side_tc
@@ -179,15 +205,17 @@ if [[ -n $TC ]]; then
     # /healthz, their /health), the ceiling of anything either serves over
     # HTTP on this machine. BENCHMARKS.md compares the target with it.
     echo "== control: GET /healthz vs GET /health (no rate limiting at all)"
-    side_sw_health() { run_wrk "http://127.0.0.1:$SW_PORT/healthz"; }
-    side_tc_health() { run_wrk "http://127.0.0.1:$TC_PORT/health"; }
+    side_sw_health() { BENCH_PID=$SW_PID run_wrk "http://127.0.0.1:$SW_PORT/healthz"; }
+    side_tc_health() { BENCH_PID=$TC_PID run_wrk "http://127.0.0.1:$TC_PORT/health"; }
     compare "spillway /healthz" side_sw_health "throttlecrab /health" side_tc_health
     echo "  spillway's decisions (from /metrics):"
     curl -sS --max-time 2 "http://127.0.0.1:$SW_PORT/metrics" | grep -E '^spillway_decisions' | sed 's/^/    /' || true
 fi
-kill "${PIDS[0]}" 2>/dev/null || true
+kill "$SW_PID" 2>/dev/null || true
+fi
 
 # ---- 2. spillway proxy vs nginx limit_req, same upstream --------------------
+[[ ,$PARTS, == *,proxy,* ]] || exit 0
 
 UP_PORT=$(free_port)
 NG_PORT=$(free_port)
@@ -244,9 +272,11 @@ nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log
 PIDS+=($!)
 nginx -p "$WORK/ng" -c "$WORK/ng/nginx.conf" -g 'daemon off;' >"$WORK/ng/out.log" 2>&1 &
 PIDS+=($!)
+NG_PID=$!
 "$SPILLWAY" proxy --config "$HERE/bench.toml" --listen "127.0.0.1:$PX_PORT" \
     --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/spillway-proxy.log" 2>&1 &
 PIDS+=($!)
+PX_PID=$!
 wait_for "http://127.0.0.1:$UP_PORT/"
 wait_for "http://127.0.0.1:$NG_PORT/"
 wait_for "http://127.0.0.1:$PX_PORT/"
@@ -256,7 +286,7 @@ curl -sS -i --max-time 2 "http://127.0.0.1:$PX_PORT/" | tr -d '\r' | sed 's/^/  
 echo "  through nginx:"
 curl -sS -i --max-time 2 "http://127.0.0.1:$NG_PORT/" | tr -d '\r' | sed 's/^/    /'
 echo "== GET / through the proxy vs through nginx limit_req"
-side_px() { run_wrk "http://127.0.0.1:$PX_PORT/"; }
-side_ng() { run_wrk "http://127.0.0.1:$NG_PORT/"; }
+side_px() { BENCH_PID=$PX_PID run_wrk "http://127.0.0.1:$PX_PORT/"; }
+side_ng() { BENCH_PID=$NG_PID run_wrk "http://127.0.0.1:$NG_PORT/"; }
 compare "spillway proxy" side_px "nginx limit_req" side_ng
 echo "== done; load $(cut -d' ' -f1-3 /proc/loadavg)"
