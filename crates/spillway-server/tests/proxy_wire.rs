@@ -773,6 +773,26 @@ window = "1m"
 const SMUGGLED: &[u8] = b"GET /smuggled HTTP/1.1\r\nHost: spillway.test\r\n\r\n";
 
 #[tokio::test]
+async fn a_denied_upload_too_long_to_drop_still_gets_its_429() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(ONE_POST_PER_MINUTE, upstream.addr).await).await;
+    assert_eq!(client.exchange(&post("/first", b"")).await.status, 200);
+
+    // Longer than the proxy reads to keep a connection: it answers, then
+    // closes, reading what still comes rather than resetting the
+    // connection under the client's feet.
+    let upload = post("/upload", &pattern(4 * 1024 * 1024));
+    client
+        .send(&upload)
+        .await
+        .expect("the whole upload written");
+    let denied = client.response("POST").await.expect("the 429, not a reset");
+    assert_eq!(denied.status, 429);
+    assert!(client.closes().await);
+    assert_eq!(upstream.targets(), ["/first"]);
+}
+
+#[tokio::test]
 async fn a_denied_requests_body_is_never_read_as_a_request() {
     let upstream = RawUpstream::echo().await;
     let mut client = Wire::connect(start_proxy(ONE_POST_PER_MINUTE, upstream.addr).await).await;

@@ -48,6 +48,10 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_DRAIN: u64 = 64 * 1024;
 /// How much a body copy reads at a time.
 const CHUNK: usize = 16 * 1024;
+/// How long, and how much, a closing connection reads and drops (see
+/// `Conn::linger`).
+const LINGER: Duration = Duration::from_secs(5);
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
 /// The HTTP/2 connection preface a prior-knowledge client starts with.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -299,7 +303,34 @@ impl<C: Connector> Conn<C> {
                 }
             }
         }
-        let _ = self.down.shutdown().await;
+        self.linger().await;
+    }
+
+    /// Closes the connection without losing the last response: after its
+    /// FIN, what the client still sends (the rest of a denied upload, say)
+    /// is read and dropped for a while, as a close with unread data would
+    /// reset the connection, and the client might lose the response.
+    async fn linger(&mut self) {
+        if self.down.shutdown().await.is_err() {
+            return;
+        }
+        let (down, buf) = (&mut self.down, &mut self.buf);
+        let mut dropped = 0;
+        let draining = async {
+            while dropped < LINGER_BYTES {
+                buf.clear();
+                buf.reserve(CHUNK);
+                match down.read_buf(buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => dropped += n,
+                }
+            }
+        };
+        // A stopping server does not wait for it.
+        tokio::select! {
+            _ = tokio::time::timeout(LINGER, draining) => {}
+            () = closed(&mut self.closing) => {}
+        }
     }
 
     /// Reads, decides and relays one request.
