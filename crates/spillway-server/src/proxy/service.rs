@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,7 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use spillway_tower::{ClientAddr, ResponseBody};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tower::{Layer, Service, ServiceExt};
 
@@ -140,20 +141,7 @@ impl<C: Connector> Proxy<C> {
         http.http1().timer(TokioTimer::new());
         let graceful = GracefulShutdown::new();
         let mut shutdown = pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors and the like: pause rather
-                        // than spin; a failed handshake is just skipped.
-                        tracing::warn!(error = %e, "could not accept a connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
+        while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "could not set TCP_NODELAY");
             }
@@ -195,18 +183,7 @@ impl<C: Connector> Proxy<C> {
         let (closing, closing_seen) = watch::channel(false);
         let (alive, mut all_done) = mpsc::channel::<()>(1);
         let mut shutdown = pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not accept a connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
+        while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
             let life = Lifetime {
                 closing: closing_seen.clone(),
                 _alive: alive.clone(),
@@ -220,6 +197,27 @@ impl<C: Connector> Proxy<C> {
         // done.
         let _ = all_done.recv().await;
         Ok(())
+    }
+}
+
+/// The next connection, or `None` once `shutdown` has resolved.
+async fn next_connection(
+    listener: &TcpListener,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => return Some(accepted),
+                Err(e) => {
+                    // Out of file descriptors and the like: pause rather
+                    // than spin; a failed handshake is just skipped.
+                    tracing::warn!(error = %e, "could not accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            () = shutdown.as_mut() => return None,
+        }
     }
 }
 
