@@ -718,6 +718,23 @@ async fn a_request_with_a_body_is_not_sent_on_an_upstream_connection_closed_whil
 }
 
 #[tokio::test]
+async fn an_upstream_that_switches_protocols_unasked_gives_502() {
+    // The proxy never forwards `Upgrade`, so a 101 is not HTTP any more.
+    let upstream = RawUpstream::start(|_| Reply {
+        bytes:
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
+                .to_vec(),
+        close: false,
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+    let request = b"GET /ws HTTP/1.1\r\nHost: spillway.test\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n";
+    let response = client.exchange(request).await;
+    assert_eq!(response.status, 502);
+    assert!(upstream.seen()[0].request.headers.all("upgrade").is_empty());
+}
+
+#[tokio::test]
 async fn an_upstreams_connection_close_leaves_the_clients_connection_open() {
     let upstream = RawUpstream::start(|request| match request.target.as_str() {
         "/last" => Reply {

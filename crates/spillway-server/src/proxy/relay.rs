@@ -811,6 +811,14 @@ impl<C: Connector> Conn<C> {
             }
         })
         .map_err(|e| unreachable(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+        if response.status == StatusCode::SWITCHING_PROTOCOLS {
+            // `Upgrade` is never forwarded: an upstream that switches anyway
+            // would speak something else on this connection.
+            return Err(unreachable(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the upstream switched protocols unasked",
+            )));
+        }
         let http10 = exchange.client_version == Version::HTTP_10;
         let dechunk = http10 && response.framing == Framing::Chunked;
         let keep_client = exchange.keep_alive
