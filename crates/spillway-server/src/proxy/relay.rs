@@ -256,9 +256,17 @@ impl<C: Connector> Conn<C> {
                 () = closed(&mut self.closing) => return Ok(false),
             };
             match read {
-                Ok(Ok(0)) | Err(_) => return Ok(false),
+                Ok(Ok(0)) => return Ok(false),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(e),
+                // Silent since it connected: closed now, not given a second
+                // wait for a request head.
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client sent nothing",
+                    ));
+                }
             }
         }
     }
