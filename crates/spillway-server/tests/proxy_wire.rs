@@ -512,6 +512,19 @@ async fn pipelined_requests_get_their_own_responses_in_order() {
 }
 
 #[tokio::test]
+async fn blank_lines_between_requests_are_skipped() {
+    // RFC 9112 section 2.2: a server should ignore at least one empty line
+    // before a request line (some clients send a CRLF after a body).
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+    assert_eq!(client.exchange(&get("/one")).await.status, 200);
+    let mut request = b"\r\n\r\n\n".to_vec();
+    request.extend_from_slice(&get("/two"));
+    let response = client.exchange(&request).await;
+    assert_eq!(response.text(), "upstream got GET /two");
+}
+
+#[tokio::test]
 async fn a_chunked_request_body_sent_in_pieces_reaches_the_upstream_exactly() {
     let upstream = RawUpstream::echo().await;
     let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;

@@ -432,6 +432,12 @@ impl<C: Connector> Conn<C> {
             deadline.set(self.started + HEAD_TIMEOUT);
         }
         loop {
+            // Blank lines before a request are skipped (RFC 9112 section
+            // 2.2).
+            while self.buf.starts_with(b"\r\n") || self.buf.starts_with(b"\n") {
+                let blank = if self.buf[0] == b'\r' { 2 } else { 1 };
+                self.buf.advance(blank);
+            }
             if let Some(end) = wire::head_end(&self.buf) {
                 return Ok(Some(end));
             }
@@ -439,14 +445,6 @@ impl<C: Connector> Conn<C> {
                 let e = WireError::TooLarge;
                 self.answer_error(e.status(), &e.to_string()).await?;
                 return Ok(None);
-            }
-            // Blank lines before a request are skipped (RFC 9112 section
-            // 2.2).
-            while self.buf.starts_with(b"\r\n") {
-                self.buf.advance(2);
-            }
-            if self.buf.starts_with(b"\n") {
-                self.buf.advance(1);
             }
             let idle = self.buf.is_empty();
             if idle && self.is_closing() {
