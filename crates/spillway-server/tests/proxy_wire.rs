@@ -525,6 +525,27 @@ async fn blank_lines_between_requests_are_skipped() {
 }
 
 #[tokio::test]
+async fn a_response_without_a_date_gets_one_and_one_with_a_date_keeps_it() {
+    let upstream = RawUpstream::start(|request| match request.target.as_str() {
+        "/dated" => Reply {
+            bytes: b"HTTP/1.1 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\nContent-Length: 0\r\n\r\n"
+                .to_vec(),
+            close: false,
+        },
+        _ => echo(request),
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+
+    let undated = client.exchange(&get("/undated")).await;
+    let dates = undated.headers.all("date");
+    assert_eq!(dates.len(), 1, "{dates:?}");
+    assert!(httpdate::parse_http_date(dates[0]).is_ok(), "{dates:?}");
+    let dated = client.exchange(&get("/dated")).await;
+    assert_eq!(dated.headers.all("date"), ["Sun, 06 Nov 1994 08:49:37 GMT"]);
+}
+
+#[tokio::test]
 async fn a_chunked_request_body_sent_in_pieces_reaches_the_upstream_exactly() {
     let upstream = RawUpstream::echo().await;
     let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;

@@ -566,8 +566,7 @@ impl<C: Connector> Conn<C> {
         wire::put_u64(&mut self.out, body.len() as u64);
         self.out.extend_from_slice(b"\r\n");
         // The proxy is the origin of this response (RFC 9110 section 6.6.1).
-        let date = httpdate::fmt_http_date(std::time::SystemTime::now());
-        wire::put_header(&mut self.out, b"date", date.as_bytes());
+        put_date(&mut self.out);
         if close {
             self.out.extend_from_slice(b"connection: close\r\n");
         }
@@ -806,7 +805,9 @@ impl<C: Connector> Conn<C> {
     ) -> Result<(wire::ResponseHead, bool, bool), Failed> {
         self.lines.clear();
         let lines = &mut self.lines;
+        let mut dated = false;
         let response = wire::parse_response(head, &exchange.method, |name, value| {
+            dated |= name.eq_ignore_ascii_case("date");
             // The limiter's headers replace the upstream's of the same name
             // (a handful, compared as they are: cheaper than a lookup).
             let replaced = limit_headers
@@ -835,6 +836,11 @@ impl<C: Connector> Conn<C> {
         out.clear();
         wire::put_status_line(out, response.status);
         out.extend_from_slice(&self.lines);
+        if !dated {
+            // A proxy with a clock dates a response that comes without a
+            // date (RFC 9110 section 6.6.1).
+            put_date(out);
+        }
         for (name, value) in limit_headers {
             wire::put_header(out, name.as_str().as_bytes(), value.as_bytes());
         }
@@ -855,6 +861,12 @@ impl<C: Connector> Conn<C> {
         out.extend_from_slice(b"\r\n");
         Ok((response, dechunk, keep_client))
     }
+}
+
+/// Appends a `Date` header line for now.
+fn put_date(out: &mut Vec<u8>) {
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+    wire::put_header(out, b"date", date.as_bytes());
 }
 
 /// A forwarding failure before the client got anything: 502.
