@@ -69,6 +69,12 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// # }
 /// ```
 pub fn app(state: State) -> Router {
+    routes(state.clone()).layer(InFlightLayer(state.metrics.clone()))
+}
+
+/// The API's routes without the in-flight count (the HTTP/1.1 server of
+/// `spillway serve` counts a request from its head on, body included).
+pub(crate) fn routes(state: State) -> Router {
     let admin = Router::new()
         .route(
             "/rules/{rule}/keys/{*key}",
@@ -84,48 +90,84 @@ pub fn app(state: State) -> Router {
         .nest("/admin", admin)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(InFlightLayer(state.metrics.clone()))
         .with_state(state)
 }
 
 // ---- answers -----------------------------------------------------------
 
+/// An answer of the API before it is written: by axum (as a [`Response`])
+/// or by the HTTP/1.1 server of `spillway serve` (`crate::front`), which
+/// writes it straight into the response's bytes.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) content_type: &'static str,
+    /// The headers besides `Content-Type` (rate-limit headers, `Retry-After`).
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Answer {
+    /// A JSON answer.
+    fn json(status: StatusCode, body: &impl Serialize) -> Self {
+        let body = serde_json::to_vec(body).unwrap_or_else(|e| {
+            // Our own types always serialize; should one not, say so.
+            format!("{{\"error\":\"cannot serialize the answer: {e}\"}}").into_bytes()
+        });
+        Self {
+            status,
+            content_type: "application/json",
+            headers: HeaderMap::new(),
+            body,
+        }
+    }
+
+    /// An `application/problem+json` answer (RFC 9457).
+    pub(crate) fn problem(status: StatusCode, detail: impl Into<String>) -> Self {
+        let body = json!({
+            "type": "about:blank",
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "detail": detail.into(),
+        });
+        Self {
+            status,
+            content_type: "application/problem+json",
+            headers: HeaderMap::new(),
+            body: body.to_string().into_bytes(),
+        }
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        let mut res = (self.status, self.body).into_response();
+        let headers = res.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(self.content_type));
+        headers.extend(self.headers);
+        res
+    }
+}
+
 /// An `application/problem+json` answer (RFC 9457).
 fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
-    let body = json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail.into(),
-    });
-    let mut res = (status, body.to_string()).into_response();
-    res.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    res
+    Answer::problem(status, detail).into_response()
 }
 
-fn bad_request(detail: impl Into<String>) -> Response {
-    problem(StatusCode::BAD_REQUEST, detail)
+fn bad_request(detail: impl Into<String>) -> Answer {
+    Answer::problem(StatusCode::BAD_REQUEST, detail)
 }
 
-fn unavailable(detail: impl Into<String>) -> Response {
-    let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, detail);
-    res.headers_mut()
+fn unavailable(detail: impl Into<String>) -> Answer {
+    let mut answer = Answer::problem(StatusCode::SERVICE_UNAVAILABLE, detail);
+    answer
+        .headers
         .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    res
+    answer
 }
 
 fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
-    let body = serde_json::to_vec(body).unwrap_or_else(|e| {
-        // Our own types always serialize; should one not, say so.
-        format!("{{\"error\":\"cannot serialize the answer: {e}\"}}").into_bytes()
-    });
-    let mut res = (status, body).into_response();
-    res.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    res
+    Answer::json(status, body).into_response()
 }
 
 async fn not_found() -> Response {
@@ -265,11 +307,15 @@ impl CheckBody {
 }
 
 async fn check(Extract(state): Extract<State>, body: Result<Bytes, BytesRejection>) -> Response {
-    let body = match body {
-        Ok(b) => b,
-        Err(rejection) => return problem(rejection.status(), rejection.body_text()),
-    };
-    let parsed = serde_json::from_slice::<CheckBody>(&body).map_err(|e| {
+    match body {
+        Ok(body) => check_answer(&state, &body).await.into_response(),
+        Err(rejection) => problem(rejection.status(), rejection.body_text()),
+    }
+}
+
+/// The answer of `POST /v1/check` to `body`.
+pub(crate) async fn check_answer(state: &State, body: &[u8]) -> Answer {
+    let parsed = serde_json::from_slice::<CheckBody>(body).map_err(|e| {
         if e.is_data() {
             // Valid JSON, not of our shape: say which field.
             if body.trim_ascii_start().first() == Some(&b'{') {
@@ -287,7 +333,7 @@ async fn check(Extract(state): Extract<State>, body: Result<Bytes, BytesRejectio
     };
     let engine = state.shared.engine();
     match check {
-        CheckKind::Rule(c) => check_rule(&state, &engine, c).await,
+        CheckKind::Rule(c) => check_rule(state, &engine, c).await,
         CheckKind::Request(c) => check_request(&engine, c).await,
     }
 }
@@ -324,7 +370,7 @@ fn rule_index(engine: &Engine, rule: &str) -> Option<usize> {
         .position(|r| r.name() == rule)
 }
 
-async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Response {
+async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Answer {
     let Some(index) = rule_index(engine, &c.rule) else {
         return bad_request(format!("Unknown rule `{}`.", c.rule));
     };
@@ -436,7 +482,7 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Response {
     decision_response(&verdict, &rules, headers)
 }
 
-async fn check_request(engine: &Engine, c: RequestCheck) -> Response {
+async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
     let method = c.method.as_deref().unwrap_or("GET");
     let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
         return bad_request(format!("`method`: `{method}` is not an HTTP method."));
@@ -533,7 +579,7 @@ struct RuleBody<'a> {
 
 /// The 200 answer of `/v1/check`: the verdict, every rule's decision, and
 /// the rate-limit headers the middleware would have sent.
-fn decision_response(verdict: &Verdict, rules: &[RuleDecision], headers: HeaderMap) -> Response {
+fn decision_response(verdict: &Verdict, rules: &[RuleDecision], headers: HeaderMap) -> Answer {
     let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match verdict {
         Verdict::Rejected { rule, retry_after } => (
             false,
@@ -588,9 +634,9 @@ fn decision_response(verdict: &Verdict, rules: &[RuleDecision], headers: HeaderM
         shadowed,
         rules,
     };
-    let mut res = json_response(StatusCode::OK, &body);
-    res.headers_mut().extend(headers);
-    res
+    let mut answer = Answer::json(StatusCode::OK, &body);
+    answer.headers = headers;
+    answer
 }
 
 // ---- health, metrics, OpenAPI ------------------------------------------
@@ -757,7 +803,9 @@ async fn admin_key(
         }];
         let d = match engine.store().check(&peek).await {
             Ok(verdict) => verdict.decisions[0],
-            Err(e) => return unavailable(format!("The store could not answer: {e}.")),
+            Err(e) => {
+                return unavailable(format!("The store could not answer: {e}.")).into_response();
+            }
         };
         quotas.push(json!({
             "store_rule": engine.store().rules()[id.0].name(),
@@ -789,7 +837,10 @@ async fn admin_reset(
             (Some(memory), _) => memory.reset(id, &key),
             (None, Some(redis)) => match redis.reset(id, &key).await {
                 Ok(held) => held,
-                Err(e) => return unavailable(format!("The store could not reset the key: {e}.")),
+                Err(e) => {
+                    return unavailable(format!("The store could not reset the key: {e}."))
+                        .into_response();
+                }
             },
             (None, None) => false,
         };

@@ -14,7 +14,9 @@
 pub mod app;
 pub mod config;
 pub mod engine;
+mod front;
 pub mod grpc;
+mod http1;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;

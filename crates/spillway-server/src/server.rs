@@ -9,7 +9,6 @@ use spillway_redis::{Error as StoreError, Topology};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::app::app;
 use crate::config::{Config, ConfigError, StoreKind};
 use crate::engine::{Engine, Shared, StoreObserver};
 use crate::metrics::{DecisionObserver, Metrics};
@@ -172,9 +171,7 @@ pub async fn run(
 
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!("listening on http://{addr}");
-    let http = axum::serve(listener, app(state.clone()))
-        .with_graceful_shutdown(stopped())
-        .into_future();
+    let http = crate::front::serve(listener, state.clone(), stopped());
     let grpc = async {
         match grpc_listener {
             Some(listener) => {

@@ -50,7 +50,6 @@ mod forward;
 mod headers;
 mod relay;
 mod service;
-mod wire;
 
 use std::str::FromStr;
 use std::sync::Arc;

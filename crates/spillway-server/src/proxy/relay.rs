@@ -14,46 +14,29 @@
 //! BENCHMARKS.md). Here nothing crosses tasks.
 
 use std::convert::Infallible;
-use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Version};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use spillway_tower::{ClientAddr, ResponseBody};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
 use super::error::ForwardError;
 use super::forward::{TrustedPeer, Upstream, rewrite_head};
-use super::wire::{self, Chunked, Framing, MAX_HEAD, RequestHead, WireError};
 use super::{Connector, HostHeader, Proxy};
 use crate::engine::{Engine, Shared};
-
-/// How long a client may take to send a request head, idle keep-alive
-/// time included (hyper's default, which the hyper path used).
-const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-/// The most of a denied request's body read and thrown away to keep its
-/// connection; past it, the connection is closed instead.
-const MAX_DRAIN: u64 = 64 * 1024;
-/// How much a body copy reads at a time.
-const CHUNK: usize = 16 * 1024;
-/// How long, and how much, a closing connection reads and drops (see
-/// `Conn::linger`).
-const LINGER: Duration = Duration::from_secs(5);
-const LINGER_BYTES: usize = 16 * 1024 * 1024;
-/// The HTTP/2 connection preface a prior-knowledge client starts with.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+use crate::http1::wire::{self, Chunked, Framing, MAX_HEAD, RequestHead, WireError};
+use crate::http1::{self, CHUNK, Client, HEAD_TIMEOUT, Lifetime, passed, put_date};
 
 /// What every connection of one relay shares.
 pub(crate) struct Relay<C> {
@@ -67,14 +50,6 @@ pub(crate) struct Relay<C> {
     pub(crate) proxy: Proxy<C>,
 }
 
-/// Ends a connection's task: `closing` turns true when the server stops
-/// accepting; `_alive` is dropped when the connection is done, which the
-/// server waits for.
-pub(crate) struct Lifetime {
-    pub(crate) closing: watch::Receiver<bool>,
-    pub(crate) _alive: mpsc::Sender<()>,
-}
-
 /// Serves one client connection until it closes, fails, or the server
 /// stops (a request in flight finishes first).
 pub(crate) async fn serve<C: Connector>(
@@ -83,64 +58,17 @@ pub(crate) async fn serve<C: Connector>(
     peer: SocketAddr,
     life: Lifetime,
 ) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "could not set TCP_NODELAY");
-    }
     let mut conn = Conn {
         relay,
-        down: stream,
-        peer,
+        client: Client::new(stream, peer, life.closing),
         hop: super::headers::hop_of(peer.ip()),
-        buf: BytesMut::with_capacity(8 * 1024),
         up: None,
-        out: Vec::with_capacity(4 * 1024),
         lines: Vec::with_capacity(1024),
-        deadline: Some(Deadline::new(Instant::now() + HEAD_TIMEOUT)),
-        started: Instant::now(),
-        closing: life.closing,
     };
-    match conn.sniff().await {
+    match conn.client.sniff().await {
         Ok(true) => conn.serve_h2().await,
         Ok(false) => conn.run().await,
         Err(e) => tracing::debug!(%peer, error = %e, "connection closed with an error"),
-    }
-}
-
-/// A connection's one timer, for whatever it waits for now (a request
-/// head, a response head). The deadline moves with every request but the
-/// timer is reset only when it fires before it: about once per
-/// [`HEAD_TIMEOUT`] rather than twice per request.
-struct Deadline {
-    timer: Pin<Box<tokio::time::Sleep>>,
-    at: Instant,
-}
-
-impl Deadline {
-    fn new(at: Instant) -> Self {
-        Self {
-            timer: Box::pin(tokio::time::sleep_until(at)),
-            at,
-        }
-    }
-
-    /// Moves the deadline to `at`.
-    fn set(&mut self, at: Instant) {
-        self.at = at;
-        if self.timer.deadline() > at {
-            self.timer.as_mut().reset(at);
-        }
-    }
-
-    /// Returns once the deadline has passed.
-    async fn passed(&mut self) {
-        loop {
-            self.timer.as_mut().await;
-            if Instant::now() >= self.at {
-                return;
-            }
-            let at = self.at;
-            self.timer.as_mut().reset(at);
-        }
     }
 }
 
@@ -156,22 +84,12 @@ struct UpConn {
 /// One client connection.
 struct Conn<C> {
     relay: Arc<Relay<C>>,
-    down: TcpStream,
-    peer: SocketAddr,
+    client: Client,
     /// The peer as an `X-Forwarded-For` hop.
     hop: HeaderValue,
-    /// What the client sent and has not been used yet.
-    buf: BytesMut,
     up: Option<UpConn>,
-    /// What is being written.
-    out: Vec<u8>,
-    /// When the current wait ends (taken while a response is waited for).
-    deadline: Option<Deadline>,
-    /// When the last request head started to be read.
-    started: Instant,
     /// A response's header lines, while its head is written.
     lines: Vec<u8>,
-    closing: watch::Receiver<bool>,
 }
 
 /// How an exchange ended, for the connection: go on, or close.
@@ -240,63 +158,15 @@ pub(crate) fn is_trusted(engine: &Engine, peer: &SocketAddr) -> bool {
 }
 
 impl<C: Connector> Conn<C> {
-    /// Reads the first bytes: whether the client speaks HTTP/2 (prior
-    /// knowledge). What was read stays in `buf` either way.
-    async fn sniff(&mut self) -> io::Result<bool> {
-        loop {
-            let n = self.buf.len().min(H2_PREFACE.len());
-            if self.buf[..n] != H2_PREFACE[..n] {
-                return Ok(false);
-            }
-            if n == H2_PREFACE.len() {
-                return Ok(true);
-            }
-            let read = tokio::select! {
-                read = tokio::time::timeout(HEAD_TIMEOUT, self.down.read_buf(&mut self.buf)) => read,
-                () = closed(&mut self.closing) => return Ok(false),
-            };
-            match read {
-                Ok(Ok(0)) => return Ok(false),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(e),
-                // Silent since it connected: closed now, not given a second
-                // wait for a request head.
-                Err(_) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the client sent nothing",
-                    ));
-                }
-            }
-        }
-    }
-
     /// Serves an HTTP/2 client with hyper and the pooled client.
     async fn serve_h2(self) {
         let proxy = self.relay.proxy.clone();
-        let peer = self.peer;
+        let peer = self.client.peer;
         let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(ClientAddr(peer));
             proxy.clone().oneshot(req)
         });
-        let io = TokioIo::new(Prefixed {
-            prefix: self.buf.freeze(),
-            inner: self.down,
-        });
-        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        builder.timer(TokioTimer::new());
-        let mut conn = pin!(builder.serve_connection(io, service));
-        let mut closing = self.closing;
-        let result = tokio::select! {
-            result = conn.as_mut() => result,
-            () = closed(&mut closing) => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        };
-        if let Err(e) = result {
-            tracing::debug!(%peer, error = %e, "connection closed with an error");
-        }
+        http1::serve_h2(self.client, service).await;
     }
 
     /// Relays requests until the connection closes.
@@ -306,52 +176,25 @@ impl<C: Connector> Conn<C> {
                 Ok(Next::KeepAlive) => {}
                 Ok(Next::Close) => break,
                 Err(e) => {
-                    tracing::debug!(peer = %self.peer, error = %e, "connection closed with an error");
+                    tracing::debug!(peer = %self.client.peer, error = %e, "connection closed with an error");
                     break;
                 }
             }
         }
-        self.linger().await;
-    }
-
-    /// Closes the connection without losing the last response: after its
-    /// FIN, what the client still sends (the rest of a denied upload, say)
-    /// is read and dropped for a while, as a close with unread data would
-    /// reset the connection, and the client might lose the response.
-    async fn linger(&mut self) {
-        if self.down.shutdown().await.is_err() {
-            return;
-        }
-        let (down, buf) = (&mut self.down, &mut self.buf);
-        let mut dropped = 0;
-        let draining = async {
-            while dropped < LINGER_BYTES {
-                buf.clear();
-                buf.reserve(CHUNK);
-                match down.read_buf(buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => dropped += n,
-                }
-            }
-        };
-        // A stopping server does not wait for it.
-        tokio::select! {
-            _ = tokio::time::timeout(LINGER, draining) => {}
-            () = closed(&mut self.closing) => {}
-        }
+        self.client.linger().await;
     }
 
     /// Reads, decides and relays one request.
     async fn one(&mut self) -> io::Result<Next> {
-        let Some(head_len) = self.read_head().await? else {
+        let Some(head_len) = self.client.read_head().await? else {
             return Ok(Next::Close);
         };
-        let head = self.buf.split_to(head_len).freeze();
+        let head = self.client.buf.split_to(head_len).freeze();
         let request = match wire::parse_request(&head) {
             Ok(request) => request,
             Err(e) => {
-                tracing::debug!(peer = %self.peer, error = %e, "refused a request");
-                self.answer_error(e.status(), &e.to_string()).await?;
+                tracing::debug!(peer = %self.client.peer, error = %e, "refused a request");
+                self.client.answer_error(e.status(), &e.to_string()).await?;
                 return Ok(Next::Close);
             }
         };
@@ -364,12 +207,13 @@ impl<C: Connector> Conn<C> {
         let client_version = parts.version;
         let method = parts.method.clone();
         let engine = self.relay.shared.engine();
-        parts.extensions.insert(ClientAddr(self.peer));
-        if is_trusted(&engine, &self.peer) {
+        parts.extensions.insert(ClientAddr(self.client.peer));
+        if is_trusted(&engine, &self.client.peer) {
             parts.extensions.insert(TrustedPeer);
         }
         let limited = engine.layer.layer(HandBack);
         let Some(Ok(decided)) = self
+            .client
             .until_decided(limited.oneshot(Request::from_parts(parts, ())))
             .await?
         else {
@@ -383,11 +227,12 @@ impl<C: Connector> Conn<C> {
             ResponseBody::Full { data } => {
                 // The limiter answered (429, 400, 503): the body, if any,
                 // is read and dropped, or the connection closed.
-                let drain = keep_alive && !expects_continue && self.can_drain(framing);
-                let close = !drain || self.is_closing();
-                self.answer(&res.status, &res.headers, data.as_deref(), close)
+                let drain = keep_alive && !expects_continue && Client::can_drain(framing);
+                let close = !drain || self.client.is_closing();
+                self.client
+                    .answer(&res.status, &res.headers, data.as_deref(), close)
                     .await?;
-                if close || !self.drain(framing).await? {
+                if close || !self.client.drain(framing).await? {
                     return Ok(Next::Close);
                 }
                 return Ok(Next::KeepAlive);
@@ -400,7 +245,7 @@ impl<C: Connector> Conn<C> {
         }
         let exchange = Exchange {
             framing,
-            keep_alive: keep_alive && !self.is_closing(),
+            keep_alive: keep_alive && !self.client.is_closing(),
             expects_continue,
             client_version,
             method,
@@ -420,180 +265,6 @@ impl<C: Connector> Conn<C> {
         }
     }
 
-    fn is_closing(&self) -> bool {
-        *self.closing.borrow()
-    }
-
-    /// Reads until `buf` holds a whole request head; `None` if the client
-    /// closed (or the server is stopping) between requests.
-    async fn read_head(&mut self) -> io::Result<Option<usize>> {
-        self.started = Instant::now();
-        if let Some(deadline) = &mut self.deadline {
-            deadline.set(self.started + HEAD_TIMEOUT);
-        }
-        loop {
-            // Blank lines before a request are skipped (RFC 9112 section
-            // 2.2).
-            while self.buf.starts_with(b"\r\n") || self.buf.starts_with(b"\n") {
-                let blank = if self.buf[0] == b'\r' { 2 } else { 1 };
-                self.buf.advance(blank);
-            }
-            if let Some(end) = wire::head_end(&self.buf) {
-                return Ok(Some(end));
-            }
-            if self.buf.len() >= MAX_HEAD {
-                let e = WireError::TooLarge;
-                self.answer_error(e.status(), &e.to_string()).await?;
-                return Ok(None);
-            }
-            let idle = self.buf.is_empty();
-            if idle && self.is_closing() {
-                return Ok(None);
-            }
-            self.buf.reserve(4 * 1024);
-            let read = tokio::select! {
-                biased;
-                read = self.down.read_buf(&mut self.buf) => read?,
-                () = passed(&mut self.deadline) => return Ok(None),
-                () = closed(&mut self.closing), if idle => return Ok(None),
-            };
-            if read == 0 {
-                return Ok(None);
-            }
-        }
-    }
-
-    /// Waits for the rate limiter's answer, noticing a client that leaves
-    /// meanwhile (`None`: dropping the future gives a held request's turn
-    /// back). What the client sends meanwhile is kept in `buf`.
-    async fn until_decided<F: Future>(&mut self, decided: F) -> io::Result<Option<F::Output>> {
-        let mut decided = pin!(decided);
-        // The common case, answered at once, costs no read.
-        if let Some(out) = poll_fn(|cx| Poll::Ready(poll_once(decided.as_mut(), cx))).await {
-            return Ok(Some(out));
-        }
-        loop {
-            let room = self.buf.len() < MAX_HEAD;
-            if room {
-                self.buf.reserve(4 * 1024);
-            }
-            tokio::select! {
-                out = decided.as_mut() => return Ok(Some(out)),
-                read = self.down.read_buf(&mut self.buf), if room => match read {
-                    Ok(0) | Err(_) => return Ok(None),
-                    Ok(_) => {}
-                },
-            }
-        }
-    }
-
-    /// Whether a denied request's body is small enough to read and drop.
-    fn can_drain(&self, framing: Framing) -> bool {
-        match framing {
-            Framing::Empty => true,
-            Framing::Length(n) => n <= MAX_DRAIN,
-            Framing::Chunked => true,
-            Framing::Close => false,
-        }
-    }
-
-    /// Reads a request body the upstream will never see; false if it was
-    /// too long or broken (the connection is then closed).
-    async fn drain(&mut self, framing: Framing) -> io::Result<bool> {
-        let mut dropped = 0u64;
-        match framing {
-            Framing::Empty => return Ok(true),
-            Framing::Length(n) => {
-                let mut left = n;
-                while left > 0 {
-                    if self.buf.is_empty() && !self.fill_down().await? {
-                        return Ok(false);
-                    }
-                    let take = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(self.buf.len());
-                    self.buf.advance(take);
-                    left -= take as u64;
-                }
-            }
-            Framing::Chunked => {
-                let mut chunked = Chunked::default();
-                while !chunked.is_done() {
-                    if self.buf.is_empty() && !self.fill_down().await? {
-                        return Ok(false);
-                    }
-                    let Ok(used) = chunked.feed(&self.buf, |_| {}) else {
-                        return Ok(false);
-                    };
-                    self.buf.advance(used);
-                    dropped += used as u64;
-                    if dropped > MAX_DRAIN {
-                        return Ok(false);
-                    }
-                }
-            }
-            Framing::Close => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    /// Reads more of what the client sends into `buf`; false at its end.
-    async fn fill_down(&mut self) -> io::Result<bool> {
-        self.buf.reserve(CHUNK);
-        let read = tokio::time::timeout(HEAD_TIMEOUT, self.down.read_buf(&mut self.buf))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client stopped sending"))??;
-        Ok(read > 0)
-    }
-
-    /// Writes a response the proxy makes itself, with a whole body.
-    async fn answer(
-        &mut self,
-        status: &StatusCode,
-        headers: &HeaderMap,
-        body: Option<&[u8]>,
-        close: bool,
-    ) -> io::Result<()> {
-        let body = body.unwrap_or_default();
-        self.out.clear();
-        wire::put_status_line(&mut self.out, *status);
-        for (name, value) in headers {
-            if name != header::CONTENT_LENGTH && name != header::CONNECTION {
-                wire::put_header(&mut self.out, name.as_str().as_bytes(), value.as_bytes());
-            }
-        }
-        self.out.extend_from_slice(b"content-length: ");
-        wire::put_u64(&mut self.out, body.len() as u64);
-        self.out.extend_from_slice(b"\r\n");
-        // The proxy is the origin of this response (RFC 9110 section 6.6.1).
-        put_date(&mut self.out);
-        if close {
-            self.out.extend_from_slice(b"connection: close\r\n");
-        }
-        self.out.extend_from_slice(b"\r\n");
-        self.out.extend_from_slice(body);
-        self.down.write_all(&self.out).await
-    }
-
-    /// Answers a request that failed before it was forwarded (400, 431),
-    /// and closes.
-    async fn answer_error(&mut self, status: StatusCode, detail: &str) -> io::Result<()> {
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": detail,
-        })
-        .to_string();
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        self.answer(&status, &headers, Some(body.as_bytes()), true)
-            .await
-    }
-
     /// Answers a request that could not be forwarded (502, 504, 501), with
     /// the rate-limit headers it was given, and closes.
     async fn answer_forward_error(
@@ -608,7 +279,8 @@ impl<C: Connector> Conn<C> {
             HeaderValue::from_static("application/problem+json"),
         );
         let body = error.problem_json();
-        self.answer(&status, &headers, Some(body.as_bytes()), true)
+        self.client
+            .answer(&status, &headers, Some(body.as_bytes()), true)
             .await
     }
 
@@ -619,7 +291,7 @@ impl<C: Connector> Conn<C> {
         if let Some(up) = self.up.take() {
             // Idle since the last response, when this request's head
             // started to be read.
-            let fresh = now.duration_since(self.started) < self.relay.idle_timeout;
+            let fresh = now.duration_since(self.client.started) < self.relay.idle_timeout;
             if fresh && !(probe && closed_or_unexpected(&up.stream)) {
                 return Ok(up);
             }
@@ -664,23 +336,25 @@ impl<C: Connector> Conn<C> {
         write_request_head(&mut head, &parts, exchange.framing);
         drop(parts);
         if exchange.expects_continue && exchange.framing != Framing::Empty {
-            self.down
+            self.client
+                .stream
                 .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
                 .await?;
         }
         let mut body = BodyProgress::new(exchange.framing);
         // The body bytes already here go with the head, in one write.
-        let buffered = body.buffered(&self.buf).map_err(refused_body)?;
-        head.extend_from_slice(&self.buf[..buffered]);
-        body.sent(&self.buf[..buffered]).map_err(refused_body)?;
-        self.buf.advance(buffered);
+        let buffered = body.buffered(&self.client.buf).map_err(refused_body)?;
+        head.extend_from_slice(&self.client.buf[..buffered]);
+        body.sent(&self.client.buf[..buffered])
+            .map_err(refused_body)?;
+        self.client.buf.advance(buffered);
         // A request without a body can be sent again on a new connection
         // if a kept one turns out to have been closed.
         let replayable = exchange.framing == Framing::Empty;
         let now = Instant::now();
         let mut up = self.upstream(!replayable, now).await?;
         let timeout = self.relay.response_timeout;
-        let mut deadline = self.deadline.take();
+        let mut deadline = self.client.deadline.take();
         if let Some(deadline) = &mut deadline {
             deadline.set(now + timeout);
         }
@@ -703,14 +377,19 @@ impl<C: Connector> Conn<C> {
             } => exchanged,
             () = passed(&mut deadline) => Err(Failed::Answer(ForwardError::ResponseTimeout(timeout))),
         };
-        self.deadline = deadline;
+        self.client.deadline = deadline;
         let head_len = exchanged?;
 
         let (response, dechunk, keep_client) =
             self.write_response_head(&up.buf[..head_len], exchange, limit_headers)?;
         up.buf.advance(head_len);
 
-        let Self { down, buf, out, .. } = self;
+        let Client {
+            stream: down,
+            buf,
+            out,
+            ..
+        } = &mut self.client;
         let UpConn {
             stream,
             buf: up_buf,
@@ -775,13 +454,13 @@ impl<C: Connector> Conn<C> {
     ) -> Result<usize, Failed> {
         up.buf.clear();
         up.stream.write_all(head).await.map_err(unreachable)?;
-        let (mut down_r, _) = self.down.split();
+        let (mut down_r, _) = self.client.stream.split();
         let (mut up_r, mut up_w) = up.stream.split();
         let mut read_head = pin!(read_response_head(&mut up_r, &mut up.buf));
         if body.is_done() {
             return read_head.await;
         }
-        let mut sending = pin!(body.send_rest(&mut down_r, &mut self.buf, &mut up_w));
+        let mut sending = pin!(body.send_rest(&mut down_r, &mut self.client.buf, &mut up_w));
         tokio::select! {
             biased;
             sent = &mut sending => {
@@ -831,8 +510,8 @@ impl<C: Connector> Conn<C> {
         let keep_client = exchange.keep_alive
             && !dechunk
             && response.framing != Framing::Close
-            && !self.is_closing();
-        let out = &mut self.out;
+            && !self.client.is_closing();
+        let out = &mut self.client.out;
         out.clear();
         wire::put_status_line(out, response.status);
         out.extend_from_slice(&self.lines);
@@ -861,12 +540,6 @@ impl<C: Connector> Conn<C> {
         out.extend_from_slice(b"\r\n");
         Ok((response, dechunk, keep_client))
     }
-}
-
-/// Appends a `Date` header line for now.
-fn put_date(out: &mut Vec<u8>) {
-    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
-    wire::put_header(out, b"date", date.as_bytes());
 }
 
 /// A forwarding failure before the client got anything: 502.
@@ -1126,28 +799,6 @@ fn informational(head: &[u8]) -> Option<u16> {
     (100..200).contains(&code).then_some(code)
 }
 
-/// Returns once `deadline` has passed; never without one.
-async fn passed(deadline: &mut Option<Deadline>) {
-    match deadline {
-        Some(deadline) => deadline.passed().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Returns once the server is stopping.
-async fn closed(closing: &mut watch::Receiver<bool>) {
-    // An error means the server is gone: stopping too.
-    let _ = closing.wait_for(|&c| c).await;
-}
-
-/// Polls `fut` once.
-fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>, cx: &mut Context<'_>) -> Option<F::Output> {
-    match fut.poll(cx) {
-        Poll::Ready(out) => Some(out),
-        Poll::Pending => None,
-    }
-}
-
 /// Whether a kept upstream connection has been closed by the upstream (or
 /// sent something unasked): a peek that does not wait. It asks the socket
 /// itself (one system call): the runtime may not have seen the close yet.
@@ -1157,57 +808,4 @@ fn closed_or_unexpected(stream: &TcpStream) -> bool {
         socket2::SockRef::from(stream).peek(&mut probe),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock
     )
-}
-
-/// The client's connection with the bytes already read from it put back
-/// in front, for hyper.
-struct Prefixed {
-    prefix: Bytes,
-    inner: TcpStream,
-}
-
-impl AsyncRead for Prefixed {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Prefixed {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }

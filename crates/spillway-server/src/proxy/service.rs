@@ -4,11 +4,9 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
@@ -21,16 +19,16 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use spillway_tower::{ClientAddr, ResponseBody};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::net::TcpListener;
 use tower::{Layer, Service, ServiceExt};
 
 use super::connect::TimeoutConnector;
 use super::error::{BoxError, InvalidUpstream};
 use super::forward::{Forward, Upstream};
-use super::relay::{self, Lifetime, Relay};
+use super::relay::{self, Relay};
 use super::{Connector, ProxyBody, ProxyOptions};
 use crate::engine::Shared;
+use crate::http1::{self, next_connection};
 
 /// A response of the [`Proxy`]: the upstream's (with the rate-limit
 /// headers added), or one the rate limiter or the proxy wrote.
@@ -180,44 +178,11 @@ impl<C: Connector> Proxy<C> {
             idle_timeout: self.options.pool_idle_timeout,
             proxy: self,
         });
-        let (closing, closing_seen) = watch::channel(false);
-        let (alive, mut all_done) = mpsc::channel::<()>(1);
-        let mut shutdown = pin!(shutdown);
-        while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
-            let life = Lifetime {
-                closing: closing_seen.clone(),
-                _alive: alive.clone(),
-            };
-            tokio::spawn(relay::serve(relay.clone(), stream, peer, life));
-        }
-        drop(listener);
-        let _ = closing.send(true);
-        drop(alive);
-        // Every connection holds a sender: this ends when the last one is
-        // done.
-        let _ = all_done.recv().await;
+        http1::serve_connections(listener, shutdown, |stream, peer, life| {
+            relay::serve(relay.clone(), stream, peer, life)
+        })
+        .await;
         Ok(())
-    }
-}
-
-/// The next connection, or `None` once `shutdown` has resolved.
-async fn next_connection(
-    listener: &TcpListener,
-    mut shutdown: Pin<&mut impl Future<Output = ()>>,
-) -> Option<(TcpStream, SocketAddr)> {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => return Some(accepted),
-                Err(e) => {
-                    // Out of file descriptors and the like: pause rather
-                    // than spin; a failed handshake is just skipped.
-                    tracing::warn!(error = %e, "could not accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            () = shutdown.as_mut() => return None,
-        }
     }
 }
 

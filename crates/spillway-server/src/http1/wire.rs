@@ -1,4 +1,4 @@
-//! HTTP/1.1 on the wire, for the relay: request and response heads parsed
+//! HTTP/1.1 on the wire, for our servers: request and response heads parsed
 //! with `httparse`, message framing (RFC 9112 section 6), and a chunked
 //! body's framing followed byte by byte.
 

@@ -1,0 +1,273 @@
+//! The HTTP server of `spillway serve`: HTTP/1.1 of our own, one task per
+//! connection, requests read and answered in that task.
+//!
+//! `POST /v1/check` is answered straight from its body
+//! ([`check_answer`]): no router, no response object, the answer's bytes
+//! written in one go. Every other request is read whole and handed to the
+//! axum [`Router`] of [`app`], whose answer is written back. HTTP/2
+//! clients (prior knowledge) are served by hyper with the same router.
+//!
+//! Under the bench's load, hyper and axum took about half the server's
+//! user-space time for a check (see BENCHMARKS.md).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
+use http::{Method, Request, StatusCode, Version};
+use http_body_util::BodyExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt;
+
+use crate::app::{MAX_BODY_BYTES, app, check_answer, routes};
+use crate::http1::wire::{self, Chunked, Framing, RequestHead};
+use crate::http1::{self, Client, Lifetime, put_answer_head};
+use crate::server::State;
+
+/// What every connection shares.
+struct Front {
+    state: State,
+    /// The API for HTTP/2 clients.
+    app: Router,
+    /// The same without the in-flight count, which is kept here.
+    routes: Router,
+}
+
+/// Serves the HTTP API on `listener` until `shutdown` resolves; then stops
+/// accepting and returns once every connection's request in flight has
+/// been answered (idle connections are closed).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: State,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let front = Arc::new(Front {
+        app: app(state.clone()),
+        routes: routes(state.clone()),
+        state,
+    });
+    http1::serve_connections(listener, shutdown, |stream, peer, life| {
+        serve_connection(front.clone(), stream, peer, life)
+    })
+    .await;
+    Ok(())
+}
+
+async fn serve_connection(front: Arc<Front>, stream: TcpStream, peer: SocketAddr, life: Lifetime) {
+    let mut client = Client::new(stream, peer, life.closing);
+    match client.sniff().await {
+        Ok(true) => {
+            let app = front.app.clone();
+            let service = hyper::service::service_fn(move |req| app.clone().oneshot(req));
+            http1::serve_h2(client, service).await;
+        }
+        Ok(false) => {
+            let mut conn = Conn { front, client };
+            loop {
+                match conn.one().await {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "connection closed with an error");
+                        break;
+                    }
+                }
+            }
+            conn.client.linger().await;
+        }
+        Err(e) => tracing::debug!(%peer, error = %e, "connection closed with an error"),
+    }
+}
+
+/// One client connection.
+struct Conn {
+    front: Arc<Front>,
+    client: Client,
+}
+
+/// What the response to a request depends on besides its answer.
+struct Exchange {
+    /// The connection stays open after it.
+    keep_alive: bool,
+    version: Version,
+    /// A HEAD request: the response has no body.
+    head_only: bool,
+}
+
+impl Conn {
+    /// Reads and answers one request; false when the connection is to be
+    /// closed.
+    async fn one(&mut self) -> io::Result<bool> {
+        let Some(head_len) = self.client.read_head().await? else {
+            return Ok(false);
+        };
+        let head = self.client.buf.split_to(head_len).freeze();
+        let RequestHead {
+            parts,
+            framing,
+            keep_alive,
+            expects_continue,
+        } = match wire::parse_request(&head) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::debug!(peer = %self.client.peer, error = %e, "refused a request");
+                self.client.answer_error(e.status(), &e.to_string()).await?;
+                return Ok(false);
+            }
+        };
+        // In flight from its head on, as in hyper and axum.
+        let _in_flight = self.front.state.metrics.in_flight();
+        let Some(body) = self.read_body(framing, expects_continue).await? else {
+            return Ok(false);
+        };
+        let exchange = Exchange {
+            keep_alive: keep_alive && !self.client.is_closing(),
+            version: parts.version,
+            head_only: parts.method == Method::HEAD,
+        };
+        if parts.method == Method::POST && parts.uri.path() == "/v1/check" {
+            let state = &self.front.state;
+            let Some(answer) = self
+                .client
+                .until_decided(check_answer(state, &body))
+                .await?
+            else {
+                // The client left while its check was waited for.
+                return Ok(false);
+            };
+            let mut headers = answer.headers;
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+            let len = answer.body.len();
+            self.respond(answer.status, &headers, &answer.body, len, &exchange)
+                .await?;
+            return Ok(exchange.keep_alive);
+        }
+        let request = Request::from_parts(parts, axum::body::Body::from(body));
+        let routed = self.front.routes.clone().oneshot(request);
+        let Some(Ok(response)) = self.client.until_decided(routed).await? else {
+            return Ok(false);
+        };
+        let (response, body) = response.into_parts();
+        let body = match body.collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(e) => {
+                tracing::warn!(error = %e, "a response body failed");
+                return Ok(false);
+            }
+        };
+        // A HEAD response keeps the length its GET would have (axum says it,
+        // then drops the body).
+        let len = response
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .filter(|_| exchange.head_only)
+            .unwrap_or(body.len());
+        self.respond(response.status, &response.headers, &body, len, &exchange)
+            .await?;
+        Ok(exchange.keep_alive)
+    }
+
+    /// Reads a request's whole body; `None` if it could not be (too large,
+    /// broken, cut short), the client having had its answer if it can use
+    /// one.
+    async fn read_body(
+        &mut self,
+        framing: Framing,
+        expects_continue: bool,
+    ) -> io::Result<Option<Bytes>> {
+        let too_large = match framing {
+            Framing::Empty => return Ok(Some(Bytes::new())),
+            Framing::Length(n) => n > MAX_BODY_BYTES as u64,
+            Framing::Chunked => false,
+            Framing::Close => {
+                self.client
+                    .answer_error(StatusCode::BAD_REQUEST, "a request body must have a length")
+                    .await?;
+                return Ok(None);
+            }
+        };
+        if too_large {
+            self.refuse_too_large().await?;
+            return Ok(None);
+        }
+        if expects_continue {
+            self.client
+                .stream
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await?;
+        }
+        if let Framing::Length(n) = framing {
+            // At most MAX_BODY_BYTES: fits a usize.
+            let n = n as usize;
+            while self.client.buf.len() < n {
+                if !self.client.fill().await? {
+                    return Ok(None);
+                }
+            }
+            return Ok(Some(self.client.buf.split_to(n).freeze()));
+        }
+        let mut chunked = Chunked::default();
+        let mut body = BytesMut::new();
+        loop {
+            let used = match chunked.feed(&self.client.buf, |data| body.extend_from_slice(data)) {
+                Ok(used) => used,
+                Err(e) => {
+                    self.client.answer_error(e.status(), &e.to_string()).await?;
+                    return Ok(None);
+                }
+            };
+            self.client.buf.advance(used);
+            if body.len() > MAX_BODY_BYTES {
+                self.refuse_too_large().await?;
+                return Ok(None);
+            }
+            if chunked.is_done() {
+                return Ok(Some(body.freeze()));
+            }
+            if !self.client.fill().await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Answers a body over [`MAX_BODY_BYTES`] with a 413 (as axum's body
+    /// limit words it), and closes.
+    async fn refuse_too_large(&mut self) -> io::Result<()> {
+        self.client
+            .answer_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Failed to buffer the body: length limit exceeded",
+            )
+            .await
+    }
+
+    /// Writes a response with a whole body, of `len` bytes (the body's,
+    /// but for a HEAD request).
+    async fn respond(
+        &mut self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+        len: usize,
+        exchange: &Exchange,
+    ) -> io::Result<()> {
+        let out = &mut self.client.out;
+        out.clear();
+        put_answer_head(out, status, headers, len);
+        if !exchange.keep_alive {
+            out.extend_from_slice(b"connection: close\r\n");
+        } else if exchange.version == Version::HTTP_10 {
+            out.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        if !exchange.head_only {
+            out.extend_from_slice(body);
+        }
+        self.client.stream.write_all(out).await
+    }
+}

@@ -1,0 +1,551 @@
+//! HTTP/1.1 on a client connection, as both servers of our own speak it:
+//! the proxy's relay (`crate::proxy`) and the API server of `spillway
+//! serve` (`crate::front`).
+//!
+//! [`Client`] is the client's side of a connection: it reads request heads
+//! (with one lazy timer per connection), notices an HTTP/2 client, writes
+//! the responses the server makes itself, drops request bodies nobody
+//! reads, and closes without losing the last response. [`wire`] parses and
+//! writes the bytes.
+
+pub(crate) mod wire;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use wire::{Chunked, Framing, MAX_HEAD, WireError};
+
+/// How long a client may take to send a request head, idle keep-alive
+/// time included (hyper's default, which the hyper path used).
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of a refused request's body read and thrown away to keep its
+/// connection; past it, the connection is closed instead.
+pub(crate) const MAX_DRAIN: u64 = 64 * 1024;
+/// How much a body copy reads at a time.
+pub(crate) const CHUNK: usize = 16 * 1024;
+/// How long, and how much, a closing connection reads and drops (see
+/// [`Client::linger`]).
+const LINGER: Duration = Duration::from_secs(5);
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
+/// The HTTP/2 connection preface a prior-knowledge client starts with.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Ends a connection's task: `closing` turns true when the server stops
+/// accepting; `_alive` is dropped when the connection is done, which the
+/// server waits for.
+pub(crate) struct Lifetime {
+    pub(crate) closing: watch::Receiver<bool>,
+    pub(crate) _alive: mpsc::Sender<()>,
+}
+
+/// Accepts connections until `shutdown` resolves, serving each in a task of
+/// its own (`serve`); then waits for the connections to finish (each ends
+/// once its request in flight is answered).
+pub(crate) async fn serve_connections<F>(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+    mut serve: impl FnMut(TcpStream, SocketAddr, Lifetime) -> F,
+) where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (closing, closing_seen) = watch::channel(false);
+    let (alive, mut all_done) = mpsc::channel::<()>(1);
+    let mut shutdown = std::pin::pin!(shutdown);
+    while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
+        let life = Lifetime {
+            closing: closing_seen.clone(),
+            _alive: alive.clone(),
+        };
+        tokio::spawn(serve(stream, peer, life));
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    drop(alive);
+    // Every connection holds a sender: this ends when the last one is done.
+    let _ = all_done.recv().await;
+}
+
+/// The next connection, or `None` once `shutdown` has resolved.
+pub(crate) async fn next_connection(
+    listener: &TcpListener,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => return Some(accepted),
+                Err(e) => {
+                    // Out of file descriptors and the like: pause rather
+                    // than spin; a failed handshake is just skipped.
+                    tracing::warn!(error = %e, "could not accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            () = shutdown.as_mut() => return None,
+        }
+    }
+}
+
+/// A connection's one timer, for whatever it waits for now (a request
+/// head, a response head). The deadline moves with every request but the
+/// timer is reset only when it fires before it: about once per
+/// [`HEAD_TIMEOUT`] rather than twice per request.
+pub(crate) struct Deadline {
+    timer: Pin<Box<tokio::time::Sleep>>,
+    at: Instant,
+}
+
+impl Deadline {
+    fn new(at: Instant) -> Self {
+        Self {
+            timer: Box::pin(tokio::time::sleep_until(at)),
+            at,
+        }
+    }
+
+    /// Moves the deadline to `at`.
+    pub(crate) fn set(&mut self, at: Instant) {
+        self.at = at;
+        if self.timer.deadline() > at {
+            self.timer.as_mut().reset(at);
+        }
+    }
+
+    /// Returns once the deadline has passed.
+    async fn passed(&mut self) {
+        loop {
+            self.timer.as_mut().await;
+            if Instant::now() >= self.at {
+                return;
+            }
+            let at = self.at;
+            self.timer.as_mut().reset(at);
+        }
+    }
+}
+
+/// The client's side of a connection.
+pub(crate) struct Client {
+    pub(crate) stream: TcpStream,
+    pub(crate) peer: SocketAddr,
+    /// What the client sent and has not been used yet.
+    pub(crate) buf: BytesMut,
+    /// What is being written.
+    pub(crate) out: Vec<u8>,
+    /// When the current wait ends (taken while something else is waited
+    /// for with it).
+    pub(crate) deadline: Option<Deadline>,
+    /// When the last request head started to be read.
+    pub(crate) started: Instant,
+    pub(crate) closing: watch::Receiver<bool>,
+}
+
+impl Client {
+    /// A new connection, with `TCP_NODELAY` set (responses are small writes
+    /// the client waits for).
+    pub(crate) fn new(stream: TcpStream, peer: SocketAddr, closing: watch::Receiver<bool>) -> Self {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+        Self {
+            stream,
+            peer,
+            buf: BytesMut::with_capacity(8 * 1024),
+            out: Vec::with_capacity(4 * 1024),
+            deadline: Some(Deadline::new(Instant::now() + HEAD_TIMEOUT)),
+            started: Instant::now(),
+            closing,
+        }
+    }
+
+    /// Whether the server is stopping.
+    pub(crate) fn is_closing(&self) -> bool {
+        *self.closing.borrow()
+    }
+
+    /// Reads the first bytes: whether the client speaks HTTP/2 (prior
+    /// knowledge). What was read stays in `buf` either way.
+    pub(crate) async fn sniff(&mut self) -> io::Result<bool> {
+        loop {
+            let n = self.buf.len().min(H2_PREFACE.len());
+            if self.buf[..n] != H2_PREFACE[..n] {
+                return Ok(false);
+            }
+            if n == H2_PREFACE.len() {
+                return Ok(true);
+            }
+            let read = tokio::select! {
+                read = tokio::time::timeout(HEAD_TIMEOUT, self.stream.read_buf(&mut self.buf)) => read,
+                () = closed(&mut self.closing) => return Ok(false),
+            };
+            match read {
+                Ok(Ok(0)) => return Ok(false),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e),
+                // Silent since it connected: closed now, not given a second
+                // wait for a request head.
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client sent nothing",
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Reads until `buf` holds a whole request head; `None` if the client
+    /// closed (or the server is stopping) between requests, or sent a head
+    /// too large (then it has had its 431).
+    pub(crate) async fn read_head(&mut self) -> io::Result<Option<usize>> {
+        self.started = Instant::now();
+        if let Some(deadline) = &mut self.deadline {
+            deadline.set(self.started + HEAD_TIMEOUT);
+        }
+        loop {
+            // Blank lines before a request are skipped (RFC 9112 section
+            // 2.2).
+            while self.buf.starts_with(b"\r\n") || self.buf.starts_with(b"\n") {
+                let blank = if self.buf[0] == b'\r' { 2 } else { 1 };
+                self.buf.advance(blank);
+            }
+            if let Some(end) = wire::head_end(&self.buf) {
+                return Ok(Some(end));
+            }
+            if self.buf.len() >= MAX_HEAD {
+                let e = WireError::TooLarge;
+                self.answer_error(e.status(), &e.to_string()).await?;
+                return Ok(None);
+            }
+            let idle = self.buf.is_empty();
+            if idle && self.is_closing() {
+                return Ok(None);
+            }
+            self.buf.reserve(4 * 1024);
+            let read = tokio::select! {
+                biased;
+                read = self.stream.read_buf(&mut self.buf) => read?,
+                () = passed(&mut self.deadline) => return Ok(None),
+                () = closed(&mut self.closing), if idle => return Ok(None),
+            };
+            if read == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Waits for `decided`, noticing a client that leaves meanwhile (`None`:
+    /// dropping the future gives a held request's turn back). What the
+    /// client sends meanwhile is kept in `buf`.
+    pub(crate) async fn until_decided<F: Future>(
+        &mut self,
+        decided: F,
+    ) -> io::Result<Option<F::Output>> {
+        let mut decided = std::pin::pin!(decided);
+        // The common case, answered at once, costs no read.
+        if let Some(out) =
+            std::future::poll_fn(|cx| Poll::Ready(poll_once(decided.as_mut(), cx))).await
+        {
+            return Ok(Some(out));
+        }
+        loop {
+            let room = self.buf.len() < MAX_HEAD;
+            if room {
+                self.buf.reserve(4 * 1024);
+            }
+            tokio::select! {
+                out = decided.as_mut() => return Ok(Some(out)),
+                read = self.stream.read_buf(&mut self.buf), if room => match read {
+                    Ok(0) | Err(_) => return Ok(None),
+                    Ok(_) => {}
+                },
+            }
+        }
+    }
+
+    /// Whether a refused request's body is small enough to read and drop.
+    pub(crate) fn can_drain(framing: Framing) -> bool {
+        match framing {
+            Framing::Empty => true,
+            Framing::Length(n) => n <= MAX_DRAIN,
+            Framing::Chunked => true,
+            Framing::Close => false,
+        }
+    }
+
+    /// Reads a request body nobody will use; false if it was too long or
+    /// broken (the connection is then closed).
+    pub(crate) async fn drain(&mut self, framing: Framing) -> io::Result<bool> {
+        let mut dropped = 0u64;
+        match framing {
+            Framing::Empty => return Ok(true),
+            Framing::Length(n) => {
+                let mut left = n;
+                while left > 0 {
+                    if self.buf.is_empty() && !self.fill().await? {
+                        return Ok(false);
+                    }
+                    let take = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(self.buf.len());
+                    self.buf.advance(take);
+                    left -= take as u64;
+                }
+            }
+            Framing::Chunked => {
+                let mut chunked = Chunked::default();
+                while !chunked.is_done() {
+                    if self.buf.is_empty() && !self.fill().await? {
+                        return Ok(false);
+                    }
+                    let Ok(used) = chunked.feed(&self.buf, |_| {}) else {
+                        return Ok(false);
+                    };
+                    self.buf.advance(used);
+                    dropped += used as u64;
+                    if dropped > MAX_DRAIN {
+                        return Ok(false);
+                    }
+                }
+            }
+            Framing::Close => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Reads more of what the client sends into `buf`; false at its end.
+    pub(crate) async fn fill(&mut self) -> io::Result<bool> {
+        self.buf.reserve(CHUNK);
+        let read = tokio::time::timeout(HEAD_TIMEOUT, self.stream.read_buf(&mut self.buf))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client stopped sending"))??;
+        Ok(read > 0)
+    }
+
+    /// Writes a response the server makes itself, with a whole body.
+    pub(crate) async fn answer(
+        &mut self,
+        status: &StatusCode,
+        headers: &HeaderMap,
+        body: Option<&[u8]>,
+        close: bool,
+    ) -> io::Result<()> {
+        self.out.clear();
+        put_answer_head(&mut self.out, *status, headers, body.map_or(0, <[u8]>::len));
+        if close {
+            self.out.extend_from_slice(b"connection: close\r\n");
+        }
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(body.unwrap_or_default());
+        self.stream.write_all(&self.out).await
+    }
+
+    /// Answers a request that could not be read (400, 413, 431) with a
+    /// problem+json body, and closes.
+    pub(crate) async fn answer_error(
+        &mut self,
+        status: StatusCode,
+        detail: &str,
+    ) -> io::Result<()> {
+        let body = problem_json(status, detail);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/problem+json"),
+        );
+        self.answer(&status, &headers, Some(body.as_bytes()), true)
+            .await
+    }
+
+    /// Closes the connection without losing the last response: after its
+    /// FIN, what the client still sends (the rest of a refused upload, say)
+    /// is read and dropped for a while, as a close with unread data would
+    /// reset the connection, and the client might lose the response.
+    pub(crate) async fn linger(&mut self) {
+        if self.stream.shutdown().await.is_err() {
+            return;
+        }
+        let (stream, buf) = (&mut self.stream, &mut self.buf);
+        let mut dropped = 0;
+        let draining = async {
+            while dropped < LINGER_BYTES {
+                buf.clear();
+                buf.reserve(CHUNK);
+                match stream.read_buf(buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => dropped += n,
+                }
+            }
+        };
+        // A stopping server does not wait for it.
+        tokio::select! {
+            _ = tokio::time::timeout(LINGER, draining) => {}
+            () = closed(&mut self.closing) => {}
+        }
+    }
+}
+
+/// Serves an HTTP/2 client (prior knowledge: [`Client::sniff`] said so)
+/// with hyper and `service` until it closes, or the server stops (then
+/// gracefully: the streams in flight are answered first).
+pub(crate) async fn serve_h2<S, B>(client: Client, service: S)
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let peer = client.peer;
+    let mut closing = client.closing;
+    let io = TokioIo::new(Prefixed {
+        prefix: client.buf.freeze(),
+        inner: client.stream,
+    });
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new());
+    let mut conn = std::pin::pin!(builder.serve_connection(io, service));
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = closed(&mut closing) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection closed with an error");
+    }
+}
+
+/// An RFC 9457 problem body.
+pub(crate) fn problem_json(status: StatusCode, detail: &str) -> String {
+    serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    })
+    .to_string()
+}
+
+/// Writes the status line and headers of a response with a whole body of
+/// `len` bytes: `headers` (but any framing or connection header of theirs),
+/// `Content-Length` and `Date` (the server is the response's origin, RFC
+/// 9110 section 6.6.1), without the blank line that ends the head.
+pub(crate) fn put_answer_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    len: usize,
+) {
+    wire::put_status_line(out, status);
+    for (name, value) in headers {
+        if name != header::CONTENT_LENGTH
+            && name != header::CONNECTION
+            && name != header::TRANSFER_ENCODING
+            && name != header::DATE
+        {
+            wire::put_header(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    out.extend_from_slice(b"content-length: ");
+    wire::put_u64(out, len as u64);
+    out.extend_from_slice(b"\r\n");
+    put_date(out);
+}
+
+/// Appends a `Date` header line for now.
+pub(crate) fn put_date(out: &mut Vec<u8>) {
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+    wire::put_header(out, b"date", date.as_bytes());
+}
+
+/// Returns once `deadline` has passed; never without one.
+pub(crate) async fn passed(deadline: &mut Option<Deadline>) {
+    match deadline {
+        Some(deadline) => deadline.passed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Returns once the server is stopping.
+pub(crate) async fn closed(closing: &mut watch::Receiver<bool>) {
+    // An error means the server is gone: stopping too.
+    let _ = closing.wait_for(|&c| c).await;
+}
+
+/// Polls `fut` once.
+fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>, cx: &mut Context<'_>) -> Option<F::Output> {
+    match fut.poll(cx) {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => None,
+    }
+}
+
+/// The client's connection with the bytes already read from it put back
+/// in front, for hyper.
+pub(crate) struct Prefixed {
+    prefix: Bytes,
+    inner: TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
