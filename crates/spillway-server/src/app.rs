@@ -6,6 +6,7 @@
 //! (400 for input that can never be decided, 401/404 for the admin API, 503
 //! when the store cannot decide); bad input is never a 500.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -22,6 +23,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use spillway::Decision;
 use spillway::store::{Check, RuleId, Store, StoreError as _};
 use spillway_redis::OnError;
 use spillway_tower::{Action, ClientAddr, Decided, Outcome, RuleDecision, Verdict};
@@ -189,15 +191,16 @@ fn ms(d: Duration) -> u64 {
 /// forms, told apart afterwards (see [`CheckBody::into_check`]).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CheckBody {
-    #[serde(default)]
-    rule: Option<String>,
-    #[serde(default)]
-    key: Option<String>,
+struct CheckBody<'a> {
+    // Borrowed from the body unless escaped.
+    #[serde(default, borrow)]
+    rule: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    key: Option<Cow<'a, str>>,
     #[serde(default)]
     cost: Option<serde_json::Number>,
-    #[serde(default)]
-    tier: Option<String>,
+    #[serde(default, borrow)]
+    tier: Option<Cow<'a, str>>,
     #[serde(default)]
     method: Option<String>,
     #[serde(default)]
@@ -211,21 +214,21 @@ struct CheckBody {
 }
 
 /// What `POST /v1/check` was asked.
-enum CheckKind {
+enum CheckKind<'a> {
     /// `{"rule", "key", "cost", "tier"}`: one rule, one key, decided by the
     /// store.
-    Rule(RuleCheck),
+    Rule(RuleCheck<'a>),
     /// `{"method", "path", "host", "headers", "ip"}`: a request, decided as
     /// the middleware would.
     Request(RequestCheck),
 }
 
 #[derive(Debug)]
-struct RuleCheck {
-    rule: String,
-    key: String,
+struct RuleCheck<'a> {
+    rule: Cow<'a, str>,
+    key: Cow<'a, str>,
     cost: Option<serde_json::Number>,
-    tier: Option<String>,
+    tier: Option<Cow<'a, str>>,
 }
 
 #[derive(Debug)]
@@ -244,11 +247,11 @@ enum HeaderValues {
     Many(Vec<String>),
 }
 
-impl CheckBody {
+impl<'a> CheckBody<'a> {
     /// Which form the body is: a rule check has `rule`, a request
     /// description `path` or `method`; a field of the other form is an
     /// error, as is a missing one.
-    fn into_check(self) -> Result<CheckKind, String> {
+    fn into_check(self) -> Result<CheckKind<'a>, String> {
         let present = |fields: &[(&'static str, bool)]| {
             fields
                 .iter()
@@ -370,7 +373,7 @@ fn rule_index(engine: &Engine, rule: &str) -> Option<usize> {
         .position(|r| r.name() == rule)
 }
 
-async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Answer {
+async fn check_rule(state: &State, engine: &Engine, c: RuleCheck<'_>) -> Answer {
     let Some(index) = rule_index(engine, &c.rule) else {
         return bad_request(format!("Unknown rule `{}`.", c.rule));
     };
@@ -408,7 +411,10 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Answer {
             policy.rule_id(index, Some(tier))
         }
     };
-    let used_tier = c.tier.clone().filter(|_| id != policy.rule_id(index, None));
+    let used_tier = c
+        .tier
+        .as_deref()
+        .filter(|_| id != policy.rule_id(index, None));
     let rule = &policy.rules()[index];
     let checks = [Check {
         rule: id,
@@ -446,7 +452,7 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Answer {
         match action {
             Action::Reject => (
                 Verdict::Rejected {
-                    rule: c.rule.clone(),
+                    rule: c.rule.to_string(),
                     retry_after: decision.retry_after.unwrap_or(Duration::from_secs(1)),
                 },
                 Outcome::Rejected,
@@ -455,14 +461,14 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Answer {
                 Verdict::Admitted {
                     delay: Duration::ZERO,
                     limited: Vec::new(),
-                    shadowed: vec![c.rule.clone()],
+                    shadowed: vec![c.rule.to_string()],
                 },
                 Outcome::Shadowed,
             ),
             Action::Degrade => (
                 Verdict::Admitted {
                     delay: Duration::ZERO,
-                    limited: vec![c.rule.clone()],
+                    limited: vec![c.rule.to_string()],
                     shadowed: Vec::new(),
                 },
                 Outcome::Degraded,
@@ -470,16 +476,16 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck) -> Answer {
         }
     };
     state.metrics.decision(rule.name(), outcome);
-    let headers = policy.decision_headers(index, used_tier.as_deref(), &decision);
-    let rules = vec![RuleDecision {
-        rule: c.rule,
+    let headers = policy.decision_headers(index, used_tier, &decision);
+    let view = RuleView {
+        rule: &c.rule,
         tier: used_tier,
-        key: c.key,
+        key: &c.key,
         cost,
         action,
-        decision,
-    }];
-    decision_response(&verdict, &rules, headers)
+        decision: &decision,
+    };
+    decision_response(&verdict, [view], headers)
 }
 
 async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
@@ -544,42 +550,41 @@ async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
         Verdict::Unavailable(_) => {
             unavailable("The rate limiter cannot reach its store; try again shortly.")
         }
-        _ => decision_response(&verdict, &rules, headers),
+        _ => decision_response(&verdict, rules.iter().map(RuleView::from), headers),
     }
 }
 
-/// The 200 answer of `/v1/check` (see docs/openapi.json).
-#[derive(Serialize)]
-struct DecisionBody<'a> {
-    allowed: bool,
-    status: u16,
-    denied_by: Option<&'a str>,
-    retry_after_ms: Option<u64>,
-    delay_ms: u64,
-    limited: &'a [String],
-    shadowed: &'a [String],
-    rules: Vec<RuleBody<'a>>,
-}
-
-/// One rule's decision in a [`DecisionBody`].
-#[derive(Serialize)]
-struct RuleBody<'a> {
+/// One rule's decision, as the answer of `/v1/check` reports it.
+struct RuleView<'a> {
     rule: &'a str,
     tier: Option<&'a str>,
     key: &'a str,
     cost: u64,
-    action: &'static str,
-    allowed: bool,
-    limit: u64,
-    remaining: u64,
-    reset_after_ms: u64,
-    retry_after_ms: Option<u64>,
-    delay_ms: u64,
+    action: Action,
+    decision: &'a Decision,
+}
+
+impl<'a> From<&'a RuleDecision> for RuleView<'a> {
+    fn from(r: &'a RuleDecision) -> Self {
+        Self {
+            rule: &r.rule,
+            tier: r.tier.as_deref(),
+            key: &r.key,
+            cost: r.cost,
+            action: r.action,
+            decision: &r.decision,
+        }
+    }
 }
 
 /// The 200 answer of `/v1/check`: the verdict, every rule's decision, and
-/// the rate-limit headers the middleware would have sent.
-fn decision_response(verdict: &Verdict, rules: &[RuleDecision], headers: HeaderMap) -> Answer {
+/// the rate-limit headers the middleware would have sent. The JSON (see
+/// docs/openapi.json) is written field by field, in the documented order.
+fn decision_response<'a>(
+    verdict: &Verdict,
+    rules: impl IntoIterator<Item = RuleView<'a>>,
+    headers: HeaderMap,
+) -> Answer {
     let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match verdict {
         Verdict::Rejected { rule, retry_after } => (
             false,
@@ -605,38 +610,111 @@ fn decision_response(verdict: &Verdict, rules: &[RuleDecision], headers: HeaderM
         ),
         _ => (true, 200, None, None, 0, &[][..], &[][..]),
     };
-    let rules: Vec<RuleBody<'_>> = rules
-        .iter()
-        .map(|r| {
-            let d = &r.decision;
-            RuleBody {
-                rule: &r.rule,
-                tier: r.tier.as_deref(),
-                key: &r.key,
-                cost: r.cost,
-                action: r.action.name(),
-                allowed: d.allowed,
-                limit: d.limit,
-                remaining: d.remaining,
-                reset_after_ms: ms(d.reset_after),
-                retry_after_ms: d.retry_after.map(ms),
-                delay_ms: ms(d.delay),
+    let mut out = Json(Vec::with_capacity(512));
+    out.raw("{\"allowed\":");
+    out.bool(allowed);
+    out.raw(",\"status\":");
+    out.u64(status);
+    out.raw(",\"denied_by\":");
+    out.opt_str(denied_by);
+    out.raw(",\"retry_after_ms\":");
+    out.opt_u64(retry_after);
+    out.raw(",\"delay_ms\":");
+    out.u64(delay);
+    out.raw(",\"limited\":");
+    out.strs(limited);
+    out.raw(",\"shadowed\":");
+    out.strs(shadowed);
+    out.raw(",\"rules\":[");
+    for (i, r) in rules.into_iter().enumerate() {
+        let d = r.decision;
+        out.raw(if i == 0 { "{\"rule\":" } else { ",{\"rule\":" });
+        out.str(r.rule);
+        out.raw(",\"tier\":");
+        out.opt_str(r.tier);
+        out.raw(",\"key\":");
+        out.str(r.key);
+        out.raw(",\"cost\":");
+        out.u64(r.cost);
+        out.raw(",\"action\":");
+        out.str(r.action.name());
+        out.raw(",\"allowed\":");
+        out.bool(d.allowed);
+        out.raw(",\"limit\":");
+        out.u64(d.limit);
+        out.raw(",\"remaining\":");
+        out.u64(d.remaining);
+        out.raw(",\"reset_after_ms\":");
+        out.u64(ms(d.reset_after));
+        out.raw(",\"retry_after_ms\":");
+        out.opt_u64(d.retry_after.map(ms));
+        out.raw(",\"delay_ms\":");
+        out.u64(ms(d.delay));
+        out.raw("}");
+    }
+    out.raw("]}");
+    Answer {
+        status: StatusCode::OK,
+        content_type: "application/json",
+        headers,
+        body: out.0,
+    }
+}
+
+/// JSON written by hand, value by value.
+struct Json(Vec<u8>);
+
+impl Json {
+    fn raw(&mut self, text: &str) {
+        self.0.extend_from_slice(text.as_bytes());
+    }
+
+    fn bool(&mut self, b: bool) {
+        self.raw(if b { "true" } else { "false" });
+    }
+
+    fn u64(&mut self, n: u64) {
+        crate::http1::wire::put_u64(&mut self.0, n);
+    }
+
+    fn opt_u64(&mut self, n: Option<u64>) {
+        match n {
+            Some(n) => self.u64(n),
+            None => self.raw("null"),
+        }
+    }
+
+    /// A string, escaped as JSON requires (by serde_json when it needs
+    /// escaping at all).
+    fn str(&mut self, s: &str) {
+        let plain = s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\');
+        if plain {
+            self.0.push(b'"');
+            self.0.extend_from_slice(s.as_bytes());
+            self.0.push(b'"');
+        } else {
+            // Writing into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut self.0, s);
+        }
+    }
+
+    fn opt_str(&mut self, s: Option<&str>) {
+        match s {
+            Some(s) => self.str(s),
+            None => self.raw("null"),
+        }
+    }
+
+    fn strs(&mut self, all: &[String]) {
+        self.raw("[");
+        for (i, s) in all.iter().enumerate() {
+            if i > 0 {
+                self.raw(",");
             }
-        })
-        .collect();
-    let body = DecisionBody {
-        allowed,
-        status,
-        denied_by,
-        retry_after_ms: retry_after,
-        delay_ms: delay,
-        limited,
-        shadowed,
-        rules,
-    };
-    let mut answer = Answer::json(StatusCode::OK, &body);
-    answer.headers = headers;
-    answer
+            self.str(s);
+        }
+        self.raw("]");
+    }
 }
 
 // ---- health, metrics, OpenAPI ------------------------------------------
@@ -851,4 +929,76 @@ async fn admin_reset(
         StatusCode::OK,
         &json!({ "rule": rule, "key": key, "reset": reset, "held": held }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-written JSON of a decision reads back as the documented
+    /// fields, whatever the strings hold.
+    #[test]
+    fn a_decision_is_written_as_json_that_reads_back() {
+        let decision = Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 0,
+            reset_after: Duration::from_micros(1_500),
+            retry_after: Some(Duration::from_micros(999)),
+            delay: Duration::ZERO,
+        };
+        let odd = "a \"quoted\" key\\ with\nnewline, tab\t, \u{1} and é ✓";
+        let rules = [
+            RuleView {
+                rule: "plain",
+                tier: None,
+                key: odd,
+                cost: 3,
+                action: Action::Reject,
+                decision: &decision,
+            },
+            RuleView {
+                rule: "second",
+                tier: Some("pro"),
+                key: "k",
+                cost: 0,
+                action: Action::Shadow,
+                decision: &decision,
+            },
+        ];
+        let verdict = Verdict::Rejected {
+            rule: "plain".to_string(),
+            retry_after: Duration::from_millis(2),
+        };
+        let answer = decision_response(&verdict, rules, HeaderMap::new());
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("valid JSON");
+        let rule = |name: &str, tier: Option<&str>, key: &str, cost: u64, action: &str| {
+            json!({
+                "rule": name, "tier": tier, "key": key, "cost": cost, "action": action,
+                "allowed": false, "limit": 10, "remaining": 0, "reset_after_ms": 2,
+                "retry_after_ms": 1, "delay_ms": 0,
+            })
+        };
+        let expected = json!({
+            "allowed": false, "status": 429, "denied_by": "plain", "retry_after_ms": 2,
+            "delay_ms": 0, "limited": [], "shadowed": [],
+            "rules": [
+                rule("plain", None, odd, 3, "reject"),
+                rule("second", Some("pro"), "k", 0, "shadow"),
+            ],
+        });
+        assert_eq!(body, expected);
+        let admitted = Verdict::Admitted {
+            delay: Duration::from_micros(1),
+            limited: vec!["x\"y".to_string(), "z".to_string()],
+            shadowed: vec!["w".to_string()],
+        };
+        let answer = decision_response(&admitted, [], HeaderMap::new());
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("valid JSON");
+        let expected = json!({
+            "allowed": true, "status": 200, "denied_by": null, "retry_after_ms": null,
+            "delay_ms": 1, "limited": ["x\"y", "z"], "shadowed": ["w"], "rules": [],
+        });
+        assert_eq!(body, expected);
+    }
 }

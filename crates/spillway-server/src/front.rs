@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
 use crate::app::{MAX_BODY_BYTES, app, check_answer, routes};
-use crate::http1::wire::{self, Chunked, Framing, RequestHead};
+use crate::http1::wire::{self, Chunked, Framing, RequestHead, WireError};
 use crate::http1::{self, Client, Lifetime, put_answer_head};
 use crate::server::State;
 
@@ -83,6 +83,14 @@ async fn serve_connection(front: Arc<Front>, stream: TcpStream, peer: SocketAddr
     }
 }
 
+/// Whether a request target is `/v1/check` (origin form, with or without
+/// a query); any other form goes through the router.
+fn is_check(target: &[u8]) -> bool {
+    target
+        .strip_prefix(b"/v1/check")
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'?')
+}
+
 /// One client connection.
 struct Conn {
     front: Arc<Front>,
@@ -106,30 +114,22 @@ impl Conn {
             return Ok(false);
         };
         let head = self.client.buf.split_to(head_len).freeze();
-        let RequestHead {
-            parts,
-            framing,
-            keep_alive,
-            expects_continue,
-        } = match wire::parse_request(&head) {
-            Ok(request) => request,
-            Err(e) => {
-                tracing::debug!(peer = %self.client.peer, error = %e, "refused a request");
-                self.client.answer_error(e.status(), &e.to_string()).await?;
-                return Ok(false);
-            }
+        // The line alone first: a check needs none of the headers.
+        let line = match wire::parse_request_line(&head) {
+            Ok(line) => line,
+            Err(e) => return self.refuse(&e).await,
         };
         // In flight from its head on, as in hyper and axum.
         let _in_flight = self.front.state.metrics.in_flight();
-        let Some(body) = self.read_body(framing, expects_continue).await? else {
+        let Some(body) = self.read_body(line.framing, line.expects_continue).await? else {
             return Ok(false);
         };
         let exchange = Exchange {
-            keep_alive: keep_alive && !self.client.is_closing(),
-            version: parts.version,
-            head_only: parts.method == Method::HEAD,
+            keep_alive: line.keep_alive && !self.client.is_closing(),
+            version: line.version,
+            head_only: line.method == Method::HEAD,
         };
-        if parts.method == Method::POST && parts.uri.path() == "/v1/check" {
+        if line.method == Method::POST && is_check(&line.target) {
             let state = &self.front.state;
             let Some(answer) = self
                 .client
@@ -146,6 +146,10 @@ impl Conn {
                 .await?;
             return Ok(exchange.keep_alive);
         }
+        let parts = match wire::parse_request(&head) {
+            Ok(RequestHead { parts, .. }) => parts,
+            Err(e) => return self.refuse(&e).await,
+        };
         let request = Request::from_parts(parts, axum::body::Body::from(body));
         let routed = self.front.routes.clone().oneshot(request);
         let Some(Ok(response)) = self.client.until_decided(routed).await? else {
@@ -170,6 +174,13 @@ impl Conn {
         self.respond(response.status, &response.headers, &body, len, &exchange)
             .await?;
         Ok(exchange.keep_alive)
+    }
+
+    /// Answers a request whose head cannot be read, and closes.
+    async fn refuse(&mut self, e: &WireError) -> io::Result<bool> {
+        tracing::debug!(peer = %self.client.peer, error = %e, "refused a request");
+        self.client.answer_error(e.status(), &e.to_string()).await?;
+        Ok(false)
     }
 
     /// Reads a request's whole body; `None` if it could not be (too large,

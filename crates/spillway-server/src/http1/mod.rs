@@ -469,10 +469,24 @@ pub(crate) fn put_answer_head(
     put_date(out);
 }
 
-/// Appends a `Date` header line for now.
+/// Appends a `Date` header line for now. The date is written once a second
+/// per thread (an HTTP date has one-second resolution).
 pub(crate) fn put_date(out: &mut Vec<u8>) {
-    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
-    wire::put_header(out, b"date", date.as_bytes());
+    thread_local! {
+        static DATE: std::cell::RefCell<(u64, String)> =
+            const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = std::time::SystemTime::now();
+    let second = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|(at, date)| {
+        if *at != second {
+            *at = second;
+            *date = httpdate::fmt_http_date(now);
+        }
+        wire::put_header(out, b"date", date.as_bytes());
+    });
 }
 
 /// Returns once `deadline` has passed; never without one.

@@ -94,8 +94,51 @@ pub(crate) struct RequestHead {
     pub(crate) expects_continue: bool,
 }
 
+/// A request head's line and what its headers say of the message, without
+/// the headers themselves (see [`parse_request_line`]).
+#[derive(Debug)]
+pub(crate) struct RequestLine {
+    pub(crate) method: Method,
+    /// The request target, as sent.
+    pub(crate) target: Bytes,
+    pub(crate) version: Version,
+    pub(crate) framing: Framing,
+    pub(crate) keep_alive: bool,
+    /// `Expect: 100-continue` was sent.
+    pub(crate) expects_continue: bool,
+}
+
 /// Parses a complete request head (`head` ends with its blank line).
 pub(crate) fn parse_request(head: &Bytes) -> Result<RequestHead, WireError> {
+    parse_head(head, |line, lines| {
+        let uri = Uri::from_maybe_shared(line.target)
+            .map_err(|_| WireError::Malformed("bad request target"))?;
+        let (mut parts, ()) = Request::new(()).into_parts();
+        parts.method = line.method;
+        parts.uri = uri;
+        parts.version = line.version;
+        parts.headers = header_map(head, lines)?;
+        Ok(RequestHead {
+            parts,
+            framing: line.framing,
+            keep_alive: line.keep_alive,
+            expects_continue: line.expects_continue,
+        })
+    })
+}
+
+/// Parses a complete request head as [`parse_request`] does, and checks it
+/// the same way, but keeps only its line and what its headers say of the
+/// message: for a server that does not need the headers themselves.
+pub(crate) fn parse_request_line(head: &Bytes) -> Result<RequestLine, WireError> {
+    parse_head(head, |line, _| Ok(line))
+}
+
+/// Parses `head` and hands its line and header lines to `then`.
+fn parse_head<R>(
+    head: &Bytes,
+    then: impl FnOnce(RequestLine, &[httparse::Header<'_>]) -> Result<R, WireError>,
+) -> Result<R, WireError> {
     // Not zeroed: httparse writes the lines it returns.
     let mut lines =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -111,31 +154,28 @@ pub(crate) fn parse_request(head: &Bytes) -> Result<RequestHead, WireError> {
     };
     let method =
         Method::from_bytes(method.as_bytes()).map_err(|_| WireError::Malformed("bad method"))?;
-    let uri = Uri::from_maybe_shared(head.slice_ref(target.as_bytes()))
-        .map_err(|_| WireError::Malformed("bad request target"))?;
     let version = if minor == 0 {
         Version::HTTP_10
     } else {
         Version::HTTP_11
     };
-    let headers = header_map(head, req.headers)?;
-    let framing = request_framing(&headers, version)?;
-    let keep_alive = keeps_alive(&headers, version);
+    let lines: &[httparse::Header<'_>] = req.headers;
+    let framing = request_framing(lines, version)?;
+    let keep_alive = keeps_alive(lines, version);
     let expects_continue = version == Version::HTTP_11
-        && headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let (mut parts, ()) = Request::new(()).into_parts();
-    parts.method = method;
-    parts.uri = uri;
-    parts.version = version;
-    parts.headers = headers;
-    Ok(RequestHead {
-        parts,
+        && lines
+            .values(&header::EXPECT)
+            .next()
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"));
+    let line = RequestLine {
+        method,
+        target: head.slice_ref(target.as_bytes()),
+        version,
         framing,
         keep_alive,
         expects_continue,
-    })
+    };
+    then(line, lines)
 }
 
 /// The headers of a parsed head, their values sharing `head`'s memory.
@@ -152,13 +192,33 @@ fn header_map(head: &Bytes, lines: &[httparse::Header<'_>]) -> Result<HeaderMap,
     Ok(headers)
 }
 
+/// Header lines looked up by name: a [`HeaderMap`], or a head's lines as
+/// httparse left them.
+pub(crate) trait Lines {
+    /// The values of the `name` lines, in order.
+    fn values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a;
+}
+
+impl Lines for HeaderMap {
+    fn values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.get_all(name).into_iter().map(HeaderValue::as_bytes)
+    }
+}
+
+impl Lines for [httparse::Header<'_>] {
+    fn values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.iter()
+            .filter(|line| line.name.eq_ignore_ascii_case(name.as_str()))
+            .map(|line| line.value)
+    }
+}
+
 /// Whether the sender of a message with these headers keeps the
 /// connection open after it (RFC 9112 section 9.3).
-pub(crate) fn keeps_alive(headers: &HeaderMap, version: Version) -> bool {
+pub(crate) fn keeps_alive(headers: &(impl Lines + ?Sized), version: Version) -> bool {
     let has = |token: &[u8]| {
-        headers.get_all(header::CONNECTION).iter().any(|v| {
-            v.as_bytes()
-                .split(|&b| b == b',')
+        headers.values(&header::CONNECTION).any(|v| {
+            v.split(|&b| b == b',')
                 .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
         })
     };
@@ -172,14 +232,17 @@ pub(crate) fn keeps_alive(headers: &HeaderMap, version: Version) -> bool {
 /// A request's body framing (RFC 9112 section 6.3): chunked, a length, or
 /// none. Anything a proxy could read differently from its upstream (both
 /// headers, conflicting lengths, another coding) is refused.
-fn request_framing(headers: &HeaderMap, version: Version) -> Result<Framing, WireError> {
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+fn request_framing(
+    headers: &(impl Lines + ?Sized),
+    version: Version,
+) -> Result<Framing, WireError> {
+    if headers.values(&header::TRANSFER_ENCODING).next().is_some() {
         if version == Version::HTTP_10 {
             return Err(WireError::Framing(
                 "Transfer-Encoding in an HTTP/1.0 request",
             ));
         }
-        if headers.contains_key(header::CONTENT_LENGTH) {
+        if headers.values(&header::CONTENT_LENGTH).next().is_some() {
             return Err(WireError::Framing(
                 "both Content-Length and Transfer-Encoding",
             ));
@@ -198,11 +261,10 @@ fn request_framing(headers: &HeaderMap, version: Version) -> Result<Framing, Wir
 
 /// `Transfer-Encoding` says exactly `chunked` (the relay passes chunked
 /// bodies through and decodes no other coding).
-fn only_chunked(headers: &HeaderMap) -> bool {
+fn only_chunked(headers: &(impl Lines + ?Sized)) -> bool {
     let mut codings = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .values(&header::TRANSFER_ENCODING)
+        .flat_map(|v| v.split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
         .filter(|t| !t.is_empty());
     codings
@@ -213,10 +275,10 @@ fn only_chunked(headers: &HeaderMap) -> bool {
 
 /// `Content-Length`, if present: every line and list member the same
 /// decimal number.
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, WireError> {
+fn content_length(headers: &(impl Lines + ?Sized)) -> Result<Option<u64>, WireError> {
     let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for member in value.as_bytes().split(|&b| b == b',') {
+    for value in headers.values(&header::CONTENT_LENGTH) {
+        for member in value.split(|&b| b == b',') {
             let digits = member.trim_ascii();
             if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) || digits.len() > 19 {
                 return Err(WireError::Framing("an invalid Content-Length"));
