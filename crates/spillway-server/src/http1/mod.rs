@@ -151,7 +151,7 @@ pub(crate) struct Client {
     pub(crate) deadline: Option<Deadline>,
     /// When the last request head started to be read.
     pub(crate) started: Instant,
-    pub(crate) closing: watch::Receiver<bool>,
+    pub(crate) closing: Closing,
 }
 
 impl Client {
@@ -168,13 +168,13 @@ impl Client {
             out: Vec::with_capacity(4 * 1024),
             deadline: Some(Deadline::new(Instant::now() + HEAD_TIMEOUT)),
             started: Instant::now(),
-            closing,
+            closing: Closing::new(closing),
         }
     }
 
     /// Whether the server is stopping.
     pub(crate) fn is_closing(&self) -> bool {
-        *self.closing.borrow()
+        self.closing.is_closing()
     }
 
     /// Reads the first bytes: whether the client speaks HTTP/2 (prior
@@ -190,7 +190,7 @@ impl Client {
             }
             let read = tokio::select! {
                 read = tokio::time::timeout(HEAD_TIMEOUT, self.stream.read_buf(&mut self.buf)) => read,
-                () = closed(&mut self.closing) => return Ok(false),
+                () = self.closing.wait() => return Ok(false),
             };
             match read {
                 Ok(Ok(0)) => return Ok(false),
@@ -240,7 +240,7 @@ impl Client {
                 biased;
                 read = self.stream.read_buf(&mut self.buf) => read?,
                 () = passed(&mut self.deadline) => return Ok(None),
-                () = closed(&mut self.closing), if idle => return Ok(None),
+                () = self.closing.wait(), if idle => return Ok(None),
             };
             if read == 0 {
                 return Ok(None);
@@ -394,7 +394,7 @@ impl Client {
         // A stopping server does not wait for it.
         tokio::select! {
             _ = tokio::time::timeout(LINGER, draining) => {}
-            () = closed(&mut self.closing) => {}
+            () = self.closing.wait() => {}
         }
     }
 }
@@ -422,7 +422,7 @@ where
     let mut conn = std::pin::pin!(builder.serve_connection(io, service));
     let result = tokio::select! {
         result = conn.as_mut() => result,
-        () = closed(&mut closing) => {
+        () = closing.wait() => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -497,10 +497,41 @@ pub(crate) async fn passed(deadline: &mut Option<Deadline>) {
     }
 }
 
-/// Returns once the server is stopping.
-pub(crate) async fn closed(closing: &mut watch::Receiver<bool>) {
-    // An error means the server is gone: stopping too.
-    let _ = closing.wait_for(|&c| c).await;
+/// Whether the server is stopping, and a wait for it that a connection
+/// keeps for its whole life: it is registered once, not at every request
+/// head it waits for.
+pub(crate) struct Closing {
+    closing: watch::Receiver<bool>,
+    wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+    closed: bool,
+}
+
+impl Closing {
+    fn new(closing: watch::Receiver<bool>) -> Self {
+        let mut seen = closing.clone();
+        Self {
+            closing,
+            wait: Box::pin(async move {
+                // An error means the server is gone: stopping too.
+                let _ = seen.wait_for(|&c| c).await;
+            }),
+            closed: false,
+        }
+    }
+
+    /// Whether the server is stopping.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closed || *self.closing.borrow()
+    }
+
+    /// Returns once the server is stopping. Cancel-safe, and can be called
+    /// again after it returned.
+    pub(crate) async fn wait(&mut self) {
+        if !self.closed {
+            self.wait.as_mut().await;
+            self.closed = true;
+        }
+    }
 }
 
 /// Polls `fut` once.
