@@ -106,6 +106,10 @@ pub(crate) struct Answer {
     pub(crate) content_type: &'static str,
     /// The headers besides `Content-Type` (rate-limit headers, `Retry-After`).
     pub(crate) headers: HeaderMap,
+    /// More headers, as HTTP/1.1 header lines (`name: value` and CRLF):
+    /// the rate-limit headers of a rule check, written this way to be
+    /// copied straight into a response head.
+    pub(crate) lines: Vec<u8>,
     pub(crate) body: Vec<u8>,
 }
 
@@ -120,6 +124,7 @@ impl Answer {
             status,
             content_type: "application/json",
             headers: HeaderMap::new(),
+            lines: Vec::new(),
             body,
         }
     }
@@ -136,6 +141,7 @@ impl Answer {
             status,
             content_type: "application/problem+json",
             headers: HeaderMap::new(),
+            lines: Vec::new(),
             body: body.to_string().into_bytes(),
         }
     }
@@ -147,6 +153,19 @@ impl IntoResponse for Answer {
         let headers = res.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(self.content_type));
         headers.extend(self.headers);
+        for line in self.lines.split(|&b| b == b'\n') {
+            let line = line.trim_ascii_end();
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
+                continue;
+            };
+            let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii_start());
+            // Lines we wrote ourselves: valid names and values.
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+            {
+                headers.append(name, value);
+            }
+        }
         res
     }
 }
@@ -476,7 +495,8 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck<'_>) -> Answer 
         }
     };
     state.metrics.decision(rule.name(), outcome);
-    let headers = policy.decision_headers(index, used_tier, &decision);
+    let mut lines = Vec::with_capacity(192);
+    policy.write_decision_header_lines(index, used_tier, &decision, &mut lines);
     let view = RuleView {
         rule: &c.rule,
         tier: used_tier,
@@ -485,7 +505,9 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck<'_>) -> Answer 
         action,
         decision: &decision,
     };
-    decision_response(&verdict, [view], headers)
+    let mut answer = decision_response(&verdict, [view], HeaderMap::new());
+    answer.lines = lines;
+    answer
 }
 
 async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
@@ -657,6 +679,7 @@ fn decision_response<'a>(
         status: StatusCode::OK,
         content_type: "application/json",
         headers,
+        lines: Vec::new(),
         body: out.0,
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
+use http::header::HeaderMap;
 use http::{Method, Request, StatusCode, Version};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
@@ -97,6 +97,15 @@ struct Conn {
     client: Client,
 }
 
+/// A response's status and headers.
+struct Head<'a> {
+    status: StatusCode,
+    content_type: Option<&'static str>,
+    headers: &'a HeaderMap,
+    /// Header lines written already.
+    lines: &'a [u8],
+}
+
 /// What the response to a request depends on besides its answer.
 struct Exchange {
     /// The connection stays open after it.
@@ -139,11 +148,14 @@ impl Conn {
                 // The client left while its check was waited for.
                 return Ok(false);
             };
-            let mut headers = answer.headers;
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+            let head = Head {
+                status: answer.status,
+                content_type: Some(answer.content_type),
+                headers: &answer.headers,
+                lines: &answer.lines,
+            };
             let len = answer.body.len();
-            self.respond(answer.status, &headers, &answer.body, len, &exchange)
-                .await?;
+            self.respond(head, &answer.body, len, &exchange).await?;
             return Ok(exchange.keep_alive);
         }
         let parts = match wire::parse_request(&head) {
@@ -171,8 +183,13 @@ impl Conn {
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .filter(|_| exchange.head_only)
             .unwrap_or(body.len());
-        self.respond(response.status, &response.headers, &body, len, &exchange)
-            .await?;
+        let head = Head {
+            status: response.status,
+            content_type: None,
+            headers: &response.headers,
+            lines: &[],
+        };
+        self.respond(head, &body, len, &exchange).await?;
         Ok(exchange.keep_alive)
     }
 
@@ -261,15 +278,18 @@ impl Conn {
     /// but for a HEAD request).
     async fn respond(
         &mut self,
-        status: StatusCode,
-        headers: &HeaderMap,
+        head: Head<'_>,
         body: &[u8],
         len: usize,
         exchange: &Exchange,
     ) -> io::Result<()> {
         let out = &mut self.client.out;
         out.clear();
-        put_answer_head(out, status, headers, len);
+        put_answer_head(out, head.status, head.headers, len);
+        if let Some(content_type) = head.content_type {
+            wire::put_header(out, b"content-type", content_type.as_bytes());
+        }
+        out.extend_from_slice(head.lines);
         if !exchange.keep_alive {
             out.extend_from_slice(b"connection: close\r\n");
         } else if exchange.version == Version::HTTP_10 {

@@ -128,87 +128,191 @@ pub(crate) fn write(
     applied: &[Applied<'_>],
     restrictive: usize,
 ) {
-    let Some(main) = applied.get(restrictive) else {
+    let Some(made) = Made::new(options, applied, restrictive) else {
         return;
     };
-    let d = &main.decision;
-    let made = main.presented();
+    let Made {
+        values,
+        limit,
+        remaining,
+        reset,
+        policy,
+        current,
+    } = made;
     headers.reserve(5);
     // The values made for this response share one buffer (one allocation
     // rather than three); each header gets a slice of it.
-    let mut values = BytesMut::with_capacity(48 + main.name.len());
-    let mut digits = itoa::Buffer::new();
-    let put = |values: &mut BytesMut, text: &[u8]| {
-        let start = values.len();
-        values.extend_from_slice(text);
-        start..values.len()
-    };
-    let (remaining, reset) = if options.legacy {
-        let reset = match options.reset {
-            ResetFormat::Delta => ceil_secs(d.reset_after),
-            ResetFormat::Unix => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default();
-                ceil_secs(now + d.reset_after)
-            }
-        };
-        let remaining = put(&mut values, digits.format(d.remaining).as_bytes());
-        (
-            Some(remaining),
-            Some(put(&mut values, digits.format(reset).as_bytes())),
-        )
-    } else {
-        (None, None)
-    };
-    let current = options.ietf.then(|| {
-        let start = values.len();
-        values.extend_from_slice(main.name.as_bytes());
-        push_param(&mut values, "r", d.remaining);
-        push_param(&mut values, "t", ceil_secs(d.reset_after));
-        start..values.len()
-    });
     let values = values.freeze();
     let value =
         |range: std::ops::Range<usize>| HeaderValue::from_maybe_shared(values.slice(range)).ok();
-    if options.legacy {
-        let limit = made.map_or_else(|| HeaderValue::from(d.limit), |p| p.limit_value.clone());
+    if let Some(limit) = limit {
+        let limit = match limit {
+            Limit::Made(v) => v,
+            Limit::Number(n) => HeaderValue::from(n),
+        };
         headers.insert(X_RATELIMIT_LIMIT, limit);
-        if let Some(v) = remaining.and_then(value) {
-            headers.insert(X_RATELIMIT_REMAINING, v);
-        }
-        if let Some(v) = reset.and_then(value) {
-            headers.insert(X_RATELIMIT_RESET, v);
+    }
+    if let Some(v) = remaining.and_then(value) {
+        headers.insert(X_RATELIMIT_REMAINING, v);
+    }
+    if let Some(v) = reset.and_then(value) {
+        headers.insert(X_RATELIMIT_RESET, v);
+    }
+    let policy = policy.and_then(|p| match p {
+        Policy::Made(v) => Some(v),
+        Policy::Range(range) => value(range),
+    });
+    if let Some(v) = policy {
+        headers.insert(RATELIMIT_POLICY, v);
+    }
+    if let Some(v) = current.and_then(value) {
+        headers.insert(RATELIMIT, v);
+    }
+}
+
+/// Writes the same headers as [`write`] as HTTP/1.1 header lines
+/// (`name: value` and CRLF), for a server that writes its responses as
+/// bytes.
+pub(crate) fn write_lines(
+    out: &mut Vec<u8>,
+    options: &HeaderOptions,
+    applied: &[Applied<'_>],
+    restrictive: usize,
+) {
+    let Some(made) = Made::new(options, applied, restrictive) else {
+        return;
+    };
+    let mut line = |name: &HeaderName, value: &[u8]| {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    };
+    let values = &made.values[..];
+    if let Some(limit) = &made.limit {
+        match limit {
+            Limit::Made(v) => line(&X_RATELIMIT_LIMIT, v.as_bytes()),
+            Limit::Number(n) => line(
+                &X_RATELIMIT_LIMIT,
+                itoa::Buffer::new().format(*n).as_bytes(),
+            ),
         }
     }
-    if options.ietf {
-        let single = match (applied, made) {
-            ([_], Some(p)) => p.policy_value.clone(),
-            _ => None,
+    if let Some(range) = made.remaining {
+        line(&X_RATELIMIT_REMAINING, &values[range]);
+    }
+    if let Some(range) = made.reset {
+        line(&X_RATELIMIT_RESET, &values[range]);
+    }
+    match &made.policy {
+        Some(Policy::Made(v)) => line(&RATELIMIT_POLICY, v.as_bytes()),
+        Some(Policy::Range(range)) => line(&RATELIMIT_POLICY, &values[range.clone()]),
+        None => {}
+    }
+    if let Some(range) = made.current {
+        line(&RATELIMIT, &values[range]);
+    }
+}
+
+/// The rate-limit headers of one response, before they are written: the
+/// values made for it share one buffer, each header a range of it, or
+/// a value made in advance ([`Presented`]).
+struct Made {
+    values: BytesMut,
+    limit: Option<Limit>,
+    remaining: Option<std::ops::Range<usize>>,
+    reset: Option<std::ops::Range<usize>>,
+    policy: Option<Policy>,
+    current: Option<std::ops::Range<usize>>,
+}
+
+/// `X-RateLimit-Limit`: made in advance, or the decision's limit.
+enum Limit {
+    Made(HeaderValue),
+    Number(u64),
+}
+
+/// `RateLimit-Policy`: made in advance, or a range of the values.
+enum Policy {
+    Made(HeaderValue),
+    Range(std::ops::Range<usize>),
+}
+
+impl Made {
+    fn new(options: &HeaderOptions, applied: &[Applied<'_>], restrictive: usize) -> Option<Self> {
+        let main = applied.get(restrictive)?;
+        let d = &main.decision;
+        let made = main.presented();
+        let mut values = BytesMut::with_capacity(48 + main.name.len());
+        let mut digits = itoa::Buffer::new();
+        let put = |values: &mut BytesMut, text: &[u8]| {
+            let start = values.len();
+            values.extend_from_slice(text);
+            start..values.len()
         };
-        let policy = single.or_else(|| {
-            let mut policy = BytesMut::with_capacity(applied.len() * 32);
-            for (i, a) in applied.iter().enumerate() {
-                if i > 0 {
-                    policy.extend_from_slice(b", ");
+        let (limit, remaining, reset) = if options.legacy {
+            let reset = match options.reset {
+                ResetFormat::Delta => ceil_secs(d.reset_after),
+                ResetFormat::Unix => {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or_default();
+                    ceil_secs(now + d.reset_after)
                 }
-                match a.presented() {
-                    Some(p) => policy.extend_from_slice(p.policy_item.as_bytes()),
-                    None => {
-                        policy.extend_from_slice(a.name.as_bytes());
-                        push_param(&mut policy, "q", a.decision.limit);
-                        push_param(&mut policy, "w", a.window_secs);
+            };
+            let limit = made.map_or(Limit::Number(d.limit), |p| {
+                Limit::Made(p.limit_value.clone())
+            });
+            let remaining = put(&mut values, digits.format(d.remaining).as_bytes());
+            let reset = put(&mut values, digits.format(reset).as_bytes());
+            (Some(limit), Some(remaining), Some(reset))
+        } else {
+            (None, None, None)
+        };
+        let (policy, current) = if options.ietf {
+            let current = {
+                let start = values.len();
+                values.extend_from_slice(main.name.as_bytes());
+                push_param(&mut values, "r", d.remaining);
+                push_param(&mut values, "t", ceil_secs(d.reset_after));
+                start..values.len()
+            };
+            let single = match (applied, made) {
+                ([_], Some(p)) => p.policy_value.clone(),
+                _ => None,
+            };
+            let policy = single.map_or_else(
+                || {
+                    let start = values.len();
+                    for (i, a) in applied.iter().enumerate() {
+                        if i > 0 {
+                            values.extend_from_slice(b", ");
+                        }
+                        match a.presented() {
+                            Some(p) => values.extend_from_slice(p.policy_item.as_bytes()),
+                            None => {
+                                values.extend_from_slice(a.name.as_bytes());
+                                push_param(&mut values, "q", a.decision.limit);
+                                push_param(&mut values, "w", a.window_secs);
+                            }
+                        }
                     }
-                }
-            }
-            HeaderValue::from_maybe_shared(policy.freeze()).ok()
-        });
-        if let Some(v) = policy {
-            headers.insert(RATELIMIT_POLICY, v);
-        }
-        if let Some(v) = current.and_then(value) {
-            headers.insert(RATELIMIT, v);
-        }
+                    Policy::Range(start..values.len())
+                },
+                Policy::Made,
+            );
+            (Some(policy), Some(current))
+        } else {
+            (None, None)
+        };
+        Some(Self {
+            values,
+            limit,
+            remaining,
+            reset,
+            policy,
+            current,
+        })
     }
 }
 
@@ -305,5 +409,63 @@ mod tests {
         let other = write_for(40, 24);
         assert_eq!(other[X_RATELIMIT_LIMIT], "40");
         assert_eq!(other[RATELIMIT_POLICY], "\"api\";q=40;w=24");
+    }
+
+    /// The header lines say what the header map says, for every option
+    /// and for one rule or several (values made in advance or not).
+    #[test]
+    fn header_lines_are_the_header_map_written_out() {
+        let quota = Quota::per_minute(NonZeroU32::new(100).expect("nonzero"));
+        let (api, other) = (sf_name("api"), sf_name("other"));
+        let made = Presented::new(&api, &FixedWindow::new(quota));
+        let applied = [
+            Applied {
+                name: &api,
+                decision: decision(100),
+                window_secs: 60,
+                presented: Some(&made),
+            },
+            Applied {
+                name: &other,
+                decision: decision(7),
+                window_secs: 3,
+                presented: None,
+            },
+        ];
+        for legacy in [true, false] {
+            for ietf in [true, false] {
+                for reset in [ResetFormat::Delta, ResetFormat::Unix] {
+                    let options = HeaderOptions {
+                        legacy,
+                        ietf,
+                        reset,
+                    };
+                    for (rules, restrictive) in [(&applied[..1], 0), (&applied[..], 1)] {
+                        let mut map = HeaderMap::new();
+                        write(&mut map, &options, rules, restrictive);
+                        let mut lines = Vec::new();
+                        write_lines(&mut lines, &options, rules, restrictive);
+                        let lines = String::from_utf8(lines).expect("text");
+                        let mut written = String::new();
+                        for (name, value) in &map {
+                            let value = value.to_str().expect("text");
+                            written.push_str(&format!("{name}: {value}\r\n"));
+                        }
+                        // A Unix reset read a second apart may differ by one.
+                        let strip = |text: &str| {
+                            text.lines()
+                                .filter(|l| !l.starts_with("x-ratelimit-reset"))
+                                .collect::<Vec<_>>()
+                                .join("\n")
+                        };
+                        assert_eq!(strip(&lines), strip(&written), "{options:?}");
+                        assert_eq!(lines.lines().count(), map.len(), "{options:?}");
+                        if reset == ResetFormat::Delta {
+                            assert_eq!(lines, written, "{options:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

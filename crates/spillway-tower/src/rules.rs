@@ -499,9 +499,64 @@ impl Policy {
         tier: Option<&str>,
         decision: &Decision,
     ) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        self.described(index, tier, decision).write(self, &mut map);
+        map
+    }
+
+    /// The same headers as [`decision_headers`](Self::decision_headers),
+    /// appended to `out` as HTTP/1.1 header lines (`name: value` and CRLF):
+    /// for a server that writes its responses as bytes.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use spillway::{Decision, Quota};
+    /// use spillway::algorithm::FixedWindow;
+    /// use spillway_tower::{HttpRule, Policy};
+    ///
+    /// let quota = Quota::per_minute(NonZeroU32::new(100).unwrap());
+    /// let policy = Policy::new([HttpRule::new("api", FixedWindow::new(quota))]);
+    /// let decision = Decision {
+    ///     allowed: true,
+    ///     limit: 100,
+    ///     remaining: 42,
+    ///     reset_after: Duration::from_millis(17_200),
+    ///     retry_after: None,
+    ///     delay: Duration::ZERO,
+    /// };
+    /// let mut lines = Vec::new();
+    /// policy.write_decision_header_lines(0, None, &decision, &mut lines);
+    /// let lines = String::from_utf8(lines).unwrap();
+    /// // `X-RateLimit-Reset` is a Unix time by default.
+    /// assert!(lines.starts_with(
+    ///     "x-ratelimit-limit: 100\r\nx-ratelimit-remaining: 42\r\nx-ratelimit-reset: "
+    /// ));
+    /// assert!(lines.ends_with(
+    ///     "\r\nratelimit-policy: \"api\";q=100;w=60\r\nratelimit: \"api\";r=42;t=18\r\n"
+    /// ));
+    /// ```
+    pub fn write_decision_header_lines(
+        &self,
+        index: usize,
+        tier: Option<&str>,
+        decision: &Decision,
+        out: &mut Vec<u8>,
+    ) {
+        self.described(index, tier, decision).write_lines(self, out);
+    }
+
+    /// One decision of rule `index` under `tier`'s quota, as the headers
+    /// describe it.
+    fn described(
+        &self,
+        index: usize,
+        tier: Option<&str>,
+        decision: &Decision,
+    ) -> crate::service::Described {
         let rule = &self.rules[index];
         let quota = rule.quota_index(tier);
-        let described = crate::service::Described {
+        crate::service::Described {
             applied: smallvec::smallvec![(
                 index,
                 quota,
@@ -509,10 +564,7 @@ impl Policy {
                 rule.window_secs(quota, decision.limit)
             )],
             restrictive: 0,
-        };
-        let mut map = http::HeaderMap::new();
-        described.write(self, &mut map);
-        map
+        }
     }
 
     /// The HTTP rules, in order: a rule's index here is its `index` in

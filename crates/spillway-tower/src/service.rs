@@ -245,11 +245,26 @@ pub(crate) struct Described {
 impl Described {
     /// Writes the rate-limit headers into `headers`.
     pub(crate) fn write(&self, policy: &Policy, headers: &mut HeaderMap) {
+        if let Some(applied) = self.applied(policy) {
+            headers::write(headers, &policy.headers, &applied, self.restrictive);
+        }
+    }
+
+    /// Appends the rate-limit headers to `out` as header lines.
+    pub(crate) fn write_lines(&self, policy: &Policy, out: &mut Vec<u8>) {
+        if let Some(applied) = self.applied(policy) {
+            headers::write_lines(out, &policy.headers, &applied, self.restrictive);
+        }
+    }
+
+    /// The rules that applied, as the headers need them; `None` when no
+    /// header is to be written.
+    fn applied<'p>(&self, policy: &'p Policy) -> Option<Small<Applied<'p>>> {
         let options = &policy.headers;
         if !(options.legacy || options.ietf) || self.applied.is_empty() {
-            return;
+            return None;
         }
-        let applied: Small<Applied<'_>> = self
+        let applied = self
             .applied
             .iter()
             .map(|&(index, quota, decision, window_secs)| Applied {
@@ -259,7 +274,7 @@ impl Described {
                 presented: policy.rules[index].presented.get(quota),
             })
             .collect();
-        headers::write(headers, options, &applied, self.restrictive);
+        Some(applied)
     }
 }
 
