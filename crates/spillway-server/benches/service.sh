@@ -3,7 +3,9 @@
 # item 10):
 #
 #   1. `spillway serve` POST /v1/check  vs  throttlecrab-server POST /throttle,
-#      then the control: GET /healthz vs GET /health (no work on either side)
+#      then the control: GET /healthz vs GET /health (no work on either side),
+#      then the ceiling: POST /v1/check vs nginx answering every POST with
+#      the same JSON, checking nothing
 #   2. `spillway proxy` (a rule that never denies)  vs  nginx limit_req
 #      (a zone that never denies, burst + nodelay), both in front of the
 #      same upstream (a separate nginx answering "hello").
@@ -202,12 +204,44 @@ if [[ -n $TC ]]; then
     }
     compare "spillway /v1/check" side_sw "throttlecrab /throttle" side_tc
     # The control: both servers answering a request that does nothing (our
-    # /healthz, their /health), the ceiling of anything either serves over
-    # HTTP on this machine. BENCHMARKS.md compares the target with it.
+    # /healthz, through the router; their /health): the two HTTP stacks
+    # alone.
     echo "== control: GET /healthz vs GET /health (no rate limiting at all)"
     side_sw_health() { BENCH_PID=$SW_PID run_wrk "http://127.0.0.1:$SW_PORT/healthz"; }
     side_tc_health() { BENCH_PID=$TC_PID run_wrk "http://127.0.0.1:$TC_PORT/health"; }
     compare "spillway /healthz" side_sw_health "throttlecrab /health" side_tc_health
+    # The ceiling of the measurement: nginx (a worker per CPU) answering
+    # every POST with the bytes of our answer, checking nothing. A ratio
+    # over throttlecrab that would put us above it is out of reach for any
+    # server measured this way on this machine.
+    echo "== ceiling: POST /v1/check vs nginx returning the same JSON without checking"
+    CEIL_PORT=$(free_port)
+    mkdir -p "$WORK/ceil"
+    CEIL_BODY=$(curl -sS --max-time 2 -X POST -d '{"rule":"bench","key":"ip=10.0.1"}' \
+        "http://127.0.0.1:$SW_PORT/v1/check")
+    cat >"$WORK/ceil/nginx.conf" <<EOF
+worker_processes auto;
+pid $WORK/ceil/nginx.pid;
+error_log $WORK/ceil/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $WORK/ceil; proxy_temp_path $WORK/ceil;
+    fastcgi_temp_path $WORK/ceil; uwsgi_temp_path $WORK/ceil; scgi_temp_path $WORK/ceil;
+    server {
+        listen 127.0.0.1:$CEIL_PORT;
+        location / { default_type application/json; return 200 '$CEIL_BODY'; }
+    }
+}
+EOF
+    nginx -p "$WORK/ceil" -c "$WORK/ceil/nginx.conf" -g 'daemon off;' >"$WORK/ceil/out.log" 2>&1 &
+    PIDS+=($!)
+    CEIL_PID=$!
+    wait_for "http://127.0.0.1:$CEIL_PORT/"
+    side_ceil() { BENCH_PID=$CEIL_PID BENCH_PATH=/v1/check BENCH_KEYS=$KEYS run_wrk -s "$LUA" "http://127.0.0.1:$CEIL_PORT"; }
+    compare "spillway /v1/check" side_sw "nginx, fixed answer" side_ceil
+    kill "$CEIL_PID" 2>/dev/null || true
     echo "  spillway's decisions (from /metrics):"
     curl -sS --max-time 2 "http://127.0.0.1:$SW_PORT/metrics" | grep -E '^spillway_decisions' | sed 's/^/    /' || true
 fi
