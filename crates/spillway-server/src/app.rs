@@ -131,18 +131,12 @@ impl Answer {
 
     /// An `application/problem+json` answer (RFC 9457).
     pub(crate) fn problem(status: StatusCode, detail: impl Into<String>) -> Self {
-        let body = json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": detail.into(),
-        });
         Self {
             status,
             content_type: "application/problem+json",
             headers: HeaderMap::new(),
             lines: Vec::new(),
-            body: body.to_string().into_bytes(),
+            body: crate::http1::problem_json(status, &detail.into()).into_bytes(),
         }
     }
 }

@@ -110,13 +110,7 @@ impl ForwardError {
             Self::ResponseTimeout(_) => "The upstream service did not answer in time.".to_string(),
             Self::Unsupported(method) => format!("This proxy does not forward {method} requests."),
         };
-        serde_json::json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": detail,
-        })
-        .to_string()
+        crate::http1::problem_json(status, &detail)
     }
 }
 
