@@ -2,9 +2,10 @@
 //!
 //! - `spillway serve`: [`run`] serves the HTTP API ([`app()`]: `POST
 //!   /v1/check`, `/healthz`, `/readyz`, `/metrics`, `/openapi.json`, the
-//!   admin API) and the Envoy rate limit service ([`grpc`]), reloading the
-//!   configuration ([`config`]) on SIGHUP and file change ([`reload`]);
-//!   see `docs/server.md`.
+//!   admin API; HTTP/1.1 by a server of its own, HTTP/2 by hyper) and the
+//!   Envoy rate limit service ([`grpc`]), reloading the configuration
+//!   ([`config`]) on SIGHUP and file change ([`reload`]); see
+//!   `docs/server.md`.
 //! - `spillway proxy`: [`proxy`].
 //! - `spillway simulate`: its logic lives in the `spillway-sim` crate.
 //!

@@ -116,10 +116,12 @@ pub fn locate_config(explicit: Option<PathBuf>) -> Option<PathBuf> {
     })
 }
 
-/// Serves the HTTP API ([`app`]) on `listener` and, when given, the Envoy
-/// rate limit service on `grpc_listener`, until `shutdown` resolves; then
-/// stops accepting connections and returns once the requests in flight
-/// have been answered.
+/// Serves the HTTP API ([`app`](crate::app())) on `listener` and, when
+/// given, the Envoy rate limit service on `grpc_listener`, until `shutdown`
+/// resolves; then stops accepting connections, closes idle ones and returns
+/// once the requests in flight have been answered. HTTP/1.1 is served by
+/// Spillway's own server (`POST /v1/check` answered without the router),
+/// HTTP/2 (prior knowledge) by hyper; see `docs/server.md`.
 ///
 /// With a `config` source, the configuration is reloaded on SIGHUP and when
 /// the file changes (it is polled every second): a new configuration that
