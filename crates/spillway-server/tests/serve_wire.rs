@@ -407,3 +407,39 @@ async fn stopping_closes_idle_connections_and_returns() {
         .expect("no panic")
         .expect("no error");
 }
+
+/// A client that stops in the middle of a head, or stays idle between
+/// requests, or sends nothing at all, is closed once 30 s have passed since
+/// the head was due (tokio's paused time: no test waits 30 s).
+#[tokio::test(start_paused = true)]
+async fn silent_clients_are_closed_after_30_seconds() {
+    let service = start().await;
+    let cases: [(&str, &[u8]); 3] = [
+        ("silent since it connected", b""),
+        ("half a head", b"GET /healthz HTTP/1.1\r\nHost: a\r\n"),
+        (
+            "idle after a request",
+            b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n",
+        ),
+    ];
+    for (what, sent) in cases {
+        let mut stream = TcpStream::connect(service.addr).await.expect("connect");
+        stream.write_all(sent).await.expect("write");
+        let started = tokio::time::Instant::now();
+        let mut got = Vec::new();
+        // Paused time runs ahead while everything waits: the bound is on
+        // the server's clock, not the wall's.
+        let read =
+            tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut got)).await;
+        let waited = started.elapsed();
+        assert!(read.is_ok(), "{what}: closed within 60 s");
+        assert!(
+            waited >= Duration::from_secs(29),
+            "{what}: closed after {waited:?}, before the 30 s"
+        );
+        if sent.ends_with(b"\r\n\r\n") {
+            let answer = String::from_utf8_lossy(&got);
+            assert!(answer.starts_with("HTTP/1.1 200 OK"), "{what}: {answer}");
+        }
+    }
+}
