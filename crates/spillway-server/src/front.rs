@@ -16,16 +16,15 @@ use std::sync::Arc;
 
 use axum::Router;
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::HeaderMap;
-use http::{Method, Request, StatusCode, Version};
+use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
 use crate::app::{MAX_BODY_BYTES, app, check_answer, routes};
-use crate::http1::wire::{self, Chunked, Framing, RequestHead, WireError};
-use crate::http1::{self, Client, Lifetime, put_answer_head};
+use crate::http1::wire::{self, Chunked, Framing, RequestHead};
+use crate::http1::{self, Client, Lifetime, Reply, Whole};
 use crate::server::State;
 
 /// What every connection shares.
@@ -97,24 +96,6 @@ struct Conn {
     client: Client,
 }
 
-/// A response's status and headers.
-struct Head<'a> {
-    status: StatusCode,
-    content_type: Option<&'static str>,
-    headers: &'a HeaderMap,
-    /// Header lines written already.
-    lines: &'a [u8],
-}
-
-/// What the response to a request depends on besides its answer.
-struct Exchange {
-    /// The connection stays open after it.
-    keep_alive: bool,
-    version: Version,
-    /// A HEAD request: the response has no body.
-    head_only: bool,
-}
-
 impl Conn {
     /// Reads and answers one request; false when the connection is to be
     /// closed.
@@ -126,14 +107,14 @@ impl Conn {
         // The line alone first: a check needs none of the headers.
         let line = match wire::parse_request_line(&head) {
             Ok(line) => line,
-            Err(e) => return self.refuse(&e).await,
+            Err(e) => return self.client.refuse(&e).await.map(|()| false),
         };
         // In flight from its head on, as in hyper and axum.
         let _in_flight = self.front.state.metrics.in_flight();
         let Some(body) = self.read_body(line.framing, line.expects_continue).await? else {
             return Ok(false);
         };
-        let exchange = Exchange {
+        let reply = Reply {
             keep_alive: line.keep_alive && !self.client.is_closing(),
             version: line.version,
             head_only: line.method == Method::HEAD,
@@ -148,19 +129,17 @@ impl Conn {
                 // The client left while its check was waited for.
                 return Ok(false);
             };
-            let head = Head {
-                status: answer.status,
+            let res = Whole {
                 content_type: Some(answer.content_type),
-                headers: &answer.headers,
                 lines: &answer.lines,
+                ..Whole::new(answer.status, &answer.headers, &answer.body)
             };
-            let len = answer.body.len();
-            self.respond(head, &answer.body, len, &exchange).await?;
-            return Ok(exchange.keep_alive);
+            self.client.respond(&res, reply).await?;
+            return Ok(reply.keep_alive);
         }
         let parts = match wire::parse_request(&head) {
             Ok(RequestHead { parts, .. }) => parts,
-            Err(e) => return self.refuse(&e).await,
+            Err(e) => return self.client.refuse(&e).await.map(|()| false),
         };
         let request = Request::from_parts(parts, axum::body::Body::from(body));
         let routed = self.front.routes.clone().oneshot(request);
@@ -175,29 +154,17 @@ impl Conn {
                 return Ok(false);
             }
         };
-        // A HEAD response keeps the length its GET would have (axum says it,
-        // then drops the body).
-        let len = response
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .filter(|_| exchange.head_only)
-            .unwrap_or(body.len());
-        let head = Head {
-            status: response.status,
-            content_type: None,
-            headers: &response.headers,
-            lines: &[],
-        };
-        self.respond(head, &body, len, &exchange).await?;
-        Ok(exchange.keep_alive)
-    }
-
-    /// Answers a request whose head cannot be read, and closes.
-    async fn refuse(&mut self, e: &WireError) -> io::Result<bool> {
-        tracing::debug!(peer = %self.client.peer, error = %e, "refused a request");
-        self.client.answer_error(e.status(), &e.to_string()).await?;
-        Ok(false)
+        let mut res = Whole::new(response.status, &response.headers, &body);
+        if reply.head_only {
+            // A HEAD response keeps the length its GET would have (axum
+            // says it, then drops the body).
+            let declared = response.headers.get(http::header::CONTENT_LENGTH);
+            if let Some(len) = declared.and_then(|v| v.to_str().ok()?.parse().ok()) {
+                res.len = len;
+            }
+        }
+        self.client.respond(&res, reply).await?;
+        Ok(reply.keep_alive)
     }
 
     /// Reads a request's whole body; `None` if it could not be (too large,
@@ -272,33 +239,5 @@ impl Conn {
                 "Failed to buffer the body: length limit exceeded",
             )
             .await
-    }
-
-    /// Writes a response with a whole body, of `len` bytes (the body's,
-    /// but for a HEAD request).
-    async fn respond(
-        &mut self,
-        head: Head<'_>,
-        body: &[u8],
-        len: usize,
-        exchange: &Exchange,
-    ) -> io::Result<()> {
-        let out = &mut self.client.out;
-        out.clear();
-        put_answer_head(out, head.status, head.headers, len);
-        if let Some(content_type) = head.content_type {
-            wire::put_header(out, b"content-type", content_type.as_bytes());
-        }
-        out.extend_from_slice(head.lines);
-        if !exchange.keep_alive {
-            out.extend_from_slice(b"connection: close\r\n");
-        } else if exchange.version == Version::HTTP_10 {
-            out.extend_from_slice(b"connection: keep-alive\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
-        if !exchange.head_only {
-            out.extend_from_slice(body);
-        }
-        self.client.stream.write_all(out).await
     }
 }

@@ -675,6 +675,64 @@ async fn a_head_response_has_no_body_and_the_connection_stays_usable() {
     assert_eq!(next.text(), "upstream got GET /next");
 }
 
+/// One HEAD per minute per client, and any number of GETs.
+const ONE_HEAD_PER_MINUTE: &str = r#"
+[[rules]]
+name = "heads"
+match = { methods = ["HEAD"] }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#;
+
+#[tokio::test]
+async fn a_denied_head_request_gets_its_429_without_a_body() {
+    let upstream = RawUpstream::start(|request| match request.method.as_str() {
+        "HEAD" => Reply {
+            bytes: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec(),
+            close: false,
+        },
+        _ => echo(request),
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(ONE_HEAD_PER_MINUTE, upstream.addr).await).await;
+    let head = b"HEAD /h HTTP/1.1\r\nHost: spillway.test\r\n\r\n";
+    assert_eq!(client.exchange(head).await.status, 200);
+
+    // The denied HEAD and a GET in one write: any body after the 429's
+    // head would be read as the GET's response.
+    client
+        .send(&[&head[..], &get("/next")].concat())
+        .await
+        .expect("sent");
+    let denied = client.response("HEAD").await.expect("a response");
+    assert_eq!(denied.status, 429);
+    let next = client.response("GET").await.expect("a response");
+    assert_eq!(
+        (next.status, next.text()),
+        (200, "upstream got GET /next".into())
+    );
+}
+
+#[tokio::test]
+async fn a_denied_http10_client_that_asked_to_keep_alive_is_told_it_is_kept() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(ONE_POST_PER_MINUTE, upstream.addr).await).await;
+    let post10 = |target: &str| {
+        format!("POST {target} HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n")
+            .into_bytes()
+    };
+    assert_eq!(client.exchange(&post10("/first")).await.status, 200);
+    let denied = client.exchange(&post10("/second")).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.headers.list("connection"), ["keep-alive"]);
+    let next = client
+        .exchange(b"GET /next HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .await;
+    assert_eq!(next.text(), "upstream got GET /next");
+}
+
 #[tokio::test]
 async fn no_content_and_not_modified_responses_have_no_body_and_the_connection_stays_usable() {
     let upstream = RawUpstream::start(|request| {

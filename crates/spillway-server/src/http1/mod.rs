@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -227,8 +227,7 @@ impl Client {
                 return Ok(Some(end));
             }
             if self.buf.len() >= MAX_HEAD {
-                let e = WireError::TooLarge;
-                self.answer_error(e.status(), &e.to_string()).await?;
+                self.refuse(&WireError::TooLarge).await?;
                 return Ok(None);
             }
             let idle = self.buf.is_empty();
@@ -336,22 +335,40 @@ impl Client {
         Ok(read > 0)
     }
 
-    /// Writes a response the server makes itself, with a whole body.
-    pub(crate) async fn answer(
-        &mut self,
-        status: &StatusCode,
-        headers: &HeaderMap,
-        body: Option<&[u8]>,
-        close: bool,
-    ) -> io::Result<()> {
-        self.out.clear();
-        put_answer_head(&mut self.out, *status, headers, body.map_or(0, <[u8]>::len));
-        if close {
-            self.out.extend_from_slice(b"connection: close\r\n");
+    /// Writes a response the server makes itself, with a whole body, as
+    /// `reply` says (the connection header; no body after a HEAD).
+    pub(crate) async fn respond(&mut self, res: &Whole<'_>, reply: Reply) -> io::Result<()> {
+        let out = &mut self.out;
+        out.clear();
+        wire::put_status_line(out, res.status);
+        for (name, value) in res.headers {
+            let ours = name == header::CONTENT_LENGTH
+                || name == header::CONNECTION
+                || name == header::TRANSFER_ENCODING
+                || name == header::DATE;
+            if !ours {
+                wire::put_header(out, name.as_str().as_bytes(), value.as_bytes());
+            }
         }
-        self.out.extend_from_slice(b"\r\n");
-        self.out.extend_from_slice(body.unwrap_or_default());
-        self.stream.write_all(&self.out).await
+        if let Some(content_type) = res.content_type {
+            wire::put_header(out, b"content-type", content_type.as_bytes());
+        }
+        out.extend_from_slice(res.lines);
+        out.extend_from_slice(b"content-length: ");
+        wire::put_u64(out, res.len as u64);
+        out.extend_from_slice(b"\r\n");
+        // The server is the response's origin (RFC 9110 section 6.6.1).
+        put_date(out);
+        if !reply.keep_alive {
+            out.extend_from_slice(b"connection: close\r\n");
+        } else if reply.version == Version::HTTP_10 {
+            out.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        if !reply.head_only {
+            out.extend_from_slice(res.body);
+        }
+        self.stream.write_all(out).await
     }
 
     /// Answers a request that could not be read (400, 413, 431) with a
@@ -362,13 +379,19 @@ impl Client {
         detail: &str,
     ) -> io::Result<()> {
         let body = problem_json(status, detail);
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/problem+json"),
-        );
-        self.answer(&status, &headers, Some(body.as_bytes()), true)
-            .await
+        let no_headers = HeaderMap::new();
+        let res = Whole {
+            content_type: Some("application/problem+json"),
+            ..Whole::new(status, &no_headers, body.as_bytes())
+        };
+        self.respond(&res, Reply::CLOSE).await
+    }
+
+    /// Answers a request that could not be read (see [`answer_error`](Self::answer_error))
+    /// and says so in the log.
+    pub(crate) async fn refuse(&mut self, e: &WireError) -> io::Result<()> {
+        tracing::debug!(peer = %self.peer, error = %e, "refused a request");
+        self.answer_error(e.status(), &e.to_string()).await
     }
 
     /// Closes the connection without losing the last response: after its
@@ -443,30 +466,56 @@ pub(crate) fn problem_json(status: StatusCode, detail: &str) -> String {
     .to_string()
 }
 
-/// Writes the status line and headers of a response with a whole body of
-/// `len` bytes: `headers` (but any framing or connection header of theirs),
-/// `Content-Length` and `Date` (the server is the response's origin, RFC
-/// 9110 section 6.6.1), without the blank line that ends the head.
-pub(crate) fn put_answer_head(
-    out: &mut Vec<u8>,
-    status: StatusCode,
-    headers: &HeaderMap,
-    len: usize,
-) {
-    wire::put_status_line(out, status);
-    for (name, value) in headers {
-        if name != header::CONTENT_LENGTH
-            && name != header::CONNECTION
-            && name != header::TRANSFER_ENCODING
-            && name != header::DATE
-        {
-            wire::put_header(out, name.as_str().as_bytes(), value.as_bytes());
+/// A response the server makes itself, with a whole body.
+pub(crate) struct Whole<'a> {
+    pub(crate) status: StatusCode,
+    /// `Content-Type`, when `headers` do not have it.
+    pub(crate) content_type: Option<&'static str>,
+    /// Its headers; any framing, connection or `Date` header among them is
+    /// replaced by the server's own.
+    pub(crate) headers: &'a HeaderMap,
+    /// More headers, as lines written already (`name: value` and CRLF).
+    pub(crate) lines: &'a [u8],
+    pub(crate) body: &'a [u8],
+    /// The length `Content-Length` says: the body's, but for a HEAD
+    /// request, whose body is dropped, the GET's.
+    pub(crate) len: usize,
+}
+
+impl<'a> Whole<'a> {
+    /// A response of `status` with `headers` and `body`.
+    pub(crate) fn new(status: StatusCode, headers: &'a HeaderMap, body: &'a [u8]) -> Self {
+        Self {
+            status,
+            content_type: None,
+            headers,
+            lines: &[],
+            body,
+            len: body.len(),
         }
     }
-    out.extend_from_slice(b"content-length: ");
-    wire::put_u64(out, len as u64);
-    out.extend_from_slice(b"\r\n");
-    put_date(out);
+}
+
+/// What the framing of a response depends on besides itself: the request
+/// it answers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reply {
+    /// The connection stays open after the response.
+    pub(crate) keep_alive: bool,
+    /// The request's version: an HTTP/1.0 client kept is told so.
+    pub(crate) version: Version,
+    /// The request was HEAD: the response has no body.
+    pub(crate) head_only: bool,
+}
+
+impl Reply {
+    /// The last response of a connection, to a request that could not be
+    /// read.
+    pub(crate) const CLOSE: Self = Self {
+        keep_alive: false,
+        version: Version::HTTP_11,
+        head_only: false,
+    };
 }
 
 /// Appends a `Date` header line for now. The date is written once a second

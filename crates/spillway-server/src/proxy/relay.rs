@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Version};
 use spillway_tower::{ClientAddr, ResponseBody};
@@ -36,7 +36,7 @@ use super::forward::{TrustedPeer, Upstream, rewrite_head};
 use super::{Connector, HostHeader, Proxy};
 use crate::engine::{Engine, Shared};
 use crate::http1::wire::{self, Chunked, Framing, MAX_HEAD, RequestHead, WireError};
-use crate::http1::{self, CHUNK, Client, HEAD_TIMEOUT, Lifetime, passed, put_date};
+use crate::http1::{self, CHUNK, Client, HEAD_TIMEOUT, Lifetime, Reply, Whole, passed, put_date};
 
 /// What every connection of one relay shares.
 pub(crate) struct Relay<C> {
@@ -193,8 +193,7 @@ impl<C: Connector> Conn<C> {
         let request = match wire::parse_request(&head) {
             Ok(request) => request,
             Err(e) => {
-                tracing::debug!(peer = %self.client.peer, error = %e, "refused a request");
-                self.client.answer_error(e.status(), &e.to_string()).await?;
+                self.client.refuse(&e).await?;
                 return Ok(Next::Close);
             }
         };
@@ -206,6 +205,12 @@ impl<C: Connector> Conn<C> {
         } = request;
         let client_version = parts.version;
         let method = parts.method.clone();
+        // How the proxy's own answers (429, 502, ...) end.
+        let mut reply = Reply {
+            keep_alive: false,
+            version: client_version,
+            head_only: method == Method::HEAD,
+        };
         let engine = self.relay.shared.engine();
         parts.extensions.insert(ClientAddr(self.client.peer));
         if is_trusted(&engine, &self.client.peer) {
@@ -228,11 +233,11 @@ impl<C: Connector> Conn<C> {
                 // The limiter answered (429, 400, 503): the body, if any,
                 // is read and dropped, or the connection closed.
                 let drain = keep_alive && !expects_continue && Client::can_drain(framing);
-                let close = !drain || self.client.is_closing();
-                self.client
-                    .answer(&res.status, &res.headers, data.as_deref(), close)
-                    .await?;
-                if close || !self.client.drain(framing).await? {
+                reply.keep_alive = drain && !self.client.is_closing();
+                let body = data.as_deref().unwrap_or_default();
+                let answer = Whole::new(res.status, &res.headers, body);
+                self.client.respond(&answer, reply).await?;
+                if !reply.keep_alive || !self.client.drain(framing).await? {
                     return Ok(Next::Close);
                 }
                 return Ok(Next::KeepAlive);
@@ -240,7 +245,8 @@ impl<C: Connector> Conn<C> {
         };
         if method == Method::CONNECT {
             let refused = ForwardError::Unsupported(method);
-            self.answer_forward_error(refused, &res.headers).await?;
+            self.answer_forward_error(refused, &res.headers, reply)
+                .await?;
             return Ok(Next::Close);
         }
         let exchange = Exchange {
@@ -255,7 +261,8 @@ impl<C: Connector> Conn<C> {
             Err(Failed::Answer(error)) => {
                 tracing::warn!(upstream = %self.relay.upstream.base(), error = %error, "could not forward a request");
                 self.up = None;
-                self.answer_forward_error(error, &res.headers).await?;
+                self.answer_forward_error(error, &res.headers, reply)
+                    .await?;
                 Ok(Next::Close)
             }
             Err(Failed::Close(e)) => {
@@ -266,22 +273,24 @@ impl<C: Connector> Conn<C> {
     }
 
     /// Answers a request that could not be forwarded (502, 504, 501), with
-    /// the rate-limit headers it was given, and closes.
+    /// the rate-limit headers it was given, and closes (`reply` says
+    /// whether it was HEAD, and its version).
     async fn answer_forward_error(
         &mut self,
         error: ForwardError,
         limit_headers: &HeaderMap,
+        reply: Reply,
     ) -> io::Result<()> {
-        let status = error.status();
-        let mut headers = limit_headers.clone();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
         let body = error.problem_json();
-        self.client
-            .answer(&status, &headers, Some(body.as_bytes()), true)
-            .await
+        let answer = Whole {
+            content_type: Some("application/problem+json"),
+            ..Whole::new(error.status(), limit_headers, body.as_bytes())
+        };
+        let reply = Reply {
+            keep_alive: false,
+            ..reply
+        };
+        self.client.respond(&answer, reply).await
     }
 
     /// An upstream connection: the kept one if it is still open, else a new
