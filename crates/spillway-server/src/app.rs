@@ -104,11 +104,9 @@ pub(crate) fn routes(state: State) -> Router {
 pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) content_type: &'static str,
-    /// The headers besides `Content-Type` (rate-limit headers, `Retry-After`).
-    pub(crate) headers: HeaderMap,
-    /// More headers, as HTTP/1.1 header lines (`name: value` and CRLF):
-    /// the rate-limit headers of a rule check, written this way to be
-    /// copied straight into a response head.
+    /// The headers besides `Content-Type` (rate-limit headers,
+    /// `Retry-After`), as HTTP/1.1 header lines (`name: value` and CRLF):
+    /// the HTTP/1.1 server copies them straight into the response head.
     pub(crate) lines: Vec<u8>,
     pub(crate) body: Vec<u8>,
 }
@@ -123,7 +121,6 @@ impl Answer {
         Self {
             status,
             content_type: "application/json",
-            headers: HeaderMap::new(),
             lines: Vec::new(),
             body,
         }
@@ -134,7 +131,6 @@ impl Answer {
         Self {
             status,
             content_type: "application/problem+json",
-            headers: HeaderMap::new(),
             lines: Vec::new(),
             body: crate::http1::problem_json(status, &detail.into()).into_bytes(),
         }
@@ -146,7 +142,6 @@ impl IntoResponse for Answer {
         let mut res = (self.status, self.body).into_response();
         let headers = res.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(self.content_type));
-        headers.extend(self.headers);
         for line in self.lines.split(|&b| b == b'\n') {
             let line = line.trim_ascii_end();
             let Some(colon) = line.iter().position(|&b| b == b':') else {
@@ -175,10 +170,13 @@ fn bad_request(detail: impl Into<String>) -> Answer {
 
 fn unavailable(detail: impl Into<String>) -> Answer {
     let mut answer = Answer::problem(StatusCode::SERVICE_UNAVAILABLE, detail);
+    put_header(&mut answer.lines, &RETRY_AFTER, b"1");
     answer
-        .headers
-        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    answer
+}
+
+/// Appends a header line (`name: value` and CRLF) to an answer's lines.
+fn put_header(lines: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+    crate::http1::wire::put_header(lines, name.as_str().as_bytes(), value);
 }
 
 fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
@@ -499,9 +497,7 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck<'_>) -> Answer 
         action,
         decision: &decision,
     };
-    let mut answer = decision_response(&verdict, [view], HeaderMap::new());
-    answer.lines = lines;
-    answer
+    decision_response(&verdict, [view], lines)
 }
 
 async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
@@ -566,7 +562,13 @@ async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
         Verdict::Unavailable(_) => {
             unavailable("The rate limiter cannot reach its store; try again shortly.")
         }
-        _ => decision_response(&verdict, rules.iter().map(RuleView::from), headers),
+        _ => {
+            let mut lines = Vec::with_capacity(256);
+            for (name, value) in &headers {
+                put_header(&mut lines, name, value.as_bytes());
+            }
+            decision_response(&verdict, rules.iter().map(RuleView::from), lines)
+        }
     }
 }
 
@@ -594,12 +596,13 @@ impl<'a> From<&'a RuleDecision> for RuleView<'a> {
 }
 
 /// The 200 answer of `/v1/check`: the verdict, every rule's decision, and
-/// the rate-limit headers the middleware would have sent. The JSON (see
+/// the rate-limit headers the middleware would have sent (as header
+/// `lines`). The JSON (see
 /// docs/openapi.json) is written field by field, in the documented order.
 fn decision_response<'a>(
     verdict: &Verdict,
     rules: impl IntoIterator<Item = RuleView<'a>>,
-    headers: HeaderMap,
+    lines: Vec<u8>,
 ) -> Answer {
     let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match verdict {
         Verdict::Rejected { rule, retry_after } => (
@@ -672,8 +675,7 @@ fn decision_response<'a>(
     Answer {
         status: StatusCode::OK,
         content_type: "application/json",
-        headers,
-        lines: Vec::new(),
+        lines,
         body: out.0,
     }
 }
@@ -987,7 +989,7 @@ mod tests {
             rule: "plain".to_string(),
             retry_after: Duration::from_millis(2),
         };
-        let answer = decision_response(&verdict, rules, HeaderMap::new());
+        let answer = decision_response(&verdict, rules, Vec::new());
         let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("valid JSON");
         let rule = |name: &str, tier: Option<&str>, key: &str, cost: u64, action: &str| {
             json!({
@@ -1010,7 +1012,7 @@ mod tests {
             limited: vec!["x\"y".to_string(), "z".to_string()],
             shadowed: vec!["w".to_string()],
         };
-        let answer = decision_response(&admitted, [], HeaderMap::new());
+        let answer = decision_response(&admitted, [], Vec::new());
         let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("valid JSON");
         let expected = json!({
             "allowed": true, "status": 200, "denied_by": null, "retry_after_ms": null,

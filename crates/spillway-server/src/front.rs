@@ -129,10 +129,11 @@ impl Conn {
                 // The client left while its check was waited for.
                 return Ok(false);
             };
+            let no_headers = http::HeaderMap::new();
             let res = Whole {
                 content_type: Some(answer.content_type),
                 lines: &answer.lines,
-                ..Whole::new(answer.status, &answer.headers, &answer.body)
+                ..Whole::new(answer.status, &no_headers, &answer.body)
             };
             self.client.respond(&res, reply).await?;
             return Ok(reply.keep_alive);
