@@ -47,13 +47,6 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Appends `peer` to `X-Forwarded-For`, after the chain the request came
-/// with (all its header lines, in order, joined with `", "`), as one line.
-#[cfg(test)]
-pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
-    append_hop(headers, &hop_of(peer));
-}
-
 /// A peer's address as an `X-Forwarded-For` hop.
 pub(crate) fn hop_of(peer: IpAddr) -> HeaderValue {
     // An IPv4 client on a dual-stack socket shows as `::ffff:a.b.c.d`; the
@@ -168,7 +161,7 @@ mod tests {
     #[test]
     fn forwarded_for_starts_a_chain() {
         let mut headers = HeaderMap::new();
-        append_forwarded_for(&mut headers, "192.0.2.1".parse().unwrap());
+        append_hop(&mut headers, &hop_of("192.0.2.1".parse().unwrap()));
         assert_eq!(all(&headers, "x-forwarded-for"), ["192.0.2.1"]);
     }
 
@@ -179,7 +172,7 @@ mod tests {
             ("x-forwarded-for", " 198.51.100.3 ,"),
             ("x-forwarded-for", ""),
         ]);
-        append_forwarded_for(&mut headers, "2001:db8::1".parse().unwrap());
+        append_hop(&mut headers, &hop_of("2001:db8::1".parse().unwrap()));
         assert_eq!(
             all(&headers, "x-forwarded-for"),
             ["203.0.113.7, 198.51.100.2, 198.51.100.3, 2001:db8::1"]
@@ -189,7 +182,7 @@ mod tests {
     #[test]
     fn forwarded_for_keeps_hops_it_cannot_parse() {
         let mut headers = map(&[("x-forwarded-for", "unknown, _hidden")]);
-        append_forwarded_for(&mut headers, "192.0.2.1".parse().unwrap());
+        append_hop(&mut headers, &hop_of("192.0.2.1".parse().unwrap()));
         assert_eq!(
             all(&headers, "x-forwarded-for"),
             ["unknown, _hidden, 192.0.2.1"]
@@ -199,7 +192,7 @@ mod tests {
     #[test]
     fn a_mapped_ipv4_peer_is_written_as_ipv4() {
         let mut headers = HeaderMap::new();
-        append_forwarded_for(&mut headers, "::ffff:192.0.2.9".parse().unwrap());
+        append_hop(&mut headers, &hop_of("::ffff:192.0.2.9".parse().unwrap()));
         assert_eq!(all(&headers, "x-forwarded-for"), ["192.0.2.9"]);
     }
 
