@@ -435,18 +435,7 @@ pub(crate) fn put_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 
 /// Appends a decimal number.
 pub(crate) fn put_u64(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Appends a status line, `HTTP/1.1 429 Too Many Requests\r\n`.
