@@ -443,3 +443,28 @@ async fn silent_clients_are_closed_after_30_seconds() {
         }
     }
 }
+
+/// A key written with JSON escapes is the same key as written plainly (the
+/// body's strings are borrowed when they can be, decoded when escaped).
+#[tokio::test]
+async fn an_escaped_key_is_the_same_key_as_the_plain_one() {
+    let service = start().await;
+    // The escaped form, as raw bytes (a JSON library would write é plainly).
+    let mut stream = TcpStream::connect(service.addr).await.expect("connect");
+    let escaped = r#"{"rule": "once", "key": "a\"b\u00e9\n"}"#;
+    let request = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{escaped}",
+        escaped.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let first = read_response(&mut stream, &mut buf, false).await;
+    assert_eq!(first.json()["allowed"], true, "{first:?}");
+    assert_eq!(first.json()["rules"][0]["key"], "a\"bé\n");
+    // The same key, é unescaped (serde_json escapes only the quote and the
+    // newline): counted under the same key, so denied.
+    let plain = serde_json::json!({"rule": "once", "key": "a\"bé\n"});
+    let second = service.http.check(plain).await;
+    assert_eq!(second.json()["allowed"], false, "{}", second.text());
+    assert_eq!(second.json()["rules"][0]["key"], "a\"bé\n");
+}

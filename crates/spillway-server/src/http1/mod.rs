@@ -518,14 +518,18 @@ impl Reply {
     };
 }
 
-/// Appends a `Date` header line for now. The date is written once a second
-/// per thread (an HTTP date has one-second resolution).
+/// Appends a `Date` header line for now.
 pub(crate) fn put_date(out: &mut Vec<u8>) {
+    put_date_at(out, std::time::SystemTime::now());
+}
+
+/// Appends a `Date` header line for `now`. The date is formatted once a
+/// second per thread (an HTTP date has one-second resolution).
+fn put_date_at(out: &mut Vec<u8>, now: std::time::SystemTime) {
     thread_local! {
         static DATE: std::cell::RefCell<(u64, String)> =
             const { std::cell::RefCell::new((u64::MAX, String::new())) };
     }
-    let now = std::time::SystemTime::now();
     let second = now
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -641,5 +645,33 @@ impl AsyncWrite for Prefixed {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use super::*;
+
+    fn date_at(now: SystemTime) -> String {
+        let mut out = Vec::new();
+        put_date_at(&mut out, now);
+        String::from_utf8(out).expect("text")
+    }
+
+    /// The cached date is the time's, to the second: it changes when the
+    /// second does, not within one.
+    #[test]
+    fn the_date_follows_the_clock_second_by_second() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        assert_eq!(date_at(t), "date: Mon, 30 Nov 2026 00:53:20 GMT\r\n");
+        assert_eq!(date_at(t + Duration::from_millis(999)), date_at(t));
+        assert_eq!(
+            date_at(t + Duration::from_secs(1)),
+            "date: Mon, 30 Nov 2026 00:53:21 GMT\r\n"
+        );
+        // Back to an earlier second: written again, not kept.
+        assert_eq!(date_at(t), "date: Mon, 30 Nov 2026 00:53:20 GMT\r\n");
     }
 }
