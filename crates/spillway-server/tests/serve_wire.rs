@@ -468,3 +468,34 @@ async fn an_escaped_key_is_the_same_key_as_the_plain_one() {
     assert_eq!(second.json()["allowed"], false, "{}", second.text());
     assert_eq!(second.json()["rules"][0]["key"], "a\"bé\n");
 }
+
+/// `/v1/check` with a query string is a check; a path that only starts
+/// like it is not.
+#[tokio::test]
+async fn only_the_check_path_is_a_check_query_or_not() {
+    let service = start().await;
+    let body = r#"{"rule": "once", "key": "q"}"#;
+    let request = |target: &str| {
+        format!(
+            "POST {target} HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut stream = TcpStream::connect(service.addr).await.expect("connect");
+    let mut buf = Vec::new();
+    stream
+        .write_all(request("/v1/check?trace=1").as_bytes())
+        .await
+        .expect("write");
+    let with_query = read_response(&mut stream, &mut buf, false).await;
+    assert_eq!(with_query.status, 200, "{with_query:?}");
+    assert_eq!(with_query.json()["allowed"], true);
+    for other in ["/v1/checker", "/v1/check/more"] {
+        stream
+            .write_all(request(other).as_bytes())
+            .await
+            .expect("write");
+        let answer = read_response(&mut stream, &mut buf, false).await;
+        assert_eq!(answer.status, 404, "{other}: {answer:?}");
+    }
+}
