@@ -25,6 +25,12 @@
 # workers too) took per request. BENCH_PARTS=check or =proxy runs one part. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
 # (about 4.5 minutes once built). Every process started here is stopped by its
 # PID on exit.
+#
+# BENCH_PIN=1 keeps the load generator and the servers off each other's
+# cores (taskset, util-linux): wrk on CPU 0, every server on the last CPU.
+# Each server then sees one CPU: one tokio worker each, one nginx worker.
+# Without it, wrk and the servers share every core, and throughput moves
+# with how the scheduler spreads them (see BENCHMARKS.md).
 
 set -euo pipefail
 
@@ -33,6 +39,7 @@ SECS=${BENCH_SECONDS:-10}
 CONNS=${BENCH_CONNS:-50}
 THREADS=${BENCH_THREADS:-1}
 KEYS=${BENCH_KEYS:-10000}
+PIN=${BENCH_PIN:-0}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
@@ -59,6 +66,20 @@ for tool in wrk nginx curl cargo; do
         exit 1
     }
 done
+
+if [[ $PIN == 1 ]]; then
+    command -v taskset >/dev/null || {
+        echo "missing: taskset (Debian: util-linux)" >&2
+        exit 1
+    }
+    LOAD=(taskset -c 0)
+    SERVE=(taskset -c "$(($(nproc) - 1))")
+    NGINX_WORKERS=1
+else
+    LOAD=()
+    SERVE=()
+    NGINX_WORKERS=auto
+fi
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -93,7 +114,7 @@ cpu_ticks() {
 run_wrk() {
     local out c0=0 c1=0
     [[ -n ${BENCH_PID:-} ]] && c0=$(cpu_ticks "$BENCH_PID")
-    out=$(timeout $((SECS + 20)) wrk "-t$THREADS" "-c$CONNS" "-d${SECS}s" --timeout 5s --latency "$@")
+    out=$(timeout $((SECS + 20)) "${LOAD[@]}" wrk "-t$THREADS" "-c$CONNS" "-d${SECS}s" --timeout 5s --latency "$@")
     [[ -n ${BENCH_PID:-} ]] && c1=$(cpu_ticks "$BENCH_PID")
     echo "$out" >>"$WORK/wrk.log"
     local rate p99 bad unit errs count cpu
@@ -152,6 +173,7 @@ compare() {
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== wrk -t$THREADS -c$CONNS -d${SECS}s --latency, $ROUNDS rounds alternating, medians"
+[[ $PIN == 1 ]] && echo "== pinned: wrk on CPU 0, the servers on CPU $(($(nproc) - 1))"
 
 echo "== building spillway (release)"
 (cd "$ROOT" && cargo build --release -p spillway-server --bin spillway --quiet)
@@ -164,7 +186,7 @@ if [[ ,$PARTS, == *,check,* ]]; then
 
 LUA=$HERE/check.lua
 SW_PORT=$(free_port)
-"$SPILLWAY" serve --config "$HERE/bench.toml" --listen "127.0.0.1:$SW_PORT" \
+"${SERVE[@]}" "$SPILLWAY" serve --config "$HERE/bench.toml" --listen "127.0.0.1:$SW_PORT" \
     >"$WORK/spillway-serve.log" 2>&1 &
 PIDS+=($!)
 SW_PID=$!
@@ -186,7 +208,7 @@ if [[ ! -x $TC ]]; then
 fi
 if [[ -n $TC ]]; then
     TC_PORT=$(free_port)
-    "$TC" --http --http-host 127.0.0.1 --http-port "$TC_PORT" --log-level warn \
+    "${SERVE[@]}" "$TC" --http --http-host 127.0.0.1 --http-port "$TC_PORT" --log-level warn \
         >"$WORK/throttlecrab.log" 2>&1 &
     PIDS+=($!)
     TC_PID=$!
@@ -210,7 +232,7 @@ if [[ -n $TC ]]; then
     side_sw_health() { BENCH_PID=$SW_PID run_wrk "http://127.0.0.1:$SW_PORT/healthz"; }
     side_tc_health() { BENCH_PID=$TC_PID run_wrk "http://127.0.0.1:$TC_PORT/health"; }
     compare "spillway /healthz" side_sw_health "throttlecrab /health" side_tc_health
-    # The ceiling of the measurement: nginx (a worker per CPU) answering
+    # The ceiling of the measurement: nginx (a worker per CPU it may use) answering
     # every POST with the bytes of our answer, checking nothing. A ratio
     # over throttlecrab that would put us above it is out of reach for any
     # server measured this way on this machine.
@@ -220,7 +242,7 @@ if [[ -n $TC ]]; then
     CEIL_BODY=$(curl -sS --max-time 2 -X POST -d '{"rule":"bench","key":"ip=10.0.1"}' \
         "http://127.0.0.1:$SW_PORT/v1/check")
     cat >"$WORK/ceil/nginx.conf" <<EOF
-worker_processes auto;
+worker_processes $NGINX_WORKERS;
 pid $WORK/ceil/nginx.pid;
 error_log $WORK/ceil/error.log warn;
 events { worker_connections 1024; }
@@ -235,7 +257,7 @@ http {
     }
 }
 EOF
-    nginx -p "$WORK/ceil" -c "$WORK/ceil/nginx.conf" -g 'daemon off;' >"$WORK/ceil/out.log" 2>&1 &
+    "${SERVE[@]}" nginx -p "$WORK/ceil" -c "$WORK/ceil/nginx.conf" -g 'daemon off;' >"$WORK/ceil/out.log" 2>&1 &
     PIDS+=($!)
     CEIL_PID=$!
     wait_for "http://127.0.0.1:$CEIL_PORT/"
@@ -275,7 +297,7 @@ EOF
 cat >"$WORK/ng/nginx.conf" <<EOF
 # The peer: limit_req with a zone that never denies, proxying with pooled
 # keep-alive connections and the X-Forwarded-* headers spillway proxy writes.
-worker_processes auto;
+worker_processes $NGINX_WORKERS;
 pid $WORK/ng/nginx.pid;
 error_log $WORK/ng/error.log warn;
 events { worker_connections 1024; }
@@ -302,12 +324,12 @@ http {
 }
 EOF
 # Run in the foreground (daemon off), so that $! is the master's PID.
-nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log" 2>&1 &
+"${SERVE[@]}" nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log" 2>&1 &
 PIDS+=($!)
-nginx -p "$WORK/ng" -c "$WORK/ng/nginx.conf" -g 'daemon off;' >"$WORK/ng/out.log" 2>&1 &
+"${SERVE[@]}" nginx -p "$WORK/ng" -c "$WORK/ng/nginx.conf" -g 'daemon off;' >"$WORK/ng/out.log" 2>&1 &
 PIDS+=($!)
 NG_PID=$!
-"$SPILLWAY" proxy --config "$HERE/bench.toml" --listen "127.0.0.1:$PX_PORT" \
+"${SERVE[@]}" "$SPILLWAY" proxy --config "$HERE/bench.toml" --listen "127.0.0.1:$PX_PORT" \
     --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/spillway-proxy.log" 2>&1 &
 PIDS+=($!)
 PX_PID=$!
