@@ -180,7 +180,52 @@ struct Inner {
     // Set while Redis is considered down: when to try it again.
     down_until: Mutex<Option<Instant>>,
     down: AtomicBool,
-    counters: Counters,
+    // Shared with the stores `with_rules` makes on the same connection.
+    counters: Arc<Counters>,
+}
+
+impl Inner {
+    /// The store's state for `rules`; the local fallback keeps the counters
+    /// of `local_before`'s unchanged rules.
+    fn new(
+        rules: Vec<Rule>,
+        options: RedisOptions,
+        local_before: Option<&MemoryStore>,
+        counters: Arc<Counters>,
+    ) -> Result<Self, Error> {
+        let params = rules
+            .iter()
+            .map(|r| script::params(r.name(), r.algorithm()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let local = match options.on_error {
+            OnError::Local { instances } => {
+                let shared: Vec<Rule> = rules
+                    .iter()
+                    .map(|r| Rule::new(r.name(), r.algorithm().share(instances)))
+                    .collect();
+                Some(match local_before {
+                    Some(before) => before.reconfigure(shared),
+                    None => MemoryStore::new(shared, MemoryOptions::default()),
+                })
+            }
+            _ => None,
+        };
+        let deny_cache =
+            (options.deny_cache_entries > 0).then(|| DenyCache::new(options.deny_cache_entries));
+        Ok(Self {
+            rules,
+            params,
+            scripts: Scripts::new(false),
+            #[cfg(feature = "test-time")]
+            test_scripts: Scripts::new(true),
+            options,
+            deny_cache,
+            local,
+            down_until: Mutex::new(None),
+            down: AtomicBool::new(false),
+            counters,
+        })
+    }
 }
 
 /// The general script and the single-check ones, as Redis runs them
@@ -230,10 +275,11 @@ impl RedisStore {
         rules: Vec<Rule>,
         options: RedisOptions,
     ) -> Result<Self, Error> {
-        let params = rules
-            .iter()
-            .map(|r| script::params(r.name(), r.algorithm()))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Checked before connecting: a quota the scripts cannot take is
+        // a configuration error, whether Redis is up or not.
+        for rule in &rules {
+            script::params(rule.name(), rule.algorithm())?;
+        }
         let timeout = options.timeout;
         let connect_within = timeout.max(Duration::from_secs(1));
         let connection = match topology {
@@ -265,34 +311,28 @@ impl RedisStore {
                 Connection::Cluster(connection)
             }
         };
-        let local = match options.on_error {
-            OnError::Local { instances } => Some(MemoryStore::new(
-                rules
-                    .iter()
-                    .map(|r| Rule::new(r.name(), r.algorithm().share(instances)))
-                    .collect(),
-                MemoryOptions::default(),
-            )),
-            _ => None,
-        };
-        let deny_cache =
-            (options.deny_cache_entries > 0).then(|| DenyCache::new(options.deny_cache_entries));
-        let inner = Inner {
+        Ok(Self {
+            inner: Arc::new(Inner::new(rules, options, None, Arc::default())?),
+            connection,
+        })
+    }
+
+    /// A store for `rules` on this store's connection: the same Redis, the
+    /// same options and statistics, no new connection. A rule's counters
+    /// live in Redis under its name, so every rule kept by name and
+    /// algorithm keeps them; so does the in-memory fallback of
+    /// [`OnError::Local`]. Fails, as [`connect`](Self::connect) does, if
+    /// a rule's quota is too large for exact arithmetic in Lua.
+    pub fn with_rules(&self, rules: Vec<Rule>) -> Result<Self, Error> {
+        let inner = Inner::new(
             rules,
-            params,
-            scripts: Scripts::new(false),
-            #[cfg(feature = "test-time")]
-            test_scripts: Scripts::new(true),
-            options,
-            deny_cache,
-            local,
-            down_until: Mutex::new(None),
-            down: AtomicBool::new(false),
-            counters: Counters::default(),
-        };
+            self.inner.options.clone(),
+            self.inner.local.as_ref(),
+            self.inner.counters.clone(),
+        )?;
         Ok(Self {
             inner: Arc::new(inner),
-            connection,
+            connection: self.connection.clone(),
         })
     }
 

@@ -841,3 +841,53 @@ async fn a_reload_that_changes_a_window_starts_it_afresh() {
         );
     }
 }
+
+/// How many clients the server has connected.
+fn connected_clients(server: &RedisServer) -> u64 {
+    let info = server.command("INFO clients");
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO clients has connected_clients")
+}
+
+#[tokio::test]
+async fn with_rules_adds_a_rule_on_the_same_connection_and_keeps_counts() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let minute = Duration::from_secs(60);
+    let a = Rule::new("a", FixedWindow::new(per(3, minute)));
+    let s = store(&server, vec![a.clone()], RedisOptions::default()).await;
+    assert!(s.check(&one("k")).await.unwrap().allowed);
+    let clients = connected_clients(&server);
+
+    let b = Rule::new("b", SlidingWindow::new(per(2, minute)));
+    let wider = s.with_rules(vec![a, b]).expect("the quotas fit");
+    assert_eq!(wider.rules().len(), 2);
+    // "a" kept its count (2 of 3 left before this one).
+    let d = wider.check(&one("k")).await.unwrap();
+    assert_eq!(d.decisions[0].remaining, 1);
+    // "b" is counted on its own, exactly.
+    let b_check = [Check {
+        rule: RuleId(1),
+        key: "k",
+        cost: 1,
+    }];
+    let admitted: Vec<bool> = {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.push(wider.check(&b_check).await.unwrap().allowed);
+        }
+        out
+    };
+    assert_eq!(admitted, [true, true, false]);
+    // No new connection; the statistics are the first store's too.
+    assert_eq!(connected_clients(&server), clients);
+    assert_eq!(s.stats().redis_calls, wider.stats().redis_calls);
+    assert_eq!(wider.stats().redis_calls, 5);
+    // The old store still works, on the same counts: the third of 3, then
+    // a denial.
+    assert!(s.check(&one("k")).await.unwrap().allowed);
+    assert!(!wider.check(&one("k")).await.unwrap().allowed);
+}

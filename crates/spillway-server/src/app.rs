@@ -361,7 +361,9 @@ fn store_rules_of(engine: &Engine, index: usize) -> Vec<(RuleId, Option<String>)
     let end = if index + 1 < policy.rules().len() {
         policy.rule_id(index + 1, None).0
     } else {
-        engine.store().rules().len()
+        // Not the store's count: rules of the Envoy service's limit
+        // overrides may follow the policy's.
+        policy.store_rules().len()
     };
     let prefix = format!("{name}@");
     (start..end)

@@ -71,7 +71,8 @@ impl RateLimitLayer<MemoryStore> {
 
 impl<St: Store> RateLimitLayer<St> {
     /// The policy on `store`, which must have been built with
-    /// [`Policy::store_rules`].
+    /// [`Policy::store_rules`], in that order. Rules of the store's after
+    /// those are the caller's own: the layer never checks them.
     pub fn new(policy: Policy, store: St) -> Result<Self, RuleMismatch> {
         let expected: Vec<String> = policy
             .store_rules()
@@ -84,7 +85,7 @@ impl<St: Store> RateLimitLayer<St> {
             .iter()
             .zip(store.rules())
             .all(|(a, b)| a.algorithm() == b.algorithm());
-        if expected != found || !same_algorithms {
+        if !found.starts_with(&expected) || !same_algorithms {
             return Err(RuleMismatch { expected, found });
         }
         Ok(Self::from_parts(policy, store))

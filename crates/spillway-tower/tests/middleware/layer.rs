@@ -91,7 +91,7 @@ async fn clones_of_the_layer_share_one_store() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_store_built_for_other_rules_is_refused() {
+async fn a_store_built_for_other_rules_is_refused_one_with_more_is_not() {
     let quota = Quota::per_minute(nz(10));
     let policy = Policy::new([HttpRule::new("per-ip", FixedWindow::new(quota))]);
 
@@ -109,5 +109,19 @@ async fn a_store_built_for_other_rules_is_refused() {
         MemoryOptions::default(),
         TokioClock::new(),
     );
-    assert!(RateLimitLayer::new(policy, other_algorithm).is_err());
+    assert!(RateLimitLayer::new(policy.clone(), other_algorithm).is_err());
+
+    // Missing one of the policy's rules: refused.
+    let empty = MemoryStore::with_clock(Vec::new(), MemoryOptions::default(), TokioClock::new());
+    assert!(RateLimitLayer::new(policy.clone(), empty).is_err());
+    // The policy's rules, then one of the caller's own: accepted.
+    let extended = MemoryStore::with_clock(
+        vec![
+            Rule::new("per-ip", FixedWindow::new(quota)),
+            Rule::new("mine", TokenBucket::new(quota, nz(10))),
+        ],
+        MemoryOptions::default(),
+        TokioClock::new(),
+    );
+    assert!(RateLimitLayer::new(policy, extended).is_ok());
 }
