@@ -499,6 +499,16 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
         if name.is_empty() {
             return Err(lines.err(&r.name, field("name"), "must not be empty"));
         }
+        if name.starts_with(crate::engine::OVERRIDE_PREFIX) {
+            return Err(lines.err(
+                &r.name,
+                field("name"),
+                format!(
+                    "`{name}`: names starting with `{}` are the Envoy service's, for limit overrides",
+                    crate::engine::OVERRIDE_PREFIX
+                ),
+            ));
+        }
         if !names.insert(name.clone()) {
             return Err(lines.err(
                 &r.name,
@@ -703,6 +713,17 @@ fn descriptor_file(
         }
     }
     for r in &file.rules {
+        if r.name.starts_with(crate::engine::OVERRIDE_PREFIX) {
+            return Err(file_error(
+                &file.path,
+                r,
+                format!(
+                    "`{}`: names starting with `{}` are the Envoy service's, for limit overrides",
+                    r.name,
+                    crate::engine::OVERRIDE_PREFIX
+                ),
+            ));
+        }
         if let Some((field, line)) = taken.get(&r.name) {
             return Err(file_error(
                 &file.path,
@@ -936,6 +957,15 @@ mod tests {
         assert_eq!(e.line, Some(6));
         let e = error("[store]\nkind = \"redis\"\n");
         assert_eq!(e.field, "store.url");
+    }
+
+    #[test]
+    fn rule_names_of_limit_overrides_are_reserved() {
+        let e = error(&RULE.replace("name = \"a\"", "name = \"envoy-override/5/minute\""));
+        assert_eq!((e.line, e.field.as_str()), (Some(2), "rules[0].name"));
+        assert!(e.message.contains("limit overrides"), "{e}");
+        // Anything else is a name.
+        assert!(Config::parse(&RULE.replace("name = \"a\"", "name = \"envoy-overrides\"")).is_ok());
     }
 
     #[test]

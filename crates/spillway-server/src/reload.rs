@@ -92,6 +92,8 @@ impl Reloader {
             self.last = Some(content);
         }
         let config = source.load()?;
+        // No new limit override while the next engine is made from this one.
+        let _changing = self.state.shared.changing().await;
         let old = self.state.shared.engine();
         let (was, now) = (&old.config.server, &config.server);
         if was.listen != now.listen || was.grpc_listen != now.grpc_listen {

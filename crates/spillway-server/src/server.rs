@@ -54,11 +54,8 @@ pub async fn build_engine(
     metrics: &Arc<Metrics>,
 ) -> Result<Engine, StoreError> {
     let observer: Arc<dyn StoreObserver> = metrics.clone();
-    let Engine { config, layer } = Engine::build(config, previous, Some(observer)).await?;
-    Ok(Engine {
-        config,
-        layer: layer.observer(DecisionObserver(metrics.clone())),
-    })
+    let engine = Engine::build(config, previous, Some(observer)).await?;
+    Ok(engine.observed(DecisionObserver(metrics.clone())))
 }
 
 /// Command-line settings that take precedence over the configuration file,

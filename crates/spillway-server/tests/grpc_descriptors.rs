@@ -367,22 +367,192 @@ descriptors:
     assert_eq!(s.admitted(&[("client", "c")], 3).await, 1);
 }
 
+/// A descriptor of these entries that brings its own limit.
+fn with_limit(entries: &[(&str, &str)], requests_per_unit: u32, unit: i32) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit,
+            unit,
+        }),
+        ..descriptor(entries)
+    }
+}
+
+const MINUTE: i32 = 2; // envoy.type.v3.RateLimitUnit
+
+impl Server {
+    /// Asks `times` times for these descriptors: how many were OK.
+    async fn admitted_all(&mut self, descriptors: &[RateLimitDescriptor], times: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..times {
+            let r = self.ask(request(DOMAIN, descriptors.to_vec())).await;
+            ok += usize::from(code(r.overall_code) == Code::Ok);
+        }
+        ok
+    }
+}
+
 #[tokio::test]
-async fn limit_overrides_are_ignored() {
+async fn a_limit_override_replaces_the_configured_limit() {
     let dir = files("yaml-override", TOML, YAML);
     let mut s = start(&dir).await;
-    let overridden = RateLimitDescriptor {
-        limit: Some(RateLimitOverride {
-            requests_per_unit: 100,
-            unit: Unit::Second.into(),
-        }),
-        ..descriptor(IP)
-    };
-    for remaining in [2, 1, 0] {
-        let r = s.ask(request(DOMAIN, vec![overridden.clone()])).await;
+    // remote_address is 3 a minute in the file; this one says 2.
+    let two = with_limit(IP, 2, MINUTE);
+    for remaining in [1, 0] {
+        let r = s.ask(request(DOMAIN, vec![two.clone()])).await;
+        assert_eq!(code(r.overall_code), Code::Ok);
         assert_eq!(r.statuses[0].limit_remaining, remaining);
-        assert_eq!(limit(&r.statuses[0]), ("remote_address", 3, Unit::Minute));
+        assert_eq!(
+            limit(&r.statuses[0]),
+            ("envoy-override/2/minute", 2, Unit::Minute)
+        );
+        let reset = r.statuses[0].duration_until_reset.expect("a reset");
+        assert!(
+            reset.seconds <= 60 && (reset.seconds, reset.nanos) > (0, 0),
+            "{reset:?}"
+        );
     }
+    let r = s.ask(request(DOMAIN, vec![two.clone()])).await;
+    assert_eq!(code(r.overall_code), Code::OverLimit);
+    assert_eq!(code(r.statuses[0].code), Code::OverLimit);
+    let retry = r
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == "retry-after")
+        .expect("a Retry-After");
+    assert!(
+        retry
+            .value
+            .parse::<u64>()
+            .is_ok_and(|s| (1..=60).contains(&s)),
+        "{retry:?}"
+    );
+    // The configured limit of the same descriptor was not charged.
+    assert_eq!(s.admitted(IP, 4).await, 3);
+    // Another value of the override is counted on its own.
+    assert_eq!(s.admitted_all(&[with_limit(IP, 5, MINUTE)], 6).await, 5);
+    // A descriptor no rule reaches is limited by its override alone.
+    let unconfigured = with_limit(&[("anything", "x")], 1, 1);
+    assert_eq!(s.admitted_all(&[unconfigured], 3).await, 1);
+
+    let metrics = s.state.metrics.encode(&s.state.shared.engine());
+    let series = |rule: &str, outcome: &str| {
+        metric_value(
+            &metrics,
+            &format!("spillway_decisions_total{{rule=\"{rule}\",outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(
+        series("envoy-override/2/minute", "allowed"),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        series("envoy-override/2/minute", "rejected"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        series("envoy-override/1/second", "rejected"),
+        Some(2.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_override_is_decided_with_the_requests_other_descriptors() {
+    let dir = files("yaml-override-atomic", TOML, YAML);
+    let mut s = start(&dir).await;
+    let both = [with_limit(&[("user", "ann")], 2, MINUTE), descriptor(IP)];
+    assert_eq!(s.admitted_all(&both, 2).await, 2);
+    // The override is spent: the request is denied, and remote_address
+    // (3 a minute, 1 left) is not charged for it.
+    let r = s.ask(request(DOMAIN, both.to_vec())).await;
+    assert_eq!(code(r.overall_code), Code::OverLimit);
+    assert_eq!(code(r.statuses[0].code), Code::OverLimit);
+    assert_eq!(code(r.statuses[1].code), Code::Ok);
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    assert_eq!(s.admitted(IP, 2).await, 1);
+}
+
+#[tokio::test]
+async fn a_zero_override_is_over_limit_and_a_bad_unit_is_refused() {
+    let dir = files("yaml-override-zero", TOML, YAML);
+    let mut s = start(&dir).await;
+    let r = s
+        .ask(request(
+            DOMAIN,
+            vec![with_limit(&[("user", "ann")], 0, MINUTE), descriptor(IP)],
+        ))
+        .await;
+    assert_eq!(code(r.overall_code), Code::OverLimit);
+    assert_eq!(code(r.statuses[0].code), Code::OverLimit);
+    assert_eq!(
+        limit(&r.statuses[0]),
+        ("envoy-override/0/minute", 0, Unit::Minute)
+    );
+    // Nothing charged: remote_address still has all 3.
+    assert_eq!(r.statuses[1].limit_remaining, 3);
+    assert_eq!(s.admitted(IP, 4).await, 3);
+
+    for unit in [0, 8, -1] {
+        let e = s
+            .grpc
+            .should_rate_limit(request(DOMAIN, vec![with_limit(IP, 5, unit)]))
+            .await
+            .expect_err("no such unit");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("unit"), "{e:?}");
+    }
+    // Another domain's descriptors are not looked at, overrides included.
+    let r = s.ask(request("other", vec![with_limit(IP, 0, 0)])).await;
+    assert_eq!(code(r.overall_code), Code::Ok);
+}
+
+#[tokio::test]
+async fn overrides_are_bounded_and_survive_a_reload() {
+    let dir = files("yaml-override-bound", TOML, YAML);
+    let mut s = start(&dir).await;
+    let max = spillway_server::engine::MAX_LIMIT_OVERRIDES;
+    let n = u32::try_from(max).unwrap();
+    for per_unit in 1..=n {
+        let r = s
+            .ask(request(DOMAIN, vec![with_limit(IP, per_unit, MINUTE)]))
+            .await;
+        assert_eq!(code(r.overall_code), Code::Ok, "override {per_unit}");
+    }
+    let e = s
+        .grpc
+        .should_rate_limit(request(DOMAIN, vec![with_limit(IP, n + 1, MINUTE)]))
+        .await
+        .expect_err("one too many");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    // Those already counted still are.
+    let r = s
+        .ask(request(DOMAIN, vec![with_limit(IP, 3, MINUTE)]))
+        .await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+
+    // A reload keeps them, and their counts.
+    let mut reloader = Reloader::new(
+        s.state.clone(),
+        Some(ConfigSource::from(dir.join("spillway.toml"))),
+    )
+    .expect("a reloader");
+    reloader.reload().await.expect("reloaded");
+    let r = s
+        .ask(request(DOMAIN, vec![with_limit(IP, 3, MINUTE)]))
+        .await;
+    assert_eq!(code(r.overall_code), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        code(
+            s.ask(request(DOMAIN, vec![with_limit(IP, 3, MINUTE)]))
+                .await
+                .overall_code
+        ),
+        Code::OverLimit
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -445,6 +615,15 @@ async fn on_redis_too() {
     assert_eq!(s.admitted(&[("health", "x")], 3).await, 3);
     let login = &[("path", "/login"), ("remote_address", "10.0.0.1")];
     assert_eq!(s.admitted(login, 3).await, 2);
+
+    // A limit override on Redis, shared exactly by a second instance.
+    let mut other = start(&dir).await;
+    let five = [with_limit(&[("user", "ann")], 5, MINUTE)];
+    let (a, b) = (
+        s.admitted_all(&five, 3).await,
+        other.admitted_all(&five, 4).await,
+    );
+    assert_eq!((a, b), (3, 2));
 }
 
 // ---- configuration errors ----------------------------------------------

@@ -132,6 +132,20 @@ impl<St: Store> RateLimitLayer<St> {
         &self.shared.store
     }
 
+    /// This layer's policy and observer on another store, which must start
+    /// with the policy's rules as for [`new`](Self::new): a store re-made
+    /// with rules of the caller's own after them, say.
+    pub fn on_store<S2: Store>(&self, store: S2) -> Result<RateLimitLayer<S2>, RuleMismatch> {
+        let layer = RateLimitLayer::new(self.shared.policy.clone(), store)?;
+        let shared = Arc::into_inner(layer.shared).expect("not cloned yet");
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                observer: self.shared.observer.clone(),
+                ..shared
+            }),
+        })
+    }
+
     /// The policy.
     pub fn policy(&self) -> &Policy {
         &self.shared.policy

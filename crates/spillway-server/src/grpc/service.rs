@@ -14,12 +14,13 @@ use tonic::{Request, Response, Status};
 
 use super::pb::envoy::config::core::v3::HeaderValue;
 use super::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use super::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use super::rls::rate_limit_response::rate_limit::Unit;
 use super::rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 use super::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use super::rls::{RateLimitRequest, RateLimitResponse};
 use crate::config::descriptors::{self, DescriptorTree, Reached, UnitLimit};
-use crate::engine::{Engine, Shared};
+use crate::engine::{Engine, OverrideError, Shared};
 
 /// The Envoy rate limit service: answers `ShouldRateLimit` with the current
 /// engine (a reload takes effect on the next call).
@@ -46,21 +47,111 @@ impl RateLimitService for EnvoyRateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let engine = self.shared.engine();
-        decide(&engine, request.into_inner())
-            .await
-            .map(Response::new)
+        let request = request.into_inner();
+        let mut engine = self.shared.engine();
+        let missing = overrides_missing(&engine, &request)?;
+        if !missing.is_empty() {
+            engine = self
+                .shared
+                .with_overrides(&missing)
+                .await
+                .map_err(|e| match e {
+                    OverrideError::TooMany => Status::resource_exhausted(e.to_string()),
+                    OverrideError::Store(e) => Status::invalid_argument(e.to_string()),
+                })?;
+        }
+        decide(&engine, request).await.map(Response::new)
     }
 }
 
-/// One store check: a descriptor under one of the rules it maps to.
+/// One store check: a descriptor under one of the rules it maps to, or
+/// under the limit it came with.
 #[derive(Debug)]
 struct Planned {
     descriptor: usize,
-    // The HTTP rule's index in the policy.
-    rule: usize,
+    source: Source,
     id: spillway::store::RuleId,
     cost: u64,
+}
+
+/// What a store check counts for.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// A configured rule: its index in the policy.
+    Rule(usize),
+    /// The descriptor's own limit (Envoy's limit override).
+    Override(UnitLimit),
+}
+
+impl Planned {
+    /// The configured rule's index in the policy, if it counts for one.
+    fn rule(&self) -> Option<usize> {
+        match self.source {
+            Source::Rule(rule) => Some(rule),
+            Source::Override(_) => None,
+        }
+    }
+
+    /// The name it is reported under: the configured rule's, or the store
+    /// rule's of the override (`envoy-override/100/minute`).
+    fn name<'e>(&self, engine: &'e Engine) -> &'e str {
+        match self.source {
+            Source::Rule(rule) => engine.config.policy.rules()[rule].name(),
+            Source::Override(_) => engine.store().rules()[self.id.0].name(),
+        }
+    }
+}
+
+/// A descriptor's limit override as a limit, or (`Err`) the unit of one of
+/// 0 requests, which everything is over; a `Status` for a unit we do not
+/// know.
+fn override_limit(
+    limit: &RateLimitOverride,
+) -> Result<Result<UnitLimit, descriptors::Unit>, Status> {
+    use descriptors::Unit as U;
+    // envoy.type.v3.RateLimitUnit's numbers.
+    let unit = match limit.unit {
+        1 => U::Second,
+        2 => U::Minute,
+        3 => U::Hour,
+        4 => U::Day,
+        5 => U::Month,
+        6 => U::Year,
+        7 => U::Week,
+        other => {
+            return Err(Status::invalid_argument(format!(
+                "a descriptor's limit override needs a unit (second to year), not {other}"
+            )));
+        }
+    };
+    Ok(std::num::NonZeroU32::new(limit.requests_per_unit)
+        .map(|requests_per_unit| UnitLimit {
+            requests_per_unit,
+            unit,
+        })
+        .ok_or(unit))
+}
+
+/// The limit overrides of `request` that `engine` does not count yet (a
+/// request for another domain has none: its descriptors are not looked at).
+fn overrides_missing(
+    engine: &Engine,
+    request: &RateLimitRequest,
+) -> Result<Vec<UnitLimit>, Status> {
+    let mut missing = Vec::new();
+    if request.domain != engine.config.envoy_domain {
+        return Ok(missing);
+    }
+    for descriptor in &request.descriptors {
+        if let Some(limit) = &descriptor.limit
+            && let Ok(limit) = override_limit(limit)?
+            && engine.override_id(limit).is_none()
+            && !missing.contains(&limit)
+        {
+            missing.push(limit);
+        }
+    }
+    Ok(missing)
 }
 
 /// Decides on one request.
@@ -98,14 +189,28 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
     let mut planned = Vec::new();
     // The descriptors the file's tree says are `unlimited`.
     let mut unlimited_in_file = vec![false; request.descriptors.len()];
+    // The descriptors whose limit override is 0 requests per unit: over it
+    // whatever the state, with the unit of that override.
+    let mut zero_limit = vec![None; request.descriptors.len()];
     for (d, descriptor) in request.descriptors.iter().enumerate() {
         keys.push(key_of(descriptor));
-        if descriptor.limit.is_some() {
-            tracing::debug!(
-                "a descriptor's limit override is not supported: the configured limits apply"
-            );
-        }
         let cost = descriptor.hits_addend.unwrap_or(request_cost);
+        if let Some(limit) = &descriptor.limit {
+            // As envoyproxy/ratelimit: the descriptor's own limit is its
+            // one limit, in place of whatever the configuration says.
+            match override_limit(limit)? {
+                Ok(limit) => planned.push(Planned {
+                    descriptor: d,
+                    source: Source::Override(limit),
+                    id: engine
+                        .override_id(limit)
+                        .ok_or_else(|| Status::internal("a limit override has no store rule"))?,
+                    cost,
+                }),
+                Err(unit) => zero_limit[d] = Some(unit),
+            }
+            continue;
+        }
         let reached = match tree.map(|t| reached(t, descriptor)) {
             Some(Reached::Rule(rule)) => Some(rule),
             Some(Reached::Unlimited) => {
@@ -117,7 +222,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
         for rule in rules_for(&config.descriptors, descriptor).chain(reached) {
             planned.push(Planned {
                 descriptor: d,
-                rule,
+                source: Source::Rule(rule),
                 id: policy.rule_id(rule, None),
                 cost,
             });
@@ -128,11 +233,12 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
     if let Some(tree) = tree {
         let replaced: Vec<usize> = planned
             .iter()
-            .flat_map(|p| tree.replaced_by(p.rule))
+            .filter_map(Planned::rule)
+            .flat_map(|rule| tree.replaced_by(rule))
             .copied()
             .collect();
         if !replaced.is_empty() {
-            planned.retain(|p| !replaced.contains(&p.rule));
+            planned.retain(|p| p.rule().is_none_or(|rule| !replaced.contains(&rule)));
         }
     }
 
@@ -143,7 +249,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
         .iter()
         .map(|p| p.cost > store.rules()[p.id.0].algorithm().capacity())
         .collect();
-    let peek = impossible.contains(&true);
+    let peek = impossible.contains(&true) || zero_limit.iter().any(Option::is_some);
 
     let checks: Vec<Check<'_>> = planned
         .iter()
@@ -177,7 +283,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             let Some(decision) = &decisions[i] else {
                 continue;
             };
-            let rule = policy.rules()[plan.rule].name();
+            let rule = plan.name(engine);
             let outcome = match (decision.allowed, action(engine, plan)) {
                 (true, _) => Outcome::Allowed,
                 (false, Action::Reject) => Outcome::Rejected,
@@ -195,6 +301,18 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
     };
     let mut statuses = Vec::with_capacity(request.descriptors.len());
     for (d, &file_says_unlimited) in unlimited_in_file.iter().enumerate() {
+        if let Some(unit) = zero_limit[d] {
+            statuses.push(DescriptorStatus {
+                code: Code::OverLimit.into(),
+                current_limit: Some(RateLimit {
+                    name: format!("{}0/{}", crate::engine::OVERRIDE_PREFIX, unit.name()),
+                    requests_per_unit: 0,
+                    unit: response_unit(unit).unwrap_or(Unit::Unknown).into(),
+                }),
+                ..DescriptorStatus::default()
+            });
+            continue;
+        }
         let mine: Vec<usize> = (0..planned.len())
             .filter(|&i| planned[i].descriptor == d)
             .collect();
@@ -211,9 +329,12 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             continue;
         };
         let decision = decisions[shown].expect("decided");
-        let rule = planned[shown].rule;
-        let name = policy.rules()[rule].name();
+        let name = planned[shown].name(engine);
         let quota = store.rules()[planned[shown].id.0].algorithm().quota();
+        let configured = match planned[shown].source {
+            Source::Rule(rule) => tree.and_then(|t| t.limit_of(rule)),
+            Source::Override(limit) => Some(limit),
+        };
         statuses.push(DescriptorStatus {
             code: if mine.iter().any(|&i| hard_denied(i)) {
                 Code::OverLimit
@@ -222,7 +343,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             }
             .into(),
             current_limit: Some(
-                tree.and_then(|t| t.limit_of(rule))
+                configured
                     .and_then(|limit| as_configured(name, limit))
                     .unwrap_or_else(|| current_limit(name, quota)),
             ),
@@ -249,7 +370,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
                 let window = quota
                     .period()
                     .mul_f64(decision.limit as f64 / f64::from(quota.limit().get()));
-                let name = policy.rules()[planned[i].rule].name();
+                let name = planned[i].name(engine);
                 Some((i, (name, decision, window)))
             })
             .collect();
@@ -273,7 +394,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
     if !over {
         let mut limited: Vec<&str> = Vec::new();
         for &i in soft_denials {
-            let name = policy.rules()[planned[i].rule].name();
+            let name = planned[i].name(engine);
             match action(engine, &planned[i]) {
                 Action::Degrade if !limited.contains(&name) => limited.push(name),
                 Action::Shadow => {
@@ -314,7 +435,11 @@ fn header(key: &str, value: &str) -> HeaderValue {
 }
 
 fn action(engine: &Engine, planned: &Planned) -> Action {
-    engine.config.policy.rules()[planned.rule].on_deny()
+    match planned.source {
+        Source::Rule(rule) => engine.config.policy.rules()[rule].on_deny(),
+        // As envoyproxy/ratelimit: an override is never in shadow mode.
+        Source::Override(_) => Action::Reject,
+    }
 }
 
 /// The rules a descriptor maps to: those whose `descriptors` list is its
@@ -347,7 +472,16 @@ fn reached(tree: &DescriptorTree, descriptor: &RateLimitDescriptor) -> Reached {
 /// A rate limit of the descriptor file as it is written there, if the
 /// version of Envoy's API this service speaks has its unit (it has no week).
 fn as_configured(name: &str, limit: UnitLimit) -> Option<RateLimit> {
-    let unit = match limit.unit {
+    Some(RateLimit {
+        name: name.to_string(),
+        requests_per_unit: limit.requests_per_unit.get(),
+        unit: response_unit(limit.unit)?.into(),
+    })
+}
+
+/// A unit as the answer's `RateLimit` names it, if it has it (not a week).
+fn response_unit(unit: descriptors::Unit) -> Option<Unit> {
+    Some(match unit {
         descriptors::Unit::Second => Unit::Second,
         descriptors::Unit::Minute => Unit::Minute,
         descriptors::Unit::Hour => Unit::Hour,
@@ -355,11 +489,6 @@ fn as_configured(name: &str, limit: UnitLimit) -> Option<RateLimit> {
         descriptors::Unit::Month => Unit::Month,
         descriptors::Unit::Year => Unit::Year,
         descriptors::Unit::Week => return None,
-    };
-    Some(RateLimit {
-        name: name.to_string(),
-        requests_per_unit: limit.requests_per_unit.get(),
-        unit: unit.into(),
     })
 }
 
