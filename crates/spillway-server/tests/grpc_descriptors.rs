@@ -509,6 +509,61 @@ async fn a_zero_override_is_over_limit_and_a_bad_unit_is_refused() {
     assert_eq!(code(r.overall_code), Code::Ok);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_overrides_arriving_together_are_all_counted_exactly() {
+    let dir = files("yaml-override-race", TOML, YAML);
+    let s = start(&dir).await;
+    // 16 clients at once, each bringing two overrides no call has brought
+    // yet: 4 a minute for everyone, and one of its own (10 + i).
+    let mut tasks = Vec::new();
+    for i in 0..16u32 {
+        let mut grpc = s.grpc.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut shared_ok = 0;
+            for _ in 0..2 {
+                let r = grpc_support::ask(
+                    &mut grpc,
+                    request(DOMAIN, vec![with_limit(&[("user", "all")], 4, MINUTE)]),
+                )
+                .await;
+                shared_ok += usize::from(code(r.overall_code) == Code::Ok);
+                let own = grpc_support::ask(
+                    &mut grpc,
+                    request(
+                        DOMAIN,
+                        vec![with_limit(&[("user", &i.to_string())], 10 + i, MINUTE)],
+                    ),
+                )
+                .await;
+                assert_eq!(code(own.overall_code), Code::Ok);
+            }
+            shared_ok
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    assert_eq!(admitted, 4, "4 a minute, shared by all");
+    // Every override has its rule, with its own count (2 of 10 + i used).
+    let engine = s.state.shared.engine();
+    for i in 0..16u32 {
+        let limit = spillway_server::config::descriptors::UnitLimit {
+            requests_per_unit: std::num::NonZeroU32::new(10 + i).unwrap(),
+            unit: spillway_server::config::descriptors::Unit::Minute,
+        };
+        assert!(engine.override_id(limit).is_some(), "override {}", 10 + i);
+    }
+    let mut s = s;
+    let r = s
+        .ask(request(
+            DOMAIN,
+            vec![with_limit(&[("user", "3")], 13, MINUTE)],
+        ))
+        .await;
+    assert_eq!(r.statuses[0].limit_remaining, 10);
+}
+
 #[tokio::test]
 async fn overrides_are_bounded_and_survive_a_reload() {
     let dir = files("yaml-override-bound", TOML, YAML);
