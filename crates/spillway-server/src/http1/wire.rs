@@ -831,4 +831,131 @@ mod tests {
         put_status_line(&mut line, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(line, b"HTTP/1.1 429 Too Many Requests\r\n");
     }
+
+    /// Properties of the framing code over inputs no example list covers:
+    /// the connection code trusts these functions with bytes straight from
+    /// the network.
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Where a head ends, the slow way: after the first line that is
+        /// empty (a bare LF or CRLF) following another line.
+        fn head_end_slowly(buf: &[u8]) -> Option<usize> {
+            (1..=buf.len()).find(|&end| {
+                let seen = &buf[..end];
+                seen.ends_with(b"\n\n") || seen.ends_with(b"\n\r\n")
+            })
+        }
+
+        /// A chunked encoding of `chunks`, with an extension on some size
+        /// lines and `trailers` after the last chunk.
+        fn encode(chunks: &[Vec<u8>], with_ext: &[bool], trailers: &[String]) -> Vec<u8> {
+            let mut out = Vec::new();
+            for (i, chunk) in chunks.iter().enumerate() {
+                out.extend_from_slice(format!("{:x}", chunk.len()).as_bytes());
+                if with_ext.get(i) == Some(&true) {
+                    out.extend_from_slice(b";name=\"v\"");
+                }
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(chunk);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"0\r\n");
+            for t in trailers {
+                out.extend_from_slice(t.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"\r\n");
+            out
+        }
+
+        /// `bytes` cut at `cuts` (positions, in any order, maybe repeated).
+        fn pieces<'a>(bytes: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+            let mut at: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            at.push(0);
+            at.push(bytes.len());
+            at.sort_unstable();
+            at.windows(2).map(|w| &bytes[w[0]..w[1]]).collect()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn head_end_is_the_first_empty_line(
+                buf in proptest::collection::vec(
+                    prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'a'), any::<u8>()],
+                    0..64,
+                )
+            ) {
+                prop_assert_eq!(head_end(&buf), head_end_slowly(&buf));
+            }
+
+            #[test]
+            fn a_chunked_body_reads_back_whatever_the_reads(
+                chunks in proptest::collection::vec(
+                    proptest::collection::vec(any::<u8>(), 1..40), 0..8),
+                with_ext in proptest::collection::vec(any::<bool>(), 8),
+                trailers in proptest::collection::vec("[A-Za-z-]{1,8}: [ -~]{0,12}", 0..3),
+                next in proptest::collection::vec(any::<u8>(), 0..16),
+                cuts in proptest::collection::vec(any::<usize>(), 0..6),
+            ) {
+                let body = encode(&chunks, &with_ext, &trailers);
+                let mut stream = body.clone();
+                stream.extend_from_slice(&next);
+                let (data, used, done) = dechunk(&pieces(&stream, &cuts)).unwrap();
+                prop_assert_eq!(data, chunks.concat());
+                prop_assert_eq!(used, body.len(), "the next request's bytes are not the body's");
+                prop_assert!(done);
+            }
+
+            #[test]
+            fn a_cut_short_chunked_body_is_not_done(
+                chunks in proptest::collection::vec(
+                    proptest::collection::vec(any::<u8>(), 1..40), 0..8),
+                keep in any::<usize>(),
+            ) {
+                let body = encode(&chunks, &[], &[]);
+                let short = &body[..keep % body.len()];
+                let (data, used, done) = dechunk(&[short]).unwrap();
+                prop_assert!(!done);
+                prop_assert_eq!(used, short.len());
+                prop_assert!(chunks.concat().starts_with(&data));
+            }
+
+            #[test]
+            fn any_bytes_are_framed_or_refused_never_a_panic(
+                bytes in proptest::collection::vec(
+                    prop_oneof![
+                        Just(b'\r'), Just(b'\n'), Just(b'0'), Just(b'f'), Just(b';'),
+                        any::<u8>(),
+                    ],
+                    0..200,
+                ),
+                cuts in proptest::collection::vec(any::<usize>(), 0..6),
+            ) {
+                if let Ok((_, used, _)) = dechunk(&pieces(&bytes, &cuts)) {
+                    prop_assert!(used <= bytes.len());
+                }
+            }
+
+            #[test]
+            fn any_head_parses_or_is_refused_never_a_panic(
+                text in "[A-Z]{0,8} [ -~]{0,40} HTTP/1\\.[0-9]\r\n([A-Za-z-]{0,12}:[ -~\t]{0,30}\r?\n){0,6}\r?\n",
+                noise in proptest::collection::vec(any::<u8>(), 0..8),
+                at in any::<usize>(),
+            ) {
+                let mut bytes = text.into_bytes();
+                let at = at % (bytes.len() + 1);
+                bytes.splice(at..at, noise);
+                let head = Bytes::from(bytes);
+                let _ = parse_request(&head);
+                let _ = parse_request_line(&head);
+                let _ = parse_response(&head, &Method::GET, |_, _| {});
+                let _ = parse_response(&head, &Method::HEAD, |_, _| {});
+            }
+        }
+    }
 }
