@@ -9,6 +9,8 @@
 //! whether to keep a connection after an error), the tests accept every
 //! correct choice and pin only what every correct proxy must do.
 
+mod mangle;
+
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -1083,4 +1085,29 @@ async fn repeated_header_lines_keep_every_value_in_order_both_ways() {
     );
     // Other repeated fields may be joined with commas, in order.
     assert_eq!(upstream.seen()[0].request.headers.list("x-tag"), ["a", "b"]);
+}
+
+#[tokio::test]
+async fn mangled_requests_get_4xx_or_an_answer_and_never_hang_or_break_the_proxy() {
+    let upstream = RawUpstream::echo().await;
+    let lavish = GENEROUS.replace("limit = 1000", "limit = 1000000");
+    let proxy = start_proxy(&lavish, upstream.addr).await;
+    for seed in [0x5eed_1e55_c0ff_ee00, 7, 0xdead_beef] {
+        let (statuses, answered) = mangle::send_mangled(proxy, seed).await;
+        // Not all refused at the first byte: some reach the upstream.
+        assert!(answered > 150, "seed {seed}: {answered} of 300 answered");
+        for status in ["200", "400"] {
+            assert!(
+                statuses.iter().any(|s| s == status),
+                "seed {seed}: no {status} among {statuses:?}"
+            );
+        }
+    }
+    // The proxy still relays.
+    let mut client = Wire::connect(proxy).await;
+    let answer = client.exchange(&get("/after")).await;
+    assert_eq!(
+        (answer.status, answer.text()),
+        (200, "upstream got GET /after".into())
+    );
 }
