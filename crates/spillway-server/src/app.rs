@@ -863,11 +863,21 @@ async fn admin_auth(Extract(state): Extract<State>, req: Request, next: Next) ->
     }
 }
 
-/// What an admin path names: the engine, the rule (and its index), the key.
+/// What an admin path names: the engine, the rule, the key, and the
+/// rule's store rules (with their tiers).
+type AdminTarget = (
+    std::sync::Arc<Engine>,
+    String,
+    String,
+    Vec<(RuleId, Option<String>)>,
+);
+
+/// The target of an admin path. A rule is a configured one or a limit
+/// override the Envoy service counts (`envoy-override:5-per-minute`).
 fn admin_target(
     state: &State,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<(std::sync::Arc<Engine>, String, String, usize), Box<Response>> {
+) -> Result<AdminTarget, Box<Response>> {
     let (rule, key) = match path {
         Ok(Path(p)) => p,
         Err(rejection) => {
@@ -875,25 +885,31 @@ fn admin_target(
         }
     };
     let engine = state.shared.engine();
-    match rule_index(&engine, &rule) {
-        Some(index) => Ok((engine, rule, key, index)),
-        None => Err(Box::new(problem(
-            StatusCode::NOT_FOUND,
-            format!("No rule named `{rule}`."),
-        ))),
-    }
+    let targets = match rule_index(&engine, &rule) {
+        Some(index) => store_rules_of(&engine, index),
+        None => match engine.override_named(&rule) {
+            Some(id) => vec![(id, None)],
+            None => {
+                return Err(Box::new(problem(
+                    StatusCode::NOT_FOUND,
+                    format!("No rule named `{rule}`."),
+                )));
+            }
+        },
+    };
+    Ok((engine, rule, key, targets))
 }
 
 async fn admin_key(
     Extract(state): Extract<State>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let (engine, rule, key, index) = match admin_target(&state, path) {
+    let (engine, rule, key, targets) = match admin_target(&state, path) {
         Ok(target) => target,
         Err(response) => return *response,
     };
     let mut quotas = Vec::new();
-    for (id, tier) in store_rules_of(&engine, index) {
+    for (id, tier) in targets {
         // Cost 0: a peek that charges nothing and leaves no state behind.
         let peek = [Check {
             rule: id,
@@ -924,13 +940,13 @@ async fn admin_reset(
     Extract(state): Extract<State>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let (engine, rule, key, index) = match admin_target(&state, path) {
+    let (engine, rule, key, targets) = match admin_target(&state, path) {
         Ok(target) => target,
         Err(response) => return *response,
     };
     let mut reset = Vec::new();
     let mut held = false;
-    for (id, _) in store_rules_of(&engine, index) {
+    for (id, _) in targets {
         let store = engine.store();
         held |= match (store.memory(), store.redis()) {
             (Some(memory), _) => memory.reset(id, &key),

@@ -961,7 +961,7 @@ mod tests {
 
     #[test]
     fn rule_names_of_limit_overrides_are_reserved() {
-        let e = error(&RULE.replace("name = \"a\"", "name = \"envoy-override/5/minute\""));
+        let e = error(&RULE.replace("name = \"a\"", "name = \"envoy-override:5-per-minute\""));
         assert_eq!((e.line, e.field.as_str()), (Some(2), "rules[0].name"));
         assert!(e.message.contains("limit overrides"), "{e}");
         // Anything else is a name.

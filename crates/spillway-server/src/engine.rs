@@ -21,7 +21,8 @@ pub const MAX_LIMIT_OVERRIDES: usize = 64;
 
 /// The store rule of a limit Envoy sent with a descriptor: a fixed window
 /// of `requests_per_unit` per `unit`, as envoyproxy/ratelimit counts one.
-/// Its name (`envoy-override/100/minute`) cannot be a configured rule's.
+/// Its name (`envoy-override:100-per-minute`) cannot be a configured
+/// rule's.
 pub fn override_rule(limit: UnitLimit) -> Rule {
     let quota = Quota::new(limit.requests_per_unit, limit.unit.duration())
         .expect("a unit is a whole number of seconds, at most a year");
@@ -31,7 +32,7 @@ pub fn override_rule(limit: UnitLimit) -> Rule {
 /// The name of [`override_rule`]`(limit)`.
 pub fn override_name(limit: UnitLimit) -> String {
     format!(
-        "{OVERRIDE_PREFIX}{}/{}",
+        "{OVERRIDE_PREFIX}{}-per-{}",
         limit.requests_per_unit,
         limit.unit.name()
     )
@@ -39,7 +40,7 @@ pub fn override_name(limit: UnitLimit) -> String {
 
 /// The prefix of the store rules of limit overrides, which configured rule
 /// names may not start with.
-pub const OVERRIDE_PREFIX: &str = "envoy-override/";
+pub const OVERRIDE_PREFIX: &str = "envoy-override:";
 
 /// Why a limit override could not be counted.
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +223,13 @@ impl Engine {
             .iter()
             .position(|&o| o == limit)
             .map(|i| RuleId(first + i))
+    }
+
+    /// The store rule of the limit override named `name`
+    /// ([`override_name`]), if this engine counts it.
+    pub fn override_named(&self, name: &str) -> Option<RuleId> {
+        let limit = self.overrides.iter().find(|&&o| override_name(o) == name)?;
+        self.override_id(*limit)
     }
 
     /// This engine with a store rule for `limit` after the others: every

@@ -404,7 +404,7 @@ async fn a_limit_override_replaces_the_configured_limit() {
         assert_eq!(r.statuses[0].limit_remaining, remaining);
         assert_eq!(
             limit(&r.statuses[0]),
-            ("envoy-override/2/minute", 2, Unit::Minute)
+            ("envoy-override:2-per-minute", 2, Unit::Minute)
         );
         let reset = r.statuses[0].duration_until_reset.expect("a reset");
         assert!(
@@ -443,20 +443,51 @@ async fn a_limit_override_replaces_the_configured_limit() {
         )
     };
     assert_eq!(
-        series("envoy-override/2/minute", "allowed"),
+        series("envoy-override:2-per-minute", "allowed"),
         Some(2.0),
         "{metrics}"
     );
     assert_eq!(
-        series("envoy-override/2/minute", "rejected"),
+        series("envoy-override:2-per-minute", "rejected"),
         Some(1.0),
         "{metrics}"
     );
     assert_eq!(
-        series("envoy-override/1/second", "rejected"),
+        series("envoy-override:1-per-second", "rejected"),
         Some(2.0),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn the_admin_api_reads_and_resets_an_override() {
+    let toml = format!("[server]\nadmin_token = \"t\"\n{TOML}");
+    let dir = files("yaml-override-admin", &toml, YAML);
+    let mut s = start(&dir).await;
+    let auth = [("authorization", "Bearer t")];
+    let path = "/admin/rules/envoy-override:2-per-minute/keys/remote_address=10.0.0.1";
+    // Not counted yet: no such rule.
+    let a = s.http.send(http::Method::GET, path, &auth, "").await;
+    assert_eq!(a.status, http::StatusCode::NOT_FOUND, "{}", a.text());
+
+    let two = [with_limit(IP, 2, MINUTE)];
+    assert_eq!(s.admitted_all(&two, 3).await, 2);
+    let a = s.http.send(http::Method::GET, path, &auth, "").await;
+    assert_eq!(a.status, http::StatusCode::OK, "{}", a.text());
+    let v = a.json();
+    assert_eq!(v["quotas"][0]["store_rule"], "envoy-override:2-per-minute");
+    assert_eq!(
+        (
+            v["quotas"][0]["limit"].as_u64(),
+            v["quotas"][0]["remaining"].as_u64()
+        ),
+        (Some(2), Some(0))
+    );
+
+    let a = s.http.send(http::Method::DELETE, path, &auth, "").await;
+    assert_eq!(a.status, http::StatusCode::OK, "{}", a.text());
+    assert_eq!(a.json()["held"], true);
+    assert_eq!(s.admitted_all(&two, 3).await, 2, "counted afresh");
 }
 
 #[tokio::test]
@@ -489,7 +520,7 @@ async fn a_zero_override_is_over_limit_and_a_bad_unit_is_refused() {
     assert_eq!(code(r.statuses[0].code), Code::OverLimit);
     assert_eq!(
         limit(&r.statuses[0]),
-        ("envoy-override/0/minute", 0, Unit::Minute)
+        ("envoy-override:0-per-minute", 0, Unit::Minute)
     );
     // Nothing charged: remote_address still has all 3.
     assert_eq!(r.statuses[1].limit_remaining, 3);

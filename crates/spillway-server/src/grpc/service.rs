@@ -93,7 +93,7 @@ impl Planned {
     }
 
     /// The name it is reported under: the configured rule's, or the store
-    /// rule's of the override (`envoy-override/100/minute`).
+    /// rule's of the override (`envoy-override:100-per-minute`).
     fn name<'e>(&self, engine: &'e Engine) -> &'e str {
         match self.source {
             Source::Rule(rule) => engine.config.policy.rules()[rule].name(),
@@ -305,7 +305,7 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             statuses.push(DescriptorStatus {
                 code: Code::OverLimit.into(),
                 current_limit: Some(RateLimit {
-                    name: format!("{}0/{}", crate::engine::OVERRIDE_PREFIX, unit.name()),
+                    name: format!("{}0-per-{}", crate::engine::OVERRIDE_PREFIX, unit.name()),
                     requests_per_unit: 0,
                     unit: response_unit(unit).unwrap_or(Unit::Unknown).into(),
                 }),
