@@ -275,12 +275,10 @@ impl RedisStore {
         rules: Vec<Rule>,
         options: RedisOptions,
     ) -> Result<Self, Error> {
-        // Checked before connecting: a quota the scripts cannot take is
-        // a configuration error, whether Redis is up or not.
-        for rule in &rules {
-            script::params(rule.name(), rule.algorithm())?;
-        }
+        // Made before connecting: a quota the scripts cannot take is a
+        // configuration error, whether Redis is up or not.
         let timeout = options.timeout;
+        let inner = Inner::new(rules, options, None, Arc::default())?;
         let connect_within = timeout.max(Duration::from_secs(1));
         let connection = match topology {
             Topology::Standalone(url) => {
@@ -312,7 +310,7 @@ impl RedisStore {
             }
         };
         Ok(Self {
-            inner: Arc::new(Inner::new(rules, options, None, Arc::default())?),
+            inner: Arc::new(inner),
             connection,
         })
     }
