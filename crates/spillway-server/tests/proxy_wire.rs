@@ -646,16 +646,22 @@ async fn a_close_delimited_upstream_body_reaches_an_http11_client_whole() {
     }
 }
 
-#[tokio::test]
-async fn a_head_response_has_no_body_and_the_connection_stays_usable() {
-    let upstream = RawUpstream::start(|request| match request.method.as_str() {
+/// An upstream that answers HEAD with a Content-Length of 100 (and no
+/// body, as it must) and echoes everything else.
+async fn head_says_100_bytes() -> RawUpstream {
+    RawUpstream::start(|request| match request.method.as_str() {
         "HEAD" => Reply {
             bytes: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec(),
             close: false,
         },
         _ => echo(request),
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_head_response_has_no_body_and_the_connection_stays_usable() {
+    let upstream = head_says_100_bytes().await;
     let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
 
     let head = b"HEAD /h HTTP/1.1\r\nHost: spillway.test\r\n\r\n";
@@ -685,14 +691,7 @@ window = "1m"
 
 #[tokio::test]
 async fn a_denied_head_request_gets_its_429_without_a_body() {
-    let upstream = RawUpstream::start(|request| match request.method.as_str() {
-        "HEAD" => Reply {
-            bytes: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec(),
-            close: false,
-        },
-        _ => echo(request),
-    })
-    .await;
+    let upstream = head_says_100_bytes().await;
     let mut client = Wire::connect(start_proxy(ONE_HEAD_PER_MINUTE, upstream.addr).await).await;
     let head = b"HEAD /h HTTP/1.1\r\nHost: spillway.test\r\n\r\n";
     assert_eq!(client.exchange(head).await.status, 200);

@@ -123,13 +123,23 @@ async fn closes(stream: &mut TcpStream) -> bool {
     }
 }
 
-fn check(key: &str) -> Vec<u8> {
-    let body = format!(r#"{{"rule": "once", "key": "{key}"}}"#);
+/// `POST {line}` (a target and a version) with `headers` (whole lines), the
+/// body's Content-Length, and `body`.
+fn post(line: &str, headers: &str, body: &str) -> Vec<u8> {
     format!(
-        "POST /v1/check HTTP/1.1\r\nHost: spillway.test\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {line}\r\n{headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
+}
+
+fn check(key: &str) -> Vec<u8> {
+    let body = format!(r#"{{"rule": "once", "key": "{key}"}}"#);
+    post(
+        "/v1/check HTTP/1.1",
+        "Host: spillway.test\r\nContent-Type: application/json\r\n",
+        &body,
+    )
 }
 
 #[tokio::test]
@@ -284,17 +294,9 @@ async fn heads_that_cannot_be_read_safely_are_refused() {
 async fn http_1_0_closes_unless_the_client_asks_to_keep_it() {
     let service = start().await;
     let body = r#"{"rule": "once", "key": "old"}"#;
-    let request = |connection: &str| {
-        format!(
-            "POST /v1/check HTTP/1.0\r\n{connection}Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-    };
+    let request = |connection: &str| post("/v1/check HTTP/1.0", connection, body);
     let mut stream = TcpStream::connect(service.addr).await.expect("connect");
-    stream
-        .write_all(request("").as_bytes())
-        .await
-        .expect("write");
+    stream.write_all(&request("")).await.expect("write");
     let mut buf = Vec::new();
     let answer = read_response(&mut stream, &mut buf, false).await;
     assert_eq!(answer.status, 200);
@@ -304,7 +306,7 @@ async fn http_1_0_closes_unless_the_client_asks_to_keep_it() {
 
     let mut stream = TcpStream::connect(service.addr).await.expect("connect");
     let kept = request("Connection: keep-alive\r\n");
-    stream.write_all(kept.as_bytes()).await.expect("write");
+    stream.write_all(&kept).await.expect("write");
     let answer = read_response(&mut stream, &mut buf, false).await;
     assert_eq!(answer.json()["allowed"], false, "the second check of `old`");
     assert_eq!(answer.header("connection"), Some("keep-alive"));
@@ -442,11 +444,8 @@ async fn an_escaped_key_is_the_same_key_as_the_plain_one() {
     // The escaped form, as raw bytes (a JSON library would write é plainly).
     let mut stream = TcpStream::connect(service.addr).await.expect("connect");
     let escaped = r#"{"rule": "once", "key": "a\"b\u00e9\n"}"#;
-    let request = format!(
-        "POST /v1/check HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{escaped}",
-        escaped.len()
-    );
-    stream.write_all(request.as_bytes()).await.expect("write");
+    let request = post("/v1/check HTTP/1.1", "Host: a\r\n", escaped);
+    stream.write_all(&request).await.expect("write");
     let mut buf = Vec::new();
     let first = read_response(&mut stream, &mut buf, false).await;
     assert_eq!(first.json()["allowed"], true, "{first:?}");
@@ -465,26 +464,18 @@ async fn an_escaped_key_is_the_same_key_as_the_plain_one() {
 async fn only_the_check_path_is_a_check_query_or_not() {
     let service = start().await;
     let body = r#"{"rule": "once", "key": "q"}"#;
-    let request = |target: &str| {
-        format!(
-            "POST {target} HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-    };
+    let request = |target: &str| post(&format!("{target} HTTP/1.1"), "Host: a\r\n", body);
     let mut stream = TcpStream::connect(service.addr).await.expect("connect");
     let mut buf = Vec::new();
     stream
-        .write_all(request("/v1/check?trace=1").as_bytes())
+        .write_all(&request("/v1/check?trace=1"))
         .await
         .expect("write");
     let with_query = read_response(&mut stream, &mut buf, false).await;
     assert_eq!(with_query.status, 200, "{with_query:?}");
     assert_eq!(with_query.json()["allowed"], true);
     for other in ["/v1/checker", "/v1/check/more"] {
-        stream
-            .write_all(request(other).as_bytes())
-            .await
-            .expect("write");
+        stream.write_all(&request(other)).await.expect("write");
         let answer = read_response(&mut stream, &mut buf, false).await;
         assert_eq!(answer.status, 404, "{other}: {answer:?}");
     }
