@@ -85,6 +85,29 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# Writes $1/nginx.conf for an nginx with $2 workers, its state and temporary
+# files in $1, no access log and no limit on keep-alive requests; the http
+# block's own lines (servers, zones, upstreams) come from standard input.
+nginx_conf() {
+    local dir=$1 workers=$2
+    mkdir -p "$dir"
+    {
+        cat <<EOF
+worker_processes $workers;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $dir; proxy_temp_path $dir;
+    fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
+EOF
+        cat
+        echo "}"
+    } >"$dir/nginx.conf"
+}
+
 # Waits up to 10 s for `curl ARGS...` to succeed.
 wait_for() {
     for _ in $(seq 100); do
@@ -238,24 +261,13 @@ if [[ -n $TC ]]; then
     # server measured this way on this machine.
     echo "== ceiling: POST /v1/check vs nginx returning the same JSON without checking"
     CEIL_PORT=$(free_port)
-    mkdir -p "$WORK/ceil"
     CEIL_BODY=$(curl -sS --max-time 2 -X POST -d '{"rule":"bench","key":"ip=10.0.1"}' \
         "http://127.0.0.1:$SW_PORT/v1/check")
-    cat >"$WORK/ceil/nginx.conf" <<EOF
-worker_processes $NGINX_WORKERS;
-pid $WORK/ceil/nginx.pid;
-error_log $WORK/ceil/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $WORK/ceil; proxy_temp_path $WORK/ceil;
-    fastcgi_temp_path $WORK/ceil; uwsgi_temp_path $WORK/ceil; scgi_temp_path $WORK/ceil;
+    nginx_conf "$WORK/ceil" "$NGINX_WORKERS" <<EOF
     server {
         listen 127.0.0.1:$CEIL_PORT;
         location / { default_type application/json; return 200 '$CEIL_BODY'; }
     }
-}
 EOF
     "${SERVE[@]}" nginx -p "$WORK/ceil" -c "$WORK/ceil/nginx.conf" -g 'daemon off;' >"$WORK/ceil/out.log" 2>&1 &
     PIDS+=($!)
@@ -276,36 +288,16 @@ fi
 UP_PORT=$(free_port)
 NG_PORT=$(free_port)
 PX_PORT=$(free_port)
-mkdir -p "$WORK/up" "$WORK/ng"
-cat >"$WORK/up/nginx.conf" <<EOF
 # The upstream: answers "hello" to everything.
-worker_processes 1;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $WORK/up; proxy_temp_path $WORK/up;
-    fastcgi_temp_path $WORK/up; uwsgi_temp_path $WORK/up; scgi_temp_path $WORK/up;
+nginx_conf "$WORK/up" 1 <<EOF
     server {
         listen 127.0.0.1:$UP_PORT;
         location / { default_type text/plain; return 200 "hello\n"; }
     }
-}
 EOF
-cat >"$WORK/ng/nginx.conf" <<EOF
 # The peer: limit_req with a zone that never denies, proxying with pooled
 # keep-alive connections and the X-Forwarded-* headers spillway proxy writes.
-worker_processes $NGINX_WORKERS;
-pid $WORK/ng/nginx.pid;
-error_log $WORK/ng/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $WORK/ng; proxy_temp_path $WORK/ng;
-    fastcgi_temp_path $WORK/ng; uwsgi_temp_path $WORK/ng; scgi_temp_path $WORK/ng;
+nginx_conf "$WORK/ng" "$NGINX_WORKERS" <<EOF
     limit_req_zone \$binary_remote_addr zone=perip:10m rate=1000000r/s;
     upstream hello { server 127.0.0.1:$UP_PORT; keepalive 64; }
     server {
@@ -321,7 +313,6 @@ http {
             proxy_set_header X-Forwarded-Proto \$scheme;
         }
     }
-}
 EOF
 # Run in the foreground (daemon off), so that $! is the master's PID.
 "${SERVE[@]}" nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log" 2>&1 &
