@@ -488,6 +488,15 @@ async fn the_admin_api_reads_and_resets_an_override() {
     assert_eq!(a.status, http::StatusCode::OK, "{}", a.text());
     assert_eq!(a.json()["held"], true);
     assert_eq!(s.admitted_all(&two, 3).await, 2, "counted afresh");
+
+    // The configuration's last rule has its one quota, not the override's
+    // store rule, which follows it in the store.
+    let last = "/admin/rules/core-team/keys/org=a|team=core";
+    let a = s.http.send(http::Method::GET, last, &auth, "").await;
+    assert_eq!(a.status, http::StatusCode::OK, "{}", a.text());
+    let quotas = a.json()["quotas"].as_array().expect("quotas").clone();
+    assert_eq!(quotas.len(), 1, "{quotas:?}");
+    assert_eq!(quotas[0]["store_rule"], "core-team");
 }
 
 #[tokio::test]
