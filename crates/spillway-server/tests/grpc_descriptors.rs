@@ -535,6 +535,23 @@ async fn a_zero_override_is_over_limit_and_a_bad_unit_is_refused() {
     assert_eq!(r.statuses[1].limit_remaining, 3);
     assert_eq!(s.admitted(IP, 4).await, 3);
 
+    // WEEK (7) and YEAR (6) are units too.
+    for (unit, name) in [
+        (7, "envoy-override:1-per-week"),
+        (6, "envoy-override:1-per-year"),
+    ] {
+        let weekly = [with_limit(&[("user", name)], 1, unit)];
+        let r = s.ask(request(DOMAIN, weekly.to_vec())).await;
+        assert_eq!(code(r.overall_code), Code::Ok);
+        assert_eq!(
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.name.as_str()),
+            Some(name)
+        );
+        assert_eq!(s.admitted_all(&weekly, 2).await, 0, "1 a {name}");
+    }
     for unit in [0, 8, -1] {
         let e = s
             .grpc
