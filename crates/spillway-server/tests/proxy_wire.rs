@@ -1110,3 +1110,155 @@ async fn mangled_requests_get_4xx_or_an_answer_and_never_hang_or_break_the_proxy
         (200, "upstream got GET /after".into())
     );
 }
+
+/// A login limit of one a minute per client, as in the review that found
+/// the CL.0 hole.
+const ONE_LOGIN_PER_MINUTE: &str = r#"
+[[rules]]
+name = "login"
+match = { methods = ["POST"], path = "/login" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#;
+
+/// Three logins, as bytes that a client puts in one request's body, each
+/// claiming to come from 6.6.6.6.
+fn three_smuggled_logins() -> Vec<u8> {
+    let login = b"POST /login HTTP/1.1\r\nHost: spillway.test\r\nX-Forwarded-For: 6.6.6.6\r\nContent-Length: 0\r\n\r\n";
+    login.repeat(3)
+}
+
+/// CL.0: a client named `Content-Length` in `Connection`. The proxy once
+/// dropped the length as hop-by-hop but still sent the body, which the
+/// upstream read as three more logins past the limit, with a forged
+/// `X-Forwarded-For`. The body must reach the upstream as the body of the
+/// one request the proxy decided on, framed by its length.
+#[tokio::test]
+async fn connection_naming_content_length_cannot_smuggle_the_body_as_requests() {
+    for (version, connection) in [
+        ("HTTP/1.1", "content-length"),
+        ("HTTP/1.1", "close, Content-Length"),
+        ("HTTP/1.1", "Content-Length, Transfer-Encoding, Host"),
+        ("HTTP/1.0", "keep-alive, content-length"),
+    ] {
+        let upstream = RawUpstream::echo().await;
+        let proxy = start_proxy(ONE_LOGIN_PER_MINUTE, upstream.addr).await;
+        let mut client = Wire::connect(proxy).await;
+        let body = three_smuggled_logins();
+        let head = format!(
+            "POST /login {version}\r\nHost: spillway.test\r\nConnection: {connection}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let response = client.exchange(&[head.as_bytes(), &body].concat()).await;
+        assert_eq!(response.status, 200, "{connection:?}");
+        // Whatever comes next on this connection is the next request's.
+        if let Some(next) = client.try_exchange(&post("/login", b"")).await {
+            assert_eq!(next.status, 429, "{connection:?}: the limit holds");
+        }
+        let seen = upstream.seen();
+        assert_eq!(seen.len(), 1, "{connection:?}: {:?}", upstream.targets());
+        let login = &seen[0].request;
+        assert_eq!(login.body, body, "{connection:?}: the body is the body");
+        assert_eq!(
+            login.headers.list("content-length"),
+            [body.len().to_string()]
+        );
+        assert_eq!(login.headers.list("x-forwarded-for"), ["127.0.0.1"]);
+    }
+}
+
+/// `Connection` cannot take away the headers the proxy writes for the
+/// upstream (the forwarding chain, `Host`), nor a trusted one the upstream
+/// relies on; other headers it names still go.
+#[tokio::test]
+async fn connection_cannot_remove_host_or_the_forwarding_headers() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    let request = b"GET /h HTTP/1.1\r\nHost: spillway.test\r\nConnection: host, x-forwarded-for, x-forwarded-proto, x-forwarded-host, x-private\r\nX-Private: 1\r\n\r\n";
+    assert_eq!(client.exchange(request).await.status, 200);
+    let seen = upstream.seen();
+    let headers = &seen[0].request.headers;
+    assert_eq!(headers.all("host"), ["spillway.test"]);
+    assert_eq!(headers.list("x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(headers.all("x-forwarded-proto"), ["http"]);
+    assert_eq!(headers.all("x-forwarded-host"), ["spillway.test"]);
+    assert!(headers.all("x-private").is_empty());
+    assert!(headers.all("connection").is_empty());
+}
+
+/// A coding other than a lone `chunked` would reach the upstream as
+/// something else once the proxy frames the body itself: refused, never
+/// forwarded. So are chunked bodies that a stricter or a looser parser
+/// would read differently (a bare LF, an extension holding a line break).
+#[tokio::test]
+async fn ambiguous_transfer_codings_and_lenient_chunks_are_refused_and_never_forwarded() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    let body = "5\r\nhello\r\n0\r\n\r\n";
+    for (framing, body) in [
+        ("Transfer-Encoding: gzip, chunked\r\n", body),
+        ("Transfer-Encoding: chunked, chunked\r\n", body),
+        (
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+            body,
+        ),
+        ("Transfer-Encoding: identity\r\n", "hello"),
+        ("Transfer-Encoding: chunked\r\n", "5\nhello\r\n0\r\n\r\n"),
+        ("Transfer-Encoding: chunked\r\n", "5\r\nhello\n0\r\n\r\n"),
+        (
+            "Transfer-Encoding: chunked\r\n",
+            "5;a=\nb\r\nhello\r\n0\r\n\r\n",
+        ),
+        (
+            "Transfer-Encoding: chunked\r\n",
+            "5 5\r\nhello\r\n0\r\n\r\n",
+        ),
+        ("Transfer-Encoding: chunked\r\n", "-5\r\nhello\r\n0\r\n\r\n"),
+        (
+            "Transfer-Encoding: chunked\r\n",
+            "fffffffffffffffff\r\nhello\r\n0\r\n\r\n",
+        ),
+    ] {
+        let mut client = Wire::connect(proxy).await;
+        let request = format!("POST /coded HTTP/1.1\r\nHost: spillway.test\r\n{framing}\r\n{body}");
+        if let Some(response) = client.try_exchange(request.as_bytes()).await {
+            assert_eq!(response.status, 400, "{framing:?} {body:?}");
+        }
+        assert!(client.closes().await, "{framing:?} {body:?}");
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.targets());
+}
+
+/// A chunked body reaches the upstream decoded and chunked again by the
+/// proxy: chunk extensions and trailers the client sent are not passed
+/// on, so no upstream can read them otherwise than the proxy did.
+#[tokio::test]
+async fn chunk_extensions_and_trailers_are_not_passed_on() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("an address");
+    let raw = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("a connection");
+        let mut got = Vec::new();
+        let mut buf = [0; 4096];
+        while !got.ends_with(b"0\r\n\r\n") {
+            let n = stream.read(&mut buf).await.expect("read");
+            assert!(n > 0, "ended early: {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        let reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        stream.write_all(reply).await.expect("write");
+        got
+    });
+    let proxy = start_proxy(GENEROUS, addr).await;
+    let mut client = Wire::connect(proxy).await;
+    let request = b"POST /c HTTP/1.1\r\nHost: spillway.test\r\nTransfer-Encoding: chunked\r\n\r\n5;name=\"x;y\"\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n";
+    assert_eq!(client.exchange(request).await.status, 200);
+    let got = within("the upstream's bytes", raw).await.expect("read");
+    let got = String::from_utf8_lossy(&got);
+    let (head, body) = got.split_once("\r\n\r\n").expect("a head");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert_eq!(body, "5\r\nhello\r\n0\r\n\r\n");
+}

@@ -27,14 +27,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use wire::{Chunked, Framing, MAX_HEAD, WireError};
+use wire::{MAX_HEAD, WireError};
 
 /// How long a client may take to send a request head, idle keep-alive
 /// time included (hyper's default, which the hyper path used).
 pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-/// The most of a refused request's body read and thrown away to keep its
-/// connection; past it, the connection is closed instead.
-pub(crate) const MAX_DRAIN: u64 = 64 * 1024;
 /// How much a body copy reads at a time.
 pub(crate) const CHUNK: usize = 16 * 1024;
 /// How long, and how much, a closing connection reads and drops (see
@@ -276,56 +273,6 @@ impl Client {
         }
     }
 
-    /// Whether a refused request's body is small enough to read and drop.
-    pub(crate) fn can_drain(framing: Framing) -> bool {
-        match framing {
-            Framing::Empty => true,
-            Framing::Length(n) => n <= MAX_DRAIN,
-            Framing::Chunked => true,
-            Framing::Close => false,
-        }
-    }
-
-    /// Reads a request body nobody will use; false if it was too long or
-    /// broken (the connection is then closed).
-    pub(crate) async fn drain(&mut self, framing: Framing) -> io::Result<bool> {
-        let mut dropped = 0u64;
-        match framing {
-            Framing::Empty => return Ok(true),
-            Framing::Length(n) => {
-                let mut left = n;
-                while left > 0 {
-                    if self.buf.is_empty() && !self.fill().await? {
-                        return Ok(false);
-                    }
-                    let take = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(self.buf.len());
-                    self.buf.advance(take);
-                    left -= take as u64;
-                }
-            }
-            Framing::Chunked => {
-                let mut chunked = Chunked::default();
-                while !chunked.is_done() {
-                    if self.buf.is_empty() && !self.fill().await? {
-                        return Ok(false);
-                    }
-                    let Ok(used) = chunked.feed(&self.buf, |_| {}) else {
-                        return Ok(false);
-                    };
-                    self.buf.advance(used);
-                    dropped += used as u64;
-                    if dropped > MAX_DRAIN {
-                        return Ok(false);
-                    }
-                }
-            }
-            Framing::Close => return Ok(false),
-        }
-        Ok(true)
-    }
-
     /// Reads more of what the client sends into `buf`; false at its end.
     pub(crate) async fn fill(&mut self) -> io::Result<bool> {
         self.buf.reserve(CHUNK);
@@ -394,31 +341,48 @@ impl Client {
         self.answer_error(e.status(), &e.to_string()).await
     }
 
-    /// Closes the connection without losing the last response: after its
-    /// FIN, what the client still sends (the rest of a refused upload, say)
-    /// is read and dropped for a while, as a close with unread data would
-    /// reset the connection, and the client might lose the response.
+    /// Closes the connection without losing the last response (see
+    /// [`linger`]).
     pub(crate) async fn linger(&mut self) {
-        if self.stream.shutdown().await.is_err() {
-            return;
-        }
-        let (stream, buf) = (&mut self.stream, &mut self.buf);
-        let mut dropped = 0;
-        let draining = async {
-            while dropped < LINGER_BYTES {
-                buf.clear();
-                buf.reserve(CHUNK);
-                match stream.read_buf(buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => dropped += n,
-                }
-            }
+        linger(&mut self.stream, &mut self.closing).await;
+    }
+
+    /// The connection as hyper reads it: the bytes already read from it
+    /// put back in front. Also the wait for the server to stop.
+    pub(crate) fn into_io(self) -> (Prefixed, Closing) {
+        let io = Prefixed {
+            prefix: self.buf.freeze(),
+            inner: self.stream,
         };
-        // A stopping server does not wait for it.
-        tokio::select! {
-            _ = tokio::time::timeout(LINGER, draining) => {}
-            () = self.closing.wait() => {}
+        (io, self.closing)
+    }
+}
+
+/// Closes `stream` without losing the last response: after its FIN, what
+/// the client still sends (the rest of a refused upload, say) is read and
+/// dropped for a while, as a close with unread data would reset the
+/// connection, and the client might lose the response. A stopping server
+/// does not wait for it.
+pub(crate) async fn linger(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    closing: &mut Closing,
+) {
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut buf = vec![0; CHUNK];
+    let mut dropped = 0;
+    let draining = async {
+        while dropped < LINGER_BYTES {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dropped += n,
+            }
         }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(LINGER, draining) => {}
+        () = closing.wait() => {}
     }
 }
 
@@ -435,11 +399,8 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let peer = client.peer;
-    let mut closing = client.closing;
-    let io = TokioIo::new(Prefixed {
-        prefix: client.buf.freeze(),
-        inner: client.stream,
-    });
+    let (io, mut closing) = client.into_io();
+    let io = TokioIo::new(io);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder.timer(TokioTimer::new());
     let mut conn = std::pin::pin!(builder.serve_connection(io, service));
@@ -575,6 +536,15 @@ impl Closing {
     /// Whether the server is stopping.
     pub(crate) fn is_closing(&self) -> bool {
         self.closed || *self.closing.borrow()
+    }
+
+    /// Polls for the server stopping (as [`wait`](Self::wait)).
+    pub(crate) fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.closed {
+            std::task::ready!(self.wait.as_mut().poll(cx));
+            self.closed = true;
+        }
+        Poll::Ready(())
     }
 
     /// Returns once the server is stopping. Cancel-safe, and can be called

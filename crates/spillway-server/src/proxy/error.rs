@@ -56,6 +56,11 @@ pub enum ForwardError {
     /// tunnels): `501 Not Implemented`.
     #[error("method {0} is not forwarded")]
     Unsupported(http::Method),
+    /// A request the proxy will not forward as it came (a framing it
+    /// cannot pass on unambiguously, a body that broke while it was read):
+    /// `400 Bad Request`.
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
 }
 
 impl ForwardError {
@@ -79,6 +84,7 @@ impl ForwardError {
             Self::Unreachable(_) => StatusCode::BAD_GATEWAY,
             Self::ConnectTimeout(_) | Self::ResponseTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -109,6 +115,7 @@ impl ForwardError {
             }
             Self::ResponseTimeout(_) => "The upstream service did not answer in time.".to_string(),
             Self::Unsupported(method) => format!("This proxy does not forward {method} requests."),
+            Self::BadRequest(why) => (*why).to_string(),
         };
         crate::http1::problem_json(status, &detail)
     }

@@ -5,13 +5,14 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Method, Request, Response, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
@@ -21,6 +22,7 @@ use tower::Service;
 use super::connect::TimeoutConnector;
 use super::error::{BoxError, ForwardError, InvalidUpstream};
 use super::headers::{self, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use super::relay::OwnUpstream;
 use super::{Connector, HostHeader, ProxyBody};
 
 /// Marks a request whose peer is a trusted proxy (set by the proxy service
@@ -78,14 +80,10 @@ impl Upstream {
     /// The upstream's URI for a request to `uri`: the upstream's scheme and
     /// authority, the request's path and query.
     fn uri_for(&self, uri: &Uri) -> Uri {
-        let path = uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
-            .path_and_query(path)
+            .path_and_query(origin_form(uri))
             .build()
             .expect("a valid scheme, authority and path make a valid URI")
     }
@@ -101,19 +99,94 @@ impl Upstream {
     }
 }
 
-/// Sends requests to the upstream. Always ready: the client queues
-/// requests on its pool itself.
+/// How the framing of a request's body was given, found before the rules
+/// ran (the framing headers are then removed: the proxy writes its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framed {
+    /// `Transfer-Encoding: chunked` (HTTP/1.1).
+    Chunked,
+    /// A `Content-Length`.
+    Length,
+    /// Neither: in HTTP/1.1 no body; in HTTP/2 the stream's DATA frames.
+    Unframed,
+}
+
+/// Makes a request head what both the rules and the upstream will see,
+/// before any rule runs: hop-by-hop headers go (and those `Connection`
+/// names, but never the framing or forwarding ones), the degrade marker a
+/// client may have sent goes, and the framing is checked. A
+/// `Transfer-Encoding` other than a lone `chunked` is refused: the proxy
+/// forwards bodies decoded and framed again, and a body coded otherwise
+/// (`gzip, chunked`) would reach the upstream as something else.
+pub(crate) fn sanitize(parts: &mut http::request::Parts) -> Result<(), ForwardError> {
+    let mut codings = parts.headers.get_all(header::TRANSFER_ENCODING).iter();
+    let framed = match (codings.next(), codings.next()) {
+        (None, _) => {
+            if parts.headers.contains_key(header::CONTENT_LENGTH) {
+                Framed::Length
+            } else {
+                Framed::Unframed
+            }
+        }
+        (Some(coding), None)
+            if coding
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"chunked") =>
+        {
+            Framed::Chunked
+        }
+        _ => {
+            return Err(ForwardError::BadRequest(
+                "A Transfer-Encoding other than chunked is not accepted.",
+            ));
+        }
+    };
+    parts.extensions.insert(framed);
+    headers::remove_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(spillway_tower::X_SPILLWAY_LIMITED);
+    Ok(())
+}
+
+/// A request target's path and query (`/` if it has none).
+fn origin_form(uri: &Uri) -> PathAndQuery {
+    uri.path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"))
+}
+
+/// Sends requests to the upstream. Always ready: the pooled client queues
+/// requests on its pool itself, a connection's own upstream connection
+/// sends them one after another.
 pub(crate) struct Forward<C> {
-    pub(crate) client: Client<TimeoutConnector<C>, ProxyBody>,
+    pub(crate) send: Sender<C>,
     pub(crate) upstream: Arc<Upstream>,
     pub(crate) response_timeout: Duration,
     pub(crate) host: HostHeader,
 }
 
+/// How a [`Forward`] reaches the upstream.
+pub(crate) enum Sender<C> {
+    /// hyper-util's pooled client (HTTP/2 clients, custom connectors).
+    Pooled(Client<TimeoutConnector<C>, ProxyBody>),
+    /// One client connection's own upstream connection (see
+    /// [`relay`](super::relay)).
+    Own(Arc<OwnUpstream>),
+}
+
+impl<C: Clone> Clone for Sender<C> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Pooled(client) => Self::Pooled(client.clone()),
+            Self::Own(own) => Self::Own(own.clone()),
+        }
+    }
+}
+
 impl<C: Clone> Clone for Forward<C> {
     fn clone(&self) -> Self {
         Self {
-            client: self.client.clone(),
+            send: self.send.clone(),
             upstream: self.upstream.clone(),
             response_timeout: self.response_timeout,
             host: self.host,
@@ -147,25 +220,54 @@ where
             .get::<ClientAddr>()
             .map(|ClientAddr(peer)| headers::hop_of(peer.ip()));
         rewrite_head(&self.upstream, self.host, &mut parts, hop.as_ref());
-        parts.uri = self.upstream.uri_for(&parts.uri);
+        frame(&mut parts, &body);
+        parts.uri = match &self.send {
+            Sender::Pooled(_) => self.upstream.uri_for(&parts.uri),
+            // On a connection of its own, a request goes in origin form.
+            Sender::Own(_) => Uri::from(origin_form(&parts.uri)),
+        };
         // The client speaks HTTP/1.1 to the upstream, whatever the client
         // spoke to the proxy.
         parts.version = Version::HTTP_11;
 
-        let req = Request::from_parts(parts, body.map_err(Into::into).boxed_unsync());
-        let sending = self.client.request(req);
+        let failed = Arc::new(AtomicBool::new(false));
+        let body = Watched {
+            inner: body,
+            failed: failed.clone(),
+        };
+        let req = Request::from_parts(parts, body.boxed_unsync());
+        let send = self.send.clone();
         let timeout = self.response_timeout;
         let upstream = self.upstream.clone();
         Box::pin(async move {
+            let sending = async {
+                match send {
+                    Sender::Pooled(client) => {
+                        client.request(req).await.map_err(ForwardError::from_client)
+                    }
+                    Sender::Own(own) => own.send(req).await,
+                }
+            };
             let error = match tokio::time::timeout(timeout, sending).await {
+                Ok(Ok(res)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                    // `Upgrade` is never forwarded: an upstream that switches
+                    // anyway would speak something else on this connection.
+                    ForwardError::Unreachable("the upstream switched protocols unasked".into())
+                }
                 Ok(Ok(res)) => {
                     let (mut parts, body) = res.into_parts();
                     headers::remove_hop_by_hop(&mut parts.headers);
+                    headers::one_content_length(&mut parts.headers);
                     parts.version = Version::default();
                     let body = body.map_err(BoxError::from).boxed_unsync();
                     return Ok(Response::from_parts(parts, body));
                 }
-                Ok(Err(e)) => ForwardError::from_client(e),
+                // The client's body broke (bad chunk, cut short): the
+                // client's fault, not the upstream's.
+                Ok(Err(_)) if failed.load(Ordering::Relaxed) => {
+                    ForwardError::BadRequest("The request body could not be read.")
+                }
+                Ok(Err(e)) => e,
                 Err(_) => ForwardError::ResponseTimeout(timeout),
             };
             tracing::warn!(upstream = %upstream.base(), error = %error, "could not forward a request");
@@ -174,11 +276,88 @@ where
     }
 }
 
-/// Rewrites a request's head for the upstream (all but its URI and
-/// version): hop-by-hop headers go, `X-Forwarded-For` gets the peer's
-/// `hop` (see [`headers::hop_of`]), `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` are set unless a trusted proxy in front set them, and
-/// `Host` is as `host` says.
+/// Writes the framing of the request the upstream gets: the proxy's own,
+/// from what it parsed ([`Framed`], and the body's known length), never the
+/// client's framing headers, which are removed.
+fn frame<B: Body>(parts: &mut http::request::Parts, body: &B) {
+    let framed = parts
+        .extensions
+        .get::<Framed>()
+        .copied()
+        .unwrap_or(Framed::Unframed);
+    let headers = &mut parts.headers;
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::TRANSFER_ENCODING);
+    let length = body.size_hint().exact();
+    match (framed, length) {
+        (Framed::Chunked, _) => {
+            headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
+        (Framed::Length, Some(n)) => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        (_, Some(0)) | (Framed::Unframed, _) if body.is_end_stream() => {}
+        (_, Some(n)) => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        (_, None) => {
+            headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body that records whether it failed, to tell a client's
+    /// broken body (400) from an upstream's failure (502).
+    struct Watched<B> {
+        #[pin]
+        inner: B,
+        failed: Arc<AtomicBool>,
+    }
+}
+
+impl<B> Body for Watched<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                this.failed.store(true, Ordering::Relaxed);
+                Poll::Ready(Some(Err(e.into())))
+            }
+            other => other.map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Rewrites a request's head for the upstream (all but its URI, version
+/// and framing), after the rules ran on the [`sanitize`]d head:
+/// `X-Forwarded-For` gets the peer's `hop` (see [`headers::hop_of`]),
+/// `X-Forwarded-Proto` and `X-Forwarded-Host` are set unless a trusted
+/// proxy in front set them, and `Host` is as `host` says.
 pub(crate) fn rewrite_head(
     upstream: &Upstream,
     host: HostHeader,
@@ -193,7 +372,6 @@ pub(crate) fn rewrite_head(
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
-    headers::remove_hop_by_hop(&mut parts.headers);
     if parts.version == Version::HTTP_2 {
         headers::join_cookies(&mut parts.headers);
     }

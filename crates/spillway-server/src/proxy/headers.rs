@@ -28,8 +28,29 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::EXPECT,
 ];
 
+/// Headers that `Connection` can never remove: the message's framing and
+/// target, what the proxy writes itself, and what it trusts from a proxy in
+/// front. Removing `Content-Length` by naming it in `Connection` once let
+/// a body through as further requests (CL.0 smuggling); removing the
+/// forwarding chain or the degrade marker would let a client decide what
+/// the upstream believes about it.
+const PROTECTED: [HeaderName; 9] = [
+    header::HOST,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::FORWARDED,
+    X_FORWARDED_FOR,
+    X_FORWARDED_HOST,
+    X_FORWARDED_PROTO,
+    HeaderName::from_static("x-real-ip"),
+    spillway_tower::X_SPILLWAY_LIMITED,
+];
+
 /// Removes the hop-by-hop headers, and the headers that `Connection` lists
-/// (which are hop-by-hop by the sender's declaration).
+/// (which are hop-by-hop by the sender's declaration), except the
+/// [`PROTECTED`] ones, which `Connection` cannot name away. The framing
+/// headers among the hop-by-hop ones (`Transfer-Encoding`) go all the same:
+/// the proxy writes the framing of what it forwards itself.
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     // Most requests have none: one pass over the names, rather than a
     // lookup for each hop-by-hop name.
@@ -41,9 +62,39 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .filter_map(|token| HeaderName::from_bytes(token.trim_ascii()).ok())
+        .filter(|name| !PROTECTED.contains(name))
         .collect();
     for name in listed.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
+    }
+}
+
+/// Leaves one `Content-Length` line with one number where the upstream's
+/// response had the same number in several (`5, 5`, or two lines), which
+/// the client's parser might read otherwise; removes it when they differ
+/// (the response was framed by the first, or refused, by the client side).
+pub(crate) fn one_content_length(headers: &mut HeaderMap) {
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = values.next() else {
+        return;
+    };
+    if values.next().is_none() && !first.as_bytes().contains(&b',') {
+        return;
+    }
+    let mut length = None;
+    let mut one = true;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let n = std::str::from_utf8(part.trim_ascii())
+                .ok()
+                .and_then(|p| p.parse::<u64>().ok());
+            one &= n.is_some() && (length.is_none() || length == n);
+            length = length.or(n);
+        }
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    if let (true, Some(n)) = (one, length) {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     }
 }
 
@@ -143,6 +194,46 @@ mod tests {
         remove_hop_by_hop(&mut headers);
         let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-kept", "content-length"]);
+    }
+
+    /// `Connection: content-length` once dropped the length while the body
+    /// was still sent: the upstream read the body as more requests.
+    #[test]
+    fn connection_cannot_name_away_framing_forwarding_or_the_degrade_marker() {
+        let mut headers = map(&[
+            (
+                "connection",
+                "close, Content-Length, host, x-forwarded-for, X-Forwarded-Proto",
+            ),
+            (
+                "connection",
+                "x-forwarded-host, forwarded, x-real-ip, x-spillway-limited, x-gone",
+            ),
+            ("host", "api.example"),
+            ("content-length", "4"),
+            ("x-forwarded-for", "192.0.2.1"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "api.example"),
+            ("forwarded", "for=192.0.2.1"),
+            ("x-real-ip", "192.0.2.1"),
+            ("x-spillway-limited", "per-ip"),
+            ("x-gone", "1"),
+        ]);
+        remove_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(
+            left,
+            [
+                "host",
+                "content-length",
+                "x-forwarded-for",
+                "x-forwarded-proto",
+                "x-forwarded-host",
+                "forwarded",
+                "x-real-ip",
+                "x-spillway-limited",
+            ]
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::connect::TimeoutConnector;
 use super::error::{BoxError, InvalidUpstream};
-use super::forward::{Forward, Upstream};
+use super::forward::{Forward, Sender, TrustedPeer, Upstream, sanitize};
 use super::relay::{self, Relay};
 use super::{Connector, ProxyBody, ProxyOptions};
 use crate::engine::Shared;
@@ -105,7 +105,7 @@ impl<C: Connector> Proxy<C> {
         Ok(Self {
             shared,
             forward: Forward {
-                client,
+                send: Sender::Pooled(client),
                 upstream: Arc::new(upstream),
                 response_timeout: options.response_timeout,
                 host: options.host,
@@ -221,20 +221,43 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        // The engine is read per request, so a reload applies to the next
-        // one; the layer keeps its own store alive for this one.
-        let engine = self.shared.engine();
-        // A trusted proxy in front knows the scheme and host the client
-        // used: its X-Forwarded-Proto / -Host are kept.
-        let trusted = req
-            .extensions()
-            .get::<ClientAddr>()
-            .is_some_and(|ClientAddr(peer)| relay::is_trusted(&engine, peer));
-        if trusted {
-            req.extensions_mut().insert(super::forward::TrustedPeer);
-        }
-        let limited = engine.layer.layer(self.forward.clone());
-        Box::pin(limited.oneshot(req))
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        limit(&self.shared, self.forward.clone(), req)
     }
+}
+
+/// A request through the current engine's rate limiter, then to `forward`
+/// if admitted. The request head is [`sanitize`]d first, so that the rules
+/// decide on what the upstream will receive.
+pub(crate) fn limit<C, B>(
+    shared: &Shared,
+    forward: Forward<C>,
+    req: Request<B>,
+) -> Pin<Box<dyn Future<Output = Result<ProxyResponse, Infallible>> + Send>>
+where
+    C: Connector,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = req.into_parts();
+    if let Err(refused) = sanitize(&mut parts) {
+        let res = refused
+            .into_response()
+            .map(|body| ResponseBody::Inner { body });
+        return Box::pin(std::future::ready(Ok(res)));
+    }
+    // The engine is read per request, so a reload applies to the next
+    // one; the layer keeps its own store alive for this one.
+    let engine = shared.engine();
+    // A trusted proxy in front knows the scheme and host the client
+    // used: its X-Forwarded-Proto / -Host are kept.
+    let trusted = parts
+        .extensions
+        .get::<ClientAddr>()
+        .is_some_and(|ClientAddr(peer)| relay::is_trusted(&engine, peer));
+    if trusted {
+        parts.extensions.insert(TrustedPeer);
+    }
+    let limited = engine.layer.layer(forward);
+    Box::pin(limited.oneshot(Request::from_parts(parts, body)))
 }
