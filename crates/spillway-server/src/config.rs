@@ -74,6 +74,70 @@ pub struct Config {
     /// The tree of `[envoy] descriptors_file`, if set. Its rate limits are
     /// the last rules of [`policy`](Self::policy).
     pub descriptor_tree: Option<descriptors::DescriptorTree>,
+    /// `[proxy]`: how `spillway proxy` normalizes request targets. Read at
+    /// start: a reload does not change it.
+    pub proxy: Normalize,
+}
+
+/// What to do with `%2F` and `%5C` in a path: whether an encoded slash is
+/// a slash is where upstreams differ most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EscapedSlashes {
+    /// Forward them as they are (the default): the path `/a%2Fb` has one
+    /// segment, for the rules as for most upstreams.
+    #[default]
+    Keep,
+    /// Refuse the request with 400.
+    Reject,
+    /// Decode them to `/` and `\` before the rules run, and forward the
+    /// decoded path (then merged and cleaned like the rest).
+    Unescape,
+}
+
+impl std::str::FromStr for EscapedSlashes {
+    type Err = String;
+
+    /// `keep`, `reject` or `unescape`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "keep" => Ok(Self::Keep),
+            "reject" => Ok(Self::Reject),
+            "unescape" => Ok(Self::Unescape),
+            other => Err(format!("`{other}`: expected keep, reject or unescape")),
+        }
+    }
+}
+
+/// How the proxy normalizes a request target before the rules run (and
+/// forwards it so). The defaults are on, as they should be in front of an
+/// upstream whose router is not known.
+///
+/// ```
+/// use spillway_server::config::{EscapedSlashes, Normalize};
+///
+/// let normalize = Normalize::default();
+/// assert!(normalize.path && normalize.merge_slashes);
+/// assert_eq!(normalize.escaped_slashes, EscapedSlashes::Keep);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Normalize {
+    /// Decode percent-encoded unreserved characters and remove dot
+    /// segments (Envoy's `normalize_path`). Default on.
+    pub path: bool,
+    /// Merge runs of `/` (Envoy's `merge_slashes`). Default on.
+    pub merge_slashes: bool,
+    /// What to do with `%2F` and `%5C`. Default: keep them.
+    pub escaped_slashes: EscapedSlashes,
+}
+
+impl Default for Normalize {
+    fn default() -> Self {
+        Self {
+            path: true,
+            merge_slashes: true,
+            escaped_slashes: EscapedSlashes::Keep,
+        }
+    }
 }
 
 /// `[server]`.
@@ -128,7 +192,17 @@ struct RawConfig {
     #[serde(default)]
     envoy: RawEnvoy,
     #[serde(default)]
+    proxy: RawProxy,
+    #[serde(default)]
     rules: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawProxy {
+    normalize_path: Option<bool>,
+    merge_slashes: Option<bool>,
+    escaped_slashes: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -237,6 +311,7 @@ struct RawRule {
 struct RawMatch {
     methods: Option<Vec<Spanned<String>>>,
     path: Option<String>,
+    exact_path: Option<bool>,
     host: Option<String>,
 }
 
@@ -537,6 +612,9 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
         if let Some(path) = &r.matcher.path {
             rule = rule.path(path.clone());
         }
+        if r.matcher.exact_path == Some(true) {
+            rule = rule.exact_path();
+        }
         if let Some(host) = &r.matcher.host {
             rule = rule.host(host.clone());
         }
@@ -647,7 +725,20 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             policy = policy.api_key_tier(key.clone(), tier.clone());
         }
     }
+    let defaults = Normalize::default();
+    let proxy = Normalize {
+        path: raw.proxy.normalize_path.unwrap_or(defaults.path),
+        merge_slashes: raw.proxy.merge_slashes.unwrap_or(defaults.merge_slashes),
+        escaped_slashes: match &raw.proxy.escaped_slashes {
+            Some(v) => v
+                .get_ref()
+                .parse()
+                .map_err(|m| lines.err(v, "proxy.escaped_slashes", m))?,
+            None => defaults.escaped_slashes,
+        },
+    };
     Ok(Config {
+        proxy,
         server,
         store,
         policy,
@@ -957,6 +1048,32 @@ mod tests {
         assert_eq!(e.line, Some(6));
         let e = error("[store]\nkind = \"redis\"\n");
         assert_eq!(e.field, "store.url");
+    }
+
+    #[test]
+    fn the_proxy_section_switches_each_normalization() {
+        let c = Config::parse(RULE).unwrap();
+        assert_eq!(c.proxy, Normalize::default());
+        let text = "[proxy]\nnormalize_path = false\nmerge_slashes = false\nescaped_slashes = \"reject\"\n";
+        let c = Config::parse(text).unwrap();
+        assert_eq!(
+            c.proxy,
+            Normalize {
+                path: false,
+                merge_slashes: false,
+                escaped_slashes: EscapedSlashes::Reject,
+            }
+        );
+        let e = error("[proxy]\n\nescaped_slashes = \"decode\"\n");
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(3), "proxy.escaped_slashes")
+        );
+        let exact = Config::parse(&RULE.replace(
+            "name = \"a\"",
+            "name = \"a\"\nmatch = { path = \"/login\", exact_path = true }",
+        ));
+        assert!(exact.is_ok());
     }
 
     #[test]

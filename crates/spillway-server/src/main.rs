@@ -271,6 +271,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         connect_timeout: args.connect_timeout,
         response_timeout: args.upstream_timeout,
         host: args.host_header,
+        normalize: config.proxy,
         ..ProxyOptions::default()
     };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;

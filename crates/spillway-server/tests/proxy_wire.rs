@@ -1262,3 +1262,149 @@ async fn chunk_extensions_and_trailers_are_not_passed_on() {
     assert!(head.contains("transfer-encoding: chunked"), "{head}");
     assert_eq!(body, "5\r\nhello\r\n0\r\n\r\n");
 }
+
+/// Another spelling of the login path is the login to many upstreams: the
+/// proxy normalizes the target before the rules run and forwards the
+/// normalized form, and a path rule also matches the trailing-slash,
+/// letter-case and `;parameter` variants. Each spelling below, after one
+/// admitted login, is denied and never reaches the upstream.
+#[tokio::test]
+async fn other_spellings_of_a_limited_path_are_limited_too() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(ONE_LOGIN_PER_MINUTE, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    assert_eq!(client.exchange(&post("/login", b"")).await.status, 200);
+    for spelling in [
+        "//login",
+        "/login/",
+        "/%6cogin",
+        "/%6Cogin",
+        "/./login",
+        "/x/../login",
+        "/login;a=b",
+        "/LOGIN",
+        "/Login/",
+        "http://spillway.test/login",
+    ] {
+        let response = client.exchange(&post(spelling, b"")).await;
+        assert_eq!(response.status, 429, "{spelling}");
+    }
+    // A lower-case `post` is refused, not taken for another method.
+    let lower = b"post /login HTTP/1.1\r\nHost: spillway.test\r\nContent-Length: 0\r\n\r\n";
+    let mut client = Wire::connect(proxy).await;
+    assert_eq!(client.exchange(lower).await.status, 400);
+    assert_eq!(upstream.targets(), ["/login"]);
+}
+
+/// What the upstream receives is the form the rules matched.
+#[tokio::test]
+async fn the_upstream_receives_the_normalized_target() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    for (sent, forwarded) in [
+        ("//a/./b/../%63?q=%2e", "/a/c?q=%2e"),
+        ("/a%2fb", "/a%2Fb"),
+        ("/caf%c3%a9", "/caf%C3%A9"),
+    ] {
+        let response = client.exchange(&get(sent)).await;
+        assert_eq!(
+            response.text(),
+            format!("upstream got GET {forwarded}"),
+            "{sent}"
+        );
+    }
+    let bad = client.exchange(&get("/100%")).await;
+    assert_eq!(bad.status, 400);
+}
+
+const ONE_PER_MINUTE_ON_API_HOST: &str = r#"
+[[rules]]
+name = "api"
+match = { host = "api.example.com" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#;
+
+/// A host rule is not walked around by naming another host in an
+/// absolute-form target (the upstream gets that host as `Host`), by a
+/// trailing dot or letter case, nor by bytes that are not ASCII.
+#[tokio::test]
+async fn other_spellings_of_a_limited_host_are_limited_or_refused() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(ONE_PER_MINUTE_ON_API_HOST, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    let on = |target: &str, host: &[u8]| {
+        [
+            format!("GET {target} HTTP/1.1\r\nHost: ").as_bytes(),
+            host,
+            b"\r\n\r\n",
+        ]
+        .concat()
+    };
+    assert_eq!(
+        client.exchange(&on("/h", b"api.example.com")).await.status,
+        200
+    );
+    for host in [
+        &b"api.example.com."[..],
+        b"API.Example.COM",
+        b"api.example.com:80",
+    ] {
+        let response = client.exchange(&on("/h", host)).await;
+        assert_eq!(response.status, 429, "{}", String::from_utf8_lossy(host));
+    }
+    // The absolute form's host is the one the upstream is given, so it is
+    // the one the rule sees: limited when it is the API's...
+    let absolute = on("http://api.example.com/h", b"other.example");
+    assert_eq!(client.exchange(&absolute).await.status, 429);
+    // ... and sent on as the Host when it is not.
+    let other = on("http://other.example/h", b"api.example.com");
+    assert_eq!(client.exchange(&other).await.status, 200);
+    let mut client = Wire::connect(proxy).await;
+    let foreign = on("/h", b"api.ex\xc3\xa4mple.com");
+    if let Some(response) = client.try_exchange(&foreign).await {
+        assert_eq!(response.status, 400);
+    }
+    let seen = upstream.seen();
+    let hosts: Vec<_> = seen
+        .iter()
+        .map(|s| s.request.headers.all("host").join(","))
+        .collect();
+    assert_eq!(hosts, ["api.example.com", "other.example"]);
+}
+
+const DEGRADE_LOGINS: &str = r#"
+[[rules]]
+name = "login"
+match = { path = "/login" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+action = "degrade"
+"#;
+
+/// The degrade marker tells the upstream a request is over its limit: a
+/// client can neither forge it (on a request no rule marks) nor strip it
+/// (by naming it in `Connection`).
+#[tokio::test]
+async fn the_degrade_marker_can_be_neither_forged_nor_stripped() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(DEGRADE_LOGINS, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    let forged = b"GET /other HTTP/1.1\r\nHost: spillway.test\r\nX-Spillway-Limited: login\r\n\r\n";
+    assert_eq!(client.exchange(forged).await.status, 200);
+    assert_eq!(client.exchange(&get("/login")).await.status, 200);
+    let stripped =
+        b"GET /login HTTP/1.1\r\nHost: spillway.test\r\nConnection: x-spillway-limited\r\n\r\n";
+    assert_eq!(client.exchange(stripped).await.status, 200);
+    let seen = upstream.seen();
+    let marks: Vec<Vec<&str>> = seen
+        .iter()
+        .map(|s| s.request.headers.all("x-spillway-limited"))
+        .collect();
+    assert_eq!(marks, [vec![], vec![], vec!["login"]]);
+}

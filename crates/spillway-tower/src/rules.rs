@@ -37,6 +37,42 @@ impl Glob {
         }
     }
 
+    /// Whether `path` matches, or (a path pattern only) the same path
+    /// spelled as some upstreams also serve it: with a trailing slash, in
+    /// other letter case, or with `;parameters` in its segments (`/LOGIN`,
+    /// `/login/`, `/login;jsessionid=1` all match `/login`). Matching errs
+    /// toward limiting: a rule is not walked around by another spelling.
+    pub fn matches_loosely(&self, path: &str) -> bool {
+        if self.matches(path) {
+            return true;
+        }
+        if self.separator != b'/' {
+            return false;
+        }
+        let plain = !path.bytes().any(|b| b.is_ascii_uppercase() || b == b';')
+            && !(path.len() > 1 && path.ends_with('/'));
+        if plain {
+            return false;
+        }
+        let mut folded = String::with_capacity(path.len());
+        for (i, segment) in path.split('/').enumerate() {
+            if i > 0 {
+                folded.push('/');
+            }
+            let segment = segment.split_once(';').map_or(segment, |(s, _)| s);
+            folded.push_str(&segment.to_ascii_lowercase());
+        }
+        if folded.len() > 1 && folded.ends_with('/') {
+            folded.pop();
+        }
+        let pattern = self.pattern.to_ascii_lowercase();
+        Self {
+            pattern,
+            separator: b'/',
+        }
+        .matches(&folded)
+    }
+
     /// Whether `s` matches.
     pub fn matches(&self, s: &str) -> bool {
         // Hosts compare without case; this runs per request and rule, so
@@ -62,6 +98,33 @@ impl fmt::Debug for Glob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}", self.pattern)
     }
+}
+
+/// The host a request names, for host rules: the absolute-form target's,
+/// else the `Host` header's, without a port and without a trailing dot
+/// (`api.example.com.` is `api.example.com`). A `Host` that is not ASCII
+/// is an error: it cannot be compared, and letting it pass would let it
+/// around every host rule.
+fn request_host(parts: &Parts) -> Result<Option<&str>, &'static str> {
+    let h = match parts.uri.host() {
+        Some(h) => h,
+        None => {
+            let Some(v) = parts.headers.get(http::header::HOST) else {
+                return Ok(None);
+            };
+            let v = v.to_str().map_err(|_| "the Host header must be ASCII")?;
+            // Drop a port, but not the colons of an IPv6 literal.
+            match v.rsplit_once(':') {
+                Some((h, port))
+                    if port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') =>
+                {
+                    h
+                }
+                _ => v,
+            }
+        }
+    };
+    Ok(Some(h.strip_suffix('.').unwrap_or(h)))
 }
 
 /// Glob matching, never exponential whatever the pattern.
@@ -149,6 +212,8 @@ pub struct HttpRule {
     pub(crate) sf_name: String,
     pub(crate) methods: Vec<Method>,
     pub(crate) path: Option<Glob>,
+    // True: the path must match as written (see `exact_path`).
+    pub(crate) exact_path: bool,
     pub(crate) host: Option<Glob>,
     pub(crate) key: Vec<KeyPart>,
     pub(crate) fallback: Vec<KeyPart>,
@@ -179,6 +244,7 @@ impl HttpRule {
             name,
             methods: Vec::new(),
             path: None,
+            exact_path: false,
             host: None,
             key: vec![KeyPart::Ip],
             fallback: vec![KeyPart::Ip],
@@ -199,6 +265,15 @@ impl HttpRule {
     /// Only paths matching `pattern` (see [`Glob`]).
     pub fn path(mut self, pattern: impl Into<String>) -> Self {
         self.path = Some(Glob::path(pattern));
+        self
+    }
+
+    /// The path must match the pattern as written: not with a trailing
+    /// slash, in other letter case or with `;parameters` as well (see
+    /// [`Glob::matches_loosely`]). For an upstream known to tell those
+    /// apart.
+    pub fn exact_path(mut self) -> Self {
+        self.exact_path = true;
         self
     }
 
@@ -297,37 +372,35 @@ impl HttpRule {
         self.action
     }
 
-    /// Whether the rule applies to a request with these parts.
-    pub(crate) fn matches(&self, parts: &Parts) -> bool {
+    /// Whether the rule applies to a request with these parts; an error
+    /// (a 400's message) for a host that cannot be compared.
+    pub(crate) fn matches(&self, parts: &Parts) -> Result<bool, &'static str> {
         if !self.over_http {
-            return false;
+            return Ok(false);
         }
         if !self.methods.is_empty() && !self.methods.contains(&parts.method) {
-            return false;
+            return Ok(false);
         }
-        if let Some(path) = &self.path
-            && !path.matches(parts.uri.path())
-        {
-            return false;
-        }
-        if let Some(host) = &self.host {
-            let h = parts.uri.host().map(str::to_string).or_else(|| {
-                let v = parts.headers.get(http::header::HOST)?.to_str().ok()?;
-                // Drop a port, but not the colons of an IPv6 literal.
-                Some(match v.rsplit_once(':') {
-                    Some((h, port))
-                        if port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') =>
-                    {
-                        h.to_string()
-                    }
-                    _ => v.to_string(),
-                })
-            });
-            if !h.is_some_and(|h| host.matches(&h)) {
-                return false;
+        if let Some(path) = &self.path {
+            let p = parts.uri.path();
+            let hit = if self.exact_path {
+                path.matches(p)
+            } else {
+                path.matches_loosely(p)
+            };
+            if !hit {
+                return Ok(false);
             }
         }
-        true
+        if let Some(host) = &self.host {
+            let Some(h) = request_host(parts)? else {
+                return Ok(false);
+            };
+            if !host.matches(h) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The key this request is counted under, if the rule applies.
@@ -614,6 +687,67 @@ mod tests {
         // Pathological patterns stay cheap.
         let long = "a".repeat(2000);
         assert!(!Glob::path("*a*a*a*a*a*a*a*b").matches(&long));
+    }
+
+    #[test]
+    fn a_path_matches_loosely_in_the_spellings_upstreams_also_serve() {
+        let login = Glob::path("/login");
+        for spelling in [
+            "/login/",
+            "/LOGIN",
+            "/Login/",
+            "/login;jsessionid=1",
+            "/LOGIN;a=b/",
+        ] {
+            assert!(login.matches_loosely(spelling), "{spelling}");
+            assert!(!login.matches(spelling), "{spelling}");
+        }
+        assert!(!login.matches_loosely("/login/x"));
+        assert!(!login.matches_loosely("/logins"));
+        let api = Glob::path("/API/*/users");
+        assert!(api.matches_loosely("/api/v1;x=1/Users/"));
+        // Hosts are not loosened: they compare without case already.
+        assert!(!Glob::host("a.example").matches_loosely("a.example."));
+    }
+
+    fn parts(uri: &str, host: &[u8]) -> Parts {
+        let mut request = http::Request::get(uri).body(()).unwrap();
+        request.headers_mut().insert(
+            http::header::HOST,
+            http::HeaderValue::from_bytes(host).unwrap(),
+        );
+        request.into_parts().0
+    }
+
+    #[test]
+    fn a_rule_matches_other_spellings_unless_it_asks_for_the_exact_path() {
+        let algorithm = spillway::algorithm::FixedWindow::new(spillway::Quota::per_minute(
+            std::num::NonZeroU32::new(1).unwrap(),
+        ));
+        let loose = HttpRule::new("login", algorithm.clone()).path("/login");
+        let exact = HttpRule::new("login", algorithm)
+            .path("/login")
+            .exact_path();
+        assert_eq!(loose.matches(&parts("/Login/", b"h")), Ok(true));
+        assert_eq!(exact.matches(&parts("/Login/", b"h")), Ok(false));
+        assert_eq!(exact.matches(&parts("/login", b"h")), Ok(true));
+    }
+
+    #[test]
+    fn a_host_rule_ignores_a_trailing_dot_and_refuses_non_ascii() {
+        let algorithm = spillway::algorithm::FixedWindow::new(spillway::Quota::per_minute(
+            std::num::NonZeroU32::new(1).unwrap(),
+        ));
+        let rule = HttpRule::new("api", algorithm).host("api.example.com");
+        assert_eq!(rule.matches(&parts("/", b"api.example.com.")), Ok(true));
+        assert_eq!(rule.matches(&parts("/", b"API.example.com.:443")), Ok(true));
+        assert_eq!(rule.matches(&parts("/", b"other.example")), Ok(false));
+        assert!(
+            rule.matches(&parts("/", b"api.ex\xc3\xa4mple.com"))
+                .is_err()
+        );
+        let absolute = parts("http://api.example.com./", b"other.example");
+        assert_eq!(rule.matches(&absolute), Ok(true));
     }
 
     #[test]

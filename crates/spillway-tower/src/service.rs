@@ -89,7 +89,11 @@ where
         // The clone takes the place of the service that was made ready.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        // The mark is trusted only as this layer (or one in front of it,
+        // through the extension, which a client cannot send) sets it: a
+        // client's is gone before any rule runs, whether one matches or not.
+        parts.headers.remove(X_SPILLWAY_LIMITED);
         match evaluate_now(&self.shared, &parts) {
             Ok(decided) => respond(&self.shared, inner, parts, body, decided),
             // The store has to be waited for.
@@ -123,7 +127,7 @@ fn plan(policy: &Policy, client: &Client, parts: &Parts) -> Result<Small<Planned
     let tier = policy.tier_of(client);
     let mut planned = SmallVec::new();
     for (index, rule) in policy.rules.iter().enumerate() {
-        if !rule.matches(parts) {
+        if !rule.matches(parts)? {
             continue;
         }
         let Some(key) = rule.key_of(client, parts) else {
@@ -566,9 +570,6 @@ where
             delay, ref limited, ..
         } => (delay, limited.clone()),
     };
-    // The mark is trusted only as this layer (or one in front of it, through
-    // the extension, which a client cannot send) sets it.
-    parts.headers.remove(X_SPILLWAY_LIMITED);
     let mut all_limited = parts
         .extensions
         .get::<Limited>()

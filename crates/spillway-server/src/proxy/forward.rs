@@ -23,7 +23,9 @@ use super::connect::TimeoutConnector;
 use super::error::{BoxError, ForwardError, InvalidUpstream};
 use super::headers::{self, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 use super::relay::OwnUpstream;
+use super::target;
 use super::{Connector, HostHeader, ProxyBody};
+use crate::config::Normalize;
 
 /// Marks a request whose peer is a trusted proxy (set by the proxy service
 /// from the policy's `trusted_proxies`): its forwarded scheme and host are
@@ -112,13 +114,18 @@ pub(crate) enum Framed {
 }
 
 /// Makes a request head what both the rules and the upstream will see,
-/// before any rule runs: hop-by-hop headers go (and those `Connection`
+/// before any rule runs: the target is normalized (see
+/// [`target`](super::target)), hop-by-hop headers go (and those `Connection`
 /// names, but never the framing or forwarding ones), the degrade marker a
 /// client may have sent goes, and the framing is checked. A
 /// `Transfer-Encoding` other than a lone `chunked` is refused: the proxy
 /// forwards bodies decoded and framed again, and a body coded otherwise
 /// (`gzip, chunked`) would reach the upstream as something else.
-pub(crate) fn sanitize(parts: &mut http::request::Parts) -> Result<(), ForwardError> {
+pub(crate) fn sanitize(
+    parts: &mut http::request::Parts,
+    normalize: Normalize,
+) -> Result<(), ForwardError> {
+    target::normalize(parts, normalize)?;
     let mut codings = parts.headers.get_all(header::TRANSFER_ENCODING).iter();
     let framed = match (codings.next(), codings.next()) {
         (None, _) => {
@@ -160,6 +167,9 @@ fn origin_form(uri: &Uri) -> PathAndQuery {
 /// sends them one after another.
 pub(crate) struct Forward<C> {
     pub(crate) send: Sender<C>,
+    /// How request targets are normalized (by [`sanitize`], before the
+    /// rules run).
+    pub(crate) normalize: Normalize,
     pub(crate) upstream: Arc<Upstream>,
     pub(crate) response_timeout: Duration,
     pub(crate) host: HostHeader,
@@ -187,6 +197,7 @@ impl<C: Clone> Clone for Forward<C> {
     fn clone(&self) -> Self {
         Self {
             send: self.send.clone(),
+            normalize: self.normalize,
             upstream: self.upstream.clone(),
             response_timeout: self.response_timeout,
             host: self.host,

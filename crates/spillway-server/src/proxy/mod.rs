@@ -50,6 +50,7 @@ mod forward;
 mod headers;
 mod relay;
 mod service;
+mod target;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -63,6 +64,7 @@ use tower::Service;
 
 use crate::engine::Shared;
 
+pub use crate::config::{EscapedSlashes, Normalize};
 pub use error::{BoxError, ForwardError, InvalidUpstream};
 pub use service::{Proxy, ProxyResponse};
 
@@ -132,6 +134,9 @@ pub struct ProxyOptions {
     /// How long an idle pooled connection to the upstream is kept. Default
     /// 90 s.
     pub pool_idle_timeout: Duration,
+    /// How request targets are normalized before the rules run (and
+    /// forwarded so). Default: all on, encoded slashes kept.
+    pub normalize: Normalize,
 }
 
 impl Default for ProxyOptions {
@@ -141,6 +146,7 @@ impl Default for ProxyOptions {
             response_timeout: Duration::from_secs(60),
             host: HostHeader::Keep,
             pool_idle_timeout: Duration::from_secs(90),
+            normalize: Normalize::default(),
         }
     }
 }

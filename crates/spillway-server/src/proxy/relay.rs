@@ -108,6 +108,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     // In an `Arc`, so that the service is `Unpin` whatever the connector.
     let forward = Arc::new(Forward {
         send: Sender::<C>::Own(own),
+        normalize: relay.proxy.options.normalize,
         upstream: relay.upstream.clone(),
         response_timeout: relay.response_timeout,
         host: relay.host,

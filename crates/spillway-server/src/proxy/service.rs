@@ -42,7 +42,7 @@ pub type ProxyResponse = Response<ResponseBody<ProxyBody>>;
 pub struct Proxy<C = HttpConnector> {
     shared: Arc<Shared>,
     forward: Forward<C>,
-    options: ProxyOptions,
+    pub(crate) options: ProxyOptions,
     // Made by `new`: HTTP/1 clients are served by the relay, which opens
     // its own TCP connections (a custom connector keeps hyper's path).
     tcp: bool,
@@ -106,6 +106,7 @@ impl<C: Connector> Proxy<C> {
             shared,
             forward: Forward {
                 send: Sender::Pooled(client),
+                normalize: options.normalize,
                 upstream: Arc::new(upstream),
                 response_timeout: options.response_timeout,
                 host: options.host,
@@ -240,7 +241,7 @@ where
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = req.into_parts();
-    if let Err(refused) = sanitize(&mut parts) {
+    if let Err(refused) = sanitize(&mut parts, forward.normalize) {
         let res = refused
             .into_response()
             .map(|body| ResponseBody::Inner { body });

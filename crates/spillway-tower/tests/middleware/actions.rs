@@ -152,6 +152,20 @@ async fn a_client_cannot_mark_its_own_request_as_limited() {
     assert_eq!(body_string(res).await, "limited=-;header=-");
 }
 
+/// A request that no rule matches once kept the client's mark: the
+/// application took it for one over its limit.
+#[tokio::test(start_paused = true)]
+async fn a_client_cannot_mark_a_request_that_no_rule_matches() {
+    let policy = Policy::new([HttpRule::new("login", bucket(5))
+        .path("/login")
+        .action(Action::Degrade)]);
+    let app = app(memory_layer(policy));
+    let forged = req("/other", "192.0.2.1").header(X_SPILLWAY_LIMITED, "login");
+    let res = send(&app, forged).await;
+    assert_eq!(header(&res, X_SPILLWAY_LIMITED), None);
+    assert_eq!(body_string(res).await, "limited=-;header=-");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_reject_rule_beside_a_degrade_rule_is_charged_and_rejects() {
     let main = 3u32;
