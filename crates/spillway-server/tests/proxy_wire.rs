@@ -1408,3 +1408,37 @@ async fn the_degrade_marker_can_be_neither_forged_nor_stripped() {
         .collect();
     assert_eq!(marks, [vec![], vec![], vec!["login"]]);
 }
+
+/// A client that asks for a large response and never reads it once held
+/// its connection, and the upstream connection behind it, for good. A
+/// write that waits 30 s for the client to read ends both (on paused time:
+/// the clock runs ahead while everything waits).
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
+    let big = 32 * 1024 * 1024;
+    let mut upstream = RawUpstream::start(move |_| {
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {big}\r\n\r\n");
+        Reply {
+            bytes: [head.into_bytes(), vec![b'x'; big]].concat(),
+            close: false,
+        }
+    })
+    .await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    let mut client = TcpStream::connect(proxy).await.expect("connect");
+    client.write_all(&get("/big")).await.expect("write");
+    let started = tokio::time::Instant::now();
+    let ended = wait_up_to(
+        Some(Duration::from_secs(120)),
+        "the upstream connection ending",
+        upstream.ended.recv(),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(ended, Some(0));
+    assert!(
+        waited >= Duration::from_secs(29),
+        "closed after {waited:?}, before the 30 s"
+    );
+    drop(client);
+}

@@ -137,6 +137,10 @@ pub struct ProxyOptions {
     /// How request targets are normalized before the rules run (and
     /// forwarded so). Default: all on, encoded slashes kept.
     pub normalize: Normalize,
+    /// The longest a write to an HTTP/1.1 client may wait for it to read;
+    /// past it the connection is closed (and its upstream connection with
+    /// it). Default 30 s.
+    pub write_timeout: Duration,
 }
 
 impl Default for ProxyOptions {
@@ -147,6 +151,7 @@ impl Default for ProxyOptions {
             host: HostHeader::Keep,
             pool_idle_timeout: Duration::from_secs(90),
             normalize: Normalize::default(),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -48,6 +48,7 @@ pub(crate) struct Relay<C> {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) idle_timeout: Duration,
+    pub(crate) write_timeout: Duration,
     /// For HTTP/2 clients.
     pub(crate) proxy: Proxy<C>,
 }
@@ -123,6 +124,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         .header_read_timeout(HEAD_TIMEOUT)
         .max_headers(MAX_HEADERS)
         .max_header_size(MAX_HEAD);
+    let io = WriteDeadline::new(io, relay.write_timeout);
     let mut conn = http.serve_connection(TokioIo::new(io), service);
     // The upstream connections this one has made; finished ones go.
     let mut ups: Vec<UpConn> = Vec::new();
@@ -144,7 +146,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         tracing::debug!(%peer, error = %e, "connection closed with an error");
     }
     drop(ups);
-    let mut io = conn.into_parts().io.into_inner();
+    let mut io = conn.into_parts().io.into_inner().inner;
     http1::linger(&mut io, &mut closing).await;
 }
 
@@ -239,5 +241,104 @@ impl OwnUpstream {
             }
         }));
         Ok(sender)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A connection whose writes fail once one has waited `timeout` for the
+    /// peer to read: a client that stops reading its response cannot hold
+    /// the connection (and its upstream connection) for ever. The timer
+    /// starts only when a write has to wait.
+    pub(crate) struct WriteDeadline<T> {
+        #[pin]
+        inner: T,
+        timeout: Duration,
+        waiting: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<T> WriteDeadline<T> {
+    pub(crate) fn new(inner: T, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            waiting: None,
+        }
+    }
+}
+
+impl<T> WriteDeadline<T> {
+    /// What a write returned: `Pending` starts (or goes on with) the wait,
+    /// anything else ends it; past the timeout, an error.
+    fn watch<R>(
+        waiting: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+        timeout: Duration,
+        cx: &mut std::task::Context<'_>,
+        polled: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if polled.is_ready() {
+            *waiting = None;
+            return polled;
+        }
+        let sleep = waiting.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead> tokio::io::AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        let polled = this.inner.poll_write(cx, buf);
+        Self::watch(this.waiting, *this.timeout, cx, polled)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        let polled = this.inner.poll_write_vectored(cx, bufs);
+        Self::watch(this.waiting, *this.timeout, cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.project();
+        let polled = this.inner.poll_flush(cx);
+        Self::watch(this.waiting, *this.timeout, cx, polled)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
     }
 }

@@ -177,6 +177,7 @@ impl<C: Connector> Proxy<C> {
             connect_timeout: self.options.connect_timeout,
             response_timeout: self.options.response_timeout,
             idle_timeout: self.options.pool_idle_timeout,
+            write_timeout: self.options.write_timeout,
             proxy: self,
         });
         http1::serve_connections(listener, shutdown, |stream, peer, life| {
