@@ -7,13 +7,17 @@
 //! its right was appended by a proxy we trust, every hop to its left could
 //! have been written by the client. Anything else would let a client choose
 //! its own key.
+//!
+//! An IPv4-mapped IPv6 address (`::ffff:192.0.2.1`, what a dual-stack `[::]`
+//! listener reports for a peer that connected over IPv4) is the IPv4 address
+//! everywhere: in the trusted-proxy CIDRs, in forwarded hops and in keys.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net};
 use sha2::{Digest, Sha256};
 
 /// The peer's socket address, for servers that are not axum (axum's
@@ -143,8 +147,45 @@ pub(crate) struct Client {
     pub peer_trusted: bool,
 }
 
+impl Clients {
+    /// Whether `ip` is one of the trusted proxies. An IPv4-mapped IPv6
+    /// address is compared as the IPv4 address it maps, against IPv4 CIDRs
+    /// and mapped IPv6 ones alike.
+    ///
+    /// ```
+    /// use spillway_tower::Clients;
+    ///
+    /// let clients = Clients {
+    ///     trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
+    ///     ..Clients::default()
+    /// };
+    /// assert!(clients.trusts("10.1.2.3".parse().unwrap()));
+    /// // The same proxy, as a dual-stack listener reports it.
+    /// assert!(clients.trusts("::ffff:10.1.2.3".parse().unwrap()));
+    /// assert!(!clients.trusts("192.0.2.1".parse().unwrap()));
+    /// ```
+    pub fn trusts(&self, ip: IpAddr) -> bool {
+        is_trusted(ip.to_canonical(), &self.trusted_proxies)
+    }
+}
+
+/// Whether `ip`, already canonical (see [`IpAddr::to_canonical`]), is in
+/// one of the `trusted` networks.
 fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
-    trusted.iter().any(|net| net.contains(&ip))
+    trusted.iter().any(|net| canonical_net(*net).contains(&ip))
+}
+
+/// A network of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.0/104`) as the
+/// IPv4 network it maps (`10.0.0.0/8`): addresses are compared canonical.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => v6
+            .network()
+            .to_ipv4_mapped()
+            .and_then(|v4| Ipv4Net::new(v4, v6.prefix_len() - 96).ok())
+            .map_or(net, IpNet::V4),
+        _ => net,
+    }
 }
 
 fn peer_addr(req: &Parts) -> Option<SocketAddr> {
@@ -186,14 +227,17 @@ fn forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     out
 }
 
-/// A `Forwarded` node: `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]`, `[2001:db8::1]:80`.
+/// A `Forwarded` node: `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]`, `[2001:db8::1]:80`;
+/// canonical (an IPv4-mapped address is the IPv4 address).
 fn parse_node(node: &str) -> Option<IpAddr> {
-    if let Some(rest) = node.strip_prefix('[') {
-        return rest.split(']').next()?.parse().ok();
-    }
-    node.parse()
-        .ok()
-        .or_else(|| node.rsplit_once(':').and_then(|(ip, _)| ip.parse().ok()))
+    let ip: IpAddr = if let Some(rest) = node.strip_prefix('[') {
+        rest.split(']').next()?.parse().ok()?
+    } else {
+        node.parse()
+            .ok()
+            .or_else(|| node.rsplit_once(':').and_then(|(ip, _)| ip.parse().ok()))?
+    };
+    Some(ip.to_canonical())
 }
 
 /// The hops of `X-Forwarded-For`, left to right; `None` for one that is not
@@ -216,7 +260,7 @@ pub(crate) fn client_ip(
     trusted: &[IpNet],
     forwarded: ForwardedHeader,
 ) -> (Option<IpAddr>, bool) {
-    let Some(peer) = peer_addr(req).map(|a| a.ip()) else {
+    let Some(peer) = peer_addr(req).map(|a| a.ip().to_canonical()) else {
         return (None, false);
     };
     if !is_trusted(peer, trusted) {
@@ -529,6 +573,41 @@ mod tests {
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
             Some("6.6.6.6".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_their_ipv4_address() {
+        let want: IpAddr = "198.51.100.7".parse().unwrap();
+        // A trusted proxy seen through a dual-stack listener.
+        let r = req(
+            "[::ffff:10.0.0.2]:443",
+            &[("x-forwarded-for", "198.51.100.7")],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor),
+            (Some(want), true)
+        );
+        // A mapped hop, and a mapped client: keyed as IPv4.
+        let r = req(
+            "10.0.0.2:443",
+            &[("x-forwarded-for", "::ffff:198.51.100.7, ::ffff:10.1.1.1")],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(want)
+        );
+        let r = req("[::ffff:198.51.100.7]:5000", &[]);
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(want)
+        );
+        // A trusted network written as mapped IPv6 trusts the IPv4 peer.
+        let mapped: Vec<IpNet> = vec!["::ffff:10.0.0.0/104".parse().unwrap()];
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", "198.51.100.7")]);
+        assert_eq!(
+            client_ip(&r, &mapped, ForwardedHeader::XForwardedFor),
+            (Some(want), true)
         );
     }
 

@@ -164,6 +164,30 @@ async fn behind_a_trusted_proxy_the_right_most_untrusted_hop_is_the_client() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_trusted_proxy_on_a_dual_stack_listener_is_trusted() {
+    // Behind `[::]`, the proxy 10.0.0.2 connecting over IPv4 is the peer
+    // `::ffff:10.0.0.2`. It is still trusted: each client behind it has its
+    // own bucket, and none is the proxy's.
+    let n = 2;
+    let policy = Policy::new([HttpRule::new("per-ip", bucket(n))]).clients(trusting_10_8());
+    let app = app(memory_layer(policy));
+    let via =
+        |xff: &'static str| move || req("/", "::ffff:10.0.0.2").header("x-forwarded-for", xff);
+    assert_eq!(admitted(&app, 10, via("198.51.100.7")).await, n as usize);
+    assert_eq!(admitted(&app, 10, via("198.51.100.8")).await, n as usize);
+    // A mapped client is the IPv4 client, however it is written.
+    assert_eq!(admitted(&app, 10, via("::ffff:198.51.100.7")).await, 0);
+    assert_eq!(
+        admitted(&app, 10, || req("/", "::ffff:198.51.100.8")).await,
+        0
+    );
+    assert_eq!(
+        admitted(&app, 10, || req("/", "10.0.0.2")).await,
+        n as usize
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_forwarded_header_the_proxies_do_not_write_is_ignored() {
     // The proxies append to X-Forwarded-For; a client that adds its own
     // Forwarded header to pick a fresh key each time is still limited.
