@@ -8,6 +8,13 @@
 //! have been written by the client. Anything else would let a client choose
 //! its own key.
 //!
+//! The chain is read hop by hop, as bytes, from the right. A hop that is not
+//! an address (`unknown`, an obfuscated `_id`, garbage) stops the walk: the
+//! trusted proxy that appended it is telling us it does not know better,
+//! and the client is keyed by what it wrote, scoped to that proxy
+//! (`ip=10.0.0.2#unknown`): never by the proxy's own address, which would
+//! put every client behind it in one bucket.
+//!
 //! An IPv4-mapped IPv6 address (`::ffff:192.0.2.1`, what a dual-stack `[::]`
 //! listener reports for a peer that connected over IPv4) is the IPv4 address
 //! everywhere: in the trusted-proxy CIDRs, in forwarded hops and in keys.
@@ -139,7 +146,8 @@ pub const MAX_KEY_LEN: usize = 200;
 /// What the rate limiter knows about the client of one request.
 #[derive(Debug, Clone)]
 pub(crate) struct Client {
-    pub ip: Option<IpAddr>,
+    // `None` only when the request carries no peer address.
+    pub ip: Option<ClientIp>,
     pub api_key: Option<String>,
     pub user: Option<String>,
     pub tier: Option<String>,
@@ -202,32 +210,33 @@ fn peer_addr(req: &Parts) -> Option<SocketAddr> {
     None
 }
 
-/// The addresses a `Forwarded` header lists in its `for=` parameters, left to
-/// right; `None` for a hop that is not an address (malformed, `unknown`,
-/// an obfuscated identifier).
-fn forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let mut out = Vec::new();
-    for value in headers.get_all(http::header::FORWARDED) {
-        let Ok(value) = value.to_str() else {
-            out.push(None);
-            continue;
-        };
-        for element in value.split(',') {
-            for pair in element.split(';') {
-                let Some((name, v)) = pair.trim().split_once('=') else {
-                    continue;
-                };
-                if !name.trim().eq_ignore_ascii_case("for") {
-                    continue;
-                }
-                out.push(parse_node(v.trim().trim_matches('"')));
-            }
-        }
-    }
-    out
+/// Who the client is, as the socket and the trusted proxies tell it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ClientIp {
+    /// An address, canonical (an IPv4-mapped address is the IPv4 address).
+    Addr(IpAddr),
+    /// A forwarded hop that names no address (`unknown`, an obfuscated
+    /// identifier, garbage), as the trusted proxy `via` wrote it: `hop` is
+    /// its bytes, escaped, or their hash when long.
+    Unnamed {
+        /// The trusted proxy that wrote the hop: the hop to its right in the
+        /// chain, or the socket peer.
+        via: IpAddr,
+        /// What it wrote.
+        hop: String,
+    },
 }
 
-/// A `Forwarded` node: `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]`, `[2001:db8::1]:80`;
+/// One hop of a forwarded chain.
+enum Hop<'a> {
+    /// An address, canonical.
+    Addr(IpAddr),
+    /// Anything else: the hop's bytes, trimmed (a `Forwarded` hop's `for`
+    /// value, unquoted, or the whole element when it has not exactly one).
+    Bad(&'a [u8]),
+}
+
+/// A node: `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]`, `[2001:db8::1]:80`;
 /// canonical (an IPv4-mapped address is the IPv4 address).
 fn parse_node(node: &str) -> Option<IpAddr> {
     let ip: IpAddr = if let Some(rest) = node.strip_prefix('[') {
@@ -240,49 +249,152 @@ fn parse_node(node: &str) -> Option<IpAddr> {
     Some(ip.to_canonical())
 }
 
-/// The hops of `X-Forwarded-For`, left to right; `None` for one that is not
-/// an address.
-fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let mut out = Vec::new();
-    for value in headers.get_all("x-forwarded-for") {
-        match value.to_str() {
-            Ok(value) => out.extend(value.split(',').map(|part| parse_node(part.trim()))),
-            Err(_) => out.push(None),
+/// Optional white space around list elements and parameters.
+fn trim(bytes: &[u8]) -> &[u8] {
+    let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = bytes.iter().position(|b| !is_ows(b)).unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !is_ows(b))
+        .map_or(start, |e| e + 1);
+    &bytes[start..end]
+}
+
+/// An `X-Forwarded-For` element: a node, as in `Forwarded`.
+fn x_forwarded_for_hop(element: &[u8]) -> Hop<'_> {
+    match std::str::from_utf8(element).ok().and_then(parse_node) {
+        Some(ip) => Hop::Addr(ip),
+        None => Hop::Bad(element),
+    }
+}
+
+/// A `Forwarded` element (`for=192.0.2.1;proto=https`): its one `for`
+/// parameter, unquoted.
+fn forwarded_hop(element: &[u8]) -> Hop<'_> {
+    let mut found = None;
+    for pair in element.split(|&b| b == b';') {
+        let pair = trim(pair);
+        let Some(eq) = pair.iter().position(|&b| b == b'=') else {
+            continue;
+        };
+        if !trim(&pair[..eq]).eq_ignore_ascii_case(b"for") {
+            continue;
+        }
+        if found.is_some() {
+            // Two `for`s: which one the proxy meant is anyone's guess.
+            return Hop::Bad(element);
+        }
+        let value = trim(&pair[eq + 1..]);
+        found = Some(match value {
+            [b'"', inner @ .., b'"'] => inner,
+            _ => value,
+        });
+    }
+    let Some(value) = found else {
+        return Hop::Bad(element);
+    };
+    match std::str::from_utf8(value).ok().and_then(parse_node) {
+        Some(ip) => Hop::Addr(ip),
+        None => Hop::Bad(value),
+    }
+}
+
+/// The hops of the forwarded chain, right to left: every line of the
+/// header is one part of one chain, in order, so the last line comes
+/// first. Read as bytes, one element at a time: whatever a client wrote
+/// into one hop (a byte that is not ASCII, a stray quote) spoils that hop
+/// only. Elements are split at every comma: no hop a proxy writes holds
+/// one, and a comma inside a client's quoted string can only split hops
+/// left of the client, which are never read. Empty elements are skipped,
+/// as HTTP lists allow.
+fn hops_from_the_right(
+    headers: &HeaderMap,
+    header: ForwardedHeader,
+) -> impl Iterator<Item = Hop<'_>> {
+    let values = match header {
+        ForwardedHeader::XForwardedFor => headers.get_all("x-forwarded-for"),
+        ForwardedHeader::Forwarded => headers.get_all(http::header::FORWARDED),
+    };
+    values.into_iter().rev().flat_map(move |value| {
+        value
+            .as_bytes()
+            .rsplit(|&b| b == b',')
+            .map(trim)
+            .filter(|element| !element.is_empty())
+            .map(move |element| match header {
+                ForwardedHeader::XForwardedFor => x_forwarded_for_hop(element),
+                ForwardedHeader::Forwarded => forwarded_hop(element),
+            })
+    })
+}
+
+/// A hop longer than this is keyed by its hash.
+const MAX_HOP_LEN: usize = 64;
+
+/// A bad hop's bytes as key text: printable ASCII as it is, the key
+/// separators and every other byte percent-encoded; a long hop as
+/// `sha256:` and its hash.
+fn hop_text(bytes: &[u8]) -> String {
+    if bytes.len() > MAX_HOP_LEN {
+        let mut out = String::from("sha256:");
+        for b in Sha256::digest(bytes).iter() {
+            let _ = write!(out, "{b:02x}");
+        }
+        return out;
+    }
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'%' | b'|' | b'=' => {
+                let _ = write!(out, "%{b:02X}");
+            }
+            0x21..=0x7e => out.push(char::from(b)),
+            _ => {
+                let _ = write!(out, "%{b:02X}");
+            }
         }
     }
     out
 }
 
-/// The client IP: the peer, or (when the peer is trusted) the right-most
-/// forwarded address that is not a trusted proxy.
+/// The client: the peer, or (when the peer is trusted) what the forwarded
+/// chain says, walked from the right. Trusted hops are skipped; the first
+/// hop that is an untrusted address is the client. A hop that is not an
+/// address stops the walk there, and is the client as the proxy that wrote
+/// it named it ([`ClientIp::Unnamed`]): the hop to its right is a trusted
+/// proxy, which appended it, so it is what that proxy knew of its peer,
+/// and everything left of it may be the client's own writing. Falling back
+/// to the proxy's address instead would put every client behind that proxy
+/// in one bucket, which one client could then exhaust for all of them. A
+/// chain of trusted hops only names its left-most hop, a request from one
+/// of our own proxies; no chain at all names the peer.
 pub(crate) fn client_ip(
     req: &Parts,
     trusted: &[IpNet],
     forwarded: ForwardedHeader,
-) -> (Option<IpAddr>, bool) {
+) -> (Option<ClientIp>, bool) {
     let Some(peer) = peer_addr(req).map(|a| a.ip().to_canonical()) else {
         return (None, false);
     };
     if !is_trusted(peer, trusted) {
-        return (Some(peer), false);
+        return (Some(ClientIp::Addr(peer)), false);
     }
-    let headers = &req.headers;
-    let chain = match forwarded {
-        ForwardedHeader::Forwarded => forwarded_for(headers),
-        ForwardedHeader::XForwardedFor => x_forwarded_for(headers),
-    };
-    // Walk from the right, through our own proxies, to the first hop that is
-    // not one: everything left of it was written by the client, so a
-    // malformed hop there must not matter. A malformed hop before that (a
-    // trusted proxy forwarding `unknown`) leaves the peer as the best we know.
-    for hop in chain.into_iter().rev() {
+    // The trusted proxy that wrote the next hop to the left.
+    let mut writer = peer;
+    for hop in hops_from_the_right(&req.headers, forwarded) {
         match hop {
-            Some(ip) if is_trusted(ip, trusted) => continue,
-            Some(ip) => return (Some(ip), true),
-            None => break,
+            Hop::Addr(ip) if is_trusted(ip, trusted) => writer = ip,
+            Hop::Addr(ip) => return (Some(ClientIp::Addr(ip)), true),
+            Hop::Bad(bytes) => {
+                let unnamed = ClientIp::Unnamed {
+                    via: writer,
+                    hop: hop_text(bytes),
+                };
+                return (Some(unnamed), true);
+            }
         }
     }
-    (Some(peer), true)
+    (Some(ClientIp::Addr(writer)), true)
 }
 
 impl Client {
@@ -357,7 +469,15 @@ pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Opti
             KeyPart::User => push_pair(&mut out, "user", client.user.as_deref()?),
             KeyPart::Ip => {
                 out.push_str("ip=");
-                push_ip(&mut out, client.ip?);
+                match client.ip.as_ref()? {
+                    ClientIp::Addr(ip) => push_ip(&mut out, *ip),
+                    // `#` is in no address: the key cannot be one.
+                    ClientIp::Unnamed { via, hop } => {
+                        push_ip(&mut out, *via);
+                        out.push('#');
+                        out.push_str(hop);
+                    }
+                }
             }
             KeyPart::Route => {
                 out.push_str("route=");
@@ -498,6 +618,17 @@ mod tests {
         r.into_parts().0
     }
 
+    fn addr(s: &str) -> ClientIp {
+        ClientIp::Addr(s.parse().expect("an address"))
+    }
+
+    fn unnamed(via: &str, hop: &str) -> ClientIp {
+        ClientIp::Unnamed {
+            via: via.parse().expect("an address"),
+            hop: hop.into(),
+        }
+    }
+
     fn trusted() -> Vec<IpNet> {
         vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]
     }
@@ -507,7 +638,7 @@ mod tests {
         let r = req("203.0.113.9:5000", &[("x-forwarded-for", "1.2.3.4")]);
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("203.0.113.9".parse().unwrap())
+            Some(addr("203.0.113.9"))
         );
     }
 
@@ -520,7 +651,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("198.51.100.7".parse().unwrap())
+            Some(addr("198.51.100.7"))
         );
         let r = req(
             "10.0.0.2:443",
@@ -531,7 +662,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
-            Some("2001:db8::7".parse().unwrap())
+            Some(addr("2001:db8::7"))
         );
     }
 
@@ -544,7 +675,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("198.51.100.7".parse().unwrap())
+            Some(addr("198.51.100.7"))
         );
         let r = req(
             "10.0.0.2:443",
@@ -552,7 +683,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
-            Some("198.51.100.7".parse().unwrap())
+            Some(addr("198.51.100.7"))
         );
     }
 
@@ -568,11 +699,11 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("198.51.100.7".parse().unwrap())
+            Some(addr("198.51.100.7"))
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
-            Some("6.6.6.6".parse().unwrap())
+            Some(addr("6.6.6.6"))
         );
     }
 
@@ -586,7 +717,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor),
-            (Some(want), true)
+            (Some(ClientIp::Addr(want)), true)
         );
         // A mapped hop, and a mapped client: keyed as IPv4.
         let r = req(
@@ -595,28 +726,136 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some(want)
+            Some(ClientIp::Addr(want))
         );
         let r = req("[::ffff:198.51.100.7]:5000", &[]);
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some(want)
+            Some(ClientIp::Addr(want))
         );
         // A trusted network written as mapped IPv6 trusts the IPv4 peer.
         let mapped: Vec<IpNet> = vec!["::ffff:10.0.0.0/104".parse().unwrap()];
         let r = req("10.0.0.2:443", &[("x-forwarded-for", "198.51.100.7")]);
         assert_eq!(
             client_ip(&r, &mapped, ForwardedHeader::XForwardedFor),
-            (Some(want), true)
+            (Some(ClientIp::Addr(want)), true)
         );
     }
 
     #[test]
-    fn a_malformed_chain_falls_back_to_the_peer() {
+    fn a_bad_hop_a_trusted_proxy_wrote_is_the_client_never_the_proxy() {
+        let xff = |r: &Parts| client_ip(r, &trusted(), ForwardedHeader::XForwardedFor).0;
+        // The peer appended garbage: that garbage, as the peer wrote it.
         let r = req("10.0.0.2:443", &[("x-forwarded-for", "not-an-ip")]);
+        assert_eq!(xff(&r), Some(unnamed("10.0.0.2", "not-an-ip")));
+        // Our proxy 10.1.1.1 wrote `unknown`: scoped to it, and the walk
+        // does not go on to the client-written 6.6.6.6.
+        let r = req(
+            "10.0.0.2:443",
+            &[("x-forwarded-for", "6.6.6.6, unknown, 10.1.1.1")],
+        );
+        assert_eq!(xff(&r), Some(unnamed("10.1.1.1", "unknown")));
+        // An obfuscated Forwarded node, quoted or not.
+        let fwd = |r: &Parts| client_ip(r, &trusted(), ForwardedHeader::Forwarded).0;
+        let r = req(
+            "10.0.0.2:443",
+            &[("forwarded", "for=\"_hidden\";proto=https")],
+        );
+        assert_eq!(fwd(&r), Some(unnamed("10.0.0.2", "_hidden")));
+        // An element without a `for`, or with two, says nothing.
+        let r = req("10.0.0.2:443", &[("forwarded", "for=1.1.1.1, proto=https")]);
+        assert_eq!(fwd(&r), Some(unnamed("10.0.0.2", "proto%3Dhttps")));
+        let r = req("10.0.0.2:443", &[("forwarded", "for=1.1.1.1;for=2.2.2.2")]);
+        assert!(matches!(fwd(&r), Some(ClientIp::Unnamed { .. })));
+        // A chain of our own proxies names the left-most; no chain, the peer.
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", "10.9.9.9, 10.1.1.1")]);
+        assert_eq!(xff(&r), Some(addr("10.9.9.9")));
+        assert_eq!(xff(&req("10.0.0.2:443", &[])), Some(addr("10.0.0.2")));
+    }
+
+    #[test]
+    fn one_bad_byte_spoils_one_hop_not_the_line() {
+        // A byte that is not ASCII, left of the client: the line was
+        // unreadable as a whole, and every client behind the proxy was the
+        // proxy. Now only that hop is unreadable, and it is never reached.
+        let mut b = Request::builder().uri("/x");
+        b = b.header(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"caf\xc3\xa9, 198.51.100.7").unwrap(),
+        );
+        let mut r = b.body(()).unwrap();
+        r.extensions_mut()
+            .insert(ClientAddr("10.0.0.2:443".parse().unwrap()));
+        let (r, ()) = r.into_parts();
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("10.0.0.2".parse().unwrap())
+            Some(addr("198.51.100.7"))
+        );
+        // The same in Forwarded, with a stray quote and garbage.
+        let mut b = Request::builder().uri("/x");
+        b = b.header(
+            "forwarded",
+            http::HeaderValue::from_bytes(b"for=\"\xff\xfe, for=[2001:db8::9]:1").unwrap(),
+        );
+        let mut r = b.body(()).unwrap();
+        r.extensions_mut()
+            .insert(ClientAddr("10.0.0.2:443".parse().unwrap()));
+        let (r, ()) = r.into_parts();
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
+            Some(addr("2001:db8::9"))
+        );
+        // When the bad hop is the one the proxy wrote, its bytes are the key,
+        // escaped.
+        let r = {
+            let mut r = Request::builder()
+                .uri("/x")
+                .header(
+                    "x-forwarded-for",
+                    http::HeaderValue::from_bytes(b"1.2.3.4, \xff|x=1").unwrap(),
+                )
+                .body(())
+                .unwrap();
+            r.extensions_mut()
+                .insert(ClientAddr("10.0.0.2:443".parse().unwrap()));
+            r.into_parts().0
+        };
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(unnamed("10.0.0.2", "%FF%7Cx%3D1"))
+        );
+        // A long one, by its hash.
+        let long = format!("{}, 10.1.1.1", "z".repeat(5_000));
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", &long)]);
+        match client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0 {
+            Some(ClientIp::Unnamed { via, hop }) => {
+                assert_eq!(via, "10.1.1.1".parse::<IpAddr>().unwrap());
+                assert!(hop.starts_with("sha256:") && hop.len() == 7 + 64, "{hop}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn several_header_lines_are_one_chain_in_order() {
+        // The client sent the first line; our proxies appended lines after it.
+        let r = req(
+            "10.0.0.2:443",
+            &[
+                ("x-forwarded-for", "6.6.6.6, garbage"),
+                ("x-forwarded-for", "198.51.100.7"),
+                ("x-forwarded-for", "10.1.1.1"),
+            ],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(addr("198.51.100.7"))
+        );
+        // Empty elements are skipped, as HTTP lists allow.
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", "198.51.100.7,, ,")]);
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(addr("198.51.100.7"))
         );
     }
 

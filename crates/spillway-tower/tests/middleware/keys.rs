@@ -188,6 +188,48 @@ async fn a_trusted_proxy_on_a_dual_stack_listener_is_trusted() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_bad_byte_in_a_forwarded_chain_does_not_share_a_bucket_with_other_clients() {
+    use http::HeaderValue;
+    let n = 2;
+    let policy = Policy::new([HttpRule::new("per-ip", bucket(n))]).clients(trusting_10_8());
+    let app = app(memory_layer(policy));
+    // Each client wrote something unreadable itself; our proxy appended its
+    // real address. Once, the whole line was unreadable and every such
+    // client was the proxy: one of them exhausted the bucket of all.
+    let via = |xff: &'static [u8]| {
+        move || {
+            req("/", "10.0.0.2").header(
+                "x-forwarded-for",
+                HeaderValue::from_bytes(xff).expect("a value"),
+            )
+        }
+    };
+    assert_eq!(
+        admitted(&app, 10, via(b"caf\xc3\xa9, 198.51.100.7")).await,
+        n as usize
+    );
+    assert_eq!(
+        admitted(&app, 10, via(b"\xff, 198.51.100.8")).await,
+        n as usize
+    );
+    // Each was counted as itself.
+    assert_eq!(admitted(&app, 10, || req("/", "198.51.100.7")).await, 0);
+    // What a proxy writes when it does not know the client is that proxy's
+    // word, counted apart from its other clients and from other proxies.
+    let unknown = |proxy: &'static str| {
+        move || req("/", "10.0.0.2").header("x-forwarded-for", format!("unknown, {proxy}"))
+    };
+    assert_eq!(admitted(&app, 10, unknown("10.1.1.1")).await, n as usize);
+    assert_eq!(admitted(&app, 10, unknown("10.1.1.2")).await, n as usize);
+    assert_eq!(admitted(&app, 10, via(b"198.51.100.9")).await, n as usize);
+    // And none of it was charged to the proxy's own address.
+    assert_eq!(
+        admitted(&app, 10, || req("/", "10.0.0.2")).await,
+        n as usize
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_forwarded_header_the_proxies_do_not_write_is_ignored() {
     // The proxies append to X-Forwarded-For; a client that adds its own
     // Forwarded header to pick a fresh key each time is still limited.
