@@ -22,8 +22,8 @@ use spillway::algorithm::{
 };
 use spillway_redis::{OnError, Topology};
 use spillway_tower::{
-    Action, BodyFormat, Clients, Cost, ForwardedHeader, HeaderOptions, HttpRule, KeyPart, Policy,
-    ResetFormat,
+    Action, BodyFormat, Clients, Cost, ForwardedHeader, HeaderOptions, HttpRule, Ipv6Prefix,
+    KeyPart, Policy, ResetFormat,
 };
 use toml::Spanned;
 
@@ -192,6 +192,7 @@ struct RawClients {
     user_header: Option<Spanned<String>>,
     tier_header: Option<Spanned<String>>,
     forwarded_header: Option<Spanned<String>>,
+    ipv6_prefix: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -452,6 +453,21 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
                 ));
             }
         };
+    }
+    if let Some(p) = &raw.clients.ipv6_prefix {
+        clients.ipv6_prefix = u8::try_from(*p.get_ref())
+            .ok()
+            .and_then(Ipv6Prefix::new)
+            .ok_or_else(|| {
+                lines.err(
+                    p,
+                    "clients.ipv6_prefix",
+                    format!(
+                        "`{}`: must be between 1 and 128 (the bits of an IPv6 client's address its key keeps)",
+                        p.get_ref()
+                    ),
+                )
+            })?;
     }
 
     let mut headers = HeaderOptions {
@@ -957,6 +973,34 @@ mod tests {
         assert_eq!(e.line, Some(6));
         let e = error("[store]\nkind = \"redis\"\n");
         assert_eq!(e.field, "store.url");
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_a_64_unless_configured() {
+        let prefix = |text: &str| {
+            Config::parse(text)
+                .unwrap()
+                .policy
+                .client_settings()
+                .ipv6_prefix
+        };
+        assert_eq!(prefix(RULE), Ipv6Prefix::new(64).unwrap());
+        assert_eq!(
+            prefix("[clients]\nipv6_prefix = 56\n"),
+            Ipv6Prefix::new(56).unwrap()
+        );
+        assert_eq!(prefix("[clients]\nipv6_prefix = 128\n"), Ipv6Prefix::FULL);
+        for bad in ["0", "129", "-1", "100000"] {
+            let e = error(&format!(
+                "[clients]\ntrusted_proxies = []\nipv6_prefix = {bad}\n"
+            ));
+            assert_eq!(
+                (e.line, e.field.as_str()),
+                (Some(3), "clients.ipv6_prefix"),
+                "{e}"
+            );
+            assert!(e.message.contains("between 1 and 128"), "{e}");
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sha2::{Digest, Sha256};
 
 /// The peer's socket address, for servers that are not axum (axum's
@@ -115,6 +115,50 @@ pub struct Clients {
     /// that one is read: if a proxy appends to `X-Forwarded-For`, a
     /// `Forwarded` header can only have come from the client.
     pub forwarded_header: ForwardedHeader,
+    /// How much of an IPv6 client's address its key keeps (default: the
+    /// /64 network). One host is usually given a whole /64, so keying by
+    /// the full address would give one attacker more keys than any table
+    /// holds. IPv4 (and IPv4-mapped) clients are keyed by their address.
+    pub ipv6_prefix: Ipv6Prefix,
+}
+
+/// How many leading bits of an IPv6 client address its key keeps: 1 to 128.
+///
+/// ```
+/// use spillway_tower::key::Ipv6Prefix;
+///
+/// assert_eq!(Ipv6Prefix::default().bits(), 64);
+/// assert_eq!(Ipv6Prefix::new(48).map(Ipv6Prefix::bits), Some(48));
+/// assert!(Ipv6Prefix::new(0).is_none());
+/// assert!(Ipv6Prefix::new(129).is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ipv6Prefix(u8);
+
+impl Ipv6Prefix {
+    /// The whole address: one key per IPv6 address.
+    pub const FULL: Self = Self(128);
+
+    /// A prefix of `bits` bits; `None` unless 1 to 128.
+    pub const fn new(bits: u8) -> Option<Self> {
+        if matches!(bits, 1..=128) {
+            Some(Self(bits))
+        } else {
+            None
+        }
+    }
+
+    /// The number of bits kept.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+}
+
+impl Default for Ipv6Prefix {
+    /// 64 bits: the network a single host is usually given.
+    fn default() -> Self {
+        Self(64)
+    }
 }
 
 /// The header trusted proxies record the client's address in.
@@ -135,6 +179,7 @@ impl Default for Clients {
             user_header: None,
             tier_header: None,
             forwarded_header: ForwardedHeader::XForwardedFor,
+            ipv6_prefix: Ipv6Prefix::default(),
         }
     }
 }
@@ -215,6 +260,8 @@ fn peer_addr(req: &Parts) -> Option<SocketAddr> {
 pub(crate) enum ClientIp {
     /// An address, canonical (an IPv4-mapped address is the IPv4 address).
     Addr(IpAddr),
+    /// An IPv6 client, by its network ([`Clients::ipv6_prefix`]).
+    Net(Ipv6Net),
     /// A forwarded hop that names no address (`unknown`, an obfuscated
     /// identifier, garbage), as the trusted proxy `via` wrote it: `hop` is
     /// its bytes, escaped, or their hash when long.
@@ -397,9 +444,20 @@ pub(crate) fn client_ip(
     (Some(ClientIp::Addr(writer)), true)
 }
 
+/// An IPv6 client address as its network of `prefix` bits.
+fn by_prefix(ip: ClientIp, prefix: Ipv6Prefix) -> ClientIp {
+    match ip {
+        ClientIp::Addr(IpAddr::V6(v6)) if prefix != Ipv6Prefix::FULL => {
+            Ipv6Net::new(v6, prefix.bits()).map_or(ip, |net| ClientIp::Net(net.trunc()))
+        }
+        other => other,
+    }
+}
+
 impl Client {
     pub(crate) fn of(req: &Parts, clients: &Clients) -> Self {
         let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies, clients.forwarded_header);
+        let ip = ip.map(|ip| by_prefix(ip, clients.ipv6_prefix));
         let headers = &req.headers;
         let api_key = header_str(headers, &clients.api_key_header).or_else(|| {
             let auth = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
@@ -471,6 +529,9 @@ pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Opti
                 out.push_str("ip=");
                 match client.ip.as_ref()? {
                     ClientIp::Addr(ip) => push_ip(&mut out, *ip),
+                    ClientIp::Net(net) => {
+                        let _ = write!(out, "{net}");
+                    }
                     // `#` is in no address: the key cannot be one.
                     ClientIp::Unnamed { via, hop } => {
                         push_ip(&mut out, *via);
@@ -857,6 +918,28 @@ mod tests {
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
             Some(addr("198.51.100.7"))
         );
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_prefix() {
+        let key = |peer: &str, prefix: u8| {
+            let parts = req(peer, &[]);
+            let clients = Clients {
+                ipv6_prefix: Ipv6Prefix::new(prefix).unwrap(),
+                ..Clients::default()
+            };
+            let client = Client::of(&parts, &clients);
+            build_key(&[KeyPart::Ip], &client, &parts).unwrap()
+        };
+        // Two addresses of one /64: one key by default.
+        assert_eq!(key("[2001:db8:1:2::1]:1", 64), "ip=2001:db8:1:2::/64");
+        assert_eq!(key("[2001:db8:1:2:ffff::9]:1", 64), "ip=2001:db8:1:2::/64");
+        assert_eq!(key("[2001:db8:1:3::1]:1", 64), "ip=2001:db8:1:3::/64");
+        assert_eq!(key("[2001:db8:1:2::1]:1", 48), "ip=2001:db8:1::/48");
+        assert_eq!(key("[2001:db8:1:2::1]:1", 128), "ip=2001:db8:1:2::1");
+        // IPv4, mapped or not, keeps its whole address.
+        assert_eq!(key("192.0.2.1:1", 1), "ip=192.0.2.1");
+        assert_eq!(key("[::ffff:192.0.2.1]:1", 64), "ip=192.0.2.1");
     }
 
     #[test]

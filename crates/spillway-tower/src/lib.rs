@@ -39,7 +39,7 @@ pub use clock::TokioClock;
 pub use enforce::{Enforced, enforce, enforce_now};
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};
-pub use key::{ClientAddr, Clients, ForwardedHeader, KeyPart, Tier, UserId};
+pub use key::{ClientAddr, Clients, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, UserId};
 pub use layer::{Observer, Outcome, RateLimitLayer};
 pub use rules::{Action, BodyFormat, Cost, Glob, HeaderOptions, HttpRule, Policy, ResetFormat};
 pub use service::{

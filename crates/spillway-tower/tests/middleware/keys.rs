@@ -8,7 +8,8 @@ use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use spillway_tower::key::MAX_KEY_LEN;
 use spillway_tower::{
-    ClientAddr, Clients, ForwardedHeader, HttpRule, KeyPart, Policy, RateLimitLayer, UserId,
+    ClientAddr, Clients, ForwardedHeader, HttpRule, Ipv6Prefix, KeyPart, Policy, RateLimitLayer,
+    UserId,
 };
 use tower::{Layer, ServiceExt};
 
@@ -71,6 +72,55 @@ async fn client_ip_comes_from_the_socket() {
         admitted(&app, 10, || req("/", "2001:db8::1")).await,
         n as usize
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ipv6_client_rotating_addresses_in_its_64_is_one_client() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let n = 3;
+    let app = app(memory_layer(Policy::new([HttpRule::new(
+        "per-ip",
+        bucket(n),
+    )])));
+    // One host owns 2001:db8:1:2::/64, 2^64 addresses: a new one for
+    // every request is still one client.
+    let i = AtomicU32::new(1);
+    let rotating = || {
+        let i = i.fetch_add(1, Ordering::Relaxed);
+        req("/", &format!("2001:db8:1:2:{i:x}::{i:x}"))
+    };
+    assert_eq!(admitted(&app, 20, rotating).await, n as usize);
+    // Behind a trusted proxy too.
+    let via_proxy = || {
+        let i = i.fetch_add(1, Ordering::Relaxed);
+        req("/", "10.0.0.2").header("x-forwarded-for", format!("2001:db8:1:2::{i:x}"))
+    };
+    let policy = Policy::new([HttpRule::new("per-ip", bucket(n))]).clients(trusting_10_8());
+    let proxied = app_with(policy);
+    assert_eq!(admitted(&proxied, 20, via_proxy).await, n as usize);
+    // The next /64 is another client; with the whole address kept, each
+    // address is.
+    assert_eq!(
+        admitted(&app, 20, || req("/", "2001:db8:1:3::1")).await,
+        n as usize
+    );
+    let policy = Policy::new([HttpRule::new("per-ip", bucket(n))]).clients(Clients {
+        ipv6_prefix: Ipv6Prefix::FULL,
+        ..Clients::default()
+    });
+    let full = app_with(policy);
+    assert_eq!(
+        admitted(&full, 20, || req("/", "2001:db8:1:2::1")).await,
+        n as usize
+    );
+    assert_eq!(
+        admitted(&full, 20, || req("/", "2001:db8:1:2::2")).await,
+        n as usize
+    );
+}
+
+fn app_with(policy: Policy) -> axum::Router {
+    app(memory_layer(policy))
 }
 
 #[tokio::test(start_paused = true)]
