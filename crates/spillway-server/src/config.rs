@@ -20,6 +20,7 @@ use spillway::Quota;
 use spillway::algorithm::{
     AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
 };
+use spillway::store::OnFull;
 use spillway_redis::{OnError, Topology};
 use spillway_tower::{
     Action, BodyFormat, Clients, Cost, ForwardedHeader, HeaderOptions, HttpRule, Ipv6Prefix,
@@ -99,6 +100,8 @@ pub struct StoreConfig {
     pub on_error: OnError,
     /// The most keys held per rule in memory.
     pub max_keys: NonZeroUsize,
+    /// What a full in-memory table does with a new key.
+    pub on_full: OnFull,
 }
 
 /// Where the counters live.
@@ -148,6 +151,7 @@ struct RawStore {
     on_error: Option<Spanned<String>>,
     instances: Option<NonZeroU32>,
     max_keys: Option<NonZeroUsize>,
+    on_full: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -824,10 +828,25 @@ fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, Confi
             ));
         }
     };
+    let on_full = match &raw.on_full {
+        None => OnFull::Evict,
+        Some(v) => match v.get_ref().as_str() {
+            "evict" => OnFull::Evict,
+            "deny_new" => OnFull::DenyNew,
+            other => {
+                return Err(lines.err(
+                    v,
+                    "store.on_full",
+                    format!("`{other}`: expected \"evict\" or \"deny_new\""),
+                ));
+            }
+        },
+    };
     Ok(StoreConfig {
         kind,
         timeout,
         on_error,
+        on_full,
         max_keys: raw
             .max_keys
             .unwrap_or(NonZeroUsize::new(1_000_000).expect("nonzero")),
@@ -1001,6 +1020,20 @@ mod tests {
             );
             assert!(e.message.contains("between 1 and 128"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_full_table_evicts_unless_told_to_deny_new_keys() {
+        let on_full = |text: &str| Config::parse(text).unwrap().store.on_full;
+        assert_eq!(on_full(RULE), OnFull::Evict);
+        assert_eq!(on_full("[store]\non_full = \"evict\"\n"), OnFull::Evict);
+        assert_eq!(
+            on_full("[store]\non_full = \"deny_new\"\n"),
+            OnFull::DenyNew
+        );
+        let e = error("[store]\nmax_keys = 10\non_full = \"refuse\"\n");
+        assert_eq!((e.line, e.field.as_str()), (Some(3), "store.on_full"));
+        assert!(e.message.contains("deny_new"), "{e}");
     }
 
     #[test]

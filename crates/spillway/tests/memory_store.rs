@@ -354,7 +354,10 @@ fn under_deny_new_a_flood_never_hands_an_exhausted_key_a_fresh_quota() {
     let forgotten = exhausted
         .filter(|k| limiter.check(k.as_str(), 0).expect("peek").remaining == 5)
         .count();
-    assert!(forgotten > 4_000, "evict forgot only {forgotten} exhausted keys");
+    assert!(
+        forgotten > 4_000,
+        "evict forgot only {forgotten} exhausted keys"
+    );
 }
 
 #[test]
