@@ -20,10 +20,11 @@ use spillway::Quota;
 use spillway::algorithm::{
     AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
 };
+use spillway::store::OnFull;
 use spillway_redis::{OnError, Topology};
 use spillway_tower::{
-    Action, BodyFormat, Clients, Cost, ForwardedHeader, HeaderOptions, HttpRule, KeyPart, Policy,
-    ResetFormat,
+    Action, BodyFormat, Clients, Cost, ForwardedHeader, HeaderOptions, HttpRule, Ipv6Prefix,
+    KeyPart, Policy, ResetFormat,
 };
 use toml::Spanned;
 
@@ -163,6 +164,8 @@ pub struct StoreConfig {
     pub on_error: OnError,
     /// The most keys held per rule in memory.
     pub max_keys: NonZeroUsize,
+    /// What a full in-memory table does with a new key.
+    pub on_full: OnFull,
 }
 
 /// Where the counters live.
@@ -222,6 +225,7 @@ struct RawStore {
     on_error: Option<Spanned<String>>,
     instances: Option<NonZeroU32>,
     max_keys: Option<NonZeroUsize>,
+    on_full: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -266,6 +270,7 @@ struct RawClients {
     user_header: Option<Spanned<String>>,
     tier_header: Option<Spanned<String>>,
     forwarded_header: Option<Spanned<String>>,
+    ipv6_prefix: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -527,6 +532,21 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
                 ));
             }
         };
+    }
+    if let Some(p) = &raw.clients.ipv6_prefix {
+        clients.ipv6_prefix = u8::try_from(*p.get_ref())
+            .ok()
+            .and_then(Ipv6Prefix::new)
+            .ok_or_else(|| {
+                lines.err(
+                    p,
+                    "clients.ipv6_prefix",
+                    format!(
+                        "`{}`: must be between 1 and 128 (the bits of an IPv6 client's address its key keeps)",
+                        p.get_ref()
+                    ),
+                )
+            })?;
     }
 
     let mut headers = HeaderOptions {
@@ -899,10 +919,25 @@ fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, Confi
             ));
         }
     };
+    let on_full = match &raw.on_full {
+        None => OnFull::Evict,
+        Some(v) => match v.get_ref().as_str() {
+            "evict" => OnFull::Evict,
+            "deny_new" => OnFull::DenyNew,
+            other => {
+                return Err(lines.err(
+                    v,
+                    "store.on_full",
+                    format!("`{other}`: expected \"evict\" or \"deny_new\""),
+                ));
+            }
+        },
+    };
     Ok(StoreConfig {
         kind,
         timeout,
         on_error,
+        on_full,
         max_keys: raw
             .max_keys
             .unwrap_or(NonZeroUsize::new(1_000_000).expect("nonzero")),
@@ -1074,6 +1109,48 @@ mod tests {
             "name = \"a\"\nmatch = { path = \"/login\", exact_path = true }",
         ));
         assert!(exact.is_ok());
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_a_64_unless_configured() {
+        let prefix = |text: &str| {
+            Config::parse(text)
+                .unwrap()
+                .policy
+                .client_settings()
+                .ipv6_prefix
+        };
+        assert_eq!(prefix(RULE), Ipv6Prefix::new(64).unwrap());
+        assert_eq!(
+            prefix("[clients]\nipv6_prefix = 56\n"),
+            Ipv6Prefix::new(56).unwrap()
+        );
+        assert_eq!(prefix("[clients]\nipv6_prefix = 128\n"), Ipv6Prefix::FULL);
+        for bad in ["0", "129", "-1", "100000"] {
+            let e = error(&format!(
+                "[clients]\ntrusted_proxies = []\nipv6_prefix = {bad}\n"
+            ));
+            assert_eq!(
+                (e.line, e.field.as_str()),
+                (Some(3), "clients.ipv6_prefix"),
+                "{e}"
+            );
+            assert!(e.message.contains("between 1 and 128"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_full_table_evicts_unless_told_to_deny_new_keys() {
+        let on_full = |text: &str| Config::parse(text).unwrap().store.on_full;
+        assert_eq!(on_full(RULE), OnFull::Evict);
+        assert_eq!(on_full("[store]\non_full = \"evict\"\n"), OnFull::Evict);
+        assert_eq!(
+            on_full("[store]\non_full = \"deny_new\"\n"),
+            OnFull::DenyNew
+        );
+        let e = error("[store]\nmax_keys = 10\non_full = \"refuse\"\n");
+        assert_eq!((e.line, e.field.as_str()), (Some(3), "store.on_full"));
+        assert!(e.message.contains("deny_new"), "{e}");
     }
 
     #[test]

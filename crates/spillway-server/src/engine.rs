@@ -178,6 +178,7 @@ impl Engine {
             (StoreKind::Memory, _) => {
                 let options = MemoryOptions {
                     max_keys: config.store.max_keys,
+                    on_full: config.store.on_full,
                     ..MemoryOptions::default()
                 };
                 StoreImpl::Memory(Arc::new(MemoryStore::new(rules, options)))

@@ -48,6 +48,7 @@ fn simulated_decisions_equal_the_in_memory_stores() {
                 max_keys: NonZeroUsize::new(1_000).unwrap(),
                 shards: NonZeroUsize::new(2).unwrap(),
                 sweep_interval: Duration::from_millis(50),
+                ..MemoryOptions::default()
             };
             let store: RateLimiter<_, String, _> =
                 RateLimiter::with_options(run.kind.build(quota, p.burst), clock.clone(), options);

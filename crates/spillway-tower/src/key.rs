@@ -7,13 +7,24 @@
 //! its right was appended by a proxy we trust, every hop to its left could
 //! have been written by the client. Anything else would let a client choose
 //! its own key.
+//!
+//! The chain is read hop by hop, as bytes, from the right. A hop that is not
+//! an address (`unknown`, an obfuscated `_id`, garbage) stops the walk: the
+//! trusted proxy that appended it is telling us it does not know better,
+//! and the client is keyed by what it wrote, scoped to that proxy
+//! (`ip=10.0.0.2#unknown`): never by the proxy's own address, which would
+//! put every client behind it in one bucket.
+//!
+//! An IPv4-mapped IPv6 address (`::ffff:192.0.2.1`, what a dual-stack `[::]`
+//! listener reports for a peer that connected over IPv4) is the IPv4 address
+//! everywhere: in the trusted-proxy CIDRs, in forwarded hops and in keys.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sha2::{Digest, Sha256};
 
 /// The peer's socket address, for servers that are not axum (axum's
@@ -104,6 +115,50 @@ pub struct Clients {
     /// that one is read: if a proxy appends to `X-Forwarded-For`, a
     /// `Forwarded` header can only have come from the client.
     pub forwarded_header: ForwardedHeader,
+    /// How much of an IPv6 client's address its key keeps (default: the
+    /// /64 network). One host is usually given a whole /64, so keying by
+    /// the full address would give one attacker more keys than any table
+    /// holds. IPv4 (and IPv4-mapped) clients are keyed by their address.
+    pub ipv6_prefix: Ipv6Prefix,
+}
+
+/// How many leading bits of an IPv6 client address its key keeps: 1 to 128.
+///
+/// ```
+/// use spillway_tower::key::Ipv6Prefix;
+///
+/// assert_eq!(Ipv6Prefix::default().bits(), 64);
+/// assert_eq!(Ipv6Prefix::new(48).map(Ipv6Prefix::bits), Some(48));
+/// assert!(Ipv6Prefix::new(0).is_none());
+/// assert!(Ipv6Prefix::new(129).is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ipv6Prefix(u8);
+
+impl Ipv6Prefix {
+    /// The whole address: one key per IPv6 address.
+    pub const FULL: Self = Self(128);
+
+    /// A prefix of `bits` bits; `None` unless 1 to 128.
+    pub const fn new(bits: u8) -> Option<Self> {
+        if matches!(bits, 1..=128) {
+            Some(Self(bits))
+        } else {
+            None
+        }
+    }
+
+    /// The number of bits kept.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+}
+
+impl Default for Ipv6Prefix {
+    /// 64 bits: the network a single host is usually given.
+    fn default() -> Self {
+        Self(64)
+    }
 }
 
 /// The header trusted proxies record the client's address in.
@@ -124,6 +179,7 @@ impl Default for Clients {
             user_header: None,
             tier_header: None,
             forwarded_header: ForwardedHeader::XForwardedFor,
+            ipv6_prefix: Ipv6Prefix::default(),
         }
     }
 }
@@ -135,7 +191,8 @@ pub const MAX_KEY_LEN: usize = 200;
 /// What the rate limiter knows about the client of one request.
 #[derive(Debug, Clone)]
 pub(crate) struct Client {
-    pub ip: Option<IpAddr>,
+    // `None` only when the request carries no peer address.
+    pub ip: Option<ClientIp>,
     pub api_key: Option<String>,
     pub user: Option<String>,
     pub tier: Option<String>,
@@ -143,8 +200,45 @@ pub(crate) struct Client {
     pub peer_trusted: bool,
 }
 
+impl Clients {
+    /// Whether `ip` is one of the trusted proxies. An IPv4-mapped IPv6
+    /// address is compared as the IPv4 address it maps, against IPv4 CIDRs
+    /// and mapped IPv6 ones alike.
+    ///
+    /// ```
+    /// use spillway_tower::Clients;
+    ///
+    /// let clients = Clients {
+    ///     trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
+    ///     ..Clients::default()
+    /// };
+    /// assert!(clients.trusts("10.1.2.3".parse().unwrap()));
+    /// // The same proxy, as a dual-stack listener reports it.
+    /// assert!(clients.trusts("::ffff:10.1.2.3".parse().unwrap()));
+    /// assert!(!clients.trusts("192.0.2.1".parse().unwrap()));
+    /// ```
+    pub fn trusts(&self, ip: IpAddr) -> bool {
+        is_trusted(ip.to_canonical(), &self.trusted_proxies)
+    }
+}
+
+/// Whether `ip`, already canonical (see [`IpAddr::to_canonical`]), is in
+/// one of the `trusted` networks.
 fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
-    trusted.iter().any(|net| net.contains(&ip))
+    trusted.iter().any(|net| canonical_net(*net).contains(&ip))
+}
+
+/// A network of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.0/104`) as the
+/// IPv4 network it maps (`10.0.0.0/8`): addresses are compared canonical.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => v6
+            .network()
+            .to_ipv4_mapped()
+            .and_then(|v4| Ipv4Net::new(v4, v6.prefix_len() - 96).ok())
+            .map_or(net, IpNet::V4),
+        _ => net,
+    }
 }
 
 fn peer_addr(req: &Parts) -> Option<SocketAddr> {
@@ -161,89 +255,209 @@ fn peer_addr(req: &Parts) -> Option<SocketAddr> {
     None
 }
 
-/// The addresses a `Forwarded` header lists in its `for=` parameters, left to
-/// right; `None` for a hop that is not an address (malformed, `unknown`,
-/// an obfuscated identifier).
-fn forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let mut out = Vec::new();
-    for value in headers.get_all(http::header::FORWARDED) {
-        let Ok(value) = value.to_str() else {
-            out.push(None);
+/// Who the client is, as the socket and the trusted proxies tell it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ClientIp {
+    /// An address, canonical (an IPv4-mapped address is the IPv4 address).
+    Addr(IpAddr),
+    /// An IPv6 client, by its network ([`Clients::ipv6_prefix`]).
+    Net(Ipv6Net),
+    /// A forwarded hop that names no address (`unknown`, an obfuscated
+    /// identifier, garbage), as the trusted proxy `via` wrote it: `hop` is
+    /// its bytes, escaped, or their hash when long.
+    Unnamed {
+        /// The trusted proxy that wrote the hop: the hop to its right in the
+        /// chain, or the socket peer.
+        via: IpAddr,
+        /// What it wrote.
+        hop: String,
+    },
+}
+
+/// One hop of a forwarded chain.
+enum Hop<'a> {
+    /// An address, canonical.
+    Addr(IpAddr),
+    /// Anything else: the hop's bytes, trimmed (a `Forwarded` hop's `for`
+    /// value, unquoted, or the whole element when it has not exactly one).
+    Bad(&'a [u8]),
+}
+
+/// A node: `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]`, `[2001:db8::1]:80`;
+/// canonical (an IPv4-mapped address is the IPv4 address).
+fn parse_node(node: &str) -> Option<IpAddr> {
+    let ip: IpAddr = if let Some(rest) = node.strip_prefix('[') {
+        rest.split(']').next()?.parse().ok()?
+    } else {
+        node.parse()
+            .ok()
+            .or_else(|| node.rsplit_once(':').and_then(|(ip, _)| ip.parse().ok()))?
+    };
+    Some(ip.to_canonical())
+}
+
+/// Optional white space around list elements and parameters.
+fn trim(bytes: &[u8]) -> &[u8] {
+    let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = bytes.iter().position(|b| !is_ows(b)).unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !is_ows(b))
+        .map_or(start, |e| e + 1);
+    &bytes[start..end]
+}
+
+/// An `X-Forwarded-For` element: a node, as in `Forwarded`.
+fn x_forwarded_for_hop(element: &[u8]) -> Hop<'_> {
+    match std::str::from_utf8(element).ok().and_then(parse_node) {
+        Some(ip) => Hop::Addr(ip),
+        None => Hop::Bad(element),
+    }
+}
+
+/// A `Forwarded` element (`for=192.0.2.1;proto=https`): its one `for`
+/// parameter, unquoted.
+fn forwarded_hop(element: &[u8]) -> Hop<'_> {
+    let mut found = None;
+    for pair in element.split(|&b| b == b';') {
+        let pair = trim(pair);
+        let Some(eq) = pair.iter().position(|&b| b == b'=') else {
             continue;
         };
-        for element in value.split(',') {
-            for pair in element.split(';') {
-                let Some((name, v)) = pair.trim().split_once('=') else {
-                    continue;
-                };
-                if !name.trim().eq_ignore_ascii_case("for") {
-                    continue;
-                }
-                out.push(parse_node(v.trim().trim_matches('"')));
+        if !trim(&pair[..eq]).eq_ignore_ascii_case(b"for") {
+            continue;
+        }
+        if found.is_some() {
+            // Two `for`s: which one the proxy meant is anyone's guess.
+            return Hop::Bad(element);
+        }
+        let value = trim(&pair[eq + 1..]);
+        found = Some(match value {
+            [b'"', inner @ .., b'"'] => inner,
+            _ => value,
+        });
+    }
+    let Some(value) = found else {
+        return Hop::Bad(element);
+    };
+    match std::str::from_utf8(value).ok().and_then(parse_node) {
+        Some(ip) => Hop::Addr(ip),
+        None => Hop::Bad(value),
+    }
+}
+
+/// The hops of the forwarded chain, right to left: every line of the
+/// header is one part of one chain, in order, so the last line comes
+/// first. Read as bytes, one element at a time: whatever a client wrote
+/// into one hop (a byte that is not ASCII, a stray quote) spoils that hop
+/// only. Elements are split at every comma: no hop a proxy writes holds
+/// one, and a comma inside a client's quoted string can only split hops
+/// left of the client, which are never read. Empty elements are skipped,
+/// as HTTP lists allow.
+fn hops_from_the_right(
+    headers: &HeaderMap,
+    header: ForwardedHeader,
+) -> impl Iterator<Item = Hop<'_>> {
+    let values = match header {
+        ForwardedHeader::XForwardedFor => headers.get_all("x-forwarded-for"),
+        ForwardedHeader::Forwarded => headers.get_all(http::header::FORWARDED),
+    };
+    values.into_iter().rev().flat_map(move |value| {
+        value
+            .as_bytes()
+            .rsplit(|&b| b == b',')
+            .map(trim)
+            .filter(|element| !element.is_empty())
+            .map(move |element| match header {
+                ForwardedHeader::XForwardedFor => x_forwarded_for_hop(element),
+                ForwardedHeader::Forwarded => forwarded_hop(element),
+            })
+    })
+}
+
+/// A hop longer than this is keyed by its hash.
+const MAX_HOP_LEN: usize = 64;
+
+/// A bad hop's bytes as key text: printable ASCII as it is, the key
+/// separators and every other byte percent-encoded; a long hop as
+/// `sha256:` and its hash.
+fn hop_text(bytes: &[u8]) -> String {
+    if bytes.len() > MAX_HOP_LEN {
+        let mut out = String::from("sha256:");
+        for b in Sha256::digest(bytes).iter() {
+            let _ = write!(out, "{b:02x}");
+        }
+        return out;
+    }
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'%' | b'|' | b'=' => {
+                let _ = write!(out, "%{b:02X}");
+            }
+            0x21..=0x7e => out.push(char::from(b)),
+            _ => {
+                let _ = write!(out, "%{b:02X}");
             }
         }
     }
     out
 }
 
-/// A `Forwarded` node: `1.2.3.4`, `1.2.3.4:80`, `[2001:db8::1]`, `[2001:db8::1]:80`.
-fn parse_node(node: &str) -> Option<IpAddr> {
-    if let Some(rest) = node.strip_prefix('[') {
-        return rest.split(']').next()?.parse().ok();
-    }
-    node.parse()
-        .ok()
-        .or_else(|| node.rsplit_once(':').and_then(|(ip, _)| ip.parse().ok()))
-}
-
-/// The hops of `X-Forwarded-For`, left to right; `None` for one that is not
-/// an address.
-fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let mut out = Vec::new();
-    for value in headers.get_all("x-forwarded-for") {
-        match value.to_str() {
-            Ok(value) => out.extend(value.split(',').map(|part| parse_node(part.trim()))),
-            Err(_) => out.push(None),
-        }
-    }
-    out
-}
-
-/// The client IP: the peer, or (when the peer is trusted) the right-most
-/// forwarded address that is not a trusted proxy.
+/// The client: the peer, or (when the peer is trusted) what the forwarded
+/// chain says, walked from the right. Trusted hops are skipped; the first
+/// hop that is an untrusted address is the client. A hop that is not an
+/// address stops the walk there, and is the client as the proxy that wrote
+/// it named it ([`ClientIp::Unnamed`]): the hop to its right is a trusted
+/// proxy, which appended it, so it is what that proxy knew of its peer,
+/// and everything left of it may be the client's own writing. Falling back
+/// to the proxy's address instead would put every client behind that proxy
+/// in one bucket, which one client could then exhaust for all of them. A
+/// chain of trusted hops only names its left-most hop, a request from one
+/// of our own proxies; no chain at all names the peer.
 pub(crate) fn client_ip(
     req: &Parts,
     trusted: &[IpNet],
     forwarded: ForwardedHeader,
-) -> (Option<IpAddr>, bool) {
-    let Some(peer) = peer_addr(req).map(|a| a.ip()) else {
+) -> (Option<ClientIp>, bool) {
+    let Some(peer) = peer_addr(req).map(|a| a.ip().to_canonical()) else {
         return (None, false);
     };
     if !is_trusted(peer, trusted) {
-        return (Some(peer), false);
+        return (Some(ClientIp::Addr(peer)), false);
     }
-    let headers = &req.headers;
-    let chain = match forwarded {
-        ForwardedHeader::Forwarded => forwarded_for(headers),
-        ForwardedHeader::XForwardedFor => x_forwarded_for(headers),
-    };
-    // Walk from the right, through our own proxies, to the first hop that is
-    // not one: everything left of it was written by the client, so a
-    // malformed hop there must not matter. A malformed hop before that (a
-    // trusted proxy forwarding `unknown`) leaves the peer as the best we know.
-    for hop in chain.into_iter().rev() {
+    // The trusted proxy that wrote the next hop to the left.
+    let mut writer = peer;
+    for hop in hops_from_the_right(&req.headers, forwarded) {
         match hop {
-            Some(ip) if is_trusted(ip, trusted) => continue,
-            Some(ip) => return (Some(ip), true),
-            None => break,
+            Hop::Addr(ip) if is_trusted(ip, trusted) => writer = ip,
+            Hop::Addr(ip) => return (Some(ClientIp::Addr(ip)), true),
+            Hop::Bad(bytes) => {
+                let unnamed = ClientIp::Unnamed {
+                    via: writer,
+                    hop: hop_text(bytes),
+                };
+                return (Some(unnamed), true);
+            }
         }
     }
-    (Some(peer), true)
+    (Some(ClientIp::Addr(writer)), true)
+}
+
+/// An IPv6 client address as its network of `prefix` bits.
+fn by_prefix(ip: ClientIp, prefix: Ipv6Prefix) -> ClientIp {
+    match ip {
+        ClientIp::Addr(IpAddr::V6(v6)) if prefix != Ipv6Prefix::FULL => {
+            Ipv6Net::new(v6, prefix.bits()).map_or(ip, |net| ClientIp::Net(net.trunc()))
+        }
+        other => other,
+    }
 }
 
 impl Client {
     pub(crate) fn of(req: &Parts, clients: &Clients) -> Self {
         let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies, clients.forwarded_header);
+        let ip = ip.map(|ip| by_prefix(ip, clients.ipv6_prefix));
         let headers = &req.headers;
         let api_key = header_str(headers, &clients.api_key_header).or_else(|| {
             let auth = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
@@ -313,7 +527,18 @@ pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Opti
             KeyPart::User => push_pair(&mut out, "user", client.user.as_deref()?),
             KeyPart::Ip => {
                 out.push_str("ip=");
-                push_ip(&mut out, client.ip?);
+                match client.ip.as_ref()? {
+                    ClientIp::Addr(ip) => push_ip(&mut out, *ip),
+                    ClientIp::Net(net) => {
+                        let _ = write!(out, "{net}");
+                    }
+                    // `#` is in no address: the key cannot be one.
+                    ClientIp::Unnamed { via, hop } => {
+                        push_ip(&mut out, *via);
+                        out.push('#');
+                        out.push_str(hop);
+                    }
+                }
             }
             KeyPart::Route => {
                 out.push_str("route=");
@@ -454,6 +679,17 @@ mod tests {
         r.into_parts().0
     }
 
+    fn addr(s: &str) -> ClientIp {
+        ClientIp::Addr(s.parse().expect("an address"))
+    }
+
+    fn unnamed(via: &str, hop: &str) -> ClientIp {
+        ClientIp::Unnamed {
+            via: via.parse().expect("an address"),
+            hop: hop.into(),
+        }
+    }
+
     fn trusted() -> Vec<IpNet> {
         vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]
     }
@@ -463,7 +699,7 @@ mod tests {
         let r = req("203.0.113.9:5000", &[("x-forwarded-for", "1.2.3.4")]);
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("203.0.113.9".parse().unwrap())
+            Some(addr("203.0.113.9"))
         );
     }
 
@@ -476,7 +712,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("198.51.100.7".parse().unwrap())
+            Some(addr("198.51.100.7"))
         );
         let r = req(
             "10.0.0.2:443",
@@ -487,7 +723,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
-            Some("2001:db8::7".parse().unwrap())
+            Some(addr("2001:db8::7"))
         );
     }
 
@@ -500,7 +736,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("198.51.100.7".parse().unwrap())
+            Some(addr("198.51.100.7"))
         );
         let r = req(
             "10.0.0.2:443",
@@ -508,7 +744,7 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
-            Some("198.51.100.7".parse().unwrap())
+            Some(addr("198.51.100.7"))
         );
     }
 
@@ -524,21 +760,186 @@ mod tests {
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("198.51.100.7".parse().unwrap())
+            Some(addr("198.51.100.7"))
         );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
-            Some("6.6.6.6".parse().unwrap())
+            Some(addr("6.6.6.6"))
         );
     }
 
     #[test]
-    fn a_malformed_chain_falls_back_to_the_peer() {
-        let r = req("10.0.0.2:443", &[("x-forwarded-for", "not-an-ip")]);
+    fn ipv4_mapped_addresses_are_their_ipv4_address() {
+        let want: IpAddr = "198.51.100.7".parse().unwrap();
+        // A trusted proxy seen through a dual-stack listener.
+        let r = req(
+            "[::ffff:10.0.0.2]:443",
+            &[("x-forwarded-for", "198.51.100.7")],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor),
+            (Some(ClientIp::Addr(want)), true)
+        );
+        // A mapped hop, and a mapped client: keyed as IPv4.
+        let r = req(
+            "10.0.0.2:443",
+            &[("x-forwarded-for", "::ffff:198.51.100.7, ::ffff:10.1.1.1")],
+        );
         assert_eq!(
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
-            Some("10.0.0.2".parse().unwrap())
+            Some(ClientIp::Addr(want))
         );
+        let r = req("[::ffff:198.51.100.7]:5000", &[]);
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(ClientIp::Addr(want))
+        );
+        // A trusted network written as mapped IPv6 trusts the IPv4 peer.
+        let mapped: Vec<IpNet> = vec!["::ffff:10.0.0.0/104".parse().unwrap()];
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", "198.51.100.7")]);
+        assert_eq!(
+            client_ip(&r, &mapped, ForwardedHeader::XForwardedFor),
+            (Some(ClientIp::Addr(want)), true)
+        );
+    }
+
+    #[test]
+    fn a_bad_hop_a_trusted_proxy_wrote_is_the_client_never_the_proxy() {
+        let xff = |r: &Parts| client_ip(r, &trusted(), ForwardedHeader::XForwardedFor).0;
+        // The peer appended garbage: that garbage, as the peer wrote it.
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", "not-an-ip")]);
+        assert_eq!(xff(&r), Some(unnamed("10.0.0.2", "not-an-ip")));
+        // Our proxy 10.1.1.1 wrote `unknown`: scoped to it, and the walk
+        // does not go on to the client-written 6.6.6.6.
+        let r = req(
+            "10.0.0.2:443",
+            &[("x-forwarded-for", "6.6.6.6, unknown, 10.1.1.1")],
+        );
+        assert_eq!(xff(&r), Some(unnamed("10.1.1.1", "unknown")));
+        // An obfuscated Forwarded node, quoted or not.
+        let fwd = |r: &Parts| client_ip(r, &trusted(), ForwardedHeader::Forwarded).0;
+        let r = req(
+            "10.0.0.2:443",
+            &[("forwarded", "for=\"_hidden\";proto=https")],
+        );
+        assert_eq!(fwd(&r), Some(unnamed("10.0.0.2", "_hidden")));
+        // An element without a `for`, or with two, says nothing.
+        let r = req("10.0.0.2:443", &[("forwarded", "for=1.1.1.1, proto=https")]);
+        assert_eq!(fwd(&r), Some(unnamed("10.0.0.2", "proto%3Dhttps")));
+        let r = req("10.0.0.2:443", &[("forwarded", "for=1.1.1.1;for=2.2.2.2")]);
+        assert!(matches!(fwd(&r), Some(ClientIp::Unnamed { .. })));
+        // A chain of our own proxies names the left-most; no chain, the peer.
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", "10.9.9.9, 10.1.1.1")]);
+        assert_eq!(xff(&r), Some(addr("10.9.9.9")));
+        assert_eq!(xff(&req("10.0.0.2:443", &[])), Some(addr("10.0.0.2")));
+    }
+
+    #[test]
+    fn one_bad_byte_spoils_one_hop_not_the_line() {
+        // A byte that is not ASCII, left of the client: the line was
+        // unreadable as a whole, and every client behind the proxy was the
+        // proxy. Now only that hop is unreadable, and it is never reached.
+        let mut b = Request::builder().uri("/x");
+        b = b.header(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"caf\xc3\xa9, 198.51.100.7").unwrap(),
+        );
+        let mut r = b.body(()).unwrap();
+        r.extensions_mut()
+            .insert(ClientAddr("10.0.0.2:443".parse().unwrap()));
+        let (r, ()) = r.into_parts();
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(addr("198.51.100.7"))
+        );
+        // The same in Forwarded, with a stray quote and garbage.
+        let mut b = Request::builder().uri("/x");
+        b = b.header(
+            "forwarded",
+            http::HeaderValue::from_bytes(b"for=\"\xff\xfe, for=[2001:db8::9]:1").unwrap(),
+        );
+        let mut r = b.body(()).unwrap();
+        r.extensions_mut()
+            .insert(ClientAddr("10.0.0.2:443".parse().unwrap()));
+        let (r, ()) = r.into_parts();
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::Forwarded).0,
+            Some(addr("2001:db8::9"))
+        );
+        // When the bad hop is the one the proxy wrote, its bytes are the key,
+        // escaped.
+        let r = {
+            let mut r = Request::builder()
+                .uri("/x")
+                .header(
+                    "x-forwarded-for",
+                    http::HeaderValue::from_bytes(b"1.2.3.4, \xff|x=1").unwrap(),
+                )
+                .body(())
+                .unwrap();
+            r.extensions_mut()
+                .insert(ClientAddr("10.0.0.2:443".parse().unwrap()));
+            r.into_parts().0
+        };
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(unnamed("10.0.0.2", "%FF%7Cx%3D1"))
+        );
+        // A long one, by its hash.
+        let long = format!("{}, 10.1.1.1", "z".repeat(5_000));
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", &long)]);
+        match client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0 {
+            Some(ClientIp::Unnamed { via, hop }) => {
+                assert_eq!(via, "10.1.1.1".parse::<IpAddr>().unwrap());
+                assert!(hop.starts_with("sha256:") && hop.len() == 7 + 64, "{hop}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn several_header_lines_are_one_chain_in_order() {
+        // The client sent the first line; our proxies appended lines after it.
+        let r = req(
+            "10.0.0.2:443",
+            &[
+                ("x-forwarded-for", "6.6.6.6, garbage"),
+                ("x-forwarded-for", "198.51.100.7"),
+                ("x-forwarded-for", "10.1.1.1"),
+            ],
+        );
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(addr("198.51.100.7"))
+        );
+        // Empty elements are skipped, as HTTP lists allow.
+        let r = req("10.0.0.2:443", &[("x-forwarded-for", "198.51.100.7,, ,")]);
+        assert_eq!(
+            client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
+            Some(addr("198.51.100.7"))
+        );
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_prefix() {
+        let key = |peer: &str, prefix: u8| {
+            let parts = req(peer, &[]);
+            let clients = Clients {
+                ipv6_prefix: Ipv6Prefix::new(prefix).unwrap(),
+                ..Clients::default()
+            };
+            let client = Client::of(&parts, &clients);
+            build_key(&[KeyPart::Ip], &client, &parts).unwrap()
+        };
+        // Two addresses of one /64: one key by default.
+        assert_eq!(key("[2001:db8:1:2::1]:1", 64), "ip=2001:db8:1:2::/64");
+        assert_eq!(key("[2001:db8:1:2:ffff::9]:1", 64), "ip=2001:db8:1:2::/64");
+        assert_eq!(key("[2001:db8:1:3::1]:1", 64), "ip=2001:db8:1:3::/64");
+        assert_eq!(key("[2001:db8:1:2::1]:1", 48), "ip=2001:db8:1::/48");
+        assert_eq!(key("[2001:db8:1:2::1]:1", 128), "ip=2001:db8:1:2::1");
+        // IPv4, mapped or not, keeps its whole address.
+        assert_eq!(key("192.0.2.1:1", 1), "ip=192.0.2.1");
+        assert_eq!(key("[::ffff:192.0.2.1]:1", 64), "ip=192.0.2.1");
     }
 
     #[test]

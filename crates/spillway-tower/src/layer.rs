@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use spillway::Decision;
 use spillway::store::{MemoryOptions, MemoryStore, Store};
@@ -37,6 +38,9 @@ pub(crate) struct Shared<St> {
     pub store: St,
     pub policy: Policy,
     pub observer: Option<Arc<dyn Observer>>,
+    // Whether a request without the client's address has been logged: an
+    // error once per layer, not one per request.
+    pub logged_missing_addr: AtomicBool,
 }
 
 /// Applies a [`Policy`]'s rules to every request, on a [`Store`]. Cheap to
@@ -97,6 +101,7 @@ impl<St: Store> RateLimitLayer<St> {
                 store,
                 policy,
                 observer: None,
+                logged_missing_addr: AtomicBool::new(false),
             }),
         }
     }
@@ -116,7 +121,11 @@ impl<St: Store> RateLimitLayer<St> {
     /// Applies the policy to a request (its head), charging the store as
     /// the verdict says, without serving it: what the middleware does before
     /// it calls the inner service, for callers that answer for themselves
-    /// (a decision API). A shaping delay is reported, not waited for.
+    /// (a decision API). A shaping delay is reported, not waited for. A
+    /// rule that counts by the client's address does not apply to parts
+    /// without one ([`ClientAddr`](crate::ClientAddr)): the caller describes
+    /// the request, and leaving the address out asks about the other rules
+    /// ([`MissingClientAddr`](crate::MissingClientAddr) is the middleware's).
     pub async fn decide(&self, parts: &http::request::Parts) -> Decided {
         crate::service::decide(&self.shared, parts).await
     }

@@ -19,7 +19,12 @@
 //!   delay (a timer, never a busy wait) and gives its slot back if the client
 //!   leaves;
 //! - a store that cannot decide gives a 503 (fail-closed) or whatever its
-//!   failure policy says; never a 500.
+//!   failure policy says; never a 500;
+//! - a rule that counts by IP, on a request without the peer's address (an
+//!   axum app served without `into_make_service_with_connect_info`), is a
+//!   500 saying how to fix it, logged once, unless the policy says to skip
+//!   the rule ([`MissingClientAddr`]): never a limit that silently applies to
+//!   nobody.
 //!
 //! The layer follows tower's file layout: `layer.rs` ([`RateLimitLayer`]),
 //! `service.rs` ([`RateLimit`]), `future.rs`, `error.rs`.
@@ -39,9 +44,11 @@ pub use clock::TokioClock;
 pub use enforce::{Enforced, enforce, enforce_now};
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};
-pub use key::{ClientAddr, Clients, ForwardedHeader, KeyPart, Tier, UserId};
+pub use key::{ClientAddr, Clients, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, UserId};
 pub use layer::{Observer, Outcome, RateLimitLayer};
-pub use rules::{Action, BodyFormat, Cost, Glob, HeaderOptions, HttpRule, Policy, ResetFormat};
+pub use rules::{
+    Action, BodyFormat, Cost, Glob, HeaderOptions, HttpRule, MissingClientAddr, Policy, ResetFormat,
+};
 pub use service::{
     Decided, Limited, RateLimit, RequestCost, RuleDecision, Verdict, X_SPILLWAY_LIMITED,
 };

@@ -87,6 +87,17 @@ pub(crate) fn unavailable<B>() -> Response<ResponseBody<B>> {
     res
 }
 
+/// What a 500 for a request without the client's address says: what is
+/// missing, and how to fix it.
+pub(crate) fn missing_client_addr_detail(rule: &str) -> String {
+    format!(
+        "The rate limiter cannot see the client's address, which rule `{rule}` counts by: the request has no \
+         axum ConnectInfo<SocketAddr> and no spillway_tower::ClientAddr extension. Serve the app with \
+         `axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())`, or insert a \
+         ClientAddr extension in a layer in front of the rate limiter."
+    )
+}
+
 /// Whether a request is gRPC: its answers must be gRPC statuses, not HTTP
 /// error pages a gRPC client cannot read.
 pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {

@@ -403,6 +403,12 @@ impl HttpRule {
         Ok(true)
     }
 
+    /// Whether the rule's key, or the fallback it would use, needs the
+    /// client's address.
+    pub(crate) fn needs_ip(&self) -> bool {
+        self.key.contains(&KeyPart::Ip) || self.fallback.contains(&KeyPart::Ip)
+    }
+
     /// The key this request is counted under, if the rule applies.
     pub(crate) fn key_of(&self, client: &Client, parts: &Parts) -> Option<String> {
         key::build_key(&self.key, client, parts).or_else(|| {
@@ -461,12 +467,33 @@ pub enum BodyFormat {
     Empty,
 }
 
+/// What the middleware does with a request when a rule that applies counts
+/// by the client's address and the request carries none: no axum
+/// `ConnectInfo<SocketAddr>` (an app served with `axum::serve(listener,
+/// app)` rather than `app.into_make_service_with_connect_info::<SocketAddr>()`)
+/// and no [`ClientAddr`](crate::ClientAddr) extension. Either way it logs an
+/// error, once per layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingClientAddr {
+    /// Answer `500 Internal Server Error` with a problem+json body saying
+    /// what is missing and how to fix it (a gRPC request gets `INTERNAL`):
+    /// a limit that silently applies to nobody (a login limit, say) is
+    /// worse than an error the developer sees at once.
+    #[default]
+    Error,
+    /// Skip the rule for that request, as if it did not match: the request
+    /// is not limited by it. For setups where some requests really have no
+    /// address, and limiting them by other rules is enough.
+    SkipRule,
+}
+
 /// Everything the middleware needs: the rules and how to identify clients
 /// and answer them.
 #[derive(Debug, Clone, Default)]
 pub struct Policy {
     pub(crate) rules: Vec<HttpRule>,
     pub(crate) clients: Clients,
+    pub(crate) missing_client_addr: MissingClientAddr,
     // API key -> tier name.
     pub(crate) api_key_tiers: HashMap<String, String>,
     pub(crate) headers: HeaderOptions,
@@ -491,6 +518,13 @@ impl Policy {
     /// How clients are identified (trusted proxies, API key header...).
     pub fn clients(mut self, clients: Clients) -> Self {
         self.clients = clients;
+        self
+    }
+
+    /// What to do when a rule counts by the client's address and the
+    /// request has none (default: [`MissingClientAddr::Error`]).
+    pub fn on_missing_client_addr(mut self, missing: MissingClientAddr) -> Self {
+        self.missing_client_addr = missing;
         self
     }
 

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use crate::headers::{self, Applied};
 use crate::key::Client;
 use crate::layer::{Outcome, Shared, outcome_of};
 use crate::response;
-use crate::rules::{Action, Cost, Policy};
+use crate::rules::{Action, Cost, MissingClientAddr, Policy};
 
 /// The request header (and response header) that marks a request let
 /// through by a `degrade` rule that denied it.
@@ -95,14 +96,18 @@ where
         // client's is gone before any rule runs, whether one matches or not.
         parts.headers.remove(X_SPILLWAY_LIMITED);
         match evaluate_now(&self.shared, &parts) {
-            Ok(decided) => respond(&self.shared, inner, parts, body, decided),
+            Now::Decided(decided) => respond(&self.shared, inner, parts, body, decided),
             // The store has to be waited for.
-            Err(planned) => {
+            Now::Wait(planned) => {
                 let shared = self.shared.clone();
                 Box::pin(async move {
                     let decided = evaluate_planned(&shared, planned, false).await;
                     respond(&shared, inner, parts, body, decided).await
                 })
+            }
+            Now::NoClientAddr(index) => {
+                let res = no_client_addr(&self.shared, index, &parts);
+                Box::pin(std::future::ready(Ok(res)))
             }
         }
     }
@@ -122,15 +127,38 @@ struct Planned {
     cost: u64,
 }
 
-/// The rules that apply, with their keys and costs; or a 400's message.
-fn plan(policy: &Policy, client: &Client, parts: &Parts) -> Result<Small<Planned>, String> {
+/// Why a request cannot be planned.
+enum Unplanned {
+    /// It is malformed: a 400's message.
+    BadRequest(String),
+    /// Rule `index` counts by the client's address, and the request has
+    /// none.
+    NoClientAddr(usize),
+}
+
+/// The rules that apply, with their keys and costs. With `addr_required`,
+/// a rule that counts by the client's address fails the plan when the
+/// request has none; without, it does not apply.
+fn plan(
+    policy: &Policy,
+    client: &Client,
+    parts: &Parts,
+    addr_required: bool,
+) -> Result<Small<Planned>, Unplanned> {
     let tier = policy.tier_of(client);
     let mut planned = SmallVec::new();
     for (index, rule) in policy.rules.iter().enumerate() {
-        if !rule.matches(parts)? {
+        if !rule
+            .matches(parts)
+            .map_err(|m| Unplanned::BadRequest(m.to_string()))?
+        {
             continue;
         }
         let Some(key) = rule.key_of(client, parts) else {
+            // `ip` is `None` only when there is no peer address at all.
+            if addr_required && client.ip.is_none() && rule.needs_ip() {
+                return Err(Unplanned::NoClientAddr(index));
+            }
             continue;
         };
         let cost = match &rule.cost {
@@ -144,7 +172,9 @@ fn plan(policy: &Policy, client: &Client, parts: &Parts) -> Result<Small<Planned
                         .ok()
                         .and_then(|s| s.trim().parse::<u64>().ok())
                         .ok_or_else(|| {
-                            format!("header `{name}` must be a non-negative integer cost")
+                            Unplanned::BadRequest(format!(
+                                "header `{name}` must be a non-negative integer cost"
+                            ))
                         })?,
                 },
             },
@@ -295,10 +325,27 @@ pub(crate) async fn decide<St: Store>(shared: &Shared<St>, parts: &Parts) -> Dec
 }
 
 /// What happens to a request before the store is asked: no rule applies,
-/// or the request is malformed (`Done`); or these rules apply (`Ask`).
+/// or the request is malformed (`Done`); or these rules apply (`Ask`); or
+/// rule `index` needs the client's address, which the request lacks.
 enum Prepared {
     Done(Verdict),
     Ask(Small<Planned>),
+    NoClientAddr(usize),
+}
+
+/// What [`evaluate_now`] found.
+// Lives on the stack for one request and is matched at once, as the
+// `Result` it replaced was: boxing the verdict would add an allocation to
+// every request.
+#[allow(clippy::large_enum_variant)]
+enum Now {
+    /// The verdict.
+    Decided(Evaluated),
+    /// The store has to be waited for, with these planned rules.
+    Wait(Small<Planned>),
+    /// Rule `index` needs the client's address, which the request lacks,
+    /// and the policy is to answer an error.
+    NoClientAddr(usize),
 }
 
 /// An [`Evaluated`] that asked no store.
@@ -311,14 +358,40 @@ fn without_store(verdict: Verdict) -> Evaluated {
     }
 }
 
-/// Plans the rules that apply to a request.
-fn prepare(policy: &Policy, parts: &Parts) -> Prepared {
+/// Plans the rules that apply to a request. `serving`: for the middleware,
+/// which applies the policy's [`MissingClientAddr`]; the decision API skips
+/// rules that need an address the parts do not carry.
+fn prepare(policy: &Policy, parts: &Parts, serving: bool) -> Prepared {
     let client = Client::of(parts, &policy.clients);
-    match plan(policy, &client, parts) {
-        Err(message) => Prepared::Done(Verdict::BadRequest(message)),
+    let addr_required = serving && policy.missing_client_addr == MissingClientAddr::Error;
+    match plan(policy, &client, parts, addr_required) {
+        Err(Unplanned::BadRequest(message)) => Prepared::Done(Verdict::BadRequest(message)),
+        Err(Unplanned::NoClientAddr(index)) => Prepared::NoClientAddr(index),
         Ok(planned) if planned.is_empty() => Prepared::Done(Verdict::Unlimited),
         Ok(planned) => Prepared::Ask(planned),
     }
+}
+
+/// The answer to a request that rule `index` cannot key for lack of the
+/// client's address: a 500 saying how to fix it. Logged once per layer,
+/// reported to the observer every time.
+fn no_client_addr<St, B>(
+    shared: &Shared<St>,
+    index: usize,
+    parts: &Parts,
+) -> Response<ResponseBody<B>> {
+    let rule = shared.policy.rules[index].name.as_str();
+    let detail = response::missing_client_addr_detail(rule);
+    if !shared.logged_missing_addr.swap(true, Ordering::Relaxed) {
+        tracing::error!(rule, "{detail}");
+    }
+    if let Some(observer) = &shared.observer {
+        observer.observe(rule, Outcome::Error, None);
+    }
+    if response::is_grpc(&parts.headers) {
+        return response::grpc_status(13, &detail);
+    }
+    response::problem(StatusCode::INTERNAL_SERVER_ERROR, &detail)
 }
 
 /// The store checks of the planned rules, and each rule's action.
@@ -346,9 +419,10 @@ pub(crate) async fn evaluate<St: Store>(
     parts: &Parts,
     details: bool,
 ) -> Evaluated {
-    match prepare(&shared.policy, parts) {
+    match prepare(&shared.policy, parts, false) {
         Prepared::Done(verdict) => without_store(verdict),
         Prepared::Ask(planned) => evaluate_planned(shared, planned, details).await,
+        Prepared::NoClientAddr(_) => unreachable!("only the middleware requires an address"),
     }
 }
 
@@ -368,21 +442,19 @@ async fn evaluate_planned<St: Store>(
 /// [`evaluate`] without waiting, on a store that can answer so
 /// ([`Store::try_check_now`]); otherwise the planned rules, with nothing
 /// asked yet.
-fn evaluate_now<St: Store>(
-    shared: &Shared<St>,
-    parts: &Parts,
-) -> Result<Evaluated, Small<Planned>> {
-    let planned = match prepare(&shared.policy, parts) {
-        Prepared::Done(verdict) => return Ok(without_store(verdict)),
+fn evaluate_now<St: Store>(shared: &Shared<St>, parts: &Parts) -> Now {
+    let planned = match prepare(&shared.policy, parts, true) {
+        Prepared::Done(verdict) => return Now::Decided(without_store(verdict)),
         Prepared::Ask(planned) => planned,
+        Prepared::NoClientAddr(index) => return Now::NoClientAddr(index),
     };
     let enforced = {
         let (checks, actions) = checks_of(&shared.policy, &planned);
         crate::enforce::enforce_now(&shared.store, &checks, &actions)
     };
     match enforced {
-        Some(enforced) => Ok(conclude(shared, &planned, enforced, false)),
-        None => Err(planned),
+        Some(enforced) => Now::Decided(conclude(shared, &planned, enforced, false)),
+        None => Now::Wait(planned),
     }
 }
 

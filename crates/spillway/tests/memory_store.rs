@@ -15,7 +15,7 @@ use spillway::algorithm::{
     AnyAlgorithm, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket,
 };
 use spillway::clock::FakeClock;
-use spillway::store::{Check, MemoryOptions, MemoryStore, RateLimiter, Rule, RuleId};
+use spillway::store::{Check, MemoryOptions, MemoryStore, OnFull, RateLimiter, Rule, RuleId};
 use spillway::{CostTooLarge, Error, Quota};
 
 /// The start of an hour (a multiple of 3 600 s in µs), in 2023.
@@ -30,6 +30,7 @@ fn options(max_keys: usize, shards: usize, sweep_interval: Duration) -> MemoryOp
         max_keys: NonZeroUsize::new(max_keys).expect("nonzero"),
         shards: NonZeroUsize::new(shards).expect("nonzero"),
         sweep_interval,
+        ..MemoryOptions::default()
     }
 }
 
@@ -274,6 +275,225 @@ fn a_flood_of_keys_stays_bounded_per_rule_in_the_multi_rule_store() {
         }])
         .expect("peek");
     assert_eq!(global.decisions[0].remaining, 1_000_000 - 20_000);
+}
+
+fn deny_new(mut options: MemoryOptions) -> MemoryOptions {
+    options.on_full = OnFull::DenyNew;
+    options
+}
+
+#[test]
+fn under_deny_new_a_flood_never_hands_an_exhausted_key_a_fresh_quota() {
+    // A login limit of 5 an hour. 20 victims' accounts are exhausted by an
+    // attacker guessing passwords, who then fills the rest of the table with
+    // exhausted keys of its own and floods it with fresh ones, hoping that
+    // the victims' counts are forgotten to make room.
+    let clock = FakeClock::new(HOUR_START);
+    let limiter: RateLimiter<_, String, _> = RateLimiter::with_options(
+        FixedWindow::new(per_hour(5)),
+        clock.clone(),
+        deny_new(options(1_000, 64, Duration::from_secs(1))),
+    );
+    let victims: Vec<String> = (0..20).map(|i| format!("victim-{i}")).collect();
+    for v in &victims {
+        assert!(limiter.check(v.as_str(), 5).expect("fits").allowed);
+    }
+    for i in 0..5_000 {
+        limiter
+            .check(format!("filler-{i}").as_str(), 5)
+            .expect("fits");
+    }
+    assert_eq!(limiter.len(), 1_000, "every shard is full");
+    let mut denied = 0;
+    for i in 0..20_000 {
+        clock.advance(Duration::from_micros(10));
+        let fresh = limiter
+            .check(format!("fresh-{i}").as_str(), 1)
+            .expect("a denial, not an error");
+        if !fresh.allowed {
+            denied += 1;
+            // Told to come back when room can be made: the window's end.
+            let retry = fresh.retry_after.expect("a denial says when");
+            assert!(retry > Duration::ZERO && retry <= Duration::from_secs(3_600));
+        }
+    }
+    // Every held key is exhausted: none was forgotten, no newcomer got in.
+    assert_eq!(denied, 20_000);
+    assert_eq!(limiter.len(), 1_000);
+    for v in &victims {
+        let next = limiter.check(v.as_str(), 1).expect("fits");
+        assert!(!next.allowed, "{v} was handed a fresh quota");
+    }
+
+    // Under evict, the same flood gets some victims forgotten: what
+    // deny_new is for.
+    let clock = FakeClock::new(HOUR_START);
+    let limiter: RateLimiter<_, String, _> = RateLimiter::with_options(
+        FixedWindow::new(per_hour(5)),
+        clock.clone(),
+        options(1_000, 64, Duration::from_secs(1)),
+    );
+    for v in &victims {
+        limiter.check(v.as_str(), 5).expect("fits");
+    }
+    for i in 0..5_000 {
+        limiter
+            .check(format!("filler-{i}").as_str(), 5)
+            .expect("fits");
+    }
+    for i in 0..20_000 {
+        limiter
+            .check(format!("fresh-{i}").as_str(), 1)
+            .expect("fits");
+    }
+    // (Counted over every exhausted key: which victims go is chance.)
+    let exhausted = victims
+        .iter()
+        .cloned()
+        .chain((0..5_000).map(|i| format!("filler-{i}")));
+    let forgotten = exhausted
+        .filter(|k| limiter.check(k.as_str(), 0).expect("peek").remaining == 5)
+        .count();
+    assert!(
+        forgotten > 4_000,
+        "evict forgot only {forgotten} exhausted keys"
+    );
+}
+
+#[test]
+fn under_deny_new_a_key_lighter_than_the_newcomer_still_makes_room() {
+    // Deny-new turns newcomers away only when forgetting a key would hand
+    // it a fresh quota: idle keys, and keys with more left than a newcomer
+    // keeps, still go.
+    let clock = FakeClock::new(HOUR_START);
+    let limiter: RateLimiter<_, String, _> = RateLimiter::with_options(
+        // 100 an hour, one token back every 36 s.
+        TokenBucket::new(per_hour(100), nz(100)),
+        clock.clone(),
+        // One shard of 100; never swept, so idle keys stay until evicted.
+        deny_new(options(100, 1, Duration::from_secs(1_000_000))),
+    );
+    for i in 0..100 {
+        assert!(
+            limiter
+                .check(format!("old-{i}").as_str(), 1)
+                .expect("fits")
+                .allowed
+        );
+    }
+    // Just after: every key is as used as a newcomer would be.
+    assert!(!limiter.check("early", 1).expect("fits").allowed);
+    // 36 s on, the old keys are full again (idle): newcomers get in.
+    clock.advance(Duration::from_secs(36));
+    for i in 0..50 {
+        assert!(
+            limiter
+                .check(format!("new-{i}").as_str(), 1)
+                .expect("fits")
+                .allowed
+        );
+    }
+    assert_eq!(limiter.len(), 100);
+}
+
+#[test]
+fn under_evict_the_keys_closest_to_fresh_go_first() {
+    let clock = FakeClock::new(HOUR_START);
+    let limiter: RateLimiter<_, String, _> = RateLimiter::with_options(
+        FixedWindow::new(per_hour(100)),
+        clock.clone(),
+        // One shard of 100 keys.
+        options(100, 1, Duration::from_secs(1)),
+    );
+    // Ten exhausted keys, and 90 used k times, k = 1..=90.
+    for i in 0..10 {
+        assert!(
+            limiter
+                .check(format!("heavy-{i}").as_str(), 100)
+                .expect("fits")
+                .allowed
+        );
+    }
+    for k in 1..=90u64 {
+        assert!(
+            limiter
+                .check(format!("used-{k}").as_str(), k)
+                .expect("fits")
+                .allowed
+        );
+    }
+    assert_eq!(limiter.len(), 100);
+    // 45 newcomers, one request each. Each eviction forgets the lightest of
+    // 8 keys sampled at random: the lightest keys go, newcomers among them,
+    // and the heavy ones stay (8 draws all among the 10 heaviest: 1e-8).
+    for i in 0..45 {
+        assert!(
+            limiter
+                .check(format!("new-{i}").as_str(), 1)
+                .expect("fits")
+                .allowed
+        );
+    }
+    assert_eq!(limiter.len(), 100);
+    for i in 0..10 {
+        let peek = limiter
+            .check(format!("heavy-{i}").as_str(), 0)
+            .expect("peek");
+        assert_eq!(peek.remaining, 0, "heavy-{i} was forgotten");
+    }
+    let forgotten: Vec<u64> = (1..=90u64)
+        .filter(|k| {
+            limiter
+                .check(format!("used-{k}").as_str(), 0)
+                .expect("peek")
+                .remaining
+                == 100
+        })
+        .collect();
+    assert!(!forgotten.is_empty());
+    // What went was light: the lightest of a sample of 8 is, on average,
+    // the ninth of the table's 100 keys; well under its median.
+    let mean = forgotten.iter().sum::<u64>() as f64 / forgotten.len() as f64;
+    assert!(
+        mean < 35.0,
+        "forgotten keys were used {mean:.1} times on average: {forgotten:?}"
+    );
+}
+
+#[test]
+fn under_deny_new_the_multi_rule_store_denies_rather_than_fails() {
+    let clock = FakeClock::new(HOUR_START);
+    let store = MemoryStore::with_clock(
+        vec![
+            Rule::new("login", FixedWindow::new(per_hour(1))),
+            Rule::new("global", FixedWindow::new(per_hour(1_000))),
+        ],
+        deny_new(options(1, 1, Duration::from_secs(1))),
+        clock.clone(),
+    );
+    let request = |user: &'static str| {
+        [
+            Check {
+                rule: RuleId(0),
+                key: user,
+                cost: 1,
+            },
+            Check {
+                rule: RuleId(1),
+                key: "all",
+                cost: 1,
+            },
+        ]
+    };
+    assert!(store.check_now(&request("ann")).expect("fits").allowed);
+    let bob = store
+        .check_now(&request("bob"))
+        .expect("a denial, not an error");
+    assert!(!bob.allowed);
+    assert!(bob.decisions[0].retry_after.is_some());
+    // Nothing was charged for the denied request.
+    assert_eq!(bob.decisions[1].remaining, 999);
+    assert!(!store.check_now(&request("ann")).expect("fits").allowed);
 }
 
 // ---------------------------------------------------------------------------

@@ -700,6 +700,7 @@ fn store_is_atomic(
         max_keys: NonZeroUsize::new(10_000).expect("nonzero"),
         shards: NonZeroUsize::new(shards).expect("nonzero"),
         sweep_interval: Duration::from_micros(sweep),
+        ..MemoryOptions::default()
     };
     let store = MemoryStore::with_clock(rules, options, FakeClock::new(0));
     let peek_store = |rule: usize, key: &str, t: u64| {
@@ -821,6 +822,7 @@ fn limiter_matches_algorithm<A: Algorithm>(
         max_keys: NonZeroUsize::new(64).expect("nonzero"),
         shards: NonZeroUsize::new(4).expect("nonzero"),
         sweep_interval: Duration::from_micros(sweep),
+        ..MemoryOptions::default()
     };
     let limiter: RateLimiter<A, u64, FakeClock> =
         RateLimiter::with_options(alg.clone(), clock.clone(), options);

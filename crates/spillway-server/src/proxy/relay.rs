@@ -57,14 +57,7 @@ pub(crate) struct Relay<C> {
 /// a dual-stack socket (`::ffff:a.b.c.d`) is compared as the IPv4 address
 /// it is.
 pub(crate) fn is_trusted(engine: &Engine, peer: &SocketAddr) -> bool {
-    let ip = peer.ip().to_canonical();
-    engine
-        .layer
-        .policy()
-        .client_settings()
-        .trusted_proxies
-        .iter()
-        .any(|net| net.contains(&ip))
+    engine.layer.policy().client_settings().trusts(peer.ip())
 }
 
 /// Serves one client connection until it closes, fails, or the server

@@ -133,3 +133,39 @@ async fn other_body_formats() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_store_that_denies_new_keys_answers_429_never_a_fresh_quota() {
+    use spillway::store::{MemoryOptions, MemoryStore, OnFull};
+    use spillway_tower::{RateLimitLayer, TokioClock};
+
+    // A login limit of 1 a minute, in a table of one key that never forgets
+    // a used key to make room.
+    let login = HttpRule::new("login", TokenBucket::new(Quota::per_minute(nz(1)), nz(1)));
+    let policy = Policy::new([login]);
+    let options = MemoryOptions {
+        max_keys: std::num::NonZeroUsize::new(1).expect("nonzero"),
+        on_full: OnFull::DenyNew,
+        ..MemoryOptions::default()
+    };
+    let store = MemoryStore::with_clock(policy.store_rules(), options, TokioClock::new());
+    let app = hello(RateLimitLayer::new(policy, store).expect("the policy's rules"));
+    assert_eq!(
+        send(&app, req("/", "192.0.2.1")).await.status(),
+        StatusCode::OK
+    );
+    // A newcomer finds the table full of a used key: denied, told to come
+    // back when that key is idle, and the used key keeps its count.
+    let res = send(&app, req("/", "192.0.2.2")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header_u64(&res, "retry-after"), 60);
+    assert_eq!(
+        send(&app, req("/", "192.0.2.1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(
+        send(&app, req("/", "192.0.2.2")).await.status(),
+        StatusCode::OK
+    );
+}

@@ -8,7 +8,8 @@ use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use spillway_tower::key::MAX_KEY_LEN;
 use spillway_tower::{
-    ClientAddr, Clients, ForwardedHeader, HttpRule, KeyPart, Policy, RateLimitLayer, UserId,
+    ClientAddr, Clients, ForwardedHeader, HttpRule, Ipv6Prefix, KeyPart, Policy, RateLimitLayer,
+    UserId,
 };
 use tower::{Layer, ServiceExt};
 
@@ -71,6 +72,55 @@ async fn client_ip_comes_from_the_socket() {
         admitted(&app, 10, || req("/", "2001:db8::1")).await,
         n as usize
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ipv6_client_rotating_addresses_in_its_64_is_one_client() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let n = 3;
+    let app = app(memory_layer(Policy::new([HttpRule::new(
+        "per-ip",
+        bucket(n),
+    )])));
+    // One host owns 2001:db8:1:2::/64, 2^64 addresses: a new one for
+    // every request is still one client.
+    let i = AtomicU32::new(1);
+    let rotating = || {
+        let i = i.fetch_add(1, Ordering::Relaxed);
+        req("/", &format!("2001:db8:1:2:{i:x}::{i:x}"))
+    };
+    assert_eq!(admitted(&app, 20, rotating).await, n as usize);
+    // Behind a trusted proxy too.
+    let via_proxy = || {
+        let i = i.fetch_add(1, Ordering::Relaxed);
+        req("/", "10.0.0.2").header("x-forwarded-for", format!("2001:db8:1:2::{i:x}"))
+    };
+    let policy = Policy::new([HttpRule::new("per-ip", bucket(n))]).clients(trusting_10_8());
+    let proxied = app_with(policy);
+    assert_eq!(admitted(&proxied, 20, via_proxy).await, n as usize);
+    // The next /64 is another client; with the whole address kept, each
+    // address is.
+    assert_eq!(
+        admitted(&app, 20, || req("/", "2001:db8:1:3::1")).await,
+        n as usize
+    );
+    let policy = Policy::new([HttpRule::new("per-ip", bucket(n))]).clients(Clients {
+        ipv6_prefix: Ipv6Prefix::FULL,
+        ..Clients::default()
+    });
+    let full = app_with(policy);
+    assert_eq!(
+        admitted(&full, 20, || req("/", "2001:db8:1:2::1")).await,
+        n as usize
+    );
+    assert_eq!(
+        admitted(&full, 20, || req("/", "2001:db8:1:2::2")).await,
+        n as usize
+    );
+}
+
+fn app_with(policy: Policy) -> axum::Router {
+    app(memory_layer(policy))
 }
 
 #[tokio::test(start_paused = true)]
@@ -160,6 +210,72 @@ async fn behind_a_trusted_proxy_the_right_most_untrusted_hop_is_the_client() {
     assert_eq!(
         send(&app, req("/", "2001:db8::7")).await.status(),
         StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trusted_proxy_on_a_dual_stack_listener_is_trusted() {
+    // Behind `[::]`, the proxy 10.0.0.2 connecting over IPv4 is the peer
+    // `::ffff:10.0.0.2`. It is still trusted: each client behind it has its
+    // own bucket, and none is the proxy's.
+    let n = 2;
+    let policy = Policy::new([HttpRule::new("per-ip", bucket(n))]).clients(trusting_10_8());
+    let app = app(memory_layer(policy));
+    let via =
+        |xff: &'static str| move || req("/", "::ffff:10.0.0.2").header("x-forwarded-for", xff);
+    assert_eq!(admitted(&app, 10, via("198.51.100.7")).await, n as usize);
+    assert_eq!(admitted(&app, 10, via("198.51.100.8")).await, n as usize);
+    // A mapped client is the IPv4 client, however it is written.
+    assert_eq!(admitted(&app, 10, via("::ffff:198.51.100.7")).await, 0);
+    assert_eq!(
+        admitted(&app, 10, || req("/", "::ffff:198.51.100.8")).await,
+        0
+    );
+    assert_eq!(
+        admitted(&app, 10, || req("/", "10.0.0.2")).await,
+        n as usize
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_byte_in_a_forwarded_chain_does_not_share_a_bucket_with_other_clients() {
+    use http::HeaderValue;
+    let n = 2;
+    let policy = Policy::new([HttpRule::new("per-ip", bucket(n))]).clients(trusting_10_8());
+    let app = app(memory_layer(policy));
+    // Each client wrote something unreadable itself; our proxy appended its
+    // real address. Once, the whole line was unreadable and every such
+    // client was the proxy: one of them exhausted the bucket of all.
+    let via = |xff: &'static [u8]| {
+        move || {
+            req("/", "10.0.0.2").header(
+                "x-forwarded-for",
+                HeaderValue::from_bytes(xff).expect("a value"),
+            )
+        }
+    };
+    assert_eq!(
+        admitted(&app, 10, via(b"caf\xc3\xa9, 198.51.100.7")).await,
+        n as usize
+    );
+    assert_eq!(
+        admitted(&app, 10, via(b"\xff, 198.51.100.8")).await,
+        n as usize
+    );
+    // Each was counted as itself.
+    assert_eq!(admitted(&app, 10, || req("/", "198.51.100.7")).await, 0);
+    // What a proxy writes when it does not know the client is that proxy's
+    // word, counted apart from its other clients and from other proxies.
+    let unknown = |proxy: &'static str| {
+        move || req("/", "10.0.0.2").header("x-forwarded-for", format!("unknown, {proxy}"))
+    };
+    assert_eq!(admitted(&app, 10, unknown("10.1.1.1")).await, n as usize);
+    assert_eq!(admitted(&app, 10, unknown("10.1.1.2")).await, n as usize);
+    assert_eq!(admitted(&app, 10, via(b"198.51.100.9")).await, n as usize);
+    // And none of it was charged to the proxy's own address.
+    assert_eq!(
+        admitted(&app, 10, || req("/", "10.0.0.2")).await,
+        n as usize
     );
 }
 

@@ -17,11 +17,66 @@ use crate::clock::{Clock, Micros, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{CostTooLarge, Error};
 
+/// What a full table does when a key it does not hold is charged: the
+/// choice between letting every new key in and never handing a used key a
+/// fresh quota.
+///
+/// Either way the key to make room with is chosen the same way: of keys
+/// sampled at random across the table, the one closest to fresh (the most
+/// remaining, then the soonest idle).
+///
+/// ```
+/// use std::num::{NonZeroU32, NonZeroUsize};
+/// use spillway::algorithm::FixedWindow;
+/// use spillway::clock::FakeClock;
+/// use spillway::store::{MemoryOptions, OnFull, RateLimiter};
+/// use spillway::Quota;
+///
+/// let options = MemoryOptions {
+///     max_keys: NonZeroUsize::new(1).unwrap(),
+///     on_full: OnFull::DenyNew,
+///     ..MemoryOptions::default()
+/// };
+/// let login = FixedWindow::new(Quota::per_minute(NonZeroU32::new(1).unwrap()));
+/// let limiter: RateLimiter<_, String, _> = RateLimiter::with_options(login, FakeClock::new(0), options);
+/// assert!(limiter.check("mallory", 1).unwrap().allowed);
+/// assert!(!limiter.check("mallory", 1).unwrap().allowed);
+/// // The table is full of a used key: a new one is denied, not let in by
+/// // forgetting mallory's count, and told when to come back.
+/// let newcomer = limiter.check("eve", 1).unwrap();
+/// assert!(!newcomer.allowed);
+/// assert_eq!(newcomer.retry_after.unwrap().as_secs(), 60);
+/// assert!(!limiter.check("mallory", 1).unwrap().allowed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFull {
+    /// Forget the candidate, whatever it holds: a new key always gets in.
+    /// A heavy key is forgotten (and starts over with a full quota) only
+    /// when every sampled key is at least as heavy, so a flood of light
+    /// keys mostly evicts its own kind; but an attacker who fills the table
+    /// with used keys of their own can, by flooding it, get some of their
+    /// keys forgotten. The default: it never turns a client away for lack
+    /// of room, which `DenyNew` does to every new client for as long as
+    /// anyone can keep the table full.
+    #[default]
+    Evict,
+    /// Forget the candidate only if it is idle or has more remaining than
+    /// the new key has left after its request; otherwise deny the new key
+    /// (a denial, not an error: fail-open never admits it), with
+    /// `retry_after` until the soonest sampled key is idle. No key is ever
+    /// handed a fresh quota for lack of room; new keys wait while the table
+    /// is full of used ones. For rules guarding against brute force (login
+    /// attempts), where forgetting a count is the attack. The `retry_after`
+    /// is an estimate, not exact as an algorithm's is: room depends on
+    /// other keys.
+    DenyNew,
+}
+
 /// How the in-memory store sizes itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryOptions {
-    /// The most keys held per rule. Past it, new keys evict the key closest
-    /// to idle (see the module docs of the store for why that is safe).
+    /// The most keys held per rule. Past it, a new key makes room as
+    /// [`on_full`](Self::on_full) says (see the module docs of the store).
     /// The bound is kept per shard, so eviction may begin a little before
     /// the total reaches it.
     pub max_keys: NonZeroUsize,
@@ -29,15 +84,19 @@ pub struct MemoryOptions {
     pub shards: NonZeroUsize,
     /// How often each shard sweeps out keys whose state is back to fresh.
     pub sweep_interval: Duration,
+    /// What a full table does with a new key.
+    pub on_full: OnFull,
 }
 
 impl Default for MemoryOptions {
-    /// One million keys per rule, 64 shards, a sweep per second.
+    /// One million keys per rule, 64 shards, a sweep per second, and new
+    /// keys evict ([`OnFull::Evict`]).
     fn default() -> Self {
         Self {
             max_keys: NonZeroUsize::new(1_000_000).expect("nonzero"),
             shards: NonZeroUsize::new(64).expect("nonzero"),
             sweep_interval: Duration::from_secs(1),
+            on_full: OnFull::Evict,
         }
     }
 }
@@ -45,7 +104,12 @@ impl Default for MemoryOptions {
 impl MemoryOptions {
     fn table<K: Hash + Eq, S>(&self) -> Table<K, S> {
         let sweep = u64::try_from(self.sweep_interval.as_micros()).unwrap_or(u64::MAX);
-        Table::new(self.max_keys.get(), self.shards.get(), sweep.max(1))
+        Table::new(
+            self.max_keys.get(),
+            self.shards.get(),
+            sweep.max(1),
+            self.on_full,
+        )
     }
 }
 

@@ -6,6 +6,23 @@
 //! for it. The in-memory store ([`MemoryStore`], and [`RateLimiter`] for one
 //! rule with any key type) implements it here; the Redis store lives in the
 //! `spillway-redis` crate and passes the same conformance suite.
+//!
+//! The in-memory store holds at most [`MemoryOptions::max_keys`] keys per
+//! rule, whatever the traffic: a flood of distinct keys cannot exhaust the
+//! process. Idle keys (whose state is back to fresh) are forgotten, which
+//! changes no decision. When a table is full, a new key needs room: of keys
+//! sampled at random across the table, the one closest to fresh (the most
+//! remaining, then the soonest idle) is the one to forget. What each
+//! [`OnFull`] policy guarantees:
+//! - [`OnFull::Evict`] (the default): a new key always gets in. The key
+//!   forgotten is never heavier than the lightest of its sample, so a flood
+//!   of light keys mostly evicts its own kind; but a key forgotten while used
+//!   starts over with a full quota.
+//! - [`OnFull::DenyNew`]: a key is forgotten only if it is idle or has more
+//!   remaining than the new key has after its request; otherwise the new key
+//!   is denied (a denial with a `retry_after`, not an error). No used key is
+//!   ever handed a fresh quota, and new keys are turned away while the table
+//!   is full of used ones.
 
 mod memory;
 mod table;
@@ -13,7 +30,7 @@ mod table;
 use std::future::Future;
 use std::sync::Arc;
 
-pub use memory::{MemoryOptions, MemoryStore, RateLimiter};
+pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 
 use crate::algorithm::AnyAlgorithm;
 use crate::clock::Micros;

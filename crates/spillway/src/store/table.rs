@@ -12,16 +12,27 @@
 //!   per sweep interval. Dropping an idle key is invisible: its state decides
 //!   exactly like a fresh one.
 //! - each shard holds at most its share of `max_keys`. When a new key arrives
-//!   at a full shard, a sample of keys is examined and the one holding the
-//!   least usage (the most `remaining`) is evicted. Forgetting an active key
-//!   errs toward admitting (that key starts over with a full quota); the
-//!   alternative, refusing new keys, would let a flood of random keys lock
-//!   every new client out. Choosing the key with the least usage forgets the
-//!   least: a flood of one-request keys evicts its own kind, never a heavy
-//!   user's state (it is never the most-remaining key of a sample holding
-//!   another key).
+//!   at a full shard, keys at random positions of the shard's table are
+//!   sampled (a per-shard PRNG over bucket indices, seeded per process, so a
+//!   client can neither predict nor steer which keys are looked at), and the
+//!   one closest to fresh is the candidate: the most `remaining` on a peek,
+//!   then the earliest `idle_at`. Forgetting it grants the least.
+//! - what then happens is [`OnFull`]'s: `Evict` forgets the candidate
+//!   whatever it holds, so new keys always get in; `DenyNew` forgets it only
+//!   if it is idle or has more remaining than the newcomer would have after
+//!   its request (forgetting it hands back less than the newcomer gets
+//!   anyway), and otherwise denies the newcomer, with a `retry_after` until
+//!   the soonest sampled key is idle. Under `DenyNew` no key is ever
+//!   forgotten while it is at least as used as a fresh key: no abuser gets a
+//!   fresh quota by flooding the table, at the price of new keys being turned
+//!   away while the table is full of busy ones.
+//!
+//! A flood of one-request keys under `Evict` mostly evicts its own kind:
+//! a heavy key is forgotten only when every sampled key is at least as heavy,
+//! which, with keys sampled at random, takes a table that is mostly heavy.
 
 use std::borrow::Borrow;
+use std::cmp::Reverse;
 use std::hash::{BuildHasher, Hash};
 
 use crossbeam_utils::CachePadded;
@@ -34,9 +45,15 @@ use crate::decision::Decision;
 use crate::error::CostTooLarge;
 
 use super::KeyRef;
+use super::memory::OnFull;
 
 /// How many keys a full shard looks at to choose one to evict.
 const EVICTION_SAMPLE: usize = 8;
+
+/// How many random buckets a full shard probes for its sample at most. A
+/// table at its bound is at least about 40% full (and 3/4 for large shards,
+/// see `dense_shard_count`), so this almost always finds the whole sample.
+const MAX_PROBES: usize = 8 * EVICTION_SAMPLE;
 
 /// The smallest share of `max_keys` a shard gets before we use fewer shards.
 const MIN_KEYS_PER_SHARD: usize = 64;
@@ -50,6 +67,7 @@ pub(crate) struct Table<K, S> {
     shards: Box<[LockedShard<K, S>]>,
     hasher: Hasher,
     sweep_interval: Micros,
+    on_full: OnFull,
 }
 
 pub(crate) struct Shard<K, S> {
@@ -57,6 +75,17 @@ pub(crate) struct Shard<K, S> {
     // This shard's share of `max_keys`: the hard bound.
     cap: usize,
     next_sweep: Micros,
+    // The state of the PRNG that picks the eviction sample.
+    rng: u64,
+}
+
+/// splitmix64: cheap, and every output bit depends on every state bit.
+fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// At least `shards` shards, as many more as it takes for a full shard's
@@ -81,12 +110,18 @@ fn dense_shard_count(max_keys: usize, shards: usize) -> usize {
 }
 
 impl<K: Hash + Eq, S> Table<K, S> {
-    pub(crate) fn new(max_keys: usize, shards: usize, sweep_interval: Micros) -> Self {
+    pub(crate) fn new(
+        max_keys: usize,
+        shards: usize,
+        sweep_interval: Micros,
+        on_full: OnFull,
+    ) -> Self {
         let max_keys = max_keys.max(1);
         let n = dense_shard_count(
             max_keys,
             shards.clamp(1, (max_keys / MIN_KEYS_PER_SHARD).max(1)),
         );
+        let hasher = Hasher::default();
         let shards = (0..n)
             .map(|i| {
                 let cap = max_keys / n + usize::from(i < max_keys % n);
@@ -94,13 +129,16 @@ impl<K: Hash + Eq, S> Table<K, S> {
                     entries: HashTable::new(),
                     cap,
                     next_sweep: 0,
+                    // Seeded from the hasher's per-process random keys.
+                    rng: hasher.hash_one(i),
                 }))
             })
             .collect();
         Self {
             shards,
-            hasher: Hasher::default(),
+            hasher,
             sweep_interval,
+            on_full,
         }
     }
 
@@ -192,7 +230,7 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
     /// Always inlined, so that `check`, the hot path, compiles to exactly
     /// the code it would be written out by hand.
     #[inline(always)]
-    fn check_with<A, Q, R>(
+    fn check_with<A, Q, R: Default>(
         &mut self,
         alg: &A,
         key: &Q,
@@ -227,8 +265,11 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         let mut state = S::default();
         let (decision, out) = decide(&mut state)?;
         if alg.idle_at(&state) > now {
-            if entries.len() >= self.shard.cap {
-                self.evict_one(alg, now);
+            if entries.len() >= self.shard.cap
+                && let Err(denied) = self.make_room(alg, now, &decision)
+            {
+                // Nothing was stored, so nothing was charged.
+                return Ok((denied, R::default()));
             }
             // Evictions leave tombstones that use up the table's room; at
             // the bound, rebuild the table at its size rather than let it
@@ -331,27 +372,79 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         }
     }
 
-    /// Makes room for one key: of a sample, the one whose state holds the
-    /// least usage goes (the most `remaining` on a peek), so that forgetting
-    /// it wrongly grants the least; between equals, the one closest to idle.
-    fn evict_one<A: Algorithm<State = S>>(&mut self, alg: &A, now: Micros) {
-        let hasher = &self.table.hasher;
-        let entries = &mut self.shard.entries;
-        let Some((_, _, hash)) = entries
-            .iter_mut()
-            .take(EVICTION_SAMPLE)
-            .map(|e| {
-                // A peek changes nothing but may drop expired log entries.
-                let remaining = alg.check(&mut e.1, 0, now).map_or(0, |d| d.remaining);
-                (remaining, alg.idle_at(&e.1), hasher.hash_one(&e.0))
-            })
-            .max_by_key(|&(remaining, idle_at, _)| (remaining, std::cmp::Reverse(idle_at)))
-        else {
-            return;
+    /// Makes room for one key whose first request decided `newcomer`: of
+    /// a sample of keys at random positions, the one closest to fresh (the
+    /// most `remaining` on a peek, then the earliest `idle_at`) goes, so
+    /// that forgetting it grants the least. Under [`OnFull::DenyNew`] it
+    /// goes only if it is idle or has more remaining than the newcomer has
+    /// left; otherwise the newcomer is denied: the denial is the error.
+    fn make_room<A: Algorithm<State = S>>(
+        &mut self,
+        alg: &A,
+        now: Micros,
+        newcomer: &Decision,
+    ) -> Result<(), Decision> {
+        let deny_new = self.table.on_full == OnFull::DenyNew;
+        let shard = &mut *self.shard;
+        let entries = &mut shard.entries;
+        let buckets = entries.num_buckets() as u64;
+        let mut sample = [0usize; EVICTION_SAMPLE];
+        let mut sampled = 0;
+        for _ in 0..MAX_PROBES {
+            if sampled == EVICTION_SAMPLE || buckets == 0 {
+                break;
+            }
+            let index = (next_random(&mut shard.rng) % buckets) as usize;
+            if entries.get_bucket(index).is_some() {
+                sample[sampled] = index;
+                sampled += 1;
+            }
+        }
+        if sampled == 0 {
+            // A table this sparse is tiny: look at its first keys.
+            for index in entries.iter_buckets().take(EVICTION_SAMPLE) {
+                sample[sampled] = index;
+                sampled += 1;
+            }
+        }
+        // The candidate, as (remaining, idle_at, bucket), and the soonest any
+        // sampled key is idle.
+        let mut best: Option<(u64, Micros, usize)> = None;
+        let mut soonest_idle = Micros::MAX;
+        for &index in &sample[..sampled] {
+            let Some(entry) = entries.get_bucket_mut(index) else {
+                continue;
+            };
+            // A peek changes nothing but may drop expired log entries.
+            let remaining = alg.check(&mut entry.1, 0, now).map_or(0, |d| d.remaining);
+            let idle_at = alg.idle_at(&entry.1);
+            soonest_idle = soonest_idle.min(idle_at);
+            let key = (remaining, Reverse(idle_at));
+            let fresher = |(r, i, _): (u64, Micros, usize)| key > (r, Reverse(i));
+            if best.is_none_or(fresher) {
+                best = Some((remaining, idle_at, index));
+            }
+        }
+        let Some((remaining, idle_at, index)) = best else {
+            return Ok(());
         };
-        if let Ok(entry) = entries.find_entry(hash, |e| hasher.hash_one(&e.0) == hash) {
+        if deny_new && idle_at > now && remaining <= newcomer.remaining {
+            // Every sampled key is at least as used as the newcomer would be:
+            // forgetting one would hand it a fresh quota.
+            let wait = std::time::Duration::from_micros(soonest_idle.saturating_sub(now).max(1));
+            return Err(Decision {
+                allowed: false,
+                limit: newcomer.limit,
+                remaining: 0,
+                reset_after: wait,
+                retry_after: Some(wait),
+                delay: std::time::Duration::ZERO,
+            });
+        }
+        if let Ok(entry) = entries.get_bucket_entry(index) {
             entry.remove();
         }
+        Ok(())
     }
 }
 
@@ -369,7 +462,7 @@ mod tests {
         assert_eq!(dense_shard_count(64 * 14_336, 64), 64);
         assert_eq!(dense_shard_count(100, 1), 1);
         assert_eq!(dense_shard_count(127, 1), 1);
-        let table: Table<u64, u64> = Table::new(1_000_000, 64, 1);
+        let table: Table<u64, u64> = Table::new(1_000_000, 64, 1, OnFull::Evict);
         assert_eq!(table.shards.len(), 70);
     }
 
@@ -382,7 +475,7 @@ mod tests {
 
         let big = NonZeroU32::new(1_000_000).expect("nonzero");
         let alg = TokenBucket::new(Quota::per_second(big), big);
-        let table: Table<u64, Tat> = Table::new(300_000, 64, u64::MAX);
+        let table: Table<u64, Tat> = Table::new(300_000, 64, u64::MAX, OnFull::Evict);
         // A third more keys than the bound: every shard fills, then evicts
         // (leaving tombstones) for every further key.
         let mut x = 1u64;
@@ -412,7 +505,7 @@ mod tests {
 
         let alg = FixedWindow::new(Quota::per_second(NonZeroU32::new(5).expect("nonzero")));
         // One key at most: charging a second evicts the first.
-        let table: Table<u64, FixedWindowState> = Table::new(1, 1, u64::MAX);
+        let table: Table<u64, FixedWindowState> = Table::new(1, 1, u64::MAX, OnFull::Evict);
         let (h1, h2) = (table.hash(&1), table.hash(&2));
         let mut shard = table.lock(0);
         shard.check(&alg, &1, h1, 2, 0).expect("fits");
@@ -424,6 +517,48 @@ mod tests {
         // Key 2 is forgotten again, key 1 is back as it was.
         assert_eq!(table_len(&shard), 1);
         assert_eq!(shard.check(&alg, &1, h1, 0, 0).expect("fits").remaining, 3);
+    }
+
+    #[test]
+    fn the_eviction_sample_is_spread_across_the_table() {
+        use crate::Quota;
+        use crate::algorithm::FixedWindow;
+        use crate::algorithm::fixed_window::FixedWindowState;
+        use std::num::NonZeroU32;
+
+        let alg = FixedWindow::new(Quota::per_second(NonZeroU32::new(100).expect("nonzero")));
+        // One shard of 100 keys, each charged once.
+        let table: Table<u64, FixedWindowState> = Table::new(100, 1, u64::MAX, OnFull::Evict);
+        let mut shard = table.lock(0);
+        for key in 0..100u64 {
+            let h = table.hash(&key);
+            shard.check(&alg, &key, h, 1, 0).expect("fits");
+        }
+        // The keys the table lists first are exhausted: a "sample" of the
+        // first entries would find only them, and forget one.
+        let first: Vec<u64> = shard
+            .shard
+            .entries
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .map(|e| e.0)
+            .collect();
+        for key in &first {
+            let h = table.hash(key);
+            assert!(shard.check(&alg, key, h, 99, 0).expect("fits").allowed);
+        }
+        // Ten new keys: each evicts a light key of a sample taken across the
+        // table (8 draws all among the 8 heavy keys of 100: about 1e-9).
+        for key in 1_000..1_010u64 {
+            let h = table.hash(&key);
+            assert!(shard.check(&alg, &key, h, 1, 0).expect("fits").allowed);
+        }
+        assert_eq!(table_len(&shard), 100);
+        for key in &first {
+            let h = table.hash(key);
+            let peek = shard.check(&alg, key, h, 0, 0).expect("fits");
+            assert_eq!(peek.remaining, 0, "heavy key {key} was forgotten");
+        }
     }
 
     fn table_len<K, S>(shard: &ShardGuard<'_, K, S>) -> usize {
