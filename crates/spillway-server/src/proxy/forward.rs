@@ -226,10 +226,15 @@ where
             return Box::pin(async move { Ok(refused) });
         }
 
-        let hop = parts
-            .extensions
-            .get::<ClientAddr>()
-            .map(|ClientAddr(peer)| headers::hop_of(peer.ip()));
+        // A connection's own upstream serves one peer: its hop is written
+        // once, not for every request.
+        let hop = match &self.send {
+            Sender::Own(own) => Some(own.hop.clone()),
+            Sender::Pooled(_) => parts
+                .extensions
+                .get::<ClientAddr>()
+                .map(|ClientAddr(peer)| headers::hop_of(peer.ip())),
+        };
         rewrite_head(&self.upstream, self.host, &mut parts, hop.as_ref());
         frame(&mut parts, &body);
         parts.uri = match &self.send {

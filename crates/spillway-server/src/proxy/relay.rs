@@ -93,6 +93,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     let (io, mut closing) = client.into_io();
     let (made, mut new_conns) = mpsc::unbounded_channel();
     let own = Arc::new(OwnUpstream {
+        hop: super::headers::hop_of(peer.ip()),
         kept: Mutex::new(None),
         made,
         upstream: relay.upstream.clone(),
@@ -146,6 +147,8 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
 /// One client connection's upstream connection, kept between its requests
 /// and made again when the upstream has closed it.
 pub(crate) struct OwnUpstream {
+    /// The client's address as an `X-Forwarded-For` hop.
+    pub(crate) hop: http::HeaderValue,
     /// The connection to send the next request on, and since when it has
     /// been idle.
     kept: Mutex<Option<(SendRequest<ProxyBody>, Instant)>>,
