@@ -22,7 +22,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use crate::app::{MAX_BODY_BYTES, app, check_answer, routes};
+use crate::app::{MAX_BODY_BYTES, app, check_answer, check_authorized, check_needs_token, routes};
 use crate::http1::wire::{self, Chunked, Framing, RequestHead};
 use crate::http1::{self, Client, Lifetime, Reply, Whole};
 use crate::server::State;
@@ -90,6 +90,24 @@ fn is_check(target: &[u8]) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest[0] == b'?')
 }
 
+/// The value of a request head's one `Authorization` line; none when it
+/// has none or several (two lines are no credentials).
+fn authorization(head: &[u8]) -> Option<&[u8]> {
+    let mut lines = [httparse::EMPTY_HEADER; wire::MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut lines);
+    // Parsed already by `parse_request_line`: an error is not expected,
+    // and leaves the request without credentials.
+    req.parse(head).ok()?;
+    let mut found = req
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("authorization"));
+    match (found.next(), found.next()) {
+        (Some(one), None) => Some(one.value),
+        _ => None,
+    }
+}
+
 /// One client connection.
 struct Conn {
     front: Arc<Front>,
@@ -121,13 +139,22 @@ impl Conn {
         };
         if line.method == Method::POST && is_check(&line.target) {
             let state = &self.front.state;
-            let Some(answer) = self
-                .client
-                .until_decided(check_answer(state, &body))
-                .await?
-            else {
-                // The client left while its check was waited for.
-                return Ok(false);
+            // The headers are read only when a token is needed.
+            let authorization = if check_needs_token(state) {
+                authorization(&head)
+            } else {
+                None
+            };
+            let answer = match check_authorized(state, authorization) {
+                Ok(()) => {
+                    let decided = self.client.until_decided(check_answer(state, &body));
+                    let Some(answer) = decided.await? else {
+                        // The client left while its check was waited for.
+                        return Ok(false);
+                    };
+                    answer
+                }
+                Err(refused) => refused,
             };
             let no_headers = http::HeaderMap::new();
             let res = Whole {
