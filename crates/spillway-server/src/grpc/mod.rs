@@ -42,7 +42,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Every call is stamped as it arrives: its grpc-timeout runs from then,
+    // its body's transfer included.
+    let stamp = tower::util::MapRequestLayer::new(|mut req: http::Request<_>| {
+        req.extensions_mut()
+            .insert(service::Arrived(tokio::time::Instant::now()));
+        req
+    });
     Server::builder()
+        .layer(stamp)
         .add_service(EnvoyRateLimiter::new(shared).into_service())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
