@@ -15,16 +15,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::response::IntoResponse;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use crate::app::{MAX_BODY_BYTES, app, check_answer, check_authorized, check_needs_token, routes};
+use crate::app::{
+    Answer, MAX_BODY_BYTES, app, check_answer, check_authorized, check_needs_token, routes,
+};
 use crate::http1::wire::{self, Chunked, Framing, RequestHead};
-use crate::http1::{self, Client, Lifetime, Reply, Whole};
+use crate::http1::{self, Accepting, Client, Lifetime, Reply, Timeouts, Whole};
 use crate::server::State;
 
 /// What every connection shares.
@@ -34,6 +36,9 @@ struct Front {
     app: Router,
     /// The same without the in-flight count, which is kept here.
     routes: Router,
+    /// `[server]`'s, as the service started (a reload does not change
+    /// them).
+    timeouts: Timeouts,
 }
 
 /// Serves the HTTP API on `listener` until `shutdown` resolves; then stops
@@ -44,24 +49,87 @@ pub(crate) async fn serve(
     state: State,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    let server = state.shared.engine().config.server.clone();
+    let timeouts = Timeouts {
+        head: server.head_timeout,
+        body: server.body_timeout,
+        write: server.write_timeout,
+        idle: server.idle_timeout,
+    };
+    let (open, refused) = state.metrics.connection_metrics();
+    let accepting = Accepting {
+        max_connections: within_file_limit(server.max_connections.get()),
+        open: Some(open),
+        refused: Some(refused),
+    };
     let front = Arc::new(Front {
         app: app(state.clone()),
         routes: routes(state.clone()),
         state,
+        timeouts,
     });
-    http1::serve_connections(listener, shutdown, |stream, peer, life| {
+    http1::serve_connections_with(listener, shutdown, accepting, |stream, peer, life| {
         serve_connection(front.clone(), stream, peer, life)
     })
     .await;
     Ok(())
 }
 
+/// The file descriptors kept aside from client connections: listeners,
+/// Redis connections, the configuration file, logs.
+const RESERVED_FILES: usize = 64;
+
+/// `max_connections`, lowered (with a warning) to what the process may
+/// open: past its open-file limit, `accept` fails and connections wait in
+/// the backlog, unanswered, where under the cap they get a clean 503.
+fn within_file_limit(max_connections: usize) -> usize {
+    let Some(limit) = open_file_limit() else {
+        return max_connections;
+    };
+    let room = limit.saturating_sub(RESERVED_FILES).max(1);
+    if max_connections > room {
+        tracing::warn!(
+            max_connections,
+            open_file_limit = limit,
+            "`[server] max_connections` is over what the process may open: {room} are served; raise `ulimit -n` (systemd: LimitNOFILE) or lower max_connections"
+        );
+        return room;
+    }
+    max_connections
+}
+
+/// The process's soft limit on open files (Linux: `/proc/self/limits`).
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 async fn serve_connection(front: Arc<Front>, stream: TcpStream, peer: SocketAddr, life: Lifetime) {
-    let mut client = Client::new(stream, peer, life.closing);
+    let mut client = Client::with_timeouts(stream, peer, life.closing, front.timeouts);
     match client.sniff().await {
         Ok(true) => {
             let app = front.app.clone();
-            let service = hyper::service::service_fn(move |req| app.clone().oneshot(req));
+            // Each request whole within the head and body timeouts, as on
+            // HTTP/1.1: a stream whose body trickles is answered 408.
+            let within = front.timeouts.head + front.timeouts.body;
+            let service = hyper::service::service_fn(move |req| {
+                let answered = app.clone().oneshot(req);
+                async move {
+                    match tokio::time::timeout(within, answered).await {
+                        Ok(answered) => answered,
+                        Err(_) => Ok(Answer::problem(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "The request did not arrive in time.",
+                        )
+                        .into_response()),
+                    }
+                }
+            });
             http1::serve_h2(client, service).await;
         }
         Ok(false) => {
@@ -219,11 +287,28 @@ impl Conn {
             return Ok(None);
         }
         if expects_continue {
-            self.client
-                .stream
-                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                .await?;
+            self.client.write(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
         }
+        self.client.body_started();
+        let body = match self.read_whole_body(framing).await {
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                let detail = format!(
+                    "The request body did not arrive within {:?}.",
+                    self.client.timeouts.body
+                );
+                self.client
+                    .answer_error(StatusCode::REQUEST_TIMEOUT, &detail)
+                    .await?;
+                Ok(None)
+            }
+            body => body,
+        };
+        self.client.body_done();
+        body
+    }
+
+    /// [`read_body`](Self::read_body) once the body is to be read.
+    async fn read_whole_body(&mut self, framing: Framing) -> io::Result<Option<Bytes>> {
         if let Framing::Length(n) = framing {
             // At most MAX_BODY_BYTES: fits a usize.
             let n = n as usize;
