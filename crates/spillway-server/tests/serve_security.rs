@@ -179,3 +179,187 @@ async fn without_tokens_a_check_needs_none() {
     let answer = exchange(&service, &check("open", "Connection: close\r\n")).await;
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
 }
+
+// ---- slow and idle clients ------------------------------------------------
+
+/// One check admitted per key and minute, the default timeouts.
+const OPEN: &str = r#"
+[[rules]]
+name = "three"
+algorithm = "sliding_log"
+limit = 3
+window = "1h"
+"#;
+
+/// Reads until the server closes, within `within` (of tokio's clock): what
+/// it sent, and how long it took; `None` if it had not closed by then. A
+/// reset counts as a close.
+async fn until_closed(stream: &mut TcpStream, within: Duration) -> Option<(String, Duration)> {
+    let started = tokio::time::Instant::now();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    let reading = async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(within, reading).await.ok()?;
+    Some((
+        String::from_utf8_lossy(&got).into_owned(),
+        started.elapsed(),
+    ))
+}
+
+/// A body sent a byte every 20 s (each read in time) must still be whole
+/// 30 s after its head: the client gets a 408 problem then, and the
+/// connection closes.
+#[tokio::test(start_paused = true)]
+async fn a_body_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
+    let service = start(OPEN).await;
+    let stream = TcpStream::connect(service.addr).await.expect("connect");
+    let (mut read, mut write) = stream.into_split();
+    write
+        .write_all(b"POST /v1/check HTTP/1.1\r\nHost: s\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .expect("write");
+    let drip = tokio::spawn(async move {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            if write.write_all(b" ").await.is_err() {
+                return;
+            }
+        }
+    });
+    let started = tokio::time::Instant::now();
+    let mut got = String::new();
+    let closed =
+        tokio::time::timeout(Duration::from_secs(120), read.read_to_string(&mut got)).await;
+    let waited = started.elapsed();
+    drip.abort();
+    assert!(closed.is_ok(), "still open after {waited:?}: {got}");
+    assert!(got.starts_with("HTTP/1.1 408 "), "{got}");
+    assert!(got.contains("application/problem+json"), "{got}");
+    assert!(
+        (Duration::from_secs(29)..Duration::from_secs(45)).contains(&waited),
+        "closed after {waited:?}"
+    );
+}
+
+/// The HTTP/2 preface sent a byte every 5 s (each read in time) must still
+/// be whole 30 s after the connection opened.
+#[tokio::test(start_paused = true)]
+async fn a_preface_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
+    let service = start(OPEN).await;
+    let stream = TcpStream::connect(service.addr).await.expect("connect");
+    let (mut read, mut write) = stream.into_split();
+    let drip = tokio::spawn(async move {
+        for byte in b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" {
+            if write.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        // Then nothing more: hold the connection open.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let started = tokio::time::Instant::now();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(300), read.read_to_end(&mut got)).await;
+    let waited = started.elapsed();
+    drip.abort();
+    assert!(closed.is_ok(), "still open after {waited:?}");
+    assert!(
+        (Duration::from_secs(29)..Duration::from_secs(45)).contains(&waited),
+        "closed after {waited:?}"
+    );
+}
+
+/// An HTTP/2 connection with no request open for 60 s is closed (with a
+/// GOAWAY, so that the client knows), though the client answers pings.
+#[tokio::test(start_paused = true)]
+async fn an_idle_http2_connection_is_closed() {
+    let service = start(OPEN).await;
+    let stream = TcpStream::connect(service.addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("an HTTP/2 connection");
+    let conn = tokio::spawn(conn);
+    let req = Request::get(format!("http://{}/healthz", service.addr))
+        .body(Full::new(Bytes::new()))
+        .expect("a request");
+    let res = sender.send_request(req).await.expect("an answer");
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(res);
+    let idle = tokio::time::Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(300), conn).await;
+    let waited = idle.elapsed();
+    assert!(closed.is_ok(), "still open after {waited:?}");
+    assert!(
+        (Duration::from_secs(59)..Duration::from_secs(75)).contains(&waited),
+        "closed after {waited:?}"
+    );
+}
+
+/// A client that sends requests and never reads the answers is closed once
+/// a response has waited 30 s to be written, rather than holding its
+/// connection (and the answers' memory) for good.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_does_not_read_is_closed_after_the_write_timeout() {
+    let service = start(OPEN).await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    // A small window, so that the server's writes block early.
+    socket.set_recv_buffer_size(4096).expect("a buffer size");
+    let mut stream = socket.connect(service.addr).await.expect("connect");
+    const ASKED: usize = 1000;
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: s\r\n\r\n";
+    stream
+        .write_all(&request.repeat(ASKED))
+        .await
+        .expect("write");
+    // Not reading, for longer than the write timeout.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let (got, _) = until_closed(&mut stream, Duration::from_secs(300))
+        .await
+        .expect("closed");
+    let answered = got.matches("HTTP/1.1 200 OK").count();
+    assert!(
+        answered < ASKED,
+        "every answer was written, the connection held meanwhile"
+    );
+}
+
+/// With `max_connections = 2` and two open, a third connection is
+/// answered 503 (`Connection: close`) and closed at once, and counted; once
+/// one closes, connections are served again.
+#[tokio::test]
+async fn connections_past_the_cap_get_a_503_and_are_counted() {
+    let service = start(&format!("[server]\nmax_connections = 2\n{OPEN}")).await;
+    let first = TcpStream::connect(service.addr).await.expect("connect");
+    let _second = TcpStream::connect(service.addr).await.expect("connect");
+    let mut third = TcpStream::connect(service.addr).await.expect("connect");
+    let (answer, _) = until_closed(&mut third, WAIT)
+        .await
+        .expect("closed at once");
+    assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+    assert!(answer.contains("connection: close\r\n"), "{answer}");
+    let (_, body) = answer.split_once("\r\n\r\n").expect("a body");
+    let body: Value = serde_json::from_str(body).expect("a problem");
+    assert_eq!(body["status"], 503);
+    drop(first);
+    // The server notices the close, and serves again.
+    let metrics = serve_support::eventually_answered(&service.http, "/metrics").await;
+    let count = serve_support::metric_value(&metrics, "spillway_http_connections_refused_total");
+    assert_eq!(count, Some(1.0), "{metrics}");
+    let open = serve_support::metric_value(&metrics, "spillway_http_connections");
+    assert_eq!(
+        open,
+        Some(2.0),
+        "the one asking and the one held: {metrics}"
+    );
+}
