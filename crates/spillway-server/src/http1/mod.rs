@@ -103,7 +103,7 @@ const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
 content-type: application/problem+json\r\n\
 retry-after: 1\r\n\
 connection: close\r\n\
-content-length: 112\r\n\r\n\
+content-length: 109\r\n\r\n\
 {\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"Too many connections; try again.\"}";
 
 /// Accepts connections until `shutdown` resolves, serving each in a task of
@@ -933,6 +933,32 @@ mod tests {
         let mut out = Vec::new();
         put_date_at(&mut out, now);
         String::from_utf8(out).expect("text")
+    }
+
+    /// The answer to a connection past the cap is a whole response: its
+    /// length is its body's.
+    #[test]
+    fn the_refusal_past_the_cap_is_a_whole_response() {
+        let mut lines = [httparse::EMPTY_HEADER; 8];
+        let mut res = httparse::Response::new(&mut lines);
+        let head = match res.parse(REFUSED) {
+            Ok(httparse::Status::Complete(n)) => n,
+            other => panic!("not a response head: {other:?}"),
+        };
+        assert_eq!(res.code, Some(503));
+        let length = res
+            .headers
+            .iter()
+            .find(|h| h.name == "content-length")
+            .map(|h| {
+                std::str::from_utf8(h.value)
+                    .expect("digits")
+                    .parse::<usize>()
+                    .expect("a length")
+            });
+        assert_eq!(length, Some(REFUSED.len() - head));
+        let body: serde_json::Value = serde_json::from_slice(&REFUSED[head..]).expect("JSON");
+        assert_eq!(body["status"], 503);
     }
 
     /// The cached date is the time's, to the second: it changes when the
