@@ -363,3 +363,53 @@ async fn connections_past_the_cap_get_a_503_and_are_counted() {
         "the one asking and the one held: {metrics}"
     );
 }
+
+/// A request body that never comes.
+struct Never;
+
+impl hyper::body::Body for Never {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// An HTTP/2 request whose body never comes is answered 408 (its stream
+/// ended) once the head and body timeouts (60 s) have passed, as on
+/// HTTP/1.1.
+#[tokio::test(start_paused = true)]
+async fn an_http2_request_whose_body_never_comes_gets_a_408() {
+    let service = start(OPEN).await;
+    let stream = TcpStream::connect(service.addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("an HTTP/2 connection");
+    tokio::spawn(conn);
+    let req = Request::post(format!("http://{}/v1/check", service.addr))
+        .body(Never)
+        .expect("a request");
+    let started = tokio::time::Instant::now();
+    let res = tokio::time::timeout(Duration::from_secs(300), sender.send_request(req))
+        .await
+        .expect("answered in time");
+    let waited = started.elapsed();
+    // The server answers 408 and resets the stream it no longer reads;
+    // hyper's client may report the reset of its upload rather than the
+    // answer.
+    match res {
+        Ok(res) => assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT),
+        Err(e) => assert!(format!("{e:?}").contains("stream closed"), "{e:?}"),
+    }
+    assert!(
+        (Duration::from_secs(59)..Duration::from_secs(75)).contains(&waited),
+        "answered after {waited:?}"
+    );
+}
