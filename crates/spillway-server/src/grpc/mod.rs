@@ -35,7 +35,9 @@ pub mod pb {
 pub use pb::envoy::service::ratelimit::v3 as rls;
 
 /// Serves `ShouldRateLimit` on `listener` until `shutdown` resolves; calls
-/// in flight then finish before it returns.
+/// in flight then finish before it returns. Each call is held to `[envoy]
+/// max_descriptors` and `max_entries` (and a message size to match) and to
+/// its `grpc-timeout`, counted from its arrival: see `docs/envoy.md`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
