@@ -383,7 +383,18 @@ impl Client {
             let read = tokio::select! {
                 biased;
                 read = self.stream.read_buf(&mut self.buf) => read?,
-                () = passed(&mut self.deadline) => return Ok(None),
+                () = passed(&mut self.deadline) => {
+                    if !idle {
+                        // Half a head: the client is told why, as hyper
+                        // tells it (an idle one is just closed).
+                        let detail = format!(
+                            "The request head did not arrive within {:?}.",
+                            self.timeouts.head
+                        );
+                        self.answer_error(StatusCode::REQUEST_TIMEOUT, &detail).await?;
+                    }
+                    return Ok(None);
+                }
                 () = self.closing.wait(), if idle => return Ok(None),
             };
             if read == 0 {
