@@ -100,7 +100,12 @@ fn within_file_limit(max_connections: usize) -> usize {
 
 /// The process's soft limit on open files (Linux: `/proc/self/limits`).
 fn open_file_limit() -> Option<usize> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    soft_file_limit(&std::fs::read_to_string("/proc/self/limits").ok()?)
+}
+
+/// The soft limit of the `Max open files` line of a `/proc/PID/limits`;
+/// none when `unlimited` or missing.
+fn soft_file_limit(limits: &str) -> Option<usize> {
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
     line["Max open files".len()..]
         .split_whitespace()
@@ -352,5 +357,21 @@ impl Conn {
                 "Failed to buffer the body: length limit exceeded",
             )
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_the_soft_one() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             63429                63429                processes \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(soft_file_limit(limits), Some(1024));
+        let unlimited = limits.replace("1024 ", "unlimited ");
+        assert_eq!(soft_file_limit(&unlimited), None);
+        assert_eq!(soft_file_limit(""), None);
     }
 }
