@@ -320,14 +320,78 @@ impl<'a> CheckBody<'a> {
     }
 }
 
-async fn check(Extract(state): Extract<State>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn check(
+    Extract(state): Extract<State>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let mut authorization = headers.get_all(AUTHORIZATION).iter();
+    // Two `Authorization` lines are no credentials.
+    let authorization = match (authorization.next(), authorization.next()) {
+        (Some(one), None) => Some(one.as_bytes()),
+        _ => None,
+    };
+    if let Err(refused) = check_authorized(&state, authorization) {
+        return refused.into_response();
+    }
     match body {
         Ok(body) => check_answer(&state, &body).await.into_response(),
         Err(rejection) => problem(rejection.status(), rejection.body_text()),
     }
 }
 
-/// The answer of `POST /v1/check` to `body`.
+/// The credentials of an `Authorization: Bearer <token>` value.
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, credentials) = value.split_at(space);
+    scheme
+        .eq_ignore_ascii_case(b"bearer")
+        .then(|| credentials.trim_ascii())
+}
+
+/// Whether `POST /v1/check` may be answered for a request whose
+/// `Authorization` value is `authorization`: always when no check token is
+/// configured, else when it is `Bearer` and one of them. Every token is
+/// compared, in time independent of the given one ([`same_secret`]), so
+/// the time taken tells neither a token's bytes nor which one matched.
+/// `Err` is the 401 to answer. Both servers call this before the body is
+/// looked at: the HTTP/1.1 fast path (`crate::front`) and the router.
+pub(crate) fn check_authorized(state: &State, authorization: Option<&[u8]>) -> Result<(), Answer> {
+    let engine = state.shared.engine();
+    let tokens = &engine.config.server.check_tokens;
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let given = authorization.and_then(bearer);
+    let matched = given.is_some_and(|given| {
+        tokens
+            .iter()
+            .fold(false, |any, t| any | same_secret(given, t.as_bytes()))
+    });
+    if matched {
+        return Ok(());
+    }
+    let mut refused = Answer::problem(
+        StatusCode::UNAUTHORIZED,
+        "`POST /v1/check` needs `Authorization: Bearer <token>`, one of `[server] check_tokens`.",
+    );
+    put_header(
+        &mut refused.lines,
+        &WWW_AUTHENTICATE,
+        b"Bearer realm=\"spillway-check\"",
+    );
+    Err(refused)
+}
+
+/// Whether a request to `POST /v1/check` must say who it is (check tokens
+/// are configured): the HTTP/1.1 fast path reads its headers only then.
+pub(crate) fn check_needs_token(state: &State) -> bool {
+    !state.shared.engine().config.server.check_tokens.is_empty()
+}
+
+/// The answer of `POST /v1/check` to `body`, once the request is
+/// authorized ([`check_authorized`]).
 pub(crate) async fn check_answer(state: &State, body: &[u8]) -> Answer {
     let parsed = serde_json::from_slice::<CheckBody>(body).map_err(|e| {
         if e.is_data() {

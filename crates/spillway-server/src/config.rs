@@ -78,6 +78,8 @@ pub struct Config {
     /// `[proxy]`: how `spillway proxy` normalizes request targets. Read at
     /// start: a reload does not change it.
     pub proxy: Normalize,
+    /// `[envoy] max_descriptors` and `max_entries`.
+    pub envoy_limits: EnvoyLimits,
 }
 
 /// What to do with `%2F` and `%5C` in a path: whether an encoded slash is
@@ -151,6 +153,80 @@ pub struct ServerConfig {
     /// The admin API's bearer token (the file's, or `SPILLWAY_ADMIN_TOKEN`);
     /// without one the admin API is off.
     pub admin_token: Option<String>,
+    /// The bearer tokens `POST /v1/check` accepts (the file's
+    /// `check_tokens`, or `SPILLWAY_CHECK_TOKENS`, comma-separated); any
+    /// one of them will do, so that a new token can be rolled out before
+    /// the old one is removed. Empty: the endpoint is open to anyone who
+    /// can reach the address.
+    pub check_tokens: Vec<String>,
+    /// The longest a client may take to send a whole request head, idle
+    /// keep-alive time included, and an HTTP/2 client its connection
+    /// preface.
+    pub head_timeout: Duration,
+    /// The longest a client may take to send a whole request body, from the
+    /// end of its head.
+    pub body_timeout: Duration,
+    /// The longest a response may take to be written: a client that does
+    /// not read is closed after it.
+    pub write_timeout: Duration,
+    /// How long an HTTP/2 connection may stay open with no request on it.
+    pub idle_timeout: Duration,
+    /// The most client connections open at once; one more is answered 503
+    /// and closed at once.
+    pub max_connections: NonZeroUsize,
+}
+
+impl ServerConfig {
+    /// The default of [`head_timeout`](Self::head_timeout).
+    pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The default of [`body_timeout`](Self::body_timeout).
+    pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The default of [`write_timeout`](Self::write_timeout).
+    pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The default of [`idle_timeout`](Self::idle_timeout).
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+    /// The default of [`max_connections`](Self::max_connections): well
+    /// under the 65,536 file descriptors a service is commonly given
+    /// (systemd's `LimitNOFILE`), each connection taking one.
+    pub const MAX_CONNECTIONS: NonZeroUsize = NonZeroUsize::new(10_000).expect("nonzero");
+}
+
+/// `[envoy]`'s bounds on one `ShouldRateLimit` call, refused whole
+/// (`INVALID_ARGUMENT`) past them before any work is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvoyLimits {
+    /// The most descriptors in one call (Envoy sends a handful).
+    pub max_descriptors: NonZeroUsize,
+    /// The most entries in one descriptor.
+    pub max_entries: NonZeroUsize,
+}
+
+impl EnvoyLimits {
+    /// The largest call message read: room for the most descriptors of the
+    /// most entries at 256 bytes an entry, and never less than 64 KiB or
+    /// more than tonic's default of 4 MiB. The defaults give 256 KiB.
+    ///
+    /// ```
+    /// use spillway_server::config::EnvoyLimits;
+    ///
+    /// assert_eq!(EnvoyLimits::default().max_message_bytes(), 256 * 1024);
+    /// ```
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_descriptors
+            .get()
+            .saturating_mul(self.max_entries.get())
+            .saturating_mul(256)
+            .clamp(64 * 1024, 4 * 1024 * 1024)
+    }
+}
+
+impl Default for EnvoyLimits {
+    fn default() -> Self {
+        Self {
+            max_descriptors: NonZeroUsize::new(64).expect("nonzero"),
+            max_entries: NonZeroUsize::new(16).expect("nonzero"),
+        }
+    }
 }
 
 /// `[store]`.
@@ -214,6 +290,12 @@ struct RawServer {
     listen: Option<Spanned<String>>,
     grpc_listen: Option<Spanned<String>>,
     admin_token: Option<String>,
+    check_tokens: Option<Spanned<Vec<String>>>,
+    head_timeout: Option<Spanned<String>>,
+    body_timeout: Option<Spanned<String>>,
+    write_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    max_connections: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -285,6 +367,8 @@ struct RawTier {
 struct RawEnvoy {
     domain: Option<Spanned<String>>,
     descriptors_file: Option<Spanned<String>>,
+    max_descriptors: Option<Spanned<u64>>,
+    max_entries: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -482,7 +566,43 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             .filter(|t| !t.is_empty())
             .or(raw.server.admin_token)
             .filter(|t| !t.is_empty()),
+        check_tokens: check_tokens(raw.server.check_tokens.as_ref(), lines)?,
+        head_timeout: timeout(
+            &raw.server.head_timeout,
+            "server.head_timeout",
+            ServerConfig::HEAD_TIMEOUT,
+            lines,
+        )?,
+        body_timeout: timeout(
+            &raw.server.body_timeout,
+            "server.body_timeout",
+            ServerConfig::BODY_TIMEOUT,
+            lines,
+        )?,
+        write_timeout: timeout(
+            &raw.server.write_timeout,
+            "server.write_timeout",
+            ServerConfig::WRITE_TIMEOUT,
+            lines,
+        )?,
+        idle_timeout: timeout(
+            &raw.server.idle_timeout,
+            "server.idle_timeout",
+            ServerConfig::IDLE_TIMEOUT,
+            lines,
+        )?,
+        max_connections: match &raw.server.max_connections {
+            None => ServerConfig::MAX_CONNECTIONS,
+            Some(n) => usize::try_from(*n.get_ref())
+                .ok()
+                .and_then(NonZeroUsize::new)
+                .filter(|n| n.get() <= 1_000_000)
+                .ok_or_else(|| {
+                    lines.err(n, "server.max_connections", "must be between 1 and 1000000")
+                })?,
+        },
     };
+    let envoy_limits = envoy_limits(&raw.envoy, lines)?;
 
     let store = convert_store(&raw.store, lines)?;
 
@@ -765,6 +885,94 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
         descriptors,
         envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
         descriptor_tree,
+        envoy_limits,
+    })
+}
+
+/// The `[server] check_tokens`, or `SPILLWAY_CHECK_TOKENS` (comma-separated)
+/// when set, which wins as `SPILLWAY_ADMIN_TOKEN` does. An empty token would
+/// let an empty `Authorization: Bearer` through: it is an error in the file,
+/// and skipped in the variable (`a,,b`).
+fn check_tokens(
+    raw: Option<&Spanned<Vec<String>>>,
+    lines: &Lines<'_>,
+) -> Result<Vec<String>, ConfigError> {
+    if let Ok(env) = std::env::var("SPILLWAY_CHECK_TOKENS") {
+        let tokens: Vec<String> = env
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect();
+        if !tokens.is_empty() {
+            return Ok(tokens);
+        }
+    }
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    for (i, token) in raw.get_ref().iter().enumerate() {
+        if token.trim().is_empty() {
+            return Err(lines.err(
+                raw,
+                format!("server.check_tokens[{i}]"),
+                "must not be empty",
+            ));
+        }
+        if token.trim() != token || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(lines.err(
+                raw,
+                format!("server.check_tokens[{i}]"),
+                "must be printable ASCII without spaces (a bearer token)",
+            ));
+        }
+    }
+    Ok(raw.get_ref().clone())
+}
+
+/// A `[server]` timeout: longer than zero, at most an hour.
+fn timeout(
+    raw: &Option<Spanned<String>>,
+    field: &str,
+    default: Duration,
+    lines: &Lines<'_>,
+) -> Result<Duration, ConfigError> {
+    let Some(t) = raw else {
+        return Ok(default);
+    };
+    let d = parse_duration(t.get_ref()).map_err(|m| lines.err(t, field, m))?;
+    if d.is_zero() || d > Duration::from_secs(3600) {
+        return Err(lines.err(t, field, "must be longer than zero and at most 1h"));
+    }
+    Ok(d)
+}
+
+/// `[envoy] max_descriptors` (1 to 10,000) and `max_entries` (1 to 1,000).
+fn envoy_limits(raw: &RawEnvoy, lines: &Lines<'_>) -> Result<EnvoyLimits, ConfigError> {
+    let bounded = |v: &Option<Spanned<u64>>, field: &str, max: usize, default: NonZeroUsize| {
+        let Some(v) = v else {
+            return Ok(default);
+        };
+        usize::try_from(*v.get_ref())
+            .ok()
+            .and_then(NonZeroUsize::new)
+            .filter(|n| n.get() <= max)
+            .ok_or_else(|| lines.err(v, field, format!("must be between 1 and {max}")))
+    };
+    let default = EnvoyLimits::default();
+    Ok(EnvoyLimits {
+        max_descriptors: bounded(
+            &raw.max_descriptors,
+            "envoy.max_descriptors",
+            10_000,
+            default.max_descriptors,
+        )?,
+        max_entries: bounded(
+            &raw.max_entries,
+            "envoy.max_entries",
+            1_000,
+            default.max_entries,
+        )?,
     })
 }
 
@@ -1151,6 +1359,45 @@ mod tests {
         let e = error("[store]\nmax_keys = 10\non_full = \"refuse\"\n");
         assert_eq!((e.line, e.field.as_str()), (Some(3), "store.on_full"));
         assert!(e.message.contains("deny_new"), "{e}");
+    }
+
+    #[test]
+    fn server_and_envoy_bounds_are_validated() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.server.head_timeout, ServerConfig::HEAD_TIMEOUT);
+        assert_eq!(c.server.max_connections.get(), 10_000);
+        assert_eq!(c.envoy_limits, EnvoyLimits::default());
+        let e = error("[server]\nlisten = \"127.0.0.1:1\"\nbody_timeout = \"0s\"\n");
+        assert_eq!((e.line, e.field.as_str()), (Some(3), "server.body_timeout"));
+        let e = error("[server]\nhead_timeout = \"soon\"\n");
+        assert_eq!((e.line, e.field.as_str()), (Some(2), "server.head_timeout"));
+        let e = error("[server]\nmax_connections = 0\n");
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(2), "server.max_connections")
+        );
+        let e = error("[server]\ncheck_tokens = [\"a\", \"\"]\n");
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(2), "server.check_tokens[1]")
+        );
+        let e = error("[envoy]\nmax_descriptors = 0\n");
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(2), "envoy.max_descriptors")
+        );
+        let e = error("[envoy]\nmax_entries = 1001\n");
+        assert_eq!((e.line, e.field.as_str()), (Some(2), "envoy.max_entries"));
+        let c = Config::parse(
+            "[server]\ncheck_tokens = [\"new\", \"old\"]\nwrite_timeout = \"5s\"\n\
+             [envoy]\nmax_descriptors = 8\nmax_entries = 4\n",
+        )
+        .unwrap();
+        assert_eq!(c.server.check_tokens, ["new", "old"]);
+        assert_eq!(c.server.write_timeout, Duration::from_secs(5));
+        assert_eq!(c.envoy_limits.max_descriptors.get(), 8);
+        assert_eq!(c.envoy_limits.max_entries.get(), 4);
+        assert_eq!(c.envoy_limits.max_message_bytes(), 64 * 1024);
     }
 
     #[test]

@@ -272,6 +272,10 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         response_timeout: args.upstream_timeout,
         host: args.host_header,
         normalize: config.proxy,
+        write_timeout: config.server.write_timeout,
+        head_timeout: config.server.head_timeout,
+        idle_timeout: config.server.idle_timeout,
+        max_connections: config.server.max_connections.get(),
         ..ProxyOptions::default()
     };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;

@@ -15,6 +15,8 @@
 //! | `spillway_store_keys` | gauge | `rule` | keys held in memory, per store rule (`rule` or `rule@tier`) |
 //! | `spillway_config_reloads_total` | counter | `result` | configuration reloads, `ok` or `error` (refused) |
 //! | `spillway_http_requests_in_flight` | gauge | | HTTP requests being served |
+//! | `spillway_http_connections` | gauge | | client connections open (`[server] max_connections` at most) |
+//! | `spillway_http_connections_refused_total` | counter | | connections refused past `[server] max_connections` (answered 503 and closed) |
 //!
 //! The Redis figures come from the store's own counters. A reload builds a
 //! new store, so the old one's counts are kept aside and added in: the
@@ -97,6 +99,8 @@ pub struct Metrics {
     store_errors: Family<KindLabels, Counter>,
     reloads: Family<ResultLabels, Counter>,
     in_flight: Gauge,
+    connections: Gauge,
+    connections_refused: Counter,
     // The Redis counters of stores replaced by a reload.
     retired: Mutex<Stats>,
 }
@@ -141,6 +145,18 @@ impl Metrics {
             "HTTP requests being served",
             in_flight.clone(),
         );
+        let connections = Gauge::default();
+        registry.register(
+            "spillway_http_connections",
+            "HTTP client connections open",
+            connections.clone(),
+        );
+        let connections_refused = Counter::default();
+        registry.register(
+            "spillway_http_connections_refused",
+            "HTTP client connections refused past [server] max_connections",
+            connections_refused.clone(),
+        );
         // Zeros from the start, so that the series exist before the first
         // error or reload (a rate over a missing series is no rate at all).
         for kind in ["redis", "timeout", "unavailable", "reply", "rule"] {
@@ -157,8 +173,16 @@ impl Metrics {
             store_errors,
             reloads,
             in_flight,
+            connections,
+            connections_refused,
             retired: Mutex::default(),
         }
+    }
+
+    /// The gauge of open HTTP connections and the counter of those refused,
+    /// for the accept loop to keep.
+    pub(crate) fn connection_metrics(&self) -> (Gauge, Counter) {
+        (self.connections.clone(), self.connections_refused.clone())
     }
 
     /// Counts one rule's decision on one request.

@@ -26,6 +26,7 @@ fn spillway(args: &[&str], dir: &Path) -> Output {
         .args(args)
         .current_dir(dir)
         .env_remove("SPILLWAY_ADMIN_TOKEN")
+        .env_remove("SPILLWAY_CHECK_TOKENS")
         .output()
         .expect("the binary runs")
 }
@@ -86,6 +87,7 @@ impl Server {
             .args(args)
             .current_dir(dir)
             .env_remove("SPILLWAY_ADMIN_TOKEN")
+            .env_remove("SPILLWAY_CHECK_TOKENS")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -400,9 +400,10 @@ async fn stopping_closes_idle_connections_and_returns() {
         .expect("no error");
 }
 
-/// A client that stops in the middle of a head, or stays idle between
-/// requests, or sends nothing at all, is closed once 30 s have passed since
-/// the head was due (tokio's paused time: no test waits 30 s).
+/// A client that stops in the middle of a head (told so with a 408), or
+/// stays idle between requests, or sends nothing at all, is closed once
+/// 30 s have passed since the head was due (tokio's paused time: no test
+/// waits 30 s).
 #[tokio::test(start_paused = true)]
 async fn silent_clients_are_closed_after_30_seconds() {
     let service = start().await;
@@ -429,9 +430,12 @@ async fn silent_clients_are_closed_after_30_seconds() {
             waited >= Duration::from_secs(29),
             "{what}: closed after {waited:?}, before the 30 s"
         );
+        let answer = String::from_utf8_lossy(&got);
         if sent.ends_with(b"\r\n\r\n") {
-            let answer = String::from_utf8_lossy(&got);
             assert!(answer.starts_with("HTTP/1.1 200 OK"), "{what}: {answer}");
+            assert!(!answer.contains(" 408 "), "{what}: idle is just closed");
+        } else if !sent.is_empty() {
+            assert!(answer.starts_with("HTTP/1.1 408 "), "{what}: {answer}");
         }
     }
 }

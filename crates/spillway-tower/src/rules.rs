@@ -49,9 +49,9 @@ impl Glob {
         if self.separator != b'/' {
             return false;
         }
-        let plain = !path.bytes().any(|b| b.is_ascii_uppercase() || b == b';')
-            && !(path.len() > 1 && path.ends_with('/'));
-        if plain {
+        let spelled_otherwise = path.bytes().any(|b| b.is_ascii_uppercase() || b == b';')
+            || (path.len() > 1 && path.ends_with('/'));
+        if !spelled_otherwise {
             return false;
         }
         let mut folded = String::with_capacity(path.len());
@@ -758,7 +758,7 @@ mod tests {
         let algorithm = spillway::algorithm::FixedWindow::new(spillway::Quota::per_minute(
             std::num::NonZeroU32::new(1).unwrap(),
         ));
-        let loose = HttpRule::new("login", algorithm.clone()).path("/login");
+        let loose = HttpRule::new("login", algorithm).path("/login");
         let exact = HttpRule::new("login", algorithm)
             .path("/login")
             .exact_path();

@@ -35,14 +35,24 @@ pub mod pb {
 pub use pb::envoy::service::ratelimit::v3 as rls;
 
 /// Serves `ShouldRateLimit` on `listener` until `shutdown` resolves; calls
-/// in flight then finish before it returns.
+/// in flight then finish before it returns. Each call is held to `[envoy]
+/// max_descriptors` and `max_entries` (and a message size to match) and to
+/// its `grpc-timeout`, counted from its arrival: see `docs/envoy.md`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Every call is stamped as it arrives: its grpc-timeout runs from then,
+    // its body's transfer included.
+    let stamp = tower::util::MapRequestLayer::new(|mut req: http::Request<_>| {
+        req.extensions_mut()
+            .insert(service::Arrived(tokio::time::Instant::now()));
+        req
+    });
     Server::builder()
+        .layer(stamp)
         .add_service(EnvoyRateLimiter::new(shared).into_service())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

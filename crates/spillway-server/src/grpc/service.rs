@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use spillway::store::{Check, Store, StoreError as _};
 use spillway::{Algorithm as _, Decision, Quota};
 use spillway_tower::headers::{self, ceil_secs};
@@ -19,6 +21,7 @@ use super::rls::rate_limit_response::rate_limit::Unit;
 use super::rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 use super::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use super::rls::{RateLimitRequest, RateLimitResponse};
+use crate::config::EnvoyLimits;
 use crate::config::descriptors::{self, DescriptorTree, Reached, UnitLimit};
 use crate::engine::{Engine, OverrideError, Shared};
 
@@ -35,11 +38,21 @@ impl EnvoyRateLimiter {
         Self { shared }
     }
 
-    /// As a tonic service, to add to a `tonic::transport::Server`.
+    /// As a tonic service, to add to a `tonic::transport::Server`: it reads
+    /// call messages up to [`EnvoyLimits::max_message_bytes`] of the
+    /// current configuration (tonic's default is 4 MiB), so that a call
+    /// far over `[envoy] max_descriptors` is refused before it is decoded.
     pub fn into_service(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+        let limit = self.shared.engine().config.envoy_limits.max_message_bytes();
+        RateLimitServiceServer::new(self).max_decoding_message_size(limit)
     }
 }
+
+/// When a call reached the server: a request extension set by the gRPC
+/// server of [`serve`](super::serve), from which the client's
+/// `grpc-timeout` runs (without it, from when the call is decided).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Arrived(pub(crate) Instant);
 
 #[tonic::async_trait]
 impl RateLimitService for EnvoyRateLimiter {
@@ -47,21 +60,96 @@ impl RateLimitService for EnvoyRateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let arrived = request
+            .extensions()
+            .get::<Arrived>()
+            .map_or_else(Instant::now, |a| a.0);
+        let deadline = grpc_timeout(request.metadata()).map(|t| arrived + t);
         let request = request.into_inner();
-        let mut engine = self.shared.engine();
-        let missing = overrides_missing(&engine, &request)?;
-        if !missing.is_empty() {
-            engine = self
-                .shared
-                .with_overrides(&missing)
-                .await
-                .map_err(|e| match e {
-                    OverrideError::TooMany => Status::resource_exhausted(e.to_string()),
-                    OverrideError::Store(e) => Status::invalid_argument(e.to_string()),
-                })?;
+        let engine = self.shared.engine();
+        // Before any work: a call too large for its bounds costs no more
+        // than reading it.
+        within_limits(&engine.config.envoy_limits, &request)?;
+        let decided = async move {
+            let mut engine = engine;
+            let missing = overrides_missing(&engine, &request)?;
+            if !missing.is_empty() {
+                engine = self
+                    .shared
+                    .with_overrides(&missing)
+                    .await
+                    .map_err(|e| match e {
+                        OverrideError::TooMany => Status::resource_exhausted(e.to_string()),
+                        OverrideError::Store(e) => Status::invalid_argument(e.to_string()),
+                    })?;
+            }
+            decide(&engine, request).await
+        };
+        let Some(deadline) = deadline else {
+            return decided.await.map(Response::new);
+        };
+        // A call whose client has given up is not decided: nothing is
+        // charged for an answer nobody waits for. The deadline is looked at
+        // before every step of the decision (biased), so a call first
+        // polled after it never reaches the store; one whose client resets
+        // the stream is dropped by tonic at its next wait. (A Redis call
+        // already sent may still be applied by Redis.)
+        let expired = || Status::deadline_exceeded("the call's deadline (grpc-timeout) has passed");
+        if Instant::now() >= deadline {
+            return Err(expired());
         }
-        decide(&engine, request).await.map(Response::new)
+        tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(deadline) => Err(expired()),
+            decided = decided => decided.map(Response::new),
+        }
     }
+}
+
+/// Refuses a call over `[envoy] max_descriptors` or `max_entries`, before
+/// anything is looked up or charged.
+fn within_limits(limits: &EnvoyLimits, request: &RateLimitRequest) -> Result<(), Status> {
+    let n = request.descriptors.len();
+    if n > limits.max_descriptors.get() {
+        return Err(Status::invalid_argument(format!(
+            "{n} descriptors in one call; the most is {} (`[envoy] max_descriptors`)",
+            limits.max_descriptors
+        )));
+    }
+    let longest = request
+        .descriptors
+        .iter()
+        .enumerate()
+        .find(|(_, d)| d.entries.len() > limits.max_entries.get());
+    if let Some((i, d)) = longest {
+        return Err(Status::invalid_argument(format!(
+            "descriptor {i} has {} entries; the most is {} (`[envoy] max_entries`)",
+            d.entries.len(),
+            limits.max_entries
+        )));
+    }
+    Ok(())
+}
+
+/// A call's `grpc-timeout` (gRPC over HTTP/2: at most 8 digits and a unit,
+/// `H`, `M`, `S`, `m`, `u` or `n`); none when absent or malformed, as tonic
+/// takes it.
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// One store check: a descriptor under one of the rules it maps to, or
@@ -231,14 +319,17 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
     // As in envoyproxy/ratelimit: a rate limit of the file with `replaces`
     // takes the place of those it names when one request reaches both.
     if let Some(tree) = tree {
-        let replaced: Vec<usize> = planned
-            .iter()
-            .filter_map(Planned::rule)
-            .flat_map(|rule| tree.replaced_by(rule))
-            .copied()
-            .collect();
-        if !replaced.is_empty() {
-            planned.retain(|p| p.rule().is_none_or(|rule| !replaced.contains(&rule)));
+        // By rule index: one look per check, not a scan of the replaced.
+        let mut replaced = vec![false; policy.rules().len()];
+        let mut any = false;
+        for rule in planned.iter().filter_map(Planned::rule) {
+            for &r in tree.replaced_by(rule) {
+                replaced[r] = true;
+                any = true;
+            }
+        }
+        if any {
+            planned.retain(|p| p.rule().is_none_or(|rule| !replaced[rule]));
         }
     }
 
@@ -313,9 +404,12 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             });
             continue;
         }
-        let mine: Vec<usize> = (0..planned.len())
-            .filter(|&i| planned[i].descriptor == d)
-            .collect();
+        // `planned` is in descriptor order: descriptor d's checks are the
+        // run found by bisection, not by a scan of every check (which made
+        // a call of n descriptors cost n²).
+        let first = planned.partition_point(|p| p.descriptor < d);
+        let end = first + planned[first..].partition_point(|p| p.descriptor == d);
+        let mine: Vec<usize> = (first..end).collect();
         let Some(shown) = most_restrictive(&mine, decisions, &hard_denied) else {
             statuses.push(if file_says_unlimited {
                 // As envoyproxy/ratelimit answers for an unlimited one.

@@ -22,6 +22,8 @@ use http::header::{self, HeaderMap};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -43,29 +45,102 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Ends a connection's task: `closing` turns true when the server stops
 /// accepting; `_alive` is dropped when the connection is done, which the
-/// server waits for.
+/// server waits for, and `_slot` gives its place back under the cap on
+/// connections.
 pub(crate) struct Lifetime {
     pub(crate) closing: watch::Receiver<bool>,
     pub(crate) _alive: mpsc::Sender<()>,
+    pub(crate) _slot: Slot,
 }
 
+/// The most connections a server holds at once unless told otherwise
+/// ([`Accepting`]).
+pub(crate) const MAX_CONNECTIONS: usize = 10_000;
+
+/// What the accept loop holds a server to.
+#[derive(Debug, Clone)]
+pub(crate) struct Accepting {
+    /// The most client connections open at once: one more is answered 503
+    /// and closed at once, so that idle connections cannot take every file
+    /// descriptor the process has.
+    pub(crate) max_connections: usize,
+    /// The connections open, and those refused past the cap, for
+    /// `/metrics`.
+    pub(crate) open: Option<Gauge>,
+    pub(crate) refused: Option<Counter>,
+}
+
+impl Default for Accepting {
+    fn default() -> Self {
+        Self {
+            max_connections: MAX_CONNECTIONS,
+            open: None,
+            refused: None,
+        }
+    }
+}
+
+/// A connection's place under [`Accepting::max_connections`], given back
+/// when dropped.
+pub(crate) struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    open: Option<Gauge>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(open) = &self.open {
+            open.dec();
+        }
+    }
+}
+
+/// What a connection past the cap is told before it is closed.
+const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/problem+json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 109\r\n\r\n\
+{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"Too many connections; try again.\"}";
+
 /// Accepts connections until `shutdown` resolves, serving each in a task of
-/// its own (`serve`); then waits for the connections to finish (each ends
-/// once its request in flight is answered).
-pub(crate) async fn serve_connections<F>(
+/// its own (`serve`), at most `accepting.max_connections` at once; then
+/// waits for the connections to finish (each ends once its request in
+/// flight is answered).
+pub(crate) async fn serve_connections_with<F>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
+    accepting: Accepting,
     mut serve: impl FnMut(TcpStream, SocketAddr, Lifetime) -> F,
 ) where
     F: Future<Output = ()> + Send + 'static,
 {
     let (closing, closing_seen) = watch::channel(false);
     let (alive, mut all_done) = mpsc::channel::<()>(1);
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(accepting.max_connections));
     let mut shutdown = std::pin::pin!(shutdown);
     while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            // Accepted, told and closed at once: no task, no wait. The
+            // client has sent nothing yet (or its bytes are dropped), so
+            // the one write does not block the loop.
+            tracing::debug!(%peer, "too many connections: refused");
+            if let Some(refused) = &accepting.refused {
+                refused.inc();
+            }
+            let _ = stream.try_write(REFUSED);
+            continue;
+        };
+        if let Some(open) = &accepting.open {
+            open.inc();
+        }
         let life = Lifetime {
             closing: closing_seen.clone(),
             _alive: alive.clone(),
+            _slot: Slot {
+                _permit: permit,
+                open: accepting.open.clone(),
+            },
         };
         tokio::spawn(serve(stream, peer, life));
     }
@@ -135,6 +210,34 @@ impl Deadline {
     }
 }
 
+/// How long a client may take, per connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// A whole request head, idle time before it included; and the HTTP/2
+    /// preface, from the connection on.
+    pub(crate) head: Duration,
+    /// A whole request body, from the end of its head, when
+    /// [`Client::body_started`] is called; else each read of it takes at
+    /// most `head` (the proxy streams bodies of any length).
+    pub(crate) body: Duration,
+    /// Writing one response (or the whole of an HTTP/2 connection's pings
+    /// unanswered): a client that does not read is closed after it.
+    pub(crate) write: Duration,
+    /// An HTTP/2 connection with no request open.
+    pub(crate) idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            head: HEAD_TIMEOUT,
+            body: HEAD_TIMEOUT,
+            write: Duration::from_secs(30),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
 /// The client's side of a connection.
 pub(crate) struct Client {
     pub(crate) stream: TcpStream,
@@ -149,12 +252,20 @@ pub(crate) struct Client {
     /// When the last request head started to be read.
     pub(crate) started: Instant,
     pub(crate) closing: Closing,
+    pub(crate) timeouts: Timeouts,
+    /// When the body being read must have arrived whole, if it must.
+    body_due: Option<Instant>,
 }
 
 impl Client {
     /// A new connection, with `TCP_NODELAY` set (responses are small writes
-    /// the client waits for).
-    pub(crate) fn new(stream: TcpStream, peer: SocketAddr, closing: watch::Receiver<bool>) -> Self {
+    /// the client waits for), held to `timeouts`.
+    pub(crate) fn with_timeouts(
+        stream: TcpStream,
+        peer: SocketAddr,
+        closing: watch::Receiver<bool>,
+        timeouts: Timeouts,
+    ) -> Self {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
@@ -163,10 +274,25 @@ impl Client {
             peer,
             buf: BytesMut::with_capacity(8 * 1024),
             out: Vec::with_capacity(4 * 1024),
-            deadline: Some(Deadline::new(Instant::now() + HEAD_TIMEOUT)),
+            deadline: Some(Deadline::new(Instant::now() + timeouts.head)),
             started: Instant::now(),
             closing: Closing::new(closing),
+            timeouts,
+            body_due: None,
         }
+    }
+
+    /// From now on, until [`body_done`](Self::body_done), what
+    /// [`fill`](Self::fill) reads must all have arrived within
+    /// [`Timeouts::body`]: a client sending a byte now and then cannot hold
+    /// the connection.
+    pub(crate) fn body_started(&mut self) {
+        self.body_due = Some(Instant::now() + self.timeouts.body);
+    }
+
+    /// Ends [`body_started`](Self::body_started).
+    pub(crate) fn body_done(&mut self) {
+        self.body_due = None;
     }
 
     /// Whether the server is stopping.
@@ -185,22 +311,25 @@ impl Client {
             if n == H2_PREFACE.len() {
                 return Ok(true);
             }
+            // The connection's deadline, set when it was accepted: the
+            // preface is due whole within the head timeout, however it is
+            // dripped.
             let read = tokio::select! {
-                read = tokio::time::timeout(HEAD_TIMEOUT, self.stream.read_buf(&mut self.buf)) => read,
+                read = self.stream.read_buf(&mut self.buf) => read,
+                () = passed(&mut self.deadline) => {
+                    // Closed now, not given a second wait for a request
+                    // head.
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client sent no request in time",
+                    ));
+                }
                 () = self.closing.wait() => return Ok(false),
             };
             match read {
-                Ok(Ok(0)) => return Ok(false),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(e),
-                // Silent since it connected: closed now, not given a second
-                // wait for a request head.
-                Err(_) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the client sent nothing",
-                    ));
-                }
+                Ok(0) => return Ok(false),
+                Ok(_) => {}
+                Err(e) => return Err(e),
             }
         }
     }
@@ -211,7 +340,7 @@ impl Client {
     pub(crate) async fn read_head(&mut self) -> io::Result<Option<usize>> {
         self.started = Instant::now();
         if let Some(deadline) = &mut self.deadline {
-            deadline.set(self.started + HEAD_TIMEOUT);
+            deadline.set(self.started + self.timeouts.head);
         }
         loop {
             // Blank lines before a request are skipped (RFC 9112 section
@@ -235,7 +364,18 @@ impl Client {
             let read = tokio::select! {
                 biased;
                 read = self.stream.read_buf(&mut self.buf) => read?,
-                () = passed(&mut self.deadline) => return Ok(None),
+                () = passed(&mut self.deadline) => {
+                    if !idle {
+                        // Half a head: the client is told why, as hyper
+                        // tells it (an idle one is just closed).
+                        let detail = format!(
+                            "The request head did not arrive within {:?}.",
+                            self.timeouts.head
+                        );
+                        self.answer_error(StatusCode::REQUEST_TIMEOUT, &detail).await?;
+                    }
+                    return Ok(None);
+                }
                 () = self.closing.wait(), if idle => return Ok(None),
             };
             if read == 0 {
@@ -274,12 +414,24 @@ impl Client {
     }
 
     /// Reads more of what the client sends into `buf`; false at its end.
+    /// A body started with [`body_started`](Self::body_started) must be
+    /// whole by its deadline; otherwise each read gets [`Timeouts::head`].
+    /// Either way a late client is an [`io::ErrorKind::TimedOut`] error.
     pub(crate) async fn fill(&mut self) -> io::Result<bool> {
         self.buf.reserve(CHUNK);
-        let read = tokio::time::timeout(HEAD_TIMEOUT, self.stream.read_buf(&mut self.buf))
+        let due = self
+            .body_due
+            .unwrap_or_else(|| Instant::now() + self.timeouts.head);
+        let read = tokio::time::timeout_at(due, self.stream.read_buf(&mut self.buf))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client stopped sending"))??;
         Ok(read > 0)
+    }
+
+    /// Writes `bytes` to the client within [`Timeouts::write`]: one that
+    /// does not read is a [`io::ErrorKind::TimedOut`] error, and closed.
+    pub(crate) async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        write_within(&mut self.stream, bytes, self.timeouts.write).await
     }
 
     /// Writes a response the server makes itself, with a whole body, as
@@ -315,7 +467,7 @@ impl Client {
         if !reply.head_only {
             out.extend_from_slice(res.body);
         }
-        self.stream.write_all(out).await
+        write_within(&mut self.stream, out, self.timeouts.write).await
     }
 
     /// Answers a request that could not be read (400, 413, 431) with a
@@ -386,6 +538,13 @@ pub(crate) async fn linger(
     }
 }
 
+/// Writes `bytes` to `stream` within `timeout`.
+async fn write_within(stream: &mut TcpStream, bytes: &[u8], timeout: Duration) -> io::Result<()> {
+    tokio::time::timeout(timeout, stream.write_all(bytes))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client does not read"))?
+}
+
 /// Serves an HTTP/2 client (prior knowledge: [`Client::sniff`] said so)
 /// with hyper and `service` until it closes, or the server stops (then
 /// gracefully: the streams in flight are answered first).
@@ -399,10 +558,21 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let peer = client.peer;
+    let timeouts = client.timeouts;
     let (io, mut closing) = client.into_io();
     let io = TokioIo::new(io);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder.timer(TokioTimer::new());
+    // A client that does not answer a ping within the write timeout (gone,
+    // or not reading) is closed.
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(timeouts.write))
+        .keep_alive_timeout(timeouts.write);
+    let streams = std::sync::Arc::new(Streams::new());
+    let service = Counted {
+        inner: service,
+        streams: streams.clone(),
+    };
     let mut conn = std::pin::pin!(builder.serve_connection(io, service));
     let result = tokio::select! {
         result = conn.as_mut() => result,
@@ -410,9 +580,109 @@ where
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        () = streams.idle_for(timeouts.idle) => {
+            tracing::debug!(%peer, "idle HTTP/2 connection closed");
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection closed with an error");
+    }
+}
+
+/// The requests open on an HTTP/2 connection, and since when it has had
+/// none: hyper closes a connection that stops answering pings, not one that
+/// answers them and sends nothing else.
+struct Streams {
+    open: std::sync::atomic::AtomicUsize,
+    idle_since: std::sync::Mutex<Instant>,
+}
+
+impl Streams {
+    fn new() -> Self {
+        Self {
+            open: std::sync::atomic::AtomicUsize::new(0),
+            idle_since: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Returns once no request has been open for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
+            if self.open.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                // Looked at again one period on: a request ending
+                // meanwhile moves `idle_since`.
+                tokio::time::sleep(idle).await;
+            } else if Instant::now() >= since + idle {
+                return;
+            } else {
+                tokio::time::sleep_until(since + idle).await;
+            }
+        }
+    }
+}
+
+/// Counts one open request of [`Streams`] while alive.
+struct Open(std::sync::Arc<Streams>);
+
+impl Open {
+    fn new(streams: std::sync::Arc<Streams>) -> Self {
+        streams
+            .open
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(streams)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.0
+            .open
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// An HTTP/2 service whose requests are counted in [`Streams`] until
+/// answered.
+struct Counted<S> {
+    inner: S,
+    streams: std::sync::Arc<Streams>,
+}
+
+impl<S> hyper::service::Service<Request<Incoming>> for Counted<S>
+where
+    S: hyper::service::Service<Request<Incoming>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Answering<S::Future>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let open = Open::new(self.streams.clone());
+        Answering {
+            answered: self.inner.call(req),
+            _open: open,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request of [`Counted`] being answered: open until done or dropped.
+    struct Answering<F> {
+        #[pin]
+        answered: F,
+        _open: Open,
+    }
+}
+
+impl<F: Future> Future for Answering<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.project().answered.poll(cx)
     }
 }
 
@@ -628,6 +898,32 @@ mod tests {
         let mut out = Vec::new();
         put_date_at(&mut out, now);
         String::from_utf8(out).expect("text")
+    }
+
+    /// The answer to a connection past the cap is a whole response: its
+    /// length is its body's.
+    #[test]
+    fn the_refusal_past_the_cap_is_a_whole_response() {
+        let mut lines = [httparse::EMPTY_HEADER; 8];
+        let mut res = httparse::Response::new(&mut lines);
+        let head = match res.parse(REFUSED) {
+            Ok(httparse::Status::Complete(n)) => n,
+            other => panic!("not a response head: {other:?}"),
+        };
+        assert_eq!(res.code, Some(503));
+        let length = res
+            .headers
+            .iter()
+            .find(|h| h.name == "content-length")
+            .map(|h| {
+                std::str::from_utf8(h.value)
+                    .expect("digits")
+                    .parse::<usize>()
+                    .expect("a length")
+            });
+        assert_eq!(length, Some(REFUSED.len() - head));
+        let body: serde_json::Value = serde_json::from_slice(&REFUSED[head..]).expect("JSON");
+        assert_eq!(body["status"], 503);
     }
 
     /// The cached date is the time's, to the second: it changes when the

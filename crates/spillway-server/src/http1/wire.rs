@@ -56,8 +56,6 @@ pub(crate) enum Framing {
     /// Chunked transfer coding: the body ends with its last chunk and
     /// trailers.
     Chunked,
-    /// Until the sender closes the connection (responses only).
-    Close,
 }
 
 /// Where a head ends: the index after its blank line, if it is all in `buf`.
@@ -81,19 +79,6 @@ fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
     haystack.iter().position(|&b| b == needle)
 }
 
-/// A request head, parsed: its parts (with the headers sharing `head`'s
-/// memory), how its body is framed, and whether the client keeps the
-/// connection open after it.
-#[derive(Debug)]
-pub(crate) struct RequestHead {
-    pub(crate) parts: Parts,
-    pub(crate) framing: Framing,
-    pub(crate) keep_alive: bool,
-    /// `Expect: 100-continue` was sent: the client waits for a `100
-    /// Continue` before sending the body.
-    pub(crate) expects_continue: bool,
-}
-
 /// A request head's line and what its headers say of the message, without
 /// the headers themselves (see [`parse_request_line`]).
 #[derive(Debug)]
@@ -108,8 +93,9 @@ pub(crate) struct RequestLine {
     pub(crate) expects_continue: bool,
 }
 
-/// Parses a complete request head (`head` ends with its blank line).
-pub(crate) fn parse_request(head: &Bytes) -> Result<RequestHead, WireError> {
+/// Parses a complete request head (`head` ends with its blank line) into
+/// its parts, the headers sharing `head`'s memory.
+pub(crate) fn parse_request(head: &Bytes) -> Result<Parts, WireError> {
     parse_head(head, |line, lines| {
         let uri = Uri::from_maybe_shared(line.target)
             .map_err(|_| WireError::Malformed("bad request target"))?;
@@ -118,12 +104,7 @@ pub(crate) fn parse_request(head: &Bytes) -> Result<RequestHead, WireError> {
         parts.uri = uri;
         parts.version = line.version;
         parts.headers = header_map(head, lines)?;
-        Ok(RequestHead {
-            parts,
-            framing: line.framing,
-            keep_alive: line.keep_alive,
-            expects_continue: line.expects_continue,
-        })
+        Ok(parts)
     })
 }
 
@@ -492,8 +473,12 @@ impl Chunked {
 mod tests {
     use super::*;
 
-    fn request(text: &str) -> Result<RequestHead, WireError> {
-        parse_request(&Bytes::copy_from_slice(text.as_bytes()))
+    fn request(text: &str) -> Result<RequestLine, WireError> {
+        parse_request_line(&Bytes::copy_from_slice(text.as_bytes()))
+    }
+
+    fn parts(text: &str) -> Parts {
+        parse_request(&Bytes::copy_from_slice(text.as_bytes())).unwrap()
     }
 
     #[test]
@@ -506,15 +491,15 @@ mod tests {
 
     #[test]
     fn a_request_head_becomes_parts_with_its_framing() {
-        let head = request(
-            "POST /a?b HTTP/1.1\r\nHost: x\r\nX-Tag: 1\r\nx-tag: 2\r\nContent-Length: 5\r\n\r\n",
-        )
-        .unwrap();
-        assert_eq!(head.parts.method, Method::POST);
-        assert_eq!(head.parts.uri, "/a?b");
-        assert_eq!(head.parts.version, Version::HTTP_11);
-        let tags: Vec<_> = head.parts.headers.get_all("x-tag").iter().collect();
+        let text =
+            "POST /a?b HTTP/1.1\r\nHost: x\r\nX-Tag: 1\r\nx-tag: 2\r\nContent-Length: 5\r\n\r\n";
+        let parts = parts(text);
+        assert_eq!(parts.method, Method::POST);
+        assert_eq!(parts.uri, "/a?b");
+        assert_eq!(parts.version, Version::HTTP_11);
+        let tags: Vec<_> = parts.headers.get_all("x-tag").iter().collect();
         assert_eq!(tags, ["1", "2"]);
+        let head = request(text).unwrap();
         assert_eq!(head.framing, Framing::Length(5));
         assert!(head.keep_alive);
         assert!(!head.expects_continue);

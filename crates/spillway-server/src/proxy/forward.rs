@@ -177,8 +177,9 @@ pub(crate) struct Forward<C> {
 
 /// How a [`Forward`] reaches the upstream.
 pub(crate) enum Sender<C> {
-    /// hyper-util's pooled client (HTTP/2 clients, custom connectors).
-    Pooled(Client<TimeoutConnector<C>, ProxyBody>),
+    /// hyper-util's pooled client (HTTP/2 clients, custom connectors); in
+    /// an `Arc`, as a `Forward` is cloned for every request.
+    Pooled(Arc<Client<TimeoutConnector<C>, ProxyBody>>),
     /// One client connection's own upstream connection (see
     /// [`relay`](super::relay)).
     Own(Arc<OwnUpstream>),

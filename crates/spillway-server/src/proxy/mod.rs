@@ -137,10 +137,21 @@ pub struct ProxyOptions {
     /// How request targets are normalized before the rules run (and
     /// forwarded so). Default: all on, encoded slashes kept.
     pub normalize: Normalize,
-    /// The longest a write to an HTTP/1.1 client may wait for it to read;
-    /// past it the connection is closed (and its upstream connection with
-    /// it). Default 30 s.
+    /// The longest a write to a client may wait for it to read; past it
+    /// the connection is closed (and its upstream connection with it).
+    /// Default 30 s, `[server] write_timeout` in the binary.
     pub write_timeout: Duration,
+    /// The longest a client may take to send a whole request head (idle
+    /// keep-alive time included), or the HTTP/2 preface. Default 30 s,
+    /// `[server] head_timeout` in the binary.
+    pub head_timeout: Duration,
+    /// How long an HTTP/2 client connection with no request open is kept.
+    /// Default 60 s, `[server] idle_timeout` in the binary.
+    pub idle_timeout: Duration,
+    /// The most client connections open at once; one more is answered 503
+    /// and closed. Default 10,000, `[server] max_connections` in the
+    /// binary (lowered to what the process may open).
+    pub max_connections: usize,
 }
 
 impl Default for ProxyOptions {
@@ -152,6 +163,9 @@ impl Default for ProxyOptions {
             pool_idle_timeout: Duration::from_secs(90),
             normalize: Normalize::default(),
             write_timeout: Duration::from_secs(30),
+            head_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
         }
     }
 }

@@ -38,7 +38,7 @@ use super::service::limit;
 use super::{Connector, HostHeader, Proxy, ProxyBody};
 use crate::engine::{Engine, Shared};
 use crate::http1::wire::{MAX_HEAD, MAX_HEADERS};
-use crate::http1::{self, Client, HEAD_TIMEOUT, Lifetime};
+use crate::http1::{self, Client, Lifetime, Timeouts};
 
 /// What every connection of one relay shares.
 pub(crate) struct Relay<C> {
@@ -49,6 +49,8 @@ pub(crate) struct Relay<C> {
     pub(crate) response_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) write_timeout: Duration,
+    /// The client connection's deadlines (the preface, HTTP/2's).
+    pub(crate) timeouts: Timeouts,
     /// For HTTP/2 clients.
     pub(crate) proxy: Proxy<C>,
 }
@@ -68,7 +70,7 @@ pub(crate) async fn serve<C: Connector>(
     peer: SocketAddr,
     life: Lifetime,
 ) {
-    let mut client = Client::new(stream, peer, life.closing);
+    let mut client = Client::with_timeouts(stream, peer, life.closing, relay.timeouts);
     match client.sniff().await {
         Ok(true) => {
             let proxy = relay.proxy.clone();
@@ -115,7 +117,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
+        .header_read_timeout(relay.timeouts.head)
         .max_headers(MAX_HEADERS)
         .max_header_size(MAX_HEAD);
     let io = WriteDeadline::new(io, relay.write_timeout);

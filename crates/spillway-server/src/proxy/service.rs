@@ -105,7 +105,7 @@ impl<C: Connector> Proxy<C> {
         Ok(Self {
             shared,
             forward: Forward {
-                send: Sender::Pooled(client),
+                send: Sender::Pooled(Arc::new(client)),
                 normalize: options.normalize,
                 upstream: Arc::new(upstream),
                 response_timeout: options.response_timeout,
@@ -170,6 +170,10 @@ impl<C: Connector> Proxy<C> {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        let accepting = http1::Accepting {
+            max_connections: crate::front::within_file_limit(self.options.max_connections),
+            ..http1::Accepting::default()
+        };
         let relay = Arc::new(Relay {
             shared: self.shared.clone(),
             upstream: self.forward.upstream.clone(),
@@ -178,9 +182,15 @@ impl<C: Connector> Proxy<C> {
             response_timeout: self.options.response_timeout,
             idle_timeout: self.options.pool_idle_timeout,
             write_timeout: self.options.write_timeout,
+            timeouts: http1::Timeouts {
+                head: self.options.head_timeout,
+                write: self.options.write_timeout,
+                idle: self.options.idle_timeout,
+                ..http1::Timeouts::default()
+            },
             proxy: self,
         });
-        http1::serve_connections(listener, shutdown, |stream, peer, life| {
+        http1::serve_connections_with(listener, shutdown, accepting, |stream, peer, life| {
             relay::serve(relay.clone(), stream, peer, life)
         })
         .await;

@@ -202,3 +202,23 @@ pub fn write_atomically(path: &std::path::Path, content: &str) {
     std::fs::write(&aside, content).expect("write");
     std::fs::rename(&aside, path).expect("rename");
 }
+
+/// The body of `GET path` once the service answers it 200 (it may refuse
+/// connections for a while), within 5 s.
+pub async fn eventually_answered(http: &Http, path: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let res = http
+            .client
+            .get(format!("{}{path}", http.base).parse().expect("a URI"))
+            .await;
+        if let Ok(res) = res
+            && res.status() == StatusCode::OK
+        {
+            let body = res.into_body().collect().await.expect("a body").to_bytes();
+            return String::from_utf8_lossy(&body).into_owned();
+        }
+        assert!(Instant::now() < deadline, "{path} never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
