@@ -118,6 +118,9 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(relay.timeouts.head)
+        // Heads and small bodies copied into one buffer, one write: cheaper
+        // than a vectored write of their pieces (measured).
+        .writev(false)
         .max_headers(MAX_HEADERS)
         .max_header_size(MAX_HEAD);
     let io = WriteDeadline::new(io, relay.write_timeout);
@@ -228,6 +231,7 @@ impl OwnUpstream {
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .writev(false)
             .max_headers(MAX_HEADERS)
             .max_header_size(MAX_HEAD)
             .handshake(TokioIo::new(stream))
