@@ -247,7 +247,9 @@ async fn check(upstream: &Strict, case: &[u8]) {
     let admitted = admitted.0.load(Ordering::Relaxed);
     // A request the rules admitted went to the upstream on a connection
     // (or failed to connect, which these tests' upstream never refuses).
-    let entries = upstream.settled_since(from, usize::from(admitted > 0)).await;
+    let entries = upstream
+        .settled_since(from, usize::from(admitted > 0))
+        .await;
     let parsed: Vec<Value> = entries
         .iter()
         .filter(|e| e["event"] == "request")

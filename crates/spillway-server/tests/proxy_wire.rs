@@ -1442,3 +1442,34 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
     );
     drop(client);
 }
+
+/// A client that sends half a head, or nothing after its last request, is
+/// closed once the head timeout (30 s by default) has passed, not held for
+/// good (on paused time: the clock runs ahead while everything waits).
+#[tokio::test(start_paused = true)]
+async fn slow_and_idle_clients_are_closed_after_the_head_timeout() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    let cases: [(&str, &[u8]); 3] = [
+        ("silent since it connected", b""),
+        ("half a head", b"GET /h HTTP/1.1\r\nHost: a\r\n"),
+        (
+            "idle after a request",
+            b"GET /h HTTP/1.1\r\nHost: a\r\n\r\n",
+        ),
+    ];
+    for (what, sent) in cases {
+        let mut stream = TcpStream::connect(proxy).await.expect("connect");
+        stream.write_all(sent).await.expect("write");
+        let started = tokio::time::Instant::now();
+        let mut got = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(120), stream.read_to_end(&mut got)).await;
+        let waited = started.elapsed();
+        assert!(read.is_ok(), "{what}: closed within 120 s");
+        assert!(
+            waited >= Duration::from_secs(29),
+            "{what}: closed after {waited:?}, before the 30 s"
+        );
+    }
+}
