@@ -163,8 +163,15 @@ impl Observer for Admitted {
     }
 }
 
+/// A proxy of one case, stopped when dropped (long runs start thousands).
+struct Running {
+    addr: std::net::SocketAddr,
+    admitted: Admitted,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
 /// Starts a proxy of its own in front of the strict upstream.
-async fn proxy(upstream: u16) -> (std::net::SocketAddr, Admitted) {
+async fn proxy(upstream: u16) -> Running {
     let admitted = Admitted::default();
     let config = Config::parse(CONFIG).expect("a valid config");
     let engine = Engine::build(config, None, None).await.expect("an engine");
@@ -174,14 +181,21 @@ async fn proxy(upstream: u16) -> (std::net::SocketAddr, Admitted) {
     let upstream = format!("http://127.0.0.1:{upstream}")
         .parse()
         .expect("a URL");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(serve_with(
         listener,
         upstream,
         Arc::new(Shared::new(engine)),
         ProxyOptions::default(),
-        std::future::pending(),
+        async move {
+            let _ = stopped.await;
+        },
     ));
-    (addr, admitted)
+    Running {
+        addr,
+        admitted,
+        _stop: stop,
+    }
 }
 
 /// The upstream's answers among the responses a client read: each one's
@@ -234,7 +248,8 @@ fn echoes(mut bytes: &[u8]) -> Vec<Value> {
 /// properties of the module docs.
 async fn check(upstream: &Strict, case: &[u8]) {
     let shown = String::from_utf8_lossy(case);
-    let (addr, admitted) = proxy(upstream.port).await;
+    let running = proxy(upstream.port).await;
+    let (addr, admitted) = (running.addr, running.admitted.clone());
     let from = upstream.len();
     let mut client = TcpStream::connect(addr).await.expect("connect");
     // The proxy may refuse and close before reading it all.

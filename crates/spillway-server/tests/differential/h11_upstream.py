@@ -51,7 +51,8 @@ def serve(sock, number):
                 body = json.dumps(seen).encode()
                 headers = [("content-length", str(len(body))), ("content-type", "application/json")]
                 sock.sendall(conn.send(h11.Response(status_code=200, headers=headers)))
-                sock.sendall(conn.send(h11.Data(data=body)))
+                if request.method != b"HEAD":
+                    sock.sendall(conn.send(h11.Data(data=body)))
                 sock.sendall(conn.send(h11.EndOfMessage()))
                 if conn.our_state is h11.MUST_CLOSE:
                     break
