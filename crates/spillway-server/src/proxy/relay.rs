@@ -35,31 +35,18 @@ use tower::ServiceExt;
 use super::error::ForwardError;
 use super::forward::{Forward, Sender, Upstream};
 use super::service::limit;
-use super::{Connector, HostHeader, Proxy, ProxyBody};
-use crate::engine::{Engine, Shared};
+use super::{Connector, Proxy, ProxyBody};
 use crate::http1::wire::{MAX_HEAD, MAX_HEADERS};
 use crate::http1::{self, Client, Lifetime, Timeouts};
 
 /// What every connection of one relay shares.
 pub(crate) struct Relay<C> {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) upstream: Arc<Upstream>,
-    pub(crate) host: HostHeader,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) response_timeout: Duration,
-    pub(crate) idle_timeout: Duration,
-    pub(crate) write_timeout: Duration,
-    /// The client connection's deadlines (the preface, HTTP/2's).
+    /// The client connections' deadlines (`head` for heads and the
+    /// HTTP/2 preface, `write` for every write, HTTP/2's `idle`).
     pub(crate) timeouts: Timeouts,
-    /// For HTTP/2 clients.
+    /// The rules, the options, and the forwarding every connection's own
+    /// is made from; HTTP/2 clients are served by it whole.
     pub(crate) proxy: Proxy<C>,
-}
-
-/// Whether `peer` is one of the policy's trusted proxies. An IPv4 peer on
-/// a dual-stack socket (`::ffff:a.b.c.d`) is compared as the IPv4 address
-/// it is.
-pub(crate) fn is_trusted(engine: &Engine, peer: &SocketAddr) -> bool {
-    engine.layer.policy().client_settings().trusts(peer.ip())
 }
 
 /// Serves one client connection until it closes, fails, or the server
@@ -94,23 +81,22 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     let peer = client.peer;
     let (io, mut closing) = client.into_io();
     let (made, mut new_conns) = mpsc::unbounded_channel();
+    let proxy = &relay.proxy;
     let own = Arc::new(OwnUpstream {
         hop: super::headers::hop_of(peer.ip()),
         kept: Mutex::new(None),
         made,
-        upstream: relay.upstream.clone(),
-        connect_timeout: relay.connect_timeout,
-        idle_timeout: relay.idle_timeout,
+        upstream: proxy.forward.upstream.clone(),
+        connect_timeout: proxy.options.connect_timeout,
+        idle_timeout: proxy.options.pool_idle_timeout,
     });
-    // In an `Arc`, so that the service is `Unpin` whatever the connector.
+    // The proxy's forwarding, over this connection's own upstream. In an
+    // `Arc`, so that the service is `Unpin` whatever the connector.
     let forward = Arc::new(Forward {
         send: Sender::<C>::Own(own),
-        normalize: relay.proxy.options.normalize,
-        upstream: relay.upstream.clone(),
-        response_timeout: relay.response_timeout,
-        host: relay.host,
+        ..proxy.forward.clone()
     });
-    let shared = relay.shared.clone();
+    let shared = proxy.shared.clone();
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(ClientAddr(peer));
         limit(&shared, Forward::clone(&forward), req)
@@ -123,7 +109,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         .writev(false)
         .max_headers(MAX_HEADERS)
         .max_header_size(MAX_HEAD);
-    let io = WriteDeadline::new(io, relay.write_timeout);
+    let io = WriteDeadline::new(io, relay.timeouts.write);
     let mut conn = http.serve_connection(TokioIo::new(io), service);
     // The upstream connections this one has made; finished ones go.
     let mut ups: Vec<UpConn> = Vec::new();

@@ -40,8 +40,8 @@ pub type ProxyResponse = Response<ResponseBody<ProxyBody>>;
 /// [`ClientAddr`] extension ([`run`](Proxy::run) inserts it): without it
 /// the limiter has no IP to key by and `X-Forwarded-For` gets no hop.
 pub struct Proxy<C = HttpConnector> {
-    shared: Arc<Shared>,
-    forward: Forward<C>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) forward: Forward<C>,
     pub(crate) options: ProxyOptions,
     // Made by `new`: HTTP/1 clients are served by the relay, which opens
     // its own TCP connections (a custom connector keeps hyper's path).
@@ -175,13 +175,6 @@ impl<C: Connector> Proxy<C> {
             ..http1::Accepting::default()
         };
         let relay = Arc::new(Relay {
-            shared: self.shared.clone(),
-            upstream: self.forward.upstream.clone(),
-            host: self.forward.host,
-            connect_timeout: self.options.connect_timeout,
-            response_timeout: self.options.response_timeout,
-            idle_timeout: self.options.pool_idle_timeout,
-            write_timeout: self.options.write_timeout,
             timeouts: http1::Timeouts {
                 head: self.options.head_timeout,
                 write: self.options.write_timeout,
@@ -266,7 +259,7 @@ where
     let trusted = parts
         .extensions
         .get::<ClientAddr>()
-        .is_some_and(|ClientAddr(peer)| relay::is_trusted(&engine, peer));
+        .is_some_and(|ClientAddr(peer)| engine.layer.policy().client_settings().trusts(peer.ip()));
     if trusted {
         parts.extensions.insert(TrustedPeer);
     }
