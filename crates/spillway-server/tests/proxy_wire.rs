@@ -1473,3 +1473,23 @@ async fn slow_and_idle_clients_are_closed_after_the_head_timeout() {
         );
     }
 }
+
+/// From a trusted proxy in front, `Connection: x-forwarded-for,
+/// x-forwarded-proto` once erased the chain and the scheme that proxy
+/// wrote: the upstream then took this proxy for the client.
+#[tokio::test]
+async fn connection_from_a_trusted_peer_cannot_erase_the_forwarding_chain() {
+    let upstream = RawUpstream::echo().await;
+    let config = format!("[clients]\ntrusted_proxies = [\"127.0.0.1\"]\n{GENEROUS}");
+    let proxy = start_proxy(&config, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    let request = b"GET /t HTTP/1.1\r\nHost: spillway.test\r\nConnection: x-forwarded-for, x-forwarded-proto\r\nX-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\n\r\n";
+    assert_eq!(client.exchange(request).await.status, 200);
+    let seen = upstream.seen();
+    let headers = &seen[0].request.headers;
+    assert_eq!(
+        headers.list("x-forwarded-for"),
+        ["203.0.113.9", "127.0.0.1"]
+    );
+    assert_eq!(headers.all("x-forwarded-proto"), ["https"]);
+}
