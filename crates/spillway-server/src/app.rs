@@ -23,12 +23,14 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use spillway::Decision;
-use spillway::store::{Check, RuleId, Store, StoreError as _};
+use spillway::store::{Check, RuleId, Store};
 use spillway_redis::OnError;
-use spillway_tower::{Action, ClientAddr, Decided, Outcome, RuleDecision, Verdict};
+use spillway_tower::problem::{PROBLEM_JSON, Problem};
+use spillway_tower::{
+    Asking, ClientAddr, Engine as TowerEngine, Outcome, RateLimitFields, Reported, Ruling,
+};
 
-use crate::engine::Engine;
+use crate::engine::{AnyStore, Engine};
 use crate::metrics::InFlightLayer;
 use crate::server::State;
 
@@ -98,16 +100,16 @@ pub(crate) fn routes(state: State) -> Router {
 // ---- answers -----------------------------------------------------------
 
 /// An answer of the API before it is written: by axum (as a [`Response`])
-/// or by the HTTP/1.1 server of `spillway serve` (`crate::front`), which
-/// writes it straight into the response's bytes.
+/// or by the HTTP/1.1 server of `spillway serve` (`crate::front`). Its
+/// headers are data; each server renders them.
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) content_type: &'static str,
-    /// The headers besides `Content-Type` (rate-limit headers,
-    /// `Retry-After`), as HTTP/1.1 header lines (`name: value` and CRLF):
-    /// the HTTP/1.1 server copies them straight into the response head.
-    pub(crate) lines: Vec<u8>,
+    /// The rate-limit fields of a decision.
+    pub(crate) fields: RateLimitFields,
+    /// Any other header (`Retry-After`, `WWW-Authenticate`).
+    pub(crate) other: Option<(HeaderName, HeaderValue)>,
     pub(crate) body: Vec<u8>,
 }
 
@@ -121,7 +123,8 @@ impl Answer {
         Self {
             status,
             content_type: "application/json",
-            lines: Vec::new(),
+            fields: RateLimitFields::default(),
+            other: None,
             body,
         }
     }
@@ -130,10 +133,19 @@ impl Answer {
     pub(crate) fn problem(status: StatusCode, detail: impl Into<String>) -> Self {
         Self {
             status,
-            content_type: "application/problem+json",
-            lines: Vec::new(),
-            body: crate::http1::problem_json(status, &detail.into()).into_bytes(),
+            content_type: PROBLEM_JSON,
+            fields: RateLimitFields::default(),
+            other: None,
+            body: Problem::new(status, &detail.into())
+                .into_json()
+                .into_bytes(),
         }
+    }
+
+    /// The headers besides `Content-Type`, in the order they are sent.
+    pub(crate) fn headers(&self) -> impl Iterator<Item = (HeaderName, &[u8])> {
+        let other = self.other.iter().map(|(n, v)| (n.clone(), v.as_bytes()));
+        self.fields.iter().chain(other)
     }
 }
 
@@ -142,18 +154,9 @@ impl IntoResponse for Answer {
         let mut res = (self.status, self.body).into_response();
         let headers = res.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(self.content_type));
-        for line in self.lines.split(|&b| b == b'\n') {
-            let line = line.trim_ascii_end();
-            let Some(colon) = line.iter().position(|&b| b == b':') else {
-                continue;
-            };
-            let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii_start());
-            // Lines we wrote ourselves: valid names and values.
-            if let (Ok(name), Ok(value)) =
-                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-            {
-                headers.append(name, value);
-            }
+        self.fields.write_to(headers);
+        if let Some((name, value)) = self.other {
+            headers.insert(name, value);
         }
         res
     }
@@ -170,13 +173,8 @@ fn bad_request(detail: impl Into<String>) -> Answer {
 
 fn unavailable(detail: impl Into<String>) -> Answer {
     let mut answer = Answer::problem(StatusCode::SERVICE_UNAVAILABLE, detail);
-    put_header(&mut answer.lines, &RETRY_AFTER, b"1");
+    answer.other = Some((RETRY_AFTER, HeaderValue::from(1u64)));
     answer
-}
-
-/// Appends a header line (`name: value` and CRLF) to an answer's lines.
-fn put_header(lines: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
-    crate::http1::wire::put_header(lines, name.as_str().as_bytes(), value);
 }
 
 fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
@@ -332,7 +330,7 @@ async fn check(
         _ => None,
     };
     if let Err(refused) = check_authorized(&state, authorization) {
-        return refused.into_response();
+        return (*refused).into_response();
     }
     match body {
         Ok(body) => check_answer(&state, &body).await.into_response(),
@@ -357,7 +355,10 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 /// the time taken tells neither a token's bytes nor which one matched.
 /// `Err` is the 401 to answer. Both servers call this before the body is
 /// looked at: the HTTP/1.1 fast path (`crate::front`) and the router.
-pub(crate) fn check_authorized(state: &State, authorization: Option<&[u8]>) -> Result<(), Answer> {
+pub(crate) fn check_authorized(
+    state: &State,
+    authorization: Option<&[u8]>,
+) -> Result<(), Box<Answer>> {
     let engine = state.shared.engine();
     let tokens = &engine.config.server.check_tokens;
     if tokens.is_empty() {
@@ -376,12 +377,11 @@ pub(crate) fn check_authorized(state: &State, authorization: Option<&[u8]>) -> R
         StatusCode::UNAUTHORIZED,
         "`POST /v1/check` needs `Authorization: Bearer <token>`, one of `[server] check_tokens`.",
     );
-    put_header(
-        &mut refused.lines,
-        &WWW_AUTHENTICATE,
-        b"Bearer realm=\"spillway-check\"",
-    );
-    Err(refused)
+    refused.other = Some((
+        WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"spillway-check\""),
+    ));
+    Err(Box::new(refused))
 }
 
 /// Whether a request to `POST /v1/check` must say who it is (check tokens
@@ -411,7 +411,7 @@ pub(crate) async fn check_answer(state: &State, body: &[u8]) -> Answer {
     };
     let engine = state.shared.engine();
     match check {
-        CheckKind::Rule(c) => check_rule(state, &engine, c).await,
+        CheckKind::Rule(c) => check_rule(&engine, c).await,
         CheckKind::Request(c) => check_request(&engine, c).await,
     }
 }
@@ -450,10 +450,11 @@ fn rule_index(engine: &Engine, rule: &str) -> Option<usize> {
         .position(|r| r.name() == rule)
 }
 
-async fn check_rule(state: &State, engine: &Engine, c: RuleCheck<'_>) -> Answer {
-    let Some(index) = rule_index(engine, &c.rule) else {
+async fn check_rule(engine: &Engine, c: RuleCheck<'_>) -> Answer {
+    let engine = engine.layer.engine();
+    if !engine.policy().rules().iter().any(|r| r.name() == c.rule) {
         return bad_request(format!("Unknown rule `{}`.", c.rule));
-    };
+    }
     let cost = match &c.cost {
         None => 1,
         Some(n) => match n.as_u64() {
@@ -473,97 +474,14 @@ async fn check_rule(state: &State, engine: &Engine, c: RuleCheck<'_>) -> Answer 
             c.key.len()
         ));
     }
-    let policy = engine.layer.policy();
-    let id = match &c.tier {
-        None => policy.rule_id(index, None),
-        Some(tier) => {
-            let known = policy.rules().iter().any(|r| r.tiers().any(|t| t == tier));
-            if !known {
-                return bad_request(format!(
-                    "Unknown tier `{tier}`: no rule has a quota for it."
-                ));
-            }
-            // A known tier this rule has no quota for is counted under the
-            // rule's default quota, as the middleware does.
-            policy.rule_id(index, Some(tier))
-        }
+    let charge = match engine.charge_named(&c.rule, c.tier.as_deref(), c.key.into_owned(), cost) {
+        Ok(charge) => charge,
+        Err(message) => return bad_request(message),
     };
-    let used_tier = c
-        .tier
-        .as_deref()
-        .filter(|_| id != policy.rule_id(index, None));
-    let rule = &policy.rules()[index];
-    let checks = [Check {
-        rule: id,
-        key: &c.key,
-        cost,
-    }];
-    let decision = match engine.store().check(&checks).await {
-        Ok(verdict) => verdict.decisions[0],
-        Err(e) => {
-            state.metrics.decision(rule.name(), Outcome::Error);
-            return match e.invalid_request() {
-                Some(spillway::Error::CostTooLarge { source, .. }) => bad_request(format!(
-                    "A cost of {} can never be admitted by rule `{}`, whose capacity is {}.",
-                    source.cost, c.rule, source.capacity
-                )),
-                Some(other) => bad_request(other.to_string()),
-                None => {
-                    tracing::warn!(error = %e, "rate limit store unavailable");
-                    unavailable("The rate limiter cannot reach its store; try again shortly.")
-                }
-            };
-        }
-    };
-    let action = rule.on_deny();
-    let (verdict, outcome) = if decision.allowed {
-        (
-            Verdict::Admitted {
-                delay: decision.delay,
-                limited: Vec::new(),
-                shadowed: Vec::new(),
-            },
-            Outcome::Allowed,
-        )
-    } else {
-        match action {
-            Action::Reject => (
-                Verdict::Rejected {
-                    rule: c.rule.to_string(),
-                    retry_after: decision.retry_after.unwrap_or(Duration::from_secs(1)),
-                },
-                Outcome::Rejected,
-            ),
-            Action::Shadow => (
-                Verdict::Admitted {
-                    delay: Duration::ZERO,
-                    limited: Vec::new(),
-                    shadowed: vec![c.rule.to_string()],
-                },
-                Outcome::Shadowed,
-            ),
-            Action::Degrade => (
-                Verdict::Admitted {
-                    delay: Duration::ZERO,
-                    limited: vec![c.rule.to_string()],
-                    shadowed: Vec::new(),
-                },
-                Outcome::Degraded,
-            ),
-        }
-    };
-    state.metrics.decision(rule.name(), outcome);
-    let mut lines = Vec::with_capacity(192);
-    policy.write_decision_header_lines(index, used_tier, &decision, &mut lines);
-    let view = RuleView {
-        rule: &c.rule,
-        tier: used_tier,
-        key: &c.key,
-        cost,
-        action,
-        decision: &decision,
-    };
-    decision_response(&verdict, [view], lines)
+    let ruling = engine
+        .decide(smallvec::smallvec![charge], Asking::default())
+        .await;
+    decision_response(engine, &ruling)
 }
 
 async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
@@ -617,61 +535,23 @@ async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
     if let Some(addr) = peer {
         parts.extensions.insert(ClientAddr(addr));
     }
-    let Decided {
-        verdict,
-        rules,
-        headers,
-        ..
-    } = engine.layer.decide(&parts).await;
-    match &verdict {
-        Verdict::BadRequest(message) => bad_request(message.clone()),
-        Verdict::Unavailable(_) => {
-            unavailable("The rate limiter cannot reach its store; try again shortly.")
-        }
-        _ => {
-            let mut lines = Vec::with_capacity(256);
-            for (name, value) in &headers {
-                put_header(&mut lines, name, value.as_bytes());
-            }
-            decision_response(&verdict, rules.iter().map(RuleView::from), lines)
-        }
-    }
+    let engine = engine.layer.engine();
+    let ruling = engine.decide_parts(&parts).await;
+    decision_response(engine, &ruling)
 }
 
-/// One rule's decision, as the answer of `/v1/check` reports it.
-struct RuleView<'a> {
-    rule: &'a str,
-    tier: Option<&'a str>,
-    key: &'a str,
-    cost: u64,
-    action: Action,
-    decision: &'a Decision,
-}
-
-impl<'a> From<&'a RuleDecision> for RuleView<'a> {
-    fn from(r: &'a RuleDecision) -> Self {
-        Self {
-            rule: &r.rule,
-            tier: r.tier.as_deref(),
-            key: &r.key,
-            cost: r.cost,
-            action: r.action,
-            decision: &r.decision,
-        }
-    }
-}
-
-/// The 200 answer of `/v1/check`: the verdict, every rule's decision, and
-/// the rate-limit headers the middleware would have sent (as header
-/// `lines`). The JSON (see
+/// The answer of `/v1/check` on a ruling: a 400 or a 503 when it could
+/// not be decided; otherwise 200 with the outcome, every rule's decision,
+/// and the rate-limit fields the middleware would have sent. The JSON (see
 /// docs/openapi.json) is written field by field, in the documented order.
-fn decision_response<'a>(
-    verdict: &Verdict,
-    rules: impl IntoIterator<Item = RuleView<'a>>,
-    lines: Vec<u8>,
-) -> Answer {
-    let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match verdict {
-        Verdict::Rejected { rule, retry_after } => (
+fn decision_response(engine: &TowerEngine<AnyStore>, ruling: &Ruling) -> Answer {
+    let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match ruling.outcome()
+    {
+        Outcome::BadRequest(message) => return bad_request(message.clone()),
+        Outcome::Unavailable(_) => {
+            return unavailable("The rate limiter cannot reach its store; try again shortly.");
+        }
+        Outcome::Rejected { rule, retry_after } => (
             false,
             429,
             Some(rule.as_str()),
@@ -680,7 +560,7 @@ fn decision_response<'a>(
             &[][..],
             &[][..],
         ),
-        Verdict::Admitted {
+        Outcome::Admitted {
             delay,
             limited,
             shadowed,
@@ -693,56 +573,93 @@ fn decision_response<'a>(
             limited.as_slice(),
             shadowed.as_slice(),
         ),
-        _ => (true, 200, None, None, 0, &[][..], &[][..]),
+        Outcome::Unlimited => (true, 200, None, None, 0, &[][..], &[][..]),
     };
-    let mut out = Json(Vec::with_capacity(512));
-    out.raw("{\"allowed\":");
-    out.bool(allowed);
-    out.raw(",\"status\":");
-    out.u64(status);
-    out.raw(",\"denied_by\":");
-    out.opt_str(denied_by);
-    out.raw(",\"retry_after_ms\":");
-    out.opt_u64(retry_after);
-    out.raw(",\"delay_ms\":");
-    out.u64(delay);
-    out.raw(",\"limited\":");
-    out.strs(limited);
-    out.raw(",\"shadowed\":");
-    out.strs(shadowed);
-    out.raw(",\"rules\":[");
-    for (i, r) in rules.into_iter().enumerate() {
-        let d = r.decision;
-        out.raw(if i == 0 { "{\"rule\":" } else { ",{\"rule\":" });
-        out.str(r.rule);
-        out.raw(",\"tier\":");
-        out.opt_str(r.tier);
-        out.raw(",\"key\":");
-        out.str(r.key);
-        out.raw(",\"cost\":");
-        out.u64(r.cost);
-        out.raw(",\"action\":");
-        out.str(r.action.name());
-        out.raw(",\"allowed\":");
-        out.bool(d.allowed);
-        out.raw(",\"limit\":");
-        out.u64(d.limit);
-        out.raw(",\"remaining\":");
-        out.u64(d.remaining);
-        out.raw(",\"reset_after_ms\":");
-        out.u64(ms(d.reset_after));
-        out.raw(",\"retry_after_ms\":");
-        out.opt_u64(d.retry_after.map(ms));
-        out.raw(",\"delay_ms\":");
-        out.u64(ms(d.delay));
-        out.raw("}");
-    }
-    out.raw("]}");
+    let json = DecisionJson {
+        allowed,
+        status,
+        denied_by,
+        retry_after,
+        delay,
+        limited,
+        shadowed,
+    };
     Answer {
         status: StatusCode::OK,
         content_type: "application/json",
-        lines,
-        body: out.0,
+        fields: engine.fields(ruling),
+        other: None,
+        body: json.write(engine.report(ruling)),
+    }
+}
+
+/// The outcome's part of a 200 answer of `/v1/check`.
+struct DecisionJson<'a> {
+    allowed: bool,
+    status: u64,
+    denied_by: Option<&'a str>,
+    retry_after: Option<u64>,
+    delay: u64,
+    limited: &'a [String],
+    shadowed: &'a [String],
+}
+
+impl DecisionJson<'_> {
+    /// The body, with `rules`' decisions.
+    fn write<'r>(&self, rules: impl Iterator<Item = Reported<'r>>) -> Vec<u8> {
+        let Self {
+            allowed,
+            status,
+            denied_by,
+            retry_after,
+            delay,
+            limited,
+            shadowed,
+        } = *self;
+        let mut out = Json(Vec::with_capacity(512));
+        out.raw("{\"allowed\":");
+        out.bool(allowed);
+        out.raw(",\"status\":");
+        out.u64(status);
+        out.raw(",\"denied_by\":");
+        out.opt_str(denied_by);
+        out.raw(",\"retry_after_ms\":");
+        out.opt_u64(retry_after);
+        out.raw(",\"delay_ms\":");
+        out.u64(delay);
+        out.raw(",\"limited\":");
+        out.strs(limited);
+        out.raw(",\"shadowed\":");
+        out.strs(shadowed);
+        out.raw(",\"rules\":[");
+        for (i, r) in rules.enumerate() {
+            let d = r.decision;
+            out.raw(if i == 0 { "{\"rule\":" } else { ",{\"rule\":" });
+            out.str(r.rule);
+            out.raw(",\"tier\":");
+            out.opt_str(r.tier);
+            out.raw(",\"key\":");
+            out.str(r.key);
+            out.raw(",\"cost\":");
+            out.u64(r.cost);
+            out.raw(",\"action\":");
+            out.str(r.action.name());
+            out.raw(",\"allowed\":");
+            out.bool(d.allowed);
+            out.raw(",\"limit\":");
+            out.u64(d.limit);
+            out.raw(",\"remaining\":");
+            out.u64(d.remaining);
+            out.raw(",\"reset_after_ms\":");
+            out.u64(ms(d.reset_after));
+            out.raw(",\"retry_after_ms\":");
+            out.opt_u64(d.retry_after.map(ms));
+            out.raw(",\"delay_ms\":");
+            out.u64(ms(d.delay));
+            out.raw("}");
+        }
+        out.raw("]}");
+        out.0
     }
 }
 
@@ -1034,7 +951,46 @@ async fn admin_reset(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use spillway::Decision;
+    use spillway_tower::Action;
+
     use super::*;
+
+    /// The JSON of an outcome, as [`decision_response`] writes it.
+    fn decision_json<'r>(
+        outcome: &Outcome,
+        rules: impl IntoIterator<Item = Reported<'r>>,
+    ) -> Vec<u8> {
+        let none: &[String] = &[];
+        let json = match outcome {
+            Outcome::Rejected { rule, retry_after } => DecisionJson {
+                allowed: false,
+                status: 429,
+                denied_by: Some(rule),
+                retry_after: Some(ms(*retry_after)),
+                delay: 0,
+                limited: none,
+                shadowed: none,
+            },
+            Outcome::Admitted {
+                delay,
+                limited,
+                shadowed,
+            } => DecisionJson {
+                allowed: true,
+                status: 200,
+                denied_by: None,
+                retry_after: None,
+                delay: ms(*delay),
+                limited,
+                shadowed,
+            },
+            _ => unreachable!("a decided outcome"),
+        };
+        json.write(rules.into_iter())
+    }
 
     /// The hand-written JSON of a decision reads back as the documented
     /// fields, whatever the strings hold.
@@ -1050,7 +1006,7 @@ mod tests {
         };
         let odd = "a \"quoted\" key\\ with\nnewline, tab\t, \u{1} and é ✓";
         let rules = [
-            RuleView {
+            Reported {
                 rule: "plain",
                 tier: None,
                 key: odd,
@@ -1058,7 +1014,7 @@ mod tests {
                 action: Action::Reject,
                 decision: &decision,
             },
-            RuleView {
+            Reported {
                 rule: "second",
                 tier: Some("pro"),
                 key: "k",
@@ -1067,12 +1023,12 @@ mod tests {
                 decision: &decision,
             },
         ];
-        let verdict = Verdict::Rejected {
+        let rejected = Outcome::Rejected {
             rule: "plain".to_string(),
             retry_after: Duration::from_millis(2),
         };
-        let answer = decision_response(&verdict, rules, Vec::new());
-        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("valid JSON");
+        let body = decision_json(&rejected, rules);
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
         let rule = |name: &str, tier: Option<&str>, key: &str, cost: u64, action: &str| {
             json!({
                 "rule": name, "tier": tier, "key": key, "cost": cost, "action": action,
@@ -1089,13 +1045,13 @@ mod tests {
             ],
         });
         assert_eq!(body, expected);
-        let admitted = Verdict::Admitted {
+        let admitted = Outcome::Admitted {
             delay: Duration::from_micros(1),
             limited: vec!["x\"y".to_string(), "z".to_string()],
             shadowed: vec!["w".to_string()],
         };
-        let answer = decision_response(&admitted, [], Vec::new());
-        let body: serde_json::Value = serde_json::from_slice(&answer.body).expect("valid JSON");
+        let body = decision_json(&admitted, []);
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
         let expected = json!({
             "allowed": true, "status": 200, "denied_by": null, "retry_after_ms": null,
             "delay_ms": 1, "limited": ["x\"y", "z"], "shadowed": ["w"], "rules": [],

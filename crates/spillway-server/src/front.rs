@@ -227,12 +227,13 @@ impl Conn {
                     };
                     answer
                 }
-                Err(refused) => refused,
+                Err(refused) => *refused,
             };
             let no_headers = http::HeaderMap::new();
+            let more: smallvec::SmallVec<[_; 8]> = answer.headers().collect();
             let res = Whole {
                 content_type: Some(answer.content_type),
-                lines: &answer.lines,
+                more: &more,
                 ..Whole::new(answer.status, &no_headers, &answer.body)
             };
             self.client.respond(&res, reply).await?;

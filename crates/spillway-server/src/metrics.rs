@@ -36,7 +36,7 @@ use prometheus_client::registry::Registry;
 use spillway::Decision;
 use spillway::store::{RuleId, Store};
 use spillway_redis::{Error as StoreError, Stats};
-use spillway_tower::{Observer, Outcome};
+use spillway_tower::{Observer, RuleOutcome};
 
 use crate::engine::{Engine, StoreObserver};
 
@@ -59,26 +59,26 @@ struct ResultLabels {
     result: &'static str,
 }
 
-const OUTCOMES: [Outcome; 5] = [
-    Outcome::Allowed,
-    Outcome::Rejected,
-    Outcome::Shadowed,
-    Outcome::Degraded,
-    Outcome::Error,
+const OUTCOMES: [RuleOutcome; 5] = [
+    RuleOutcome::Allowed,
+    RuleOutcome::Rejected,
+    RuleOutcome::Shadowed,
+    RuleOutcome::Degraded,
+    RuleOutcome::Error,
 ];
 
 /// The label value of an outcome.
-pub fn outcome_name(outcome: Outcome) -> &'static str {
+pub fn outcome_name(outcome: RuleOutcome) -> &'static str {
     match outcome {
-        Outcome::Allowed => "allowed",
-        Outcome::Rejected => "rejected",
-        Outcome::Shadowed => "shadowed",
-        Outcome::Degraded => "degraded",
-        Outcome::Error => "error",
+        RuleOutcome::Allowed => "allowed",
+        RuleOutcome::Rejected => "rejected",
+        RuleOutcome::Shadowed => "shadowed",
+        RuleOutcome::Degraded => "degraded",
+        RuleOutcome::Error => "error",
     }
 }
 
-fn outcome_index(outcome: Outcome) -> usize {
+fn outcome_index(outcome: RuleOutcome) -> usize {
     OUTCOMES
         .iter()
         .position(|o| *o == outcome)
@@ -186,7 +186,7 @@ impl Metrics {
     }
 
     /// Counts one rule's decision on one request.
-    pub fn decision(&self, rule: &str, outcome: Outcome) {
+    pub fn decision(&self, rule: &str, outcome: RuleOutcome) {
         let i = outcome_index(outcome);
         if let Some(counters) = self
             .by_rule
@@ -284,7 +284,7 @@ impl StoreObserver for Metrics {
 pub struct DecisionObserver(pub Arc<Metrics>);
 
 impl Observer for DecisionObserver {
-    fn observe(&self, rule: &str, outcome: Outcome, _decision: Option<&Decision>) {
+    fn observe(&self, rule: &str, outcome: RuleOutcome, _decision: Option<&Decision>) {
         self.0.decision(rule, outcome);
     }
 }

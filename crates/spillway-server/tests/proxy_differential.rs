@@ -38,7 +38,7 @@ use spillway::Decision;
 use spillway_server::config::Config;
 use spillway_server::engine::{Engine, Shared};
 use spillway_server::proxy::{ProxyOptions, serve_with};
-use spillway_tower::{Observer, Outcome};
+use spillway_tower::{Observer, RuleOutcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -156,8 +156,8 @@ impl Drop for Strict {
 struct Admitted(Arc<AtomicUsize>);
 
 impl Observer for Admitted {
-    fn observe(&self, _rule: &str, outcome: Outcome, _: Option<&Decision>) {
-        if outcome == Outcome::Allowed {
+    fn observe(&self, _rule: &str, outcome: RuleOutcome, _: Option<&Decision>) {
+        if outcome == RuleOutcome::Allowed {
             self.0.fetch_add(1, Ordering::Relaxed);
         }
     }

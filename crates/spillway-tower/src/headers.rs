@@ -2,14 +2,13 @@
 //! `RateLimit-Policy` and `RateLimit`, serialized as structured fields
 //! (RFC 9651) with the `sfv` crate.
 
+use std::ops::Range;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sfv::StringRef;
 use spillway::{Algorithm, Decision, Quota};
-
-use crate::rules::{HeaderOptions, ResetFormat};
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -21,6 +20,37 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Which headers to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderOptions {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    pub legacy: bool,
+    /// The IETF draft fields `RateLimit-Policy` and `RateLimit`.
+    pub ietf: bool,
+    /// How `X-RateLimit-Reset` is written.
+    pub reset: ResetFormat,
+}
+
+impl Default for HeaderOptions {
+    fn default() -> Self {
+        Self {
+            legacy: true,
+            ietf: true,
+            reset: ResetFormat::Unix,
+        }
+    }
+}
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResetFormat {
+    /// Unix time in seconds at which the quota is back to full (like GitHub).
+    #[default]
+    Unix,
+    /// Seconds from now.
+    Delta,
+}
 
 /// Whole seconds, rounded up: a client that waits this long is never early.
 pub fn ceil_secs(d: Duration) -> u64 {
@@ -118,129 +148,50 @@ fn push_param(out: &mut BytesMut, key: &str, value: u64) {
     out.extend_from_slice(buf.format(value.min(999_999_999_999_999)).as_bytes());
 }
 
-/// Writes the headers for the rules that applied; `restrictive` is the one
-/// `X-RateLimit-*` and `RateLimit` describe. Each rule's name comes
-/// pre-serialized (see [`sf_name`]): this runs on every response, so it
-/// builds each header value in one string.
-pub(crate) fn write(
-    headers: &mut HeaderMap,
-    options: &HeaderOptions,
-    applied: &[Applied<'_>],
-    restrictive: usize,
-) {
-    let Some(made) = Made::new(options, applied, restrictive) else {
-        return;
-    };
-    let Made {
-        values,
-        limit,
-        remaining,
-        reset,
-        policy,
-        current,
-    } = made;
-    headers.reserve(5);
-    // The values made for this response share one buffer (one allocation
-    // rather than three); each header gets a slice of it.
-    let values = values.freeze();
-    let value =
-        |range: std::ops::Range<usize>| HeaderValue::from_maybe_shared(values.slice(range)).ok();
-    if let Some(limit) = limit {
-        let limit = match limit {
-            Limit::Made(v) => v,
-            Limit::Number(n) => HeaderValue::from(n),
-        };
-        headers.insert(X_RATELIMIT_LIMIT, limit);
-    }
-    if let Some(v) = remaining.and_then(value) {
-        headers.insert(X_RATELIMIT_REMAINING, v);
-    }
-    if let Some(v) = reset.and_then(value) {
-        headers.insert(X_RATELIMIT_RESET, v);
-    }
-    let policy = policy.and_then(|p| match p {
-        Policy::Made(v) => Some(v),
-        Policy::Range(range) => value(range),
-    });
-    if let Some(v) = policy {
-        headers.insert(RATELIMIT_POLICY, v);
-    }
-    if let Some(v) = current.and_then(value) {
-        headers.insert(RATELIMIT, v);
-    }
-}
-
-/// Writes the same headers as [`write`] as HTTP/1.1 header lines
-/// (`name: value` and CRLF), for a server that writes its responses as
-/// bytes.
-pub(crate) fn write_lines(
-    out: &mut Vec<u8>,
-    options: &HeaderOptions,
-    applied: &[Applied<'_>],
-    restrictive: usize,
-) {
-    let Some(made) = Made::new(options, applied, restrictive) else {
-        return;
-    };
-    let mut line = |name: &HeaderName, value: &[u8]| {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    };
-    let values = &made.values[..];
-    if let Some(limit) = &made.limit {
-        match limit {
-            Limit::Made(v) => line(&X_RATELIMIT_LIMIT, v.as_bytes()),
-            Limit::Number(n) => line(
-                &X_RATELIMIT_LIMIT,
-                itoa::Buffer::new().format(*n).as_bytes(),
-            ),
-        }
-    }
-    if let Some(range) = made.remaining {
-        line(&X_RATELIMIT_REMAINING, &values[range]);
-    }
-    if let Some(range) = made.reset {
-        line(&X_RATELIMIT_RESET, &values[range]);
-    }
-    match &made.policy {
-        Some(Policy::Made(v)) => line(&RATELIMIT_POLICY, v.as_bytes()),
-        Some(Policy::Range(range)) => line(&RATELIMIT_POLICY, &values[range.clone()]),
-        None => {}
-    }
-    if let Some(range) = made.current {
-        line(&RATELIMIT, &values[range]);
-    }
-}
-
-/// The rate-limit headers of one response, before they are written: the
-/// values made for it share one buffer, each header a range of it, or
-/// a value made in advance ([`Presented`]).
-struct Made {
+/// The rate-limit header fields of one response, as data: each field's
+/// name and value, in the order they are sent. The engine makes them
+/// ([`Engine::fields`](crate::Engine::fields)); each front end renders
+/// them as it speaks: [`write_to`](Self::write_to) into a `HeaderMap`, or
+/// [`iter`](Self::iter) for anything else (HTTP/1.1 header lines, Envoy's
+/// header list).
+///
+/// The values made for one response share one buffer, each field a range
+/// of it, or a value made in advance for the rule's quota.
+#[derive(Debug, Default)]
+pub struct RateLimitFields {
     values: BytesMut,
-    limit: Option<Limit>,
-    remaining: Option<std::ops::Range<usize>>,
-    reset: Option<std::ops::Range<usize>>,
-    policy: Option<Policy>,
-    current: Option<std::ops::Range<usize>>,
+    limit: Option<Made>,
+    remaining: Option<Range<usize>>,
+    reset: Option<Range<usize>>,
+    policy: Option<Made>,
+    current: Option<Range<usize>>,
 }
 
-/// `X-RateLimit-Limit`: made in advance, or the decision's limit.
-enum Limit {
-    Made(HeaderValue),
-    Number(u64),
+/// A field's value: made in advance for the quota, or a range of the
+/// values made for this response.
+#[derive(Debug)]
+enum Made {
+    Value(HeaderValue),
+    Range(Range<usize>),
 }
 
-/// `RateLimit-Policy`: made in advance, or a range of the values.
-enum Policy {
-    Made(HeaderValue),
-    Range(std::ops::Range<usize>),
+/// A value's bytes.
+fn made_bytes<'a>(values: &'a [u8], made: &'a Made) -> &'a [u8] {
+    match made {
+        Made::Value(v) => v.as_bytes(),
+        Made::Range(range) => &values[range.clone()],
+    }
 }
 
-impl Made {
-    fn new(options: &HeaderOptions, applied: &[Applied<'_>], restrictive: usize) -> Option<Self> {
-        let main = applied.get(restrictive)?;
+impl RateLimitFields {
+    /// The fields for the rules that applied; `reported` is the one
+    /// `X-RateLimit-*` and `RateLimit` describe. Each rule's name comes
+    /// pre-serialized (see [`sf_name`]): this runs on every response, so
+    /// it builds the values in one buffer.
+    pub(crate) fn new(options: &HeaderOptions, applied: &[Applied<'_>], reported: usize) -> Self {
+        let Some(main) = applied.get(reported) else {
+            return Self::default();
+        };
         let d = &main.decision;
         let made = main.presented();
         let mut values = BytesMut::with_capacity(48 + main.name.len());
@@ -260,9 +211,10 @@ impl Made {
                     ceil_secs(now + d.reset_after)
                 }
             };
-            let limit = made.map_or(Limit::Number(d.limit), |p| {
-                Limit::Made(p.limit_value.clone())
-            });
+            let limit = match made {
+                Some(p) => Made::Value(p.limit_value.clone()),
+                None => Made::Range(put(&mut values, digits.format(d.limit).as_bytes())),
+            };
             let remaining = put(&mut values, digits.format(d.remaining).as_bytes());
             let reset = put(&mut values, digits.format(reset).as_bytes());
             (Some(limit), Some(remaining), Some(reset))
@@ -297,72 +249,74 @@ impl Made {
                             }
                         }
                     }
-                    Policy::Range(start..values.len())
+                    Made::Range(start..values.len())
                 },
-                Policy::Made,
+                Made::Value,
             );
             (Some(policy), Some(current))
         } else {
             (None, None)
         };
-        Some(Self {
+        Self {
             values,
             limit,
             remaining,
             reset,
             policy,
             current,
-        })
+        }
     }
-}
 
-/// The rate-limit headers for decisions taken outside the middleware (the
-/// Envoy rate limit service): one `(rule name, decision, window)` per rule
-/// that decided, where the window is the time the rule's quota takes to
-/// refill; `restrictive` indexes the one `X-RateLimit-*` and `RateLimit`
-/// describe. The same values the middleware writes.
-///
-/// ```
-/// use std::time::Duration;
-/// use spillway::{Algorithm, Decision, Quota};
-/// use spillway_tower::HeaderOptions;
-/// use spillway_tower::headers::{RATELIMIT, X_RATELIMIT_REMAINING, rate_limit_headers};
-///
-/// let decision = Decision {
-///     allowed: true,
-///     limit: 10,
-///     remaining: 7,
-///     reset_after: Duration::from_secs(30),
-///     retry_after: None,
-///     delay: Duration::ZERO,
-/// };
-/// let map = rate_limit_headers(
-///     &HeaderOptions::default(),
-///     &[("per-ip", decision, Duration::from_secs(60))],
-///     0,
-/// );
-/// assert_eq!(map[X_RATELIMIT_REMAINING], "7");
-/// assert_eq!(map[RATELIMIT], "\"per-ip\";r=7;t=30");
-/// ```
-pub fn rate_limit_headers(
-    options: &HeaderOptions,
-    decided: &[(&str, Decision, Duration)],
-    restrictive: usize,
-) -> HeaderMap {
-    let names: Vec<String> = decided.iter().map(|(name, _, _)| sf_name(name)).collect();
-    let applied: Vec<Applied<'_>> = decided
-        .iter()
-        .zip(&names)
-        .map(|((_, decision, window), name)| Applied {
-            name,
-            decision: *decision,
-            window_secs: ceil_secs(*window),
-            presented: None,
-        })
-        .collect();
-    let mut map = HeaderMap::new();
-    write(&mut map, options, &applied, restrictive);
-    map
+    /// Whether there is no field to send.
+    pub fn is_empty(&self) -> bool {
+        self.limit.is_none() && self.policy.is_none()
+    }
+
+    /// Each field's name and value, in the order they are sent.
+    pub fn iter(&self) -> impl Iterator<Item = (HeaderName, &[u8])> + '_ {
+        let values = &self.values[..];
+        let made = |m| made_bytes(values, m);
+        let range = |r: &Range<usize>| &values[r.clone()];
+        [
+            (X_RATELIMIT_LIMIT, self.limit.as_ref().map(made)),
+            (X_RATELIMIT_REMAINING, self.remaining.as_ref().map(range)),
+            (X_RATELIMIT_RESET, self.reset.as_ref().map(range)),
+            (RATELIMIT_POLICY, self.policy.as_ref().map(made)),
+            (RATELIMIT, self.current.as_ref().map(range)),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
+    }
+
+    /// Writes the fields into `headers` (replacing any of the same names).
+    pub fn write_to(self, headers: &mut HeaderMap) {
+        if self.is_empty() {
+            return;
+        }
+        headers.reserve(5);
+        // Each header gets a slice of the one buffer, not a copy.
+        let values = self.values.freeze();
+        let value = |range: Range<usize>| HeaderValue::from_maybe_shared(values.slice(range)).ok();
+        let made = |m: Made| match m {
+            Made::Value(v) => Some(v),
+            Made::Range(range) => value(range),
+        };
+        if let Some(v) = self.limit.and_then(made) {
+            headers.insert(X_RATELIMIT_LIMIT, v);
+        }
+        if let Some(v) = self.remaining.and_then(value) {
+            headers.insert(X_RATELIMIT_REMAINING, v);
+        }
+        if let Some(v) = self.reset.and_then(value) {
+            headers.insert(X_RATELIMIT_RESET, v);
+        }
+        if let Some(v) = self.policy.and_then(made) {
+            headers.insert(RATELIMIT_POLICY, v);
+        }
+        if let Some(v) = self.current.and_then(value) {
+            headers.insert(RATELIMIT, v);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -398,7 +352,7 @@ mod tests {
                 window_secs,
                 presented: Some(&made),
             };
-            write(&mut map, &HeaderOptions::default(), &[applied], 0);
+            RateLimitFields::new(&HeaderOptions::default(), &[applied], 0).write_to(&mut map);
             map
         };
         let same = write_for(100, 60);
@@ -411,10 +365,10 @@ mod tests {
         assert_eq!(other[RATELIMIT_POLICY], "\"api\";q=40;w=24");
     }
 
-    /// The header lines say what the header map says, for every option
+    /// The fields as listed say what the header map says, for every option
     /// and for one rule or several (values made in advance or not).
     #[test]
-    fn header_lines_are_the_header_map_written_out() {
+    fn the_fields_listed_are_the_header_map_written_out() {
         let quota = Quota::per_minute(NonZeroU32::new(100).expect("nonzero"));
         let (api, other) = (sf_name("api"), sf_name("other"));
         let made = Presented::new(&api, &FixedWindow::new(quota));
@@ -442,10 +396,14 @@ mod tests {
                     };
                     for (rules, restrictive) in [(&applied[..1], 0), (&applied[..], 1)] {
                         let mut map = HeaderMap::new();
-                        write(&mut map, &options, rules, restrictive);
-                        let mut lines = Vec::new();
-                        write_lines(&mut lines, &options, rules, restrictive);
-                        let lines = String::from_utf8(lines).expect("text");
+                        RateLimitFields::new(&options, rules, restrictive).write_to(&mut map);
+                        let mut lines = String::new();
+                        for (name, value) in
+                            RateLimitFields::new(&options, rules, restrictive).iter()
+                        {
+                            let value = std::str::from_utf8(value).expect("text");
+                            lines.push_str(&format!("{name}: {value}\r\n"));
+                        }
                         let mut written = String::new();
                         for (name, value) in &map {
                             let value = value.to_str().expect("text");

@@ -30,25 +30,26 @@
 //! `service.rs` ([`RateLimit`]), `future.rs`, `error.rs`.
 
 mod clock;
-mod enforce;
+pub mod engine;
 mod error;
 mod future;
 pub mod headers;
 pub mod key;
 mod layer;
+pub mod problem;
 mod response;
 mod rules;
 mod service;
 
 pub use clock::TokioClock;
-pub use enforce::{Enforced, enforce, enforce_now};
+pub use engine::{
+    Asking, Charge, Charges, Engine, Held, Observer, Outcome, OverCapacity, Reported, RuleOutcome,
+    Ruling, Unplanned, retry_after_secs,
+};
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};
+pub use headers::{HeaderOptions, RateLimitFields, ResetFormat};
 pub use key::{ClientAddr, Clients, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, UserId};
-pub use layer::{Observer, Outcome, RateLimitLayer};
-pub use rules::{
-    Action, BodyFormat, Cost, Glob, HeaderOptions, HttpRule, MissingClientAddr, Policy, ResetFormat,
-};
-pub use service::{
-    Decided, Limited, RateLimit, RequestCost, RuleDecision, Verdict, X_SPILLWAY_LIMITED,
-};
+pub use layer::RateLimitLayer;
+pub use rules::{Action, BodyFormat, Cost, Glob, HttpRule, MissingClientAddr, Policy};
+pub use service::{Limited, RateLimit, RequestCost, X_SPILLWAY_LIMITED};

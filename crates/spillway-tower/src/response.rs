@@ -5,7 +5,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use serde_json::json;
 
 use crate::future::ResponseBody;
-use crate::headers::ceil_secs;
+use crate::problem::{PROBLEM_JSON, Problem};
 use crate::rules::BodyFormat;
 
 /// A 429 for a request denied by `rule`, retrying in `retry_secs`.
@@ -20,17 +20,12 @@ pub(crate) fn too_many_requests<B>(
     );
     let (content_type, body): (&str, Bytes) = match format {
         BodyFormat::Problem => (
-            "application/problem+json",
-            json!({
-                "type": "about:blank",
-                "title": "Too Many Requests",
-                "status": 429,
-                "detail": detail,
-                "retry_after": retry_secs,
-                "rule": rule,
-            })
-            .to_string()
-            .into(),
+            PROBLEM_JSON,
+            Problem::new(StatusCode::TOO_MANY_REQUESTS, &detail)
+                .member("retry_after", retry_secs)
+                .member("rule", rule)
+                .into_json()
+                .into(),
         ),
         BodyFormat::Json => (
             "application/json",
@@ -54,26 +49,12 @@ pub(crate) fn too_many_requests<B>(
 
 /// A problem+json response for errors that are not denials.
 pub(crate) fn problem<B>(status: StatusCode, detail: &str) -> Response<ResponseBody<B>> {
-    let body = json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    })
-    .to_string();
+    let body = Problem::new(status, detail).into_json();
     let mut res = Response::new(ResponseBody::full(body));
     *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
+    res.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     res
-}
-
-/// The `Retry-After` for a denial: `retry_after` rounded up to whole seconds,
-/// and never 0.
-pub(crate) fn retry_secs(retry_after: std::time::Duration) -> u64 {
-    ceil_secs(retry_after).max(1)
 }
 
 /// A 503 for a store that cannot decide, with `Retry-After: 1`.

@@ -6,10 +6,10 @@ use std::fmt;
 
 use http::request::Parts;
 use http::{HeaderName, Method};
+use spillway::AnyAlgorithm;
 use spillway::store::{Rule, RuleId};
-use spillway::{AnyAlgorithm, Decision};
 
-use crate::headers::Presented;
+use crate::headers::{HeaderOptions, Presented};
 use crate::key::{self, Client, Clients, KeyPart};
 
 /// A path or host pattern: `*` matches within one segment, `**` across
@@ -421,37 +421,6 @@ impl HttpRule {
     }
 }
 
-/// Which headers to send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeaderOptions {
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
-    pub legacy: bool,
-    /// The IETF draft fields `RateLimit-Policy` and `RateLimit`.
-    pub ietf: bool,
-    /// How `X-RateLimit-Reset` is written.
-    pub reset: ResetFormat,
-}
-
-impl Default for HeaderOptions {
-    fn default() -> Self {
-        Self {
-            legacy: true,
-            ietf: true,
-            reset: ResetFormat::Unix,
-        }
-    }
-}
-
-/// How `X-RateLimit-Reset` is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ResetFormat {
-    /// Unix time in seconds at which the quota is back to full (like GitHub).
-    #[default]
-    Unix,
-    /// Seconds from now.
-    Delta,
-}
-
 /// The shape of a 429's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BodyFormat {
@@ -565,113 +534,18 @@ impl Policy {
         out
     }
 
+    /// How many store rules the policy needs: [`store_rules`](Self::store_rules)'s
+    /// length.
+    pub fn store_rule_count(&self) -> usize {
+        self.rules.iter().map(|r| 1 + r.tiers.len()).sum()
+    }
+
     /// The store rule of HTTP rule `index` for `tier` (its default rule
     /// when the rule has no quota for that tier); see
     /// [`store_rules`](Self::store_rules).
     pub fn rule_id(&self, index: usize, tier: Option<&str>) -> RuleId {
         let rule = &self.rules[index];
         RuleId(rule.first_id + rule.quota_index(tier))
-    }
-
-    /// The rate-limit headers (as configured) for one decision of HTTP rule
-    /// `index` under its quota for `tier`: what the middleware would send
-    /// had this rule alone decided a request. The values that do not change
-    /// between requests are made once, when the rule is.
-    ///
-    /// ```
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// use spillway::{Decision, Quota};
-    /// use spillway::algorithm::FixedWindow;
-    /// use spillway_tower::headers::{RATELIMIT, RATELIMIT_POLICY};
-    /// use spillway_tower::{HttpRule, Policy};
-    ///
-    /// let quota = Quota::per_minute(NonZeroU32::new(100).unwrap());
-    /// let policy = Policy::new([HttpRule::new("api", FixedWindow::new(quota))]);
-    /// let decision = Decision {
-    ///     allowed: true,
-    ///     limit: 100,
-    ///     remaining: 42,
-    ///     reset_after: Duration::from_millis(17_200),
-    ///     retry_after: None,
-    ///     delay: Duration::ZERO,
-    /// };
-    /// let headers = policy.decision_headers(0, None, &decision);
-    /// assert_eq!(headers[RATELIMIT_POLICY], "\"api\";q=100;w=60");
-    /// assert_eq!(headers[RATELIMIT], "\"api\";r=42;t=18");
-    /// ```
-    pub fn decision_headers(
-        &self,
-        index: usize,
-        tier: Option<&str>,
-        decision: &Decision,
-    ) -> http::HeaderMap {
-        let mut map = http::HeaderMap::new();
-        self.described(index, tier, decision).write(self, &mut map);
-        map
-    }
-
-    /// The same headers as [`decision_headers`](Self::decision_headers),
-    /// appended to `out` as HTTP/1.1 header lines (`name: value` and CRLF):
-    /// for a server that writes its responses as bytes.
-    ///
-    /// ```
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// use spillway::{Decision, Quota};
-    /// use spillway::algorithm::FixedWindow;
-    /// use spillway_tower::{HttpRule, Policy};
-    ///
-    /// let quota = Quota::per_minute(NonZeroU32::new(100).unwrap());
-    /// let policy = Policy::new([HttpRule::new("api", FixedWindow::new(quota))]);
-    /// let decision = Decision {
-    ///     allowed: true,
-    ///     limit: 100,
-    ///     remaining: 42,
-    ///     reset_after: Duration::from_millis(17_200),
-    ///     retry_after: None,
-    ///     delay: Duration::ZERO,
-    /// };
-    /// let mut lines = Vec::new();
-    /// policy.write_decision_header_lines(0, None, &decision, &mut lines);
-    /// let lines = String::from_utf8(lines).unwrap();
-    /// // `X-RateLimit-Reset` is a Unix time by default.
-    /// assert!(lines.starts_with(
-    ///     "x-ratelimit-limit: 100\r\nx-ratelimit-remaining: 42\r\nx-ratelimit-reset: "
-    /// ));
-    /// assert!(lines.ends_with(
-    ///     "\r\nratelimit-policy: \"api\";q=100;w=60\r\nratelimit: \"api\";r=42;t=18\r\n"
-    /// ));
-    /// ```
-    pub fn write_decision_header_lines(
-        &self,
-        index: usize,
-        tier: Option<&str>,
-        decision: &Decision,
-        out: &mut Vec<u8>,
-    ) {
-        self.described(index, tier, decision).write_lines(self, out);
-    }
-
-    /// One decision of rule `index` under `tier`'s quota, as the headers
-    /// describe it.
-    fn described(
-        &self,
-        index: usize,
-        tier: Option<&str>,
-        decision: &Decision,
-    ) -> crate::service::Described {
-        let rule = &self.rules[index];
-        let quota = rule.quota_index(tier);
-        crate::service::Described {
-            applied: smallvec::smallvec![(
-                index,
-                quota,
-                *decision,
-                rule.window_secs(quota, decision.limit)
-            )],
-            restrictive: 0,
-        }
     }
 
     /// The HTTP rules, in order: a rule's index here is its `index` in

@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use spillway::store::{Check, Store, StoreError as _};
-use spillway::{Algorithm as _, Decision, Quota};
-use spillway_tower::headers::{self, ceil_secs};
+use spillway::store::Store as _;
+use spillway::{Algorithm as _, Quota};
 use spillway_tower::key::key_from_pairs;
-use spillway_tower::{Action, Outcome, X_SPILLWAY_LIMITED, enforce};
+use spillway_tower::{
+    Asking, Charges, Outcome, OverCapacity, RateLimitFields, Ruling, X_SPILLWAY_LIMITED,
+    retry_after_secs,
+};
 use tonic::{Request, Response, Status};
 
 use super::pb::envoy::config::core::v3::HeaderValue;
@@ -152,10 +154,10 @@ fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
     })
 }
 
-/// One store check: a descriptor under one of the rules it maps to, or
-/// under the limit it came with.
+/// Where a descriptor leads: one of the rules it maps to, or the limit it
+/// came with, at a cost.
 #[derive(Debug)]
-struct Planned {
+struct Mapped {
     descriptor: usize,
     source: Source,
     id: spillway::store::RuleId,
@@ -171,21 +173,12 @@ enum Source {
     Override(UnitLimit),
 }
 
-impl Planned {
+impl Mapped {
     /// The configured rule's index in the policy, if it counts for one.
     fn rule(&self) -> Option<usize> {
         match self.source {
             Source::Rule(rule) => Some(rule),
             Source::Override(_) => None,
-        }
-    }
-
-    /// The name it is reported under: the configured rule's, or the store
-    /// rule's of the override (`envoy-override:100-per-minute`).
-    fn name<'e>(&self, engine: &'e Engine) -> &'e str {
-        match self.source {
-            Source::Rule(rule) => engine.config.policy.rules()[rule].name(),
-            Source::Override(_) => engine.store().rules()[self.id.0].name(),
         }
     }
 }
@@ -242,7 +235,8 @@ fn overrides_missing(
     Ok(missing)
 }
 
-/// Decides on one request.
+/// Decides on one request: maps its descriptors onto charges, asks the
+/// engine, and answers with each descriptor's status and the headers.
 async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
     // What envoyproxy/ratelimit answers too: these are malformed requests.
     if request.domain.is_empty() {
@@ -266,28 +260,111 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             ..RateLimitResponse::default()
         });
     }
+    let mapping = map_descriptors(engine, &request)?;
+    let deciding = engine.layer.engine();
+    let keys: Vec<String> = request.descriptors.iter().map(key_of).collect();
+    let charges = mapping
+        .mapped
+        .iter()
+        .map(|m| match m.source {
+            Source::Rule(rule) => {
+                Some(deciding.charge(rule, None, keys[m.descriptor].clone(), m.cost))
+            }
+            Source::Override(_) => deciding.charge_own(m.id, keys[m.descriptor].clone(), m.cost),
+        })
+        .collect::<Option<Charges>>()
+        .ok_or_else(|| Status::internal("a limit override has no store rule"))?;
+    // As envoyproxy/ratelimit: a descriptor over a limit it can never pass
+    // (a cost above the rule's capacity, a limit of 0) is OVER_LIMIT, and
+    // then nothing is charged: the others are only looked at.
+    let asking = Asking {
+        over_capacity: OverCapacity::Deny,
+        look_only: mapping.zero_limit.iter().any(Option::is_some),
+    };
+    let ruling = deciding.decide(charges, asking).await;
+    match ruling.outcome() {
+        Outcome::BadRequest(message) => return Err(Status::invalid_argument(message.clone())),
+        // The store's failure policy has already been applied: this is
+        // fail-closed (or no policy could answer), so Envoy's own
+        // failure_mode_deny decides.
+        Outcome::Unavailable(message) => return Err(Status::unavailable(message.clone())),
+        _ => {}
+    }
+    let statuses = statuses(engine, &mapping, &ruling);
+    let over = statuses
+        .iter()
+        .any(|s| s.code == i32::from(Code::OverLimit));
 
+    // Our headers, as the middleware writes them: every rule that decided,
+    // X-RateLimit-* and RateLimit for the most restrictive.
+    let mut response_headers = envoy_headers(deciding.fields(&ruling));
+    let retry = ruling
+        .reported()
+        .and_then(|shown| ruling.decision(shown)?.retry_after);
+    if over && let Some(retry) = retry {
+        // As on the middleware's 429.
+        response_headers.push(header("retry-after", &retry_after_secs(retry).to_string()));
+    }
+    // Requests a degrade rule denied go on, marked for the upstream (and the
+    // client) like the middleware marks them.
+    let mut request_headers = Vec::new();
+    if let Outcome::Admitted { limited, .. } = ruling.outcome()
+        && !over
+        && !limited.is_empty()
+    {
+        let mut unique: Vec<&str> = Vec::new();
+        for name in limited {
+            if !unique.contains(&name.as_str()) {
+                unique.push(name);
+            }
+        }
+        let value = unique.join(", ");
+        request_headers.push(header(X_SPILLWAY_LIMITED.as_str(), &value));
+        response_headers.push(header(X_SPILLWAY_LIMITED.as_str(), &value));
+    }
+
+    Ok(RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok }.into(),
+        statuses,
+        response_headers_to_add: response_headers,
+        request_headers_to_add: request_headers,
+        ..RateLimitResponse::default()
+    })
+}
+
+/// A request's descriptors, mapped onto what counts them.
+struct Mapping {
+    /// Every descriptor's rules and overrides, in descriptor order.
+    mapped: Vec<Mapped>,
+    /// The descriptors the file's tree says are `unlimited`.
+    unlimited_in_file: Vec<bool>,
+    /// The descriptors whose limit override is 0 requests per unit: over
+    /// it whatever the state, with the unit of that override.
+    zero_limit: Vec<Option<descriptors::Unit>>,
+}
+
+/// Maps each descriptor onto the rules whose `descriptors` keys it has,
+/// and the one the descriptor file's tree leads to, or onto its own limit.
+fn map_descriptors(engine: &Engine, request: &RateLimitRequest) -> Result<Mapping, Status> {
+    let config = &engine.config;
     let policy = &config.policy;
-    let store = engine.store();
     // Envoy: an unset (0) request-level addend means 1; a descriptor-level
     // one, when present, wins, and may be 0 to only look.
     let request_cost = u64::from(request.hits_addend.max(1));
     let tree = config.descriptor_tree.as_ref();
-    let mut keys = Vec::with_capacity(request.descriptors.len());
-    let mut planned = Vec::new();
-    // The descriptors the file's tree says are `unlimited`.
-    let mut unlimited_in_file = vec![false; request.descriptors.len()];
-    // The descriptors whose limit override is 0 requests per unit: over it
-    // whatever the state, with the unit of that override.
-    let mut zero_limit = vec![None; request.descriptors.len()];
+    let n = request.descriptors.len();
+    let mut mapping = Mapping {
+        mapped: Vec::new(),
+        unlimited_in_file: vec![false; n],
+        zero_limit: vec![None; n],
+    };
     for (d, descriptor) in request.descriptors.iter().enumerate() {
-        keys.push(key_of(descriptor));
         let cost = descriptor.hits_addend.unwrap_or(request_cost);
         if let Some(limit) = &descriptor.limit {
             // As envoyproxy/ratelimit: the descriptor's own limit is its
             // one limit, in place of whatever the configuration says.
             match override_limit(limit)? {
-                Ok(limit) => planned.push(Planned {
+                Ok(limit) => mapping.mapped.push(Mapped {
                     descriptor: d,
                     source: Source::Override(limit),
                     id: engine
@@ -295,20 +372,20 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
                         .ok_or_else(|| Status::internal("a limit override has no store rule"))?,
                     cost,
                 }),
-                Err(unit) => zero_limit[d] = Some(unit),
+                Err(unit) => mapping.zero_limit[d] = Some(unit),
             }
             continue;
         }
         let reached = match tree.map(|t| reached(t, descriptor)) {
             Some(Reached::Rule(rule)) => Some(rule),
             Some(Reached::Unlimited) => {
-                unlimited_in_file[d] = true;
+                mapping.unlimited_in_file[d] = true;
                 None
             }
             Some(Reached::Nothing) | None => None,
         };
         for rule in rules_for(&config.descriptors, descriptor).chain(reached) {
-            planned.push(Planned {
+            mapping.mapped.push(Mapped {
                 descriptor: d,
                 source: Source::Rule(rule),
                 id: policy.rule_id(rule, None),
@@ -322,77 +399,30 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
         // By rule index: one look per check, not a scan of the replaced.
         let mut replaced = vec![false; policy.rules().len()];
         let mut any = false;
-        for rule in planned.iter().filter_map(Planned::rule) {
+        for rule in mapping.mapped.iter().filter_map(Mapped::rule) {
             for &r in tree.replaced_by(rule) {
                 replaced[r] = true;
                 any = true;
             }
         }
         if any {
-            planned.retain(|p| p.rule().is_none_or(|rule| !replaced[rule]));
+            mapping
+                .mapped
+                .retain(|m| m.rule().is_none_or(|rule| !replaced[rule]));
         }
     }
+    Ok(mapping)
+}
 
-    // A cost above a rule's capacity can never be admitted: that descriptor
-    // is over limit whatever the state, so nothing is charged and the
-    // others are only looked at (cost 0), as for any denied request.
-    let impossible: Vec<bool> = planned
-        .iter()
-        .map(|p| p.cost > store.rules()[p.id.0].algorithm().capacity())
-        .collect();
-    let peek = impossible.contains(&true) || zero_limit.iter().any(Option::is_some);
-
-    let checks: Vec<Check<'_>> = planned
-        .iter()
-        .map(|p| Check {
-            rule: p.id,
-            key: &keys[p.descriptor],
-            cost: if peek { 0 } else { p.cost },
-        })
-        .collect();
-    let actions: Vec<Action> = planned.iter().map(|p| action(engine, p)).collect();
-    // The middleware's loop: a reject denial charges nothing; shadow and
-    // degrade denials let the request through, charging the others.
-    let enforced = enforce(store, &checks, &actions).await.map_err(|e| {
-        match e.invalid_request() {
-            Some(invalid) => Status::invalid_argument(invalid.to_string()),
-            // The store's failure policy has already been applied: this is
-            // fail-closed (or no policy could answer), so Envoy's own
-            // failure_mode_deny decides.
-            None => {
-                tracing::warn!(error = %e, "rate limit store unavailable");
-                Status::unavailable(e.to_string())
-            }
-        }
-    })?;
-    let decisions = enforced.decisions();
-    let soft_denials = enforced.denied_softly();
-
-    // Report every rule's outcome as the middleware does (metrics).
-    if let Some(observer) = engine.layer.observer_ref() {
-        for (i, plan) in planned.iter().enumerate() {
-            let Some(decision) = &decisions[i] else {
-                continue;
-            };
-            let rule = plan.name(engine);
-            let outcome = match (decision.allowed, action(engine, plan)) {
-                (true, _) => Outcome::Allowed,
-                (false, Action::Reject) => Outcome::Rejected,
-                (false, Action::Shadow) => Outcome::Shadowed,
-                (false, Action::Degrade) => Outcome::Degraded,
-            };
-            observer.observe(rule, outcome, Some(decision));
-        }
-    }
-
-    let hard_denied = |i: usize| {
-        impossible[i]
-            || (decisions[i].is_some_and(|d| !d.allowed)
-                && action(engine, &planned[i]) == Action::Reject)
-    };
-    let mut statuses = Vec::with_capacity(request.descriptors.len());
-    for (d, &file_says_unlimited) in unlimited_in_file.iter().enumerate() {
-        if let Some(unit) = zero_limit[d] {
+/// Each descriptor's status: the most restrictive of its charges, over the
+/// limit if one of them denies.
+fn statuses(engine: &Engine, mapping: &Mapping, ruling: &Ruling) -> Vec<DescriptorStatus> {
+    let deciding = engine.layer.engine();
+    let tree = engine.config.descriptor_tree.as_ref();
+    let mapped = &mapping.mapped;
+    let mut statuses = Vec::with_capacity(mapping.zero_limit.len());
+    for (d, &file_says_unlimited) in mapping.unlimited_in_file.iter().enumerate() {
+        if let Some(unit) = mapping.zero_limit[d] {
             statuses.push(DescriptorStatus {
                 code: Code::OverLimit.into(),
                 current_limit: Some(RateLimit {
@@ -404,13 +434,12 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             });
             continue;
         }
-        // `planned` is in descriptor order: descriptor d's checks are the
-        // run found by bisection, not by a scan of every check (which made
+        // `mapped` is in descriptor order: descriptor d's charges are the
+        // run found by bisection, not by a scan of every charge (which made
         // a call of n descriptors cost n²).
-        let first = planned.partition_point(|p| p.descriptor < d);
-        let end = first + planned[first..].partition_point(|p| p.descriptor == d);
-        let mine: Vec<usize> = (first..end).collect();
-        let Some(shown) = most_restrictive(&mine, decisions, &hard_denied) else {
+        let first = mapped.partition_point(|m| m.descriptor < d);
+        let end = first + mapped[first..].partition_point(|m| m.descriptor == d);
+        let Some(shown) = ruling.reported_among(first..end) else {
             statuses.push(if file_says_unlimited {
                 // As envoyproxy/ratelimit answers for an unlimited one.
                 DescriptorStatus {
@@ -422,15 +451,18 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             });
             continue;
         };
-        let decision = decisions[shown].expect("decided");
-        let name = planned[shown].name(engine);
-        let quota = store.rules()[planned[shown].id.0].algorithm().quota();
-        let configured = match planned[shown].source {
+        let decision = ruling.decision(shown).expect("decided");
+        let charge = &ruling.charges()[shown];
+        let name = deciding.rule_name(charge);
+        let quota = deciding.store().rules()[charge.rule_id().0]
+            .algorithm()
+            .quota();
+        let configured = match mapped[shown].source {
             Source::Rule(rule) => tree.and_then(|t| t.limit_of(rule)),
             Source::Override(limit) => Some(limit),
         };
         statuses.push(DescriptorStatus {
-            code: if mine.iter().any(|&i| hard_denied(i)) {
+            code: if (first..end).any(|i| ruling.denies(i)) {
                 Code::OverLimit
             } else {
                 Code::Ok
@@ -447,70 +479,15 @@ async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitR
             ),
         });
     }
-    let over = statuses
+    statuses
+}
+
+/// The rate-limit fields as Envoy's header list.
+fn envoy_headers(fields: RateLimitFields) -> Vec<HeaderValue> {
+    fields
         .iter()
-        .any(|s| s.code == i32::from(Code::OverLimit));
-
-    // Our headers, as the middleware writes them: every rule that decided,
-    // X-RateLimit-* and RateLimit for the most restrictive.
-    let all: Vec<usize> = (0..planned.len()).collect();
-    let mut response_headers = Vec::new();
-    if let Some(shown) = most_restrictive(&all, decisions, &hard_denied) {
-        let decided: Vec<(usize, (&str, Decision, Duration))> = all
-            .iter()
-            .filter_map(|&i| {
-                let decision = decisions[i]?;
-                let quota = store.rules()[planned[i].id.0].algorithm().quota();
-                let window = quota
-                    .period()
-                    .mul_f64(decision.limit as f64 / f64::from(quota.limit().get()));
-                let name = planned[i].name(engine);
-                Some((i, (name, decision, window)))
-            })
-            .collect();
-        let restrictive = decided.iter().position(|(i, _)| *i == shown).unwrap_or(0);
-        let decided: Vec<_> = decided.into_iter().map(|(_, d)| d).collect();
-        let map = headers::rate_limit_headers(policy.header_options(), &decided, restrictive);
-        response_headers.extend(
-            map.iter()
-                .map(|(k, v)| header(k.as_str(), v.to_str().unwrap_or(""))),
-        );
-        if over && let Some(retry) = decisions[shown].and_then(|d| d.retry_after) {
-            // As on the middleware's 429: whole seconds, rounded up, never 0.
-            let secs = ceil_secs(retry).max(1);
-            response_headers.push(header("retry-after", &secs.to_string()));
-        }
-    }
-
-    // Requests a degrade rule denied go on, marked for the upstream (and the
-    // client) like the middleware marks them.
-    let mut request_headers = Vec::new();
-    if !over {
-        let mut limited: Vec<&str> = Vec::new();
-        for &i in soft_denials {
-            let name = planned[i].name(engine);
-            match action(engine, &planned[i]) {
-                Action::Degrade if !limited.contains(&name) => limited.push(name),
-                Action::Shadow => {
-                    tracing::info!(rule = name, key = %keys[planned[i].descriptor], "shadow rule would deny");
-                }
-                _ => {}
-            }
-        }
-        if !limited.is_empty() {
-            let value = limited.join(", ");
-            request_headers.push(header(X_SPILLWAY_LIMITED.as_str(), &value));
-            response_headers.push(header(X_SPILLWAY_LIMITED.as_str(), &value));
-        }
-    }
-
-    Ok(RateLimitResponse {
-        overall_code: if over { Code::OverLimit } else { Code::Ok }.into(),
-        statuses,
-        response_headers_to_add: response_headers,
-        request_headers_to_add: request_headers,
-        ..RateLimitResponse::default()
-    })
+        .map(|(name, value)| header(name.as_str(), &String::from_utf8_lossy(value)))
+        .collect()
 }
 
 /// The status of a descriptor no rule limits.
@@ -525,14 +502,6 @@ fn header(key: &str, value: &str) -> HeaderValue {
     HeaderValue {
         key: key.to_string(),
         value: value.to_string(),
-    }
-}
-
-fn action(engine: &Engine, planned: &Planned) -> Action {
-    match planned.source {
-        Source::Rule(rule) => engine.config.policy.rules()[rule].on_deny(),
-        // As envoyproxy/ratelimit: an override is never in shadow mode.
-        Source::Override(_) => Action::Reject,
     }
 }
 
@@ -595,25 +564,6 @@ fn key_of(descriptor: &RateLimitDescriptor) -> String {
             .iter()
             .map(|e| (e.key.as_str(), e.value.as_str())),
     )
-}
-
-/// Of the checks `among`, the one to report: the first that denied the
-/// request, else the one with the least remaining (then the smallest limit).
-fn most_restrictive(
-    among: &[usize],
-    decisions: &[Option<Decision>],
-    hard_denied: &dyn Fn(usize) -> bool,
-) -> Option<usize> {
-    among.iter().copied().find(|&i| hard_denied(i)).or_else(|| {
-        among
-            .iter()
-            .copied()
-            .filter(|&i| decisions[i].is_some())
-            .min_by_key(|&i| {
-                let d = decisions[i].expect("filtered");
-                (d.remaining, d.limit)
-            })
-    })
 }
 
 /// A quota as Envoy's requests per unit: the unit is the smallest of

@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -452,7 +452,9 @@ impl Client {
         if let Some(content_type) = res.content_type {
             wire::put_header(out, b"content-type", content_type.as_bytes());
         }
-        out.extend_from_slice(res.lines);
+        for (name, value) in res.more {
+            wire::put_header(out, name.as_str().as_bytes(), value);
+        }
         out.extend_from_slice(b"content-length: ");
         wire::put_u64(out, res.len as u64);
         out.extend_from_slice(b"\r\n");
@@ -705,8 +707,8 @@ pub(crate) struct Whole<'a> {
     /// Its headers; any framing, connection or `Date` header among them is
     /// replaced by the server's own.
     pub(crate) headers: &'a HeaderMap,
-    /// More headers, as lines written already (`name: value` and CRLF).
-    pub(crate) lines: &'a [u8],
+    /// More headers, written after `headers` as they are.
+    pub(crate) more: &'a [(HeaderName, &'a [u8])],
     pub(crate) body: &'a [u8],
     /// The length `Content-Length` says: the body's, but for a HEAD
     /// request, whose body is dropped, the GET's.
@@ -720,7 +722,7 @@ impl<'a> Whole<'a> {
             status,
             content_type: None,
             headers,
-            lines: &[],
+            more: &[],
             body,
             len: body.len(),
         }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use http::StatusCode;
 use spillway::algorithm::TokenBucket;
 use spillway::{Decision, Quota};
-use spillway_tower::{Action, HttpRule, Observer, Outcome, Policy, X_SPILLWAY_LIMITED};
+use spillway_tower::{Action, HttpRule, Observer, Policy, RuleOutcome, X_SPILLWAY_LIMITED};
 
 use crate::support::{
     admitted, app, applied_rules, body_string, bucket, header, header_u64, memory_layer, nz, req,
@@ -14,7 +14,7 @@ use crate::support::{
 };
 
 /// One observation: rule, outcome, remaining.
-type Seen = (String, Outcome, Option<u64>);
+type Seen = (String, RuleOutcome, Option<u64>);
 
 /// Every (rule, outcome, remaining) the layer reported, in order.
 #[derive(Debug, Clone, Default)]
@@ -27,7 +27,7 @@ impl Recorder {
 }
 
 impl Observer for Recorder {
-    fn observe(&self, rule: &str, outcome: Outcome, decision: Option<&Decision>) {
+    fn observe(&self, rule: &str, outcome: RuleOutcome, decision: Option<&Decision>) {
         self.0.lock().expect("not poisoned").push((
             rule.to_string(),
             outcome,
@@ -54,8 +54,8 @@ async fn shadow_rules_decide_and_report_but_let_requests_through() {
     assert_eq!(
         recorder.take(),
         [
-            ("trial".into(), Outcome::Allowed, Some(0)),
-            ("main".into(), Outcome::Allowed, Some(main - 1))
+            ("trial".into(), RuleOutcome::Allowed, Some(0)),
+            ("main".into(), RuleOutcome::Allowed, Some(main - 1))
         ]
     );
     for k in 2..=4u64 {
@@ -79,8 +79,8 @@ async fn shadow_rules_decide_and_report_but_let_requests_through() {
         assert_eq!(
             recorder.take(),
             [
-                ("trial".into(), Outcome::Shadowed, Some(0)),
-                ("main".into(), Outcome::Allowed, Some(main - k))
+                ("trial".into(), RuleOutcome::Shadowed, Some(0)),
+                ("main".into(), RuleOutcome::Allowed, Some(main - k))
             ]
         );
     }
@@ -92,8 +92,8 @@ async fn shadow_rules_decide_and_report_but_let_requests_through() {
     assert_eq!(
         recorder.take(),
         [
-            ("trial".into(), Outcome::Allowed, Some(0)),
-            ("main".into(), Outcome::Allowed, Some(main - 5))
+            ("trial".into(), RuleOutcome::Allowed, Some(0)),
+            ("main".into(), RuleOutcome::Allowed, Some(main - 5))
         ]
     );
 }
@@ -121,7 +121,7 @@ async fn degrade_rules_mark_the_request_for_the_handler() {
     let res = send(&app, req("/", "192.0.2.1")).await;
     assert_eq!(header(&res, X_SPILLWAY_LIMITED), None);
     assert_eq!(body_string(res).await, "limited=-;header=-");
-    assert_eq!(recorder.take()[0].1, Outcome::Allowed);
+    assert_eq!(recorder.take()[0].1, RuleOutcome::Allowed);
 
     for _ in 0..2 {
         let res = send(&app, req("/", "192.0.2.1")).await;
@@ -136,7 +136,7 @@ async fn degrade_rules_mark_the_request_for_the_handler() {
         assert_eq!(body_string(res).await, "limited=cheap;header=cheap");
         assert_eq!(
             recorder.take(),
-            [("cheap".into(), Outcome::Degraded, Some(0))]
+            [("cheap".into(), RuleOutcome::Degraded, Some(0))]
         );
     }
 }
@@ -196,8 +196,8 @@ async fn the_observer_sees_rejections() {
     assert_eq!(
         recorder.take(),
         [
-            ("per-ip".into(), Outcome::Allowed, Some(0)),
-            ("per-ip".into(), Outcome::Rejected, Some(0))
+            ("per-ip".into(), RuleOutcome::Allowed, Some(0)),
+            ("per-ip".into(), RuleOutcome::Rejected, Some(0))
         ]
     );
 }

@@ -1,0 +1,1125 @@
+//! The decision engine: the one place where a request's charges become an
+//! [`Outcome`].
+//!
+//! Every front end is an adapter around it. The middleware (and so `spillway
+//! proxy`) [plans](Engine::plan) a request's parts into [`Charge`]s; `POST
+//! /v1/check` plans parts or names a rule ([`Engine::charge_named`]); the
+//! Envoy service maps descriptors onto rules ([`Engine::charge`],
+//! [`Engine::charge_own`]). All of them call [`Engine::decide`] (or
+//! [`Engine::decide_now`]) and render the [`Ruling`] it returns: the
+//! outcome, each rule's decision, which rule the headers report, and the
+//! header fields as data ([`Engine::fields`]).
+//!
+//! What exists here once, for every front end:
+//! - the actions: a denial by a `reject` rule refuses the request and
+//!   charges nothing; a denial only by `shadow` or `degrade` rules lets it
+//!   through, and the rules that admitted it are charged by a second store
+//!   call without the denying ones;
+//! - the most restrictive rule (the one the headers report): the rejecting
+//!   rule, else the least remaining, then the smallest limit;
+//! - a rule's announced window and `Retry-After`, in whole seconds rounded
+//!   up, in integers;
+//! - what a store failure means (a request that can never be decided is a
+//!   bad request; anything else is the store's failure, after its own
+//!   failure policy);
+//! - the observer's report of every rule of every decided request.
+//!
+//! A ruling whose charges must outlive the decision (a shaped request that
+//! waits, later a cost settled when the response ends) gives them up as a
+//! [`Held`] charge, which is given back or kept.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use http::request::Parts;
+use smallvec::SmallVec;
+use spillway::store::{Check, RuleId, Store, StoreError, Verdict};
+use spillway::{Algorithm as _, Decision};
+
+use crate::error::RuleMismatch;
+use crate::headers::{self, Applied, RateLimitFields};
+use crate::key::Client;
+use crate::rules::{Action, Cost, MissingClientAddr, Policy};
+
+/// A few of something: requests rarely match more than two rules, and
+/// these live for one request, so they stay off the heap.
+pub(crate) type Small<T> = SmallVec<[T; 2]>;
+
+/// What one rule did with one request, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleOutcome {
+    /// The rule admitted the request.
+    Allowed,
+    /// The rule denied the request and it was refused.
+    Rejected,
+    /// The rule denied the request, which went through anyway (shadow mode).
+    Shadowed,
+    /// The rule denied the request, which went through marked as limited.
+    Degraded,
+    /// The store could not decide; the request got its failure answer.
+    Error,
+}
+
+impl RuleOutcome {
+    /// What a denial by a rule with `action` comes to.
+    pub const fn of_denial(action: Action) -> Self {
+        match action {
+            Action::Reject => Self::Rejected,
+            Action::Shadow => Self::Shadowed,
+            Action::Degrade => Self::Degraded,
+        }
+    }
+}
+
+/// Called once per rule of every decided request, by the engine: whichever
+/// front end asked.
+pub trait Observer: Send + Sync + 'static {
+    /// `rule` decided `outcome`; `decision` is the store's answer, when
+    /// there was one.
+    fn observe(&self, rule: &str, outcome: RuleOutcome, decision: Option<&Decision>);
+}
+
+/// What became of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// No rule applies to the request.
+    Unlimited,
+    /// Admitted, after `delay` (shaping). `limited` names the `degrade`
+    /// rules that denied it, `shadowed` the `shadow` rules that did.
+    Admitted {
+        /// How long to hold the request before serving it.
+        delay: Duration,
+        /// The degrade rules that denied it.
+        limited: Vec<String>,
+        /// The shadow rules that denied it.
+        shadowed: Vec<String>,
+    },
+    /// Denied by a `reject` rule (or by a cost above a rule's capacity,
+    /// under [`OverCapacity::Deny`]): refuse it.
+    Rejected {
+        /// The rule.
+        rule: String,
+        /// The exact time until the same request would be admitted.
+        retry_after: Duration,
+    },
+    /// The request can never be decided (a bad cost header, a cost above a
+    /// capacity under [`OverCapacity::Refuse`]): a client error, with this
+    /// message.
+    BadRequest(String),
+    /// The store could not decide, and its failure policy is to refuse:
+    /// the store's error.
+    Unavailable(String),
+}
+
+/// `Retry-After` for a wait of `d`: whole seconds, rounded up, and never 0
+/// (a client told 0 would retry at once and be denied again).
+pub fn retry_after_secs(d: Duration) -> u64 {
+    headers::ceil_secs(d).max(1)
+}
+
+impl Outcome {
+    /// The `Retry-After` of a rejection, in seconds ([`retry_after_secs`]).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::Rejected { retry_after, .. } => Some(retry_after_secs(*retry_after)),
+            _ => None,
+        }
+    }
+}
+
+/// One rule's charge of one request: the store rule, the key, the cost. It
+/// is charged only if the request is admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    id: RuleId,
+    // The policy's rule and which of its quotas (0: the default, i + 1:
+    // tier i); none for a store rule of the caller's own.
+    of: Option<(usize, usize)>,
+    key: String,
+    cost: u64,
+}
+
+impl Charge {
+    /// The store rule charged.
+    pub fn rule_id(&self) -> RuleId {
+        self.id
+    }
+
+    /// The policy rule charged (its index in [`Policy::rules`]), if it is
+    /// one.
+    pub fn policy_rule(&self) -> Option<usize> {
+        self.of.map(|(index, _)| index)
+    }
+
+    /// The key counted.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The cost.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+/// A request's charges, in the order they were planned.
+pub type Charges = SmallVec<[Charge; 2]>;
+
+/// Why a request's parts could not be planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unplanned {
+    /// The request is malformed: a 400's message.
+    BadRequest(String),
+    /// Rule `index` counts by the client's address, which the request does
+    /// not carry, and the policy says this is an error
+    /// ([`MissingClientAddr::Error`]).
+    NoClientAddr(usize),
+}
+
+/// What a charge above its rule's capacity (one that can never be
+/// admitted) comes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OverCapacity {
+    /// The request is the client's error: [`Outcome::BadRequest`].
+    #[default]
+    Refuse,
+    /// The request is denied by that rule, whatever its action, and
+    /// nothing is charged: the other rules are only looked at (cost 0).
+    /// What Envoy's rate limit services answer (`OVER_LIMIT`).
+    Deny,
+}
+
+/// How [`Engine::decide`] treats what it is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Asking {
+    /// What a charge above its rule's capacity comes to.
+    pub over_capacity: OverCapacity,
+    /// The request is denied by the caller already: nothing is charged,
+    /// every rule is only looked at (cost 0).
+    pub look_only: bool,
+}
+
+/// The engine's answer on one request: the outcome, each charge's
+/// decision, the rule the headers report, and what stays held.
+#[derive(Debug, Clone)]
+pub struct Ruling {
+    outcome: Outcome,
+    charges: Charges,
+    // Per charge: the store's last decision on it, if it was asked.
+    decisions: Small<Option<Decision>>,
+    // Per charge: denied whatever the store said (above its capacity).
+    over_capacity: Small<bool>,
+    // Per charge: denied by its `reject` rule.
+    rejecting: Small<bool>,
+    // The charge that refused the request, if one did.
+    rejected_by: Option<usize>,
+    // The charges that were charged, and the store's time of the charge.
+    charged: Option<(Small<usize>, u64)>,
+    reported: Option<usize>,
+}
+
+impl Ruling {
+    /// A ruling that asked no store.
+    fn without_store(outcome: Outcome, charges: Charges) -> Self {
+        Self {
+            outcome,
+            charges,
+            decisions: SmallVec::new(),
+            over_capacity: SmallVec::new(),
+            rejecting: SmallVec::new(),
+            rejected_by: None,
+            charged: None,
+            reported: None,
+        }
+    }
+
+    /// What became of the request.
+    pub fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
+
+    /// The charges, as planned.
+    pub fn charges(&self) -> &[Charge] {
+        &self.charges
+    }
+
+    /// Charge `i`'s decision: the last the store gave for it, if it was
+    /// asked.
+    pub fn decision(&self, i: usize) -> Option<&Decision> {
+        self.decisions.get(i).and_then(Option::as_ref)
+    }
+
+    /// The charge that refused the request, if one did.
+    pub fn rejected_by(&self) -> Option<usize> {
+        self.rejected_by
+    }
+
+    /// Whether charge `i` denies the request outright: its `reject` rule
+    /// denied, or (under [`OverCapacity::Deny`]) it can never be admitted.
+    pub fn denies(&self, i: usize) -> bool {
+        self.over_capacity.get(i).copied().unwrap_or(false)
+            || self.rejecting.get(i).copied().unwrap_or(false)
+    }
+
+    /// The charge the rate-limit headers report: the one that refused the
+    /// request, else the one with the least remaining (then the smallest
+    /// limit); none when no charge was decided.
+    pub fn reported(&self) -> Option<usize> {
+        self.reported
+    }
+
+    /// [`reported`](Self::reported) among charges `among` only (the checks
+    /// of one Envoy descriptor, say).
+    pub fn reported_among(&self, among: std::ops::Range<usize>) -> Option<usize> {
+        most_restrictive(among, &self.decisions, |i| self.denies(i))
+    }
+
+    /// What the request charged, held until the caller lets it go: given
+    /// back if the request is abandoned ([`Held::give_back`]). `None` when
+    /// nothing was charged.
+    pub fn into_held(self) -> Option<Held> {
+        let (charged, at) = self.charged?;
+        let mut charges = self.charges;
+        let charges = charged
+            .iter()
+            .map(|&i| {
+                let c = &mut charges[i];
+                Charge {
+                    key: std::mem::take(&mut c.key),
+                    ..*c
+                }
+            })
+            .collect();
+        Some(Held { charges, at })
+    }
+
+    /// The outcome, and (with `hold`) what the request charged
+    /// ([`into_held`](Self::into_held)).
+    pub fn into_outcome(mut self, hold: bool) -> (Outcome, Option<Held>) {
+        let outcome = std::mem::replace(&mut self.outcome, Outcome::Unlimited);
+        (outcome, if hold { self.into_held() } else { None })
+    }
+
+    /// Whether anything charged waits (a shaping delay): what a front end
+    /// must hold for.
+    pub fn waits(&self) -> bool {
+        self.charged.as_ref().is_some_and(|(charged, _)| {
+            charged
+                .iter()
+                .any(|&i| self.decision(i).is_some_and(|d| !d.delay.is_zero()))
+        })
+    }
+}
+
+/// The charges of an admitted request, held open until its response ends.
+#[derive(Debug)]
+pub struct Held {
+    charges: Vec<Charge>,
+    at: u64,
+}
+
+impl Held {
+    /// Gives every charge back (the request was abandoned before it was
+    /// served).
+    pub async fn give_back<St: Store>(self, engine: &Engine<St>) -> Result<(), St::Error> {
+        let checks: Small<Check<'_>> = self
+            .charges
+            .iter()
+            .map(|c| Check {
+                rule: c.id,
+                key: &c.key,
+                cost: c.cost,
+            })
+            .collect();
+        engine.store.refund(&checks, self.at).await
+    }
+}
+
+/// One rule's decision on a request, as a decision API reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported<'a> {
+    /// The rule's name.
+    pub rule: &'a str,
+    /// The tier whose quota applied, if not the default.
+    pub tier: Option<&'a str>,
+    /// The key the request was counted under.
+    pub key: &'a str,
+    /// What the request cost under this rule.
+    pub cost: u64,
+    /// What the rule does with a denial.
+    pub action: Action,
+    /// The store's decision.
+    pub decision: &'a Decision,
+}
+
+/// The policy on its store, and the observer: what decides requests. Every
+/// front end holds one (the middleware through
+/// [`RateLimitLayer`](crate::RateLimitLayer)).
+pub struct Engine<St> {
+    store: St,
+    policy: Policy,
+    observer: Option<Arc<dyn Observer>>,
+    // Whether a request without the client's address has been logged: an
+    // error once per engine, not one per request.
+    pub(crate) logged_missing_addr: AtomicBool,
+}
+
+impl<St> std::fmt::Debug for Engine<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St> Engine<St> {
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+
+    /// The observer.
+    pub fn observer(&self) -> Option<&Arc<dyn Observer>> {
+        self.observer.as_ref()
+    }
+}
+
+impl<St: Store> Engine<St> {
+    /// The policy on `store`, which must have been built with
+    /// [`Policy::store_rules`], in that order. Rules of the store's after
+    /// those are the caller's own ([`charge_own`](Self::charge_own)).
+    pub fn new(policy: Policy, store: St) -> Result<Self, RuleMismatch> {
+        let expected: Vec<String> = policy
+            .store_rules()
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect();
+        let found: Vec<String> = store.rules().iter().map(|r| r.name().to_string()).collect();
+        let same_algorithms = policy
+            .store_rules()
+            .iter()
+            .zip(store.rules())
+            .all(|(a, b)| a.algorithm() == b.algorithm());
+        if !found.starts_with(&expected) || !same_algorithms {
+            return Err(RuleMismatch { expected, found });
+        }
+        Ok(Self {
+            store,
+            policy,
+            observer: None,
+            logged_missing_addr: AtomicBool::new(false),
+        })
+    }
+
+    /// The same engine, calling `observer` for every rule of every decided
+    /// request.
+    pub fn observed(self, observer: Option<Arc<dyn Observer>>) -> Self {
+        Self { observer, ..self }
+    }
+
+    /// The name a charge is reported under: its policy rule's, or its store
+    /// rule's.
+    pub fn rule_name(&self, charge: &Charge) -> &str {
+        match charge.of {
+            Some((index, _)) => &self.policy.rules[index].name,
+            None => self.store.rules()[charge.id.0].name(),
+        }
+    }
+
+    /// The tier whose quota a charge counts under, if not the default.
+    pub fn tier_name(&self, charge: &Charge) -> Option<&str> {
+        let (index, quota) = charge.of?;
+        let tier = quota.checked_sub(1)?;
+        Some(&self.policy.rules[index].tiers[tier].0)
+    }
+
+    /// What a charge's rule does with a denial: its policy rule's action;
+    /// a store rule of the caller's own rejects.
+    pub fn action(&self, charge: &Charge) -> Action {
+        charge
+            .of
+            .map_or(Action::Reject, |(index, _)| self.policy.rules[index].action)
+    }
+
+    /// A charge of policy rule `index` under its quota for `tier` (its
+    /// default quota when it has none for that tier).
+    pub fn charge(&self, index: usize, tier: Option<&str>, key: String, cost: u64) -> Charge {
+        let rule = &self.policy.rules[index];
+        let quota = rule.quota_index(tier);
+        Charge {
+            id: RuleId(rule.first_id + quota),
+            of: Some((index, quota)),
+            key,
+            cost,
+        }
+    }
+
+    /// A charge of the policy rule called `rule` under its quota for
+    /// `tier`; the message of a client error for a rule, or a tier, that
+    /// no rule has.
+    pub fn charge_named(
+        &self,
+        rule: &str,
+        tier: Option<&str>,
+        key: String,
+        cost: u64,
+    ) -> Result<Charge, String> {
+        let Some(index) = self.policy.rules.iter().position(|r| r.name == rule) else {
+            return Err(format!("Unknown rule `{rule}`."));
+        };
+        if let Some(tier) = tier
+            && !self
+                .policy
+                .rules
+                .iter()
+                .any(|r| r.tiers().any(|t| t == tier))
+        {
+            return Err(format!(
+                "Unknown tier `{tier}`: no rule has a quota for it."
+            ));
+        }
+        // A known tier this rule has no quota for is counted under the
+        // rule's default quota, as the middleware counts it.
+        Ok(self.charge(index, tier, key, cost))
+    }
+
+    /// A charge of store rule `id`, one of the caller's own after the
+    /// policy's (see [`new`](Self::new)): reported under the store rule's
+    /// name, and a denial by it rejects. `None` for a rule the store does
+    /// not have or one of the policy's.
+    pub fn charge_own(&self, id: RuleId, key: String, cost: u64) -> Option<Charge> {
+        let own = self.policy.store_rule_count()..self.store.rules().len();
+        own.contains(&id.0).then_some(Charge {
+            id,
+            of: None,
+            key,
+            cost,
+        })
+    }
+
+    /// The charges a request's parts make: every rule that matches, with
+    /// its key and cost. A rule that counts by the client's address, on
+    /// parts that carry none, does not apply, unless `missing` says that is
+    /// an error.
+    pub fn plan(&self, parts: &Parts, missing: MissingClientAddr) -> Result<Charges, Unplanned> {
+        let policy = &self.policy;
+        let client = Client::of(parts, &policy.clients);
+        let addr_required = missing == MissingClientAddr::Error;
+        let tier = policy.tier_of(&client);
+        let mut charges = SmallVec::new();
+        for (index, rule) in policy.rules.iter().enumerate() {
+            if !rule
+                .matches(parts)
+                .map_err(|m| Unplanned::BadRequest(m.to_string()))?
+            {
+                continue;
+            }
+            let Some(key) = rule.key_of(&client, parts) else {
+                // `ip` is `None` only when there is no peer address at all.
+                if addr_required && client.ip.is_none() && rule.needs_ip() {
+                    return Err(Unplanned::NoClientAddr(index));
+                }
+                continue;
+            };
+            let cost = cost_of(&rule.cost, &client, parts).map_err(Unplanned::BadRequest)?;
+            let quota = rule.quota_index(tier);
+            charges.push(Charge {
+                id: RuleId(rule.first_id + quota),
+                of: Some((index, quota)),
+                key,
+                cost,
+            });
+        }
+        Ok(charges)
+    }
+
+    /// Plans a request's parts and decides it, for a caller that describes
+    /// a request rather than serving it (a decision API): a rule that
+    /// counts by the client's address does not apply to parts without one.
+    pub async fn decide_parts(&self, parts: &Parts) -> Ruling {
+        match self.plan(parts, MissingClientAddr::SkipRule) {
+            Ok(charges) => self.decide(charges, Asking::default()).await,
+            Err(Unplanned::BadRequest(message)) => {
+                Ruling::without_store(Outcome::BadRequest(message), SmallVec::new())
+            }
+            Err(Unplanned::NoClientAddr(_)) => unreachable!("skipped, not required"),
+        }
+    }
+
+    /// Decides on a request's charges: all go to the store in one call
+    /// (two when only non-rejecting rules denied), charged as the outcome
+    /// says.
+    pub async fn decide(&self, charges: Charges, asking: Asking) -> Ruling {
+        if charges.is_empty() {
+            return Ruling::without_store(Outcome::Unlimited, charges);
+        }
+        let mut deciding = Deciding::new(self, charges, asking);
+        loop {
+            let Some(asked) = deciding.ask() else { break };
+            let answered = self.store.check(&asked).await;
+            drop(asked);
+            match answered {
+                Ok(verdict) => deciding.answer(&verdict),
+                Err(e) => return deciding.failed(&e),
+            }
+        }
+        deciding.conclude()
+    }
+
+    /// [`decide`](Self::decide) on a store that answers without waiting
+    /// ([`Store::try_check_now`]); the charges back, with nothing charged,
+    /// on a store that has to be waited for.
+    // The charges come back by value, for the caller to wait with: boxing
+    // them would add an allocation to every request that waits.
+    #[allow(clippy::result_large_err)]
+    pub fn decide_now(&self, charges: Charges, asking: Asking) -> Result<Ruling, Charges> {
+        if charges.is_empty() {
+            return Ok(Ruling::without_store(Outcome::Unlimited, charges));
+        }
+        let mut deciding = Deciding::new(self, charges, asking);
+        loop {
+            let Some(asked) = deciding.ask() else { break };
+            let answered = self.store.try_check_now(&asked);
+            drop(asked);
+            match answered {
+                None => return Err(deciding.charges),
+                Some(Ok(verdict)) => deciding.answer(&verdict),
+                Some(Err(e)) => return Ok(deciding.failed(&e)),
+            }
+        }
+        Ok(deciding.conclude())
+    }
+
+    /// The rate-limit header fields that describe `ruling`, as configured
+    /// ([`HeaderOptions`](crate::HeaderOptions)); empty when no rule
+    /// decided or no header is to be sent.
+    pub fn fields(&self, ruling: &Ruling) -> RateLimitFields {
+        self.described(ruling).fields(self)
+    }
+
+    /// What the header fields of `ruling` are made of, small enough for a
+    /// response future to carry.
+    pub(crate) fn described(&self, ruling: &Ruling) -> Described {
+        let mut applied = Small::new();
+        let mut reported = 0;
+        for (i, charge) in ruling.charges.iter().enumerate() {
+            let Some(decision) = ruling.decision(i) else {
+                continue;
+            };
+            if ruling.reported == Some(i) {
+                reported = applied.len();
+            }
+            applied.push(Decided {
+                id: charge.id,
+                of: charge.of,
+                decision: *decision,
+                window_secs: self.window_secs(charge, decision),
+            });
+        }
+        Described { applied, reported }
+    }
+
+    /// Every decided rule of `ruling`, as a decision API reports it.
+    pub fn report<'a>(&'a self, ruling: &'a Ruling) -> impl Iterator<Item = Reported<'a>> + 'a {
+        ruling
+            .charges
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, charge)| {
+                Some(Reported {
+                    rule: self.rule_name(charge),
+                    tier: self.tier_name(charge),
+                    key: &charge.key,
+                    cost: charge.cost,
+                    action: self.action(charge),
+                    decision: ruling.decision(i)?,
+                })
+            })
+    }
+
+    /// The window the headers announce for a decision on `charge`: the time
+    /// its quota takes to refill the decision's limit, in whole seconds.
+    fn window_secs(&self, charge: &Charge, decision: &Decision) -> u64 {
+        match charge.of {
+            Some((index, quota)) => self.policy.rules[index].window_secs(quota, decision.limit),
+            None => headers::window_secs(
+                &self.store.rules()[charge.id.0].algorithm().quota(),
+                decision.limit,
+            ),
+        }
+    }
+
+    /// Reports one charge's outcome to the observer.
+    fn observe(&self, charge: &Charge, outcome: RuleOutcome, decision: Option<&Decision>) {
+        if let Some(observer) = &self.observer {
+            observer.observe(self.rule_name(charge), outcome, decision);
+        }
+    }
+}
+
+/// A request's cost under a rule: fixed, or from a trusted header (a
+/// [`RequestCost`](crate::RequestCost) extension first).
+fn cost_of(cost: &Cost, client: &Client, parts: &Parts) -> Result<u64, String> {
+    match cost {
+        Cost::Fixed(c) => Ok(*c),
+        Cost::Header { name, default } => match parts.extensions.get::<crate::RequestCost>() {
+            Some(crate::RequestCost(c)) => Ok(*c),
+            None => match parts.headers.get(name).filter(|_| client.peer_trusted) {
+                None => Ok(*default),
+                Some(v) => v
+                    .to_str()
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .ok_or_else(|| format!("header `{name}` must be a non-negative integer cost")),
+            },
+        },
+    }
+}
+
+/// Of the charges `among`, the one to report: the first that denies the
+/// request, else the decided one with the least remaining (then the
+/// smallest limit).
+fn most_restrictive(
+    among: std::ops::Range<usize>,
+    decisions: &[Option<Decision>],
+    denies: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    among.clone().find(|&i| denies(i)).or_else(|| {
+        among
+            .filter_map(|i| decisions.get(i).copied().flatten().map(|d| (i, d)))
+            .min_by_key(|(_, d)| (d.remaining, d.limit))
+            .map(|(i, _)| i)
+    })
+}
+
+/// One decision in the making: the loop of [`Engine::decide`], one store
+/// answer at a time, so that the same steps serve a store that must be
+/// waited for and one that answers at once.
+struct Deciding<'e, St> {
+    engine: &'e Engine<St>,
+    charges: Charges,
+    asking: Asking,
+    decisions: Small<Option<Decision>>,
+    over_capacity: Small<bool>,
+    rejecting: Small<bool>,
+    rejected_by: Option<usize>,
+    denied_softly: Small<usize>,
+    charged: Option<(Small<usize>, u64)>,
+    // The charges still to be asked, by index; empty once decided.
+    active: Small<usize>,
+    // Only look: every cost is 0.
+    look_only: bool,
+}
+
+impl<'e, St: Store> Deciding<'e, St> {
+    /// Starts deciding on charges (at least one).
+    fn new(engine: &'e Engine<St>, charges: Charges, asking: Asking) -> Self {
+        let n = charges.len();
+        let over_capacity: Small<bool> = match asking.over_capacity {
+            OverCapacity::Refuse => smallvec::smallvec![false; n],
+            OverCapacity::Deny => charges
+                .iter()
+                .map(|c| c.cost > engine.store.rules()[c.id.0].algorithm().capacity())
+                .collect(),
+        };
+        let look_only = asking.look_only || over_capacity.contains(&true);
+        Self {
+            engine,
+            asking,
+            decisions: smallvec::smallvec![None; n],
+            over_capacity,
+            rejecting: smallvec::smallvec![false; n],
+            rejected_by: None,
+            denied_softly: SmallVec::new(),
+            charged: None,
+            active: (0..n).collect(),
+            look_only,
+            charges,
+        }
+    }
+
+    /// The checks to ask the store next; `None` once decided.
+    fn ask(&self) -> Option<Small<Check<'_>>> {
+        (!self.active.is_empty()).then(|| {
+            self.active
+                .iter()
+                .map(|&i| {
+                    let c = &self.charges[i];
+                    Check {
+                        rule: c.id,
+                        key: &c.key,
+                        cost: if self.look_only { 0 } else { c.cost },
+                    }
+                })
+                .collect()
+        })
+    }
+
+    /// Takes the store's answer on what [`ask`](Self::ask) gave.
+    fn answer(&mut self, verdict: &Verdict) {
+        for (&i, d) in self.active.iter().zip(&verdict.decisions) {
+            self.decisions[i] = Some(*d);
+        }
+        if verdict.allowed {
+            let charged = std::mem::take(&mut self.active);
+            self.charged = Some((charged, verdict.decided_at));
+            return;
+        }
+        let denying: Small<usize> = self
+            .active
+            .iter()
+            .zip(&verdict.decisions)
+            .filter(|(_, d)| !d.allowed)
+            .map(|(&i, _)| i)
+            .collect();
+        let engine = self.engine;
+        let rejecting: Small<usize> = denying
+            .iter()
+            .copied()
+            .filter(|&i| engine.action(&self.charges[i]) == Action::Reject)
+            .collect();
+        if let Some(&first) = rejecting.first() {
+            for &i in &rejecting {
+                self.rejecting[i] = true;
+            }
+            self.rejected_by = Some(first);
+            self.active.clear();
+            return;
+        }
+        self.denied_softly.extend_from_slice(&denying);
+        // The verdict's decisions are the active checks', in order: one
+        // pass, not a search of the denying for each check (which made a
+        // request of n checks cost n² here).
+        let mut decided = verdict.decisions.iter();
+        self.active
+            .retain(|_| decided.next().is_some_and(|d| d.allowed));
+    }
+
+    /// The ruling when the store could not decide: a request that can
+    /// never be decided is the client's error; otherwise the store is
+    /// unavailable (its failure policy has been applied already).
+    fn failed(self, error: &St::Error) -> Ruling {
+        let engine = self.engine;
+        for charge in &self.charges {
+            engine.observe(charge, RuleOutcome::Error, None);
+        }
+        let outcome = match error.invalid_request() {
+            Some(e) => Outcome::BadRequest(self.request_error(e)),
+            None => {
+                tracing::warn!(error = %error, "rate limit store unavailable");
+                Outcome::Unavailable(error.to_string())
+            }
+        };
+        Ruling::without_store(outcome, self.charges)
+    }
+
+    /// The message of a store error that is the request's fault.
+    fn request_error(&self, e: &spillway::Error) -> String {
+        match e {
+            spillway::Error::CostTooLarge { index, source } => {
+                // `index` is the check's among those asked, which are the
+                // first ask's: every charge, in order.
+                let rule = self
+                    .charges
+                    .get(*index)
+                    .map_or("?", |c| self.engine.rule_name(c));
+                format!(
+                    "This request costs {} under rule `{rule}`, whose capacity is {}: it can never be admitted.",
+                    source.cost, source.capacity
+                )
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// The ruling, once the store has decided.
+    fn conclude(self) -> Ruling {
+        let engine = self.engine;
+        let charges = &self.charges;
+        let denied_by_capacity = self.over_capacity.iter().position(|&o| o);
+        for (i, charge) in charges.iter().enumerate() {
+            let outcome = match self.decisions[i] {
+                _ if self.over_capacity[i] => RuleOutcome::Rejected,
+                Some(d) if !d.allowed => RuleOutcome::of_denial(engine.action(charge)),
+                Some(_) => RuleOutcome::Allowed,
+                None => continue,
+            };
+            engine.observe(charge, outcome, self.decisions[i].as_ref());
+        }
+        let rejected_by = denied_by_capacity.or(self.rejected_by);
+        let denies = |i: usize| self.over_capacity[i] || self.rejecting[i];
+        let reported = most_restrictive(0..charges.len(), &self.decisions, denies);
+        let outcome = match rejected_by {
+            Some(i) => {
+                let name = engine.rule_name(&charges[i]);
+                tracing::debug!(rule = name, key = %charges[i].key, "rate limited");
+                let retry_after = self.decisions[i]
+                    .and_then(|d| d.retry_after)
+                    .unwrap_or(Duration::from_secs(1));
+                Outcome::Rejected {
+                    rule: name.to_string(),
+                    retry_after,
+                }
+            }
+            None if self.asking.look_only => Outcome::Admitted {
+                delay: Duration::ZERO,
+                limited: Vec::new(),
+                shadowed: Vec::new(),
+            },
+            None => {
+                let mut limited = Vec::new();
+                let mut shadowed = Vec::new();
+                for &i in &self.denied_softly {
+                    let name = engine.rule_name(&charges[i]);
+                    if engine.action(&charges[i]) == Action::Shadow {
+                        tracing::info!(rule = name, key = %charges[i].key, "shadow rule would have denied");
+                        shadowed.push(name.to_string());
+                    } else {
+                        limited.push(name.to_string());
+                    }
+                }
+                let delay = self
+                    .decisions
+                    .iter()
+                    .flatten()
+                    .filter(|d| d.allowed)
+                    .map(|d| d.delay)
+                    .max()
+                    .unwrap_or_default();
+                Outcome::Admitted {
+                    delay,
+                    limited,
+                    shadowed,
+                }
+            }
+        };
+        Ruling {
+            outcome,
+            decisions: self.decisions,
+            over_capacity: self.over_capacity,
+            rejecting: self.rejecting,
+            rejected_by,
+            // Looking charges nothing: there is nothing to give back.
+            charged: self.charged.filter(|_| !self.look_only),
+            reported,
+            charges: self.charges,
+        }
+    }
+}
+
+/// What a ruling's header fields are made of: each decided charge's store
+/// rule, policy rule and quota, decision and window in seconds, and which
+/// of them the fields report.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Described {
+    applied: Small<Decided>,
+    reported: usize,
+}
+
+/// One decided charge, as the header fields need it.
+#[derive(Debug, Clone, Copy)]
+struct Decided {
+    id: RuleId,
+    of: Option<(usize, usize)>,
+    decision: Decision,
+    window_secs: u64,
+}
+
+impl Described {
+    /// The fields, with the rules' names (made in advance for the
+    /// policy's rules).
+    pub(crate) fn fields<St: Store>(&self, engine: &Engine<St>) -> RateLimitFields {
+        let policy = &engine.policy;
+        let options = &policy.headers;
+        if !(options.legacy || options.ietf) || self.applied.is_empty() {
+            return RateLimitFields::default();
+        }
+        // The names of the store's own rules are serialized here; the
+        // policy's were when the rule was made.
+        let own: Small<String> = self
+            .applied
+            .iter()
+            .filter(|d| d.of.is_none())
+            .map(|d| headers::sf_name(engine.store.rules()[d.id.0].name()))
+            .collect();
+        let mut own = own.iter();
+        let applied: Small<Applied<'_>> = self
+            .applied
+            .iter()
+            .map(|d| match d.of {
+                Some((index, quota)) => Applied {
+                    name: &policy.rules[index].sf_name,
+                    decision: d.decision,
+                    window_secs: d.window_secs,
+                    presented: policy.rules[index].presented.get(quota),
+                },
+                None => Applied {
+                    name: own.next().map_or("\"?\"", String::as_str),
+                    decision: d.decision,
+                    window_secs: d.window_secs,
+                    presented: None,
+                },
+            })
+            .collect();
+        RateLimitFields::new(options, &applied, self.reported)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use spillway::Quota;
+    use spillway::algorithm::{FixedWindow, TokenBucket};
+    use spillway::clock::FakeClock;
+    use spillway::store::{MemoryOptions, MemoryStore, Rule};
+
+    use super::*;
+    use crate::HttpRule;
+
+    fn per_minute(n: u32) -> Quota {
+        Quota::per_minute(NonZeroU32::new(n).expect("nonzero"))
+    }
+
+    /// An engine on a store at 42.8 s into a minute, with the policy's
+    /// rules and then `own`.
+    fn engine(policy: Policy, own: Vec<Rule>) -> Engine<MemoryStore<FakeClock>> {
+        let mut rules = policy.store_rules();
+        rules.extend(own);
+        let clock = FakeClock::new(42_800_000);
+        let store = MemoryStore::with_clock(rules, MemoryOptions::default(), clock);
+        Engine::new(policy, store).expect("the policy's rules")
+    }
+
+    fn fields(engine: &Engine<MemoryStore<FakeClock>>, ruling: &Ruling) -> Vec<(String, String)> {
+        engine
+            .fields(ruling)
+            .iter()
+            .map(|(name, value)| {
+                let value = std::str::from_utf8(value).expect("text");
+                (name.to_string(), value.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_rule_is_described_with_the_values_made_for_its_quota() {
+        let policy = Policy::new([HttpRule::new("api", FixedWindow::new(per_minute(100)))]);
+        let engine = engine(policy, Vec::new());
+        let charge = engine
+            .charge_named("api", None, "k".into(), 58)
+            .expect("a rule");
+        let ruling = engine
+            .decide_now(smallvec::smallvec![charge], Asking::default())
+            .expect("in memory");
+        assert!(matches!(ruling.outcome(), Outcome::Admitted { .. }));
+        let fields = fields(&engine, &ruling);
+        let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "x-ratelimit-limit",
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset",
+                "ratelimit-policy",
+                "ratelimit"
+            ]
+        );
+        assert_eq!(fields[0].1, "100");
+        assert_eq!(fields[1].1, "42");
+        assert_eq!(fields[3].1, "\"api\";q=100;w=60");
+        // 17.2 s to the window's end, rounded up.
+        assert_eq!(fields[4].1, "\"api\";r=42;t=18");
+    }
+
+    #[test]
+    fn a_store_rule_of_the_callers_own_is_reported_under_its_name_and_rejects() {
+        let policy = Policy::new([HttpRule::new("api", FixedWindow::new(per_minute(100)))]);
+        let own = Rule::new("own:2-per-minute", FixedWindow::new(per_minute(2)));
+        let engine = engine(policy, vec![own]);
+        assert!(engine.charge_own(RuleId(0), "k".into(), 1).is_none());
+        assert!(engine.charge_own(RuleId(2), "k".into(), 1).is_none());
+        let charge = || engine.charge_own(RuleId(1), "k".into(), 1).expect("own");
+        for _ in 0..2 {
+            let ruling = engine
+                .decide_now(smallvec::smallvec![charge()], Asking::default())
+                .expect("in memory");
+            assert!(matches!(ruling.outcome(), Outcome::Admitted { .. }));
+        }
+        let ruling = engine
+            .decide_now(smallvec::smallvec![charge()], Asking::default())
+            .expect("in memory");
+        assert_eq!(
+            ruling.outcome(),
+            &Outcome::Rejected {
+                rule: "own:2-per-minute".into(),
+                retry_after: Duration::from_millis(17_200),
+            }
+        );
+        assert_eq!(ruling.outcome().retry_after_secs(), Some(18));
+        let fields = fields(&engine, &ruling);
+        assert!(fields.contains(&(
+            "ratelimit-policy".into(),
+            "\"own:2-per-minute\";q=2;w=60".into()
+        )));
+        assert!(fields.contains(&("ratelimit".into(), "\"own:2-per-minute\";r=0;t=18".into())));
+    }
+
+    #[test]
+    fn a_cost_over_capacity_denies_and_the_others_are_only_looked_at_when_asked_so() {
+        let policy = Policy::new([
+            HttpRule::new("small", FixedWindow::new(per_minute(5))),
+            HttpRule::new(
+                "bucket",
+                TokenBucket::new(per_minute(10), NonZeroU32::new(10).expect("nonzero")),
+            ),
+        ]);
+        let engine = engine(policy, Vec::new());
+        let charges = |cost| -> Charges {
+            smallvec::smallvec![
+                engine.charge(0, None, "k".into(), cost),
+                engine.charge(1, None, "k".into(), cost)
+            ]
+        };
+        // Refused: the client's error, as the middleware answers it.
+        let refused = engine
+            .decide_now(charges(7), Asking::default())
+            .expect("in memory");
+        assert!(
+            matches!(refused.outcome(), Outcome::BadRequest(m) if m.contains("rule `small`")),
+            "{:?}",
+            refused.outcome()
+        );
+        // Denied: by the rule it can never pass, charging neither.
+        let deny = Asking {
+            over_capacity: OverCapacity::Deny,
+            look_only: false,
+        };
+        let denied = engine.decide_now(charges(7), deny).expect("in memory");
+        assert!(matches!(denied.outcome(), Outcome::Rejected { rule, .. } if rule == "small"));
+        assert!(denied.denies(0));
+        assert!(!denied.denies(1));
+        assert_eq!(denied.reported(), Some(0));
+        assert_eq!(denied.decision(1).map(|d| d.remaining), Some(10));
+        assert!(denied.into_held().is_none());
+        // Looking only charges nothing either.
+        let look = Asking {
+            over_capacity: OverCapacity::Deny,
+            look_only: true,
+        };
+        let looked = engine.decide_now(charges(3), look).expect("in memory");
+        assert!(matches!(looked.outcome(), Outcome::Admitted { .. }));
+        assert_eq!(looked.decision(0).map(|d| d.remaining), Some(5));
+        let charged = engine.decide_now(charges(3), deny).expect("in memory");
+        assert_eq!(charged.decision(0).map(|d| d.remaining), Some(2));
+        assert_eq!(charged.decision(1).map(|d| d.remaining), Some(7));
+        assert_eq!(charged.reported(), Some(0));
+        assert_eq!(charged.into_held().map(|h| h.charges.len()), Some(2));
+    }
+}
