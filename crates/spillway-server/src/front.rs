@@ -22,12 +22,12 @@ use http_body_util::BodyExt;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use crate::app::{
+use crate::api::{
     Answer, MAX_BODY_BYTES, app, check_answer, check_authorized, check_needs_token, routes,
 };
 use crate::http1::wire::{self, Chunked, Framing};
 use crate::http1::{self, Accepting, Client, Lifetime, Reply, Timeouts, Whole};
-use crate::server::State;
+use crate::state::State;
 
 /// What every connection shares.
 struct Front {
@@ -49,7 +49,7 @@ pub(crate) async fn serve(
     state: State,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
-    let server = state.shared.engine().config.server.clone();
+    let server = state.live.current().config.server.clone();
     let timeouts = Timeouts {
         head: server.head_timeout,
         body: server.body_timeout,

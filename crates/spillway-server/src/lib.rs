@@ -12,16 +12,19 @@
 //! The binary only parses its flags, sets up logging, binds and calls the
 //! library.
 
-pub mod app;
+pub mod api;
 pub mod config;
-pub mod engine;
+pub mod envoy;
 mod front;
-pub mod grpc;
 mod http1;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
-pub mod server;
+mod run;
+pub mod state;
+pub mod store;
 
-pub use app::app;
-pub use server::{ConfigSource, Overrides, State, run};
+pub use api::app;
+pub use config::{ConfigSource, Overrides};
+pub use run::run;
+pub use state::State;

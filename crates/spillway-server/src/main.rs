@@ -224,12 +224,12 @@ fn load_config(
 ) -> Result<
     (
         spillway_server::config::Config,
-        Option<spillway_server::server::ConfigSource>,
+        Option<spillway_server::config::ConfigSource>,
     ),
     String,
 > {
     use spillway_server::config::Config;
-    use spillway_server::server::{ConfigSource, Overrides, SAMPLE_CONFIG, locate_config};
+    use spillway_server::config::{ConfigSource, Overrides, SAMPLE_CONFIG, locate_config};
 
     if let Some(url) = &redis
         && !(url.starts_with("redis://") || url.starts_with("rediss://"))
@@ -260,9 +260,9 @@ fn load_config(
 }
 
 fn proxy(args: ProxyArgs) -> Result<(), String> {
+    use spillway_server::State;
     use spillway_server::proxy::{ProxyOptions, serve_with};
     use spillway_server::reload::Reloader;
-    use spillway_server::server::State;
 
     init_logging();
     let (config, source) = load_config(args.config, args.redis)?;
@@ -294,7 +294,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         let result = serve_with(
             listener,
             args.upstream,
-            state.shared.clone(),
+            state.live.clone(),
             options,
             shutdown_signal(),
         )
@@ -307,7 +307,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
-    use spillway_server::server::State;
+    use spillway_server::State;
 
     init_logging();
     let (config, source) = load_config(args.config, args.redis)?;

@@ -38,7 +38,7 @@ use spillway::store::{RuleId, Store};
 use spillway_redis::{Error as StoreError, Stats};
 use spillway_tower::{Observer, RuleOutcome};
 
-use crate::engine::{Engine, StoreObserver};
+use crate::store::{AnyStore, StoreObserver};
 
 /// The `Content-Type` of `/metrics`.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -221,8 +221,8 @@ impl Metrics {
 
     /// Keeps the Redis counters of an engine that a reload replaced, so that
     /// the totals stay monotonic.
-    pub fn retire(&self, old: &Engine) {
-        if let Some(redis) = old.store().redis() {
+    pub fn retire(&self, old: &AnyStore) {
+        if let Some(redis) = old.redis() {
             let s = redis.stats();
             let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
             r.redis_calls += s.redis_calls;
@@ -240,14 +240,14 @@ impl Metrics {
     }
 
     /// The metrics in the Prometheus text format, with the store's figures
-    /// read from `engine` now.
-    pub fn encode(&self, engine: &Engine) -> String {
+    /// read from `store` now.
+    pub fn encode(&self, store: &AnyStore) -> String {
         let mut out = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         let retired = *self.retired.lock().unwrap_or_else(|e| e.into_inner());
         let mut now = Registry::default();
-        now.register_collector(Box::new(StoreSnapshot::of(engine, retired)));
+        now.register_collector(Box::new(StoreSnapshot::of(store, retired)));
         prometheus_client::encoding::prometheus_text::encode(&mut out, &now)
             .expect("writing to a String cannot fail");
         out
@@ -299,8 +299,7 @@ struct StoreSnapshot {
 }
 
 impl StoreSnapshot {
-    fn of(engine: &Engine, retired: Stats) -> Self {
-        let store = engine.store();
+    fn of(store: &AnyStore, retired: Stats) -> Self {
         let mut stats = retired;
         let mut healthy = true;
         if let Some(redis) = store.redis() {

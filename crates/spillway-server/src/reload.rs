@@ -3,7 +3,7 @@
 //! The file is read again, validated ([`Config::load`](crate::config::Config::load))
 //! and built into a new engine with the old one as `previous`, so the
 //! in-memory counters of unchanged rules carry over; then the new engine
-//! replaces the old one at once ([`Shared::replace`](crate::engine::Shared::replace)).
+//! replaces the old one at once ([`Live::replace`](crate::engine::Live::replace)).
 //! Requests in flight finish on the engine they started with.
 //!
 //! A configuration that does not load (a syntax error, a zero limit, an
@@ -18,7 +18,8 @@ use std::time::Duration;
 use spillway_redis::Error as StoreError;
 
 use crate::config::ConfigError;
-use crate::server::{ConfigSource, State, build_engine};
+use crate::config::ConfigSource;
+use crate::state::{Loaded, State};
 
 /// How often the file is polled for changes.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -93,16 +94,16 @@ impl Reloader {
         }
         let config = source.load()?;
         // No new limit override while the next engine is made from this one.
-        let _changing = self.state.shared.changing().await;
-        let old = self.state.shared.engine();
+        let _changing = self.state.live.changing().await;
+        let old = self.state.live.current();
         let (was, now) = (&old.config.server, &config.server);
         if was.listen != now.listen || was.grpc_listen != now.grpc_listen {
             tracing::warn!("server.listen and server.grpc_listen take effect on restart only");
         }
-        let engine = build_engine(config, Some(&old), &self.state.metrics).await?;
+        let engine = Loaded::counted(config, Some(&old), &self.state.metrics).await?;
         let rules = engine.config.policy.rules().len();
-        self.state.shared.replace(engine);
-        self.state.metrics.retire(&old);
+        self.state.live.replace(engine);
+        self.state.metrics.retire(old.store());
         tracing::info!(
             path = %source.path.display(),
             rules,

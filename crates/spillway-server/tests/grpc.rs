@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use grpc_support::{code, descriptor, request};
 use spillway_server::config::Config;
-use spillway_server::engine::{Engine, Shared};
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use spillway_server::grpc::rls::rate_limit_response::rate_limit::Unit;
-use spillway_server::grpc::rls::rate_limit_response::{Code, DescriptorStatus};
-use spillway_server::grpc::rls::rate_limit_service_client::RateLimitServiceClient;
-use spillway_server::grpc::rls::{RateLimitRequest, RateLimitResponse};
+use spillway_server::envoy::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use spillway_server::envoy::rls::rate_limit_response::rate_limit::Unit;
+use spillway_server::envoy::rls::rate_limit_response::{Code, DescriptorStatus};
+use spillway_server::envoy::rls::rate_limit_service_client::RateLimitServiceClient;
+use spillway_server::envoy::rls::{RateLimitRequest, RateLimitResponse};
+use spillway_server::state::{Live, Loaded};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -76,16 +76,16 @@ struct Server {
 
 async fn start(config: &str) -> Server {
     let config = Config::parse(config).expect("a valid configuration");
-    let engine = Engine::build(config, None, None).await.expect("an engine");
+    let engine = Loaded::build(config, None, None).await.expect("an engine");
     start_engine(engine).await
 }
 
-async fn start_engine(engine: Engine) -> Server {
-    let shared = Arc::new(Shared::new(engine));
+async fn start_engine(engine: Loaded) -> Server {
+    let shared = Arc::new(Live::new(engine));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(spillway_server::grpc::serve(listener, shared, async {
+    tokio::spawn(spillway_server::envoy::serve(listener, shared, async {
         let _ = stopped.await;
     }));
     let client = grpc_support::connect(addr).await;
@@ -407,7 +407,7 @@ async fn a_fail_closed_store_that_cannot_answer_is_unavailable() {
         redis.url()
     );
     let config = Config::parse(&text).expect("a valid configuration");
-    let engine = Engine::build(config, None, None).await.expect("connected");
+    let engine = Loaded::build(config, None, None).await.expect("connected");
     let mut s = start_engine(engine).await;
     let r = s.one(IP).await;
     assert_eq!(r.statuses[0].limit_remaining, 2);
@@ -423,13 +423,13 @@ async fn a_fail_closed_store_that_cannot_answer_is_unavailable() {
 
 #[tokio::test]
 async fn decisions_over_grpc_are_counted_in_the_metrics() {
-    use spillway_server::server::State;
+    use spillway_server::State;
     let state = State::new(Config::parse(CONFIG).unwrap()).await.unwrap();
-    let shared = state.shared.clone();
+    let shared = state.live.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (_stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(spillway_server::grpc::serve(listener, shared, async {
+    tokio::spawn(spillway_server::envoy::serve(listener, shared, async {
         let _ = stopped.await;
     }));
     let mut client = grpc_support::connect(addr).await;
@@ -442,7 +442,7 @@ async fn decisions_over_grpc_are_counted_in_the_metrics() {
             .await
             .unwrap();
     }
-    let text = state.metrics.encode(&state.shared.engine());
+    let text = state.metrics.encode(state.live.current().store());
     let count = |outcome: &str| -> f64 {
         text.lines()
             .find(|l| {

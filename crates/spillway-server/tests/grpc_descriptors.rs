@@ -13,12 +13,12 @@ use grpc_support::{code, descriptor, request};
 use serde_json::json;
 use serve_support::{Http, metric_value, temp_dir, write_atomically};
 use spillway_server::config::{Config, ConfigError};
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use spillway_server::grpc::rls::rate_limit_response::rate_limit::Unit;
-use spillway_server::grpc::rls::rate_limit_response::{Code, DescriptorStatus};
-use spillway_server::grpc::rls::rate_limit_service_client::RateLimitServiceClient;
-use spillway_server::grpc::rls::{RateLimitRequest, RateLimitResponse};
+use spillway_server::envoy::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use spillway_server::envoy::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use spillway_server::envoy::rls::rate_limit_response::rate_limit::Unit;
+use spillway_server::envoy::rls::rate_limit_response::{Code, DescriptorStatus};
+use spillway_server::envoy::rls::rate_limit_service_client::RateLimitServiceClient;
+use spillway_server::envoy::rls::{RateLimitRequest, RateLimitResponse};
 use spillway_server::reload::Reloader;
 use spillway_server::{ConfigSource, State};
 use tokio::net::TcpListener;
@@ -268,7 +268,7 @@ async fn unlimited_is_ok_without_counting_and_shadow_mode_never_denies() {
         assert_eq!(code(r.statuses[0].code), Code::Ok);
         assert_eq!(r.statuses[1].limit_remaining, 3 - charged);
     }
-    let metrics = s.state.metrics.encode(&s.state.shared.engine());
+    let metrics = s.state.metrics.encode(s.state.live.current().store());
     assert_eq!(
         metric_value(
             &metrics,
@@ -435,7 +435,7 @@ async fn a_limit_override_replaces_the_configured_limit() {
     let unconfigured = with_limit(&[("anything", "x")], 1, 1);
     assert_eq!(s.admitted_all(&[unconfigured], 3).await, 1);
 
-    let metrics = s.state.metrics.encode(&s.state.shared.engine());
+    let metrics = s.state.metrics.encode(s.state.live.current().store());
     let series = |rule: &str, outcome: &str| {
         metric_value(
             &metrics,
@@ -603,7 +603,7 @@ async fn new_overrides_arriving_together_are_all_counted_exactly() {
     }
     assert_eq!(admitted, 4, "4 a minute, shared by all");
     // Every override has its rule, with its own count (2 of 10 + i used).
-    let engine = s.state.shared.engine();
+    let engine = s.state.live.current();
     for i in 0..16u32 {
         let limit = spillway_server::config::descriptors::UnitLimit {
             requests_per_unit: std::num::NonZeroU32::new(10 + i).unwrap(),
@@ -625,7 +625,7 @@ async fn new_overrides_arriving_together_are_all_counted_exactly() {
 async fn overrides_are_bounded_and_survive_a_reload() {
     let dir = files("yaml-override-bound", TOML, YAML);
     let mut s = start(&dir).await;
-    let max = spillway_server::engine::MAX_LIMIT_OVERRIDES;
+    let max = spillway_server::state::MAX_LIMIT_OVERRIDES;
     let n = u32::try_from(max).unwrap();
     for per_unit in 1..=n {
         let r = s

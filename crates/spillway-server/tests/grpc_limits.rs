@@ -12,14 +12,15 @@ use std::time::Duration;
 use grpc_support::{code, descriptor, request};
 use spillway_redis::Error as StoreError;
 use spillway_server::config::Config;
-use spillway_server::engine::{Engine, Shared, StoreObserver};
-use spillway_server::grpc::EnvoyRateLimiter;
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use spillway_server::grpc::rls::RateLimitRequest;
-use spillway_server::grpc::rls::rate_limit_response::Code;
-use spillway_server::grpc::rls::rate_limit_service_client::RateLimitServiceClient;
-use spillway_server::grpc::rls::rate_limit_service_server::RateLimitService;
+use spillway_server::envoy::EnvoyRateLimiter;
+use spillway_server::envoy::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use spillway_server::envoy::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use spillway_server::envoy::rls::RateLimitRequest;
+use spillway_server::envoy::rls::rate_limit_response::Code;
+use spillway_server::envoy::rls::rate_limit_service_client::RateLimitServiceClient;
+use spillway_server::envoy::rls::rate_limit_service_server::RateLimitService;
+use spillway_server::state::{Live, Loaded};
+use spillway_server::store::StoreObserver;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -40,19 +41,19 @@ descriptors = ["remote_address"]
 /// A running service on port 0; stops when dropped.
 struct Server {
     client: RateLimitServiceClient<Channel>,
-    shared: Arc<Shared>,
+    shared: Arc<Live>,
     _stop: oneshot::Sender<()>,
 }
 
 async fn start(config: &str) -> Server {
     let config = Config::parse(config).expect("a valid configuration");
-    let shared = Arc::new(Shared::new(
-        Engine::build(config, None, None).await.expect("an engine"),
+    let shared = Arc::new(Live::new(
+        Loaded::build(config, None, None).await.expect("an engine"),
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(spillway_server::grpc::serve(
+    tokio::spawn(spillway_server::envoy::serve(
         listener,
         shared.clone(),
         async {
@@ -127,7 +128,7 @@ async fn a_call_over_the_bounds_is_refused_and_charges_nothing() {
         assert!(status.message().contains(bound), "{what}: {status:?}");
     }
     assert_eq!(remaining(&mut server, 0).await, 3, "nothing charged");
-    let engine = server.shared.engine();
+    let engine = server.shared.current();
     assert!(
         engine
             .override_named("envoy-override:7-per-minute")
@@ -203,10 +204,10 @@ async fn a_call_costs_one_store_call_whatever_its_descriptors() {
     let calls = Arc::new(Calls::default());
     let config = Config::parse(&config).expect("a valid configuration");
     let observer: Arc<dyn StoreObserver> = calls.clone();
-    let engine = Engine::build(config, None, Some(observer))
+    let engine = Loaded::build(config, None, Some(observer))
         .await
         .expect("an engine");
-    let shared = Arc::new(Shared::new(engine));
+    let shared = Arc::new(Live::new(engine));
     let service = EnvoyRateLimiter::new(shared.clone());
     let mut keys_before = 0;
     for n in [64, 256] {
@@ -223,7 +224,7 @@ async fn a_call_costs_one_store_call_whatever_its_descriptors() {
             .into_inner();
         assert_eq!(r.statuses.len(), n);
         assert_eq!(calls.0.load(Ordering::Relaxed) - before, 1, "{n}: one call");
-        let engine = shared.engine();
+        let engine = shared.current();
         let memory = engine.store().memory().expect("in memory");
         let keys = memory.len(spillway::store::RuleId(0));
         assert_eq!(keys - keys_before, n, "{n}: one key per descriptor");
@@ -245,8 +246,8 @@ fn with_timeout(call: RateLimitRequest, timeout: &str) -> tonic::Request<RateLim
 #[tokio::test(start_paused = true)]
 async fn a_call_past_its_deadline_is_not_charged() {
     let config = Config::parse(CONFIG).expect("a valid configuration");
-    let shared = Arc::new(Shared::new(
-        Engine::build(config, None, None).await.expect("an engine"),
+    let shared = Arc::new(Live::new(
+        Loaded::build(config, None, None).await.expect("an engine"),
     ));
     let service = EnvoyRateLimiter::new(shared.clone());
     let call = || request("spillway", ips(1));
@@ -285,7 +286,7 @@ async fn a_call_past_its_deadline_is_not_charged() {
         .expect_err("too late");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     drop(reload);
-    let engine = shared.engine();
+    let engine = shared.current();
     assert!(
         engine
             .override_named("envoy-override:5-per-minute")
@@ -308,8 +309,8 @@ async fn the_time_a_call_takes_by_its_descriptors() {
     let config = CONFIG.replace("[envoy]\n", "[envoy]\nmax_descriptors = 10000\n");
     for n in [1000, 2000, 4000, 8000] {
         let config = Config::parse(&config).expect("a valid configuration");
-        let engine = Engine::build(config, None, None).await.expect("an engine");
-        let service = EnvoyRateLimiter::new(Arc::new(Shared::new(engine)));
+        let engine = Loaded::build(config, None, None).await.expect("an engine");
+        let service = EnvoyRateLimiter::new(Arc::new(Live::new(engine)));
         let mut best = Duration::MAX;
         for _ in 0..5 {
             let call = tonic::Request::new(request("spillway", ips(n)));

@@ -19,8 +19,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use spillway_server::config::Config;
-use spillway_server::engine::{Engine, Shared};
 use spillway_server::proxy::{HostHeader, ProxyOptions, serve, serve_with};
+use spillway_server::state::{Live, Loaded};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -131,14 +131,14 @@ async fn answer(
 /// A running proxy: its address, its engine, and the switch that stops it.
 struct Proxy {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<Live>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
 impl Proxy {
     async fn start(config: &str, upstream: http::Uri, options: ProxyOptions) -> Self {
-        let shared = Arc::new(Shared::new(engine(config, None).await));
+        let shared = Arc::new(Live::new(engine(config, None).await));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("an address");
         let (stop, stopped) = oneshot::channel::<()>();
@@ -169,9 +169,9 @@ impl Proxy {
     }
 }
 
-async fn engine(config: &str, previous: Option<&Engine>) -> Engine {
+async fn engine(config: &str, previous: Option<&Loaded>) -> Loaded {
     let config = Config::parse(config).expect("a valid config");
-    Engine::build(config, previous, None)
+    Loaded::build(config, previous, None)
         .await
         .expect("an engine")
 }
@@ -553,7 +553,7 @@ async fn a_reload_applies_to_the_next_request() {
         assert_eq!(get(&proxy.url("/")).await.0, StatusCode::CREATED);
     }
 
-    let old = proxy.shared.engine();
+    let old = proxy.shared.current();
     proxy.shared.replace(engine(&per_ip(1), Some(&old)).await);
 
     let (status, headers, _) = get(&proxy.url("/")).await;
@@ -565,7 +565,7 @@ async fn a_reload_applies_to_the_next_request() {
 
 #[tokio::test]
 async fn an_upstream_that_is_not_a_plain_http_base_url_is_refused_at_start() {
-    let shared = Arc::new(Shared::new(engine(GENEROUS, None).await));
+    let shared = Arc::new(Live::new(engine(GENEROUS, None).await));
     for bad in ["https://example.com", "http://example.com/api", "/relative"] {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let error = serve(

@@ -36,8 +36,8 @@ use std::time::Duration;
 use serde_json::Value;
 use spillway::Decision;
 use spillway_server::config::Config;
-use spillway_server::engine::{Engine, Shared};
 use spillway_server::proxy::{ProxyOptions, serve_with};
+use spillway_server::state::{Live, Loaded};
 use spillway_tower::{Observer, RuleOutcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -174,7 +174,7 @@ struct Running {
 async fn proxy(upstream: u16) -> Running {
     let admitted = Admitted::default();
     let config = Config::parse(CONFIG).expect("a valid config");
-    let engine = Engine::build(config, None, None).await.expect("an engine");
+    let engine = Loaded::build(config, None, None).await.expect("an engine");
     let engine = engine.observed(admitted.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("an address");
@@ -185,7 +185,7 @@ async fn proxy(upstream: u16) -> Running {
     tokio::spawn(serve_with(
         listener,
         upstream,
-        Arc::new(Shared::new(engine)),
+        Arc::new(Live::new(engine)),
         ProxyOptions::default(),
         async move {
             let _ = stopped.await;

@@ -20,8 +20,8 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use spillway_server::config::Config;
-use spillway_server::engine::{Engine, Shared};
 use spillway_server::proxy::{Proxy, ProxyOptions};
+use spillway_server::state::{Live, Loaded};
 use spillway_tower::ClientAddr;
 use tokio::io::DuplexStream;
 use tokio::time::Instant;
@@ -114,10 +114,10 @@ impl Service<Uri> for Unanswering {
     }
 }
 
-async fn shared(config: &str) -> Arc<Shared> {
+async fn shared(config: &str) -> Arc<Live> {
     let config = Config::parse(config).expect("a valid config");
-    let engine = Engine::build(config, None, None).await.expect("an engine");
-    Arc::new(Shared::new(engine))
+    let engine = Loaded::build(config, None, None).await.expect("an engine");
+    Arc::new(Live::new(engine))
 }
 
 fn request(peer: &str) -> Request<Full<Bytes>> {

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use spillway_server::config::Config;
-use spillway_server::engine::{Engine, Shared};
 use spillway_server::proxy::{ProxyOptions, serve_with};
+use spillway_server::state::{Live, Loaded};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -58,14 +58,14 @@ async fn wait_up_to<T>(limit: Option<Duration>, what: &str, step: impl Future<Ou
 /// Starts a proxy with `config` in front of `upstream`; returns its address.
 async fn start_proxy(config: &str, upstream: SocketAddr) -> SocketAddr {
     let config = Config::parse(config).expect("a valid config");
-    let engine = Engine::build(config, None, None).await.expect("an engine");
+    let engine = Loaded::build(config, None, None).await.expect("an engine");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("an address");
     let upstream = format!("http://{upstream}").parse().expect("a URL");
     tokio::spawn(serve_with(
         listener,
         upstream,
-        Arc::new(Shared::new(engine)),
+        Arc::new(Live::new(engine)),
         ProxyOptions::default(),
         std::future::pending(),
     ));

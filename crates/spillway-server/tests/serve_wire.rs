@@ -201,7 +201,7 @@ async fn a_chunked_check_sent_after_100_continue_is_decided() {
 #[tokio::test]
 async fn a_body_over_the_limit_gets_413_and_the_connection_closes() {
     let service = start().await;
-    let limit = spillway_server::app::MAX_BODY_BYTES;
+    let limit = spillway_server::api::MAX_BODY_BYTES;
     // Said by its length: refused before it is read.
     let mut stream = TcpStream::connect(service.addr).await.expect("connect");
     let head = format!(

@@ -10,10 +10,10 @@ use std::time::Duration;
 use spillway::Quota;
 use spillway::algorithm::FixedWindow;
 use spillway_server::config::Config;
-use spillway_server::engine::{Engine, Shared};
-use spillway_server::grpc::EnvoyRateLimiter;
-use spillway_server::grpc::rls::RateLimitRequest;
-use spillway_server::grpc::rls::rate_limit_service_client::RateLimitServiceClient;
+use spillway_server::envoy::EnvoyRateLimiter;
+use spillway_server::envoy::rls::RateLimitRequest;
+use spillway_server::envoy::rls::rate_limit_service_client::RateLimitServiceClient;
+use spillway_server::state::{Live, Loaded};
 use spillway_tower::{HttpRule, KeyPart, Policy, RateLimitLayer};
 use tokio::sync::oneshot;
 use tonic::transport::server::TcpIncoming;
@@ -22,10 +22,10 @@ use tonic::transport::{Endpoint, Server};
 #[tokio::test]
 async fn a_tonic_service_behind_the_layer_is_limited() {
     // Any gRPC service will do: the Envoy rate limit service, empty config.
-    let engine = Engine::build(Config::parse("").unwrap(), None, None)
+    let engine = Loaded::build(Config::parse("").unwrap(), None, None)
         .await
         .unwrap();
-    let service = EnvoyRateLimiter::new(Arc::new(Shared::new(engine))).into_service();
+    let service = EnvoyRateLimiter::new(Arc::new(Live::new(engine))).into_service();
 
     // Two calls a minute per gRPC method (tonic gives no socket address to
     // the layer, so key by the route).

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 use spillway::clock::Micros;
 use spillway::{ConfigError, CostTooLarge};
 
-use crate::trace::TraceError;
-
 /// Everything that can stop a simulation.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -50,4 +48,33 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why a trace cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// A row that is not `timestamp,key,cost`.
+    #[error("line {line}: {message}")]
+    Row {
+        /// 1-based line number in the file.
+        line: usize,
+        /// What is wrong with the row.
+        message: String,
+    },
+    /// The file has no rows.
+    #[error("no requests in the trace")]
+    Empty,
+    /// Reading failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl TraceError {
+    /// The line of the bad row, if the error is about one.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            Self::Row { line, .. } => Some(*line),
+            _ => None,
+        }
+    }
 }

@@ -28,34 +28,7 @@ use std::io::BufRead;
 
 use crate::scenario::{Request, Scenario, Traffic};
 
-/// Why a trace cannot be replayed.
-#[derive(Debug, thiserror::Error)]
-pub enum TraceError {
-    /// A row that is not `timestamp,key,cost`.
-    #[error("line {line}: {message}")]
-    Row {
-        /// 1-based line number in the file.
-        line: usize,
-        /// What is wrong with the row.
-        message: String,
-    },
-    /// The file has no rows.
-    #[error("no requests in the trace")]
-    Empty,
-    /// Reading failed.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}
-
-impl TraceError {
-    /// The line of the bad row, if the error is about one.
-    pub fn line(&self) -> Option<usize> {
-        match self {
-            Self::Row { line, .. } => Some(*line),
-            _ => None,
-        }
-    }
-}
+pub use crate::error::TraceError;
 
 /// Reads a trace from `text`; see the [module docs](self) for the format.
 pub fn parse_trace(text: &str) -> Result<Scenario, TraceError> {

@@ -686,6 +686,32 @@ pub(crate) fn resolve(path: &str, base: &Path) -> PathBuf {
     }
 }
 
+/// The store rule of a limit Envoy sent with a descriptor: a fixed window
+/// of `requests_per_unit` per `unit`, as envoyproxy/ratelimit counts one.
+/// Its name (`envoy-override:100-per-minute`) cannot be a configured
+/// rule's.
+pub fn override_rule(limit: UnitLimit) -> spillway::store::Rule {
+    let quota = spillway::Quota::new(limit.requests_per_unit, limit.unit.duration())
+        .expect("a unit is a whole number of seconds, at most a year");
+    spillway::store::Rule::new(
+        override_name(limit),
+        spillway::algorithm::FixedWindow::new(quota),
+    )
+}
+
+/// The name of [`override_rule`]`(limit)`.
+pub fn override_name(limit: UnitLimit) -> String {
+    format!(
+        "{OVERRIDE_PREFIX}{}-per-{}",
+        limit.requests_per_unit,
+        limit.unit.name()
+    )
+}
+
+/// The prefix of the store rules of limit overrides, which configured rule
+/// names may not start with.
+pub const OVERRIDE_PREFIX: &str = "envoy-override:";
+
 #[cfg(test)]
 mod tests {
     use super::*;

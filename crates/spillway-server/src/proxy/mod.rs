@@ -22,7 +22,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use spillway_server::config::Config;
-//! use spillway_server::engine::{Engine, Shared};
+//! use spillway_server::state::{Loaded, Live};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = Config::parse(r#"
@@ -33,7 +33,7 @@
 //!     limit = 100
 //!     window = "1m"
 //! "#)?;
-//! let shared = Arc::new(Shared::new(Engine::build(config, None, None).await?));
+//! let shared = Arc::new(Live::new(Loaded::build(config, None, None).await?));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! let upstream = "http://127.0.0.1:9000".parse()?;
 //! spillway_server::proxy::serve(listener, upstream, shared, async {
@@ -62,7 +62,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper_util::client::legacy::connect::Connection;
 use tower::Service;
 
-use crate::engine::Shared;
+use crate::state::Live;
 
 pub use crate::config::{EscapedSlashes, Normalize};
 pub use error::{BoxError, ForwardError, InvalidUpstream};
@@ -210,7 +210,7 @@ impl<C> Connector for C where
 pub async fn serve(
     listener: tokio::net::TcpListener,
     upstream: Uri,
-    shared: Arc<Shared>,
+    shared: Arc<Live>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     serve_with(
@@ -227,7 +227,7 @@ pub async fn serve(
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     upstream: Uri,
-    shared: Arc<Shared>,
+    shared: Arc<Live>,
     options: ProxyOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {

@@ -27,8 +27,8 @@ use super::error::{BoxError, InvalidUpstream};
 use super::forward::{Forward, Sender, TrustedPeer, Upstream, sanitize};
 use super::relay::{self, Relay};
 use super::{Connector, ProxyBody, ProxyOptions};
-use crate::engine::Shared;
 use crate::http1::{self, next_connection};
+use crate::state::Live;
 
 /// A response of the [`Proxy`]: the upstream's (with the rate-limit
 /// headers added), or one the rate limiter or the proxy wrote.
@@ -40,7 +40,7 @@ pub type ProxyResponse = Response<ResponseBody<ProxyBody>>;
 /// [`ClientAddr`] extension ([`run`](Proxy::run) inserts it): without it
 /// the limiter has no IP to key by and `X-Forwarded-For` gets no hop.
 pub struct Proxy<C = HttpConnector> {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Live>,
     pub(crate) forward: Forward<C>,
     pub(crate) options: ProxyOptions,
     // Made by `new`: HTTP/1 clients are served by the relay, which opens
@@ -54,13 +54,13 @@ impl Proxy<HttpConnector> {
     /// ```
     /// use std::sync::Arc;
     /// use spillway_server::config::Config;
-    /// use spillway_server::engine::{Engine, Shared};
+    /// use spillway_server::state::{Loaded, Live};
     /// use spillway_server::proxy::{Proxy, ProxyOptions};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// let engine = Engine::build(Config::parse("").unwrap(), None, None).await.unwrap();
-    /// let shared = Arc::new(Shared::new(engine));
+    /// let engine = Loaded::build(Config::parse("").unwrap(), None, None).await.unwrap();
+    /// let shared = Arc::new(Live::new(engine));
     /// let options = ProxyOptions::default();
     ///
     /// let upstream = "http://127.0.0.1:9000".parse().unwrap();
@@ -73,7 +73,7 @@ impl Proxy<HttpConnector> {
     /// ```
     pub fn new(
         upstream: &Uri,
-        shared: Arc<Shared>,
+        shared: Arc<Live>,
         options: &ProxyOptions,
     ) -> Result<Self, InvalidUpstream> {
         let mut tcp = HttpConnector::new();
@@ -90,7 +90,7 @@ impl<C: Connector> Proxy<C> {
     /// (with `options.connect_timeout` around it).
     pub fn with_connector(
         upstream: &Uri,
-        shared: Arc<Shared>,
+        shared: Arc<Live>,
         options: &ProxyOptions,
         connector: C,
     ) -> Result<Self, InvalidUpstream> {
@@ -235,7 +235,7 @@ where
 /// if admitted. The request head is [`sanitize`]d first, so that the rules
 /// decide on what the upstream will receive.
 pub(crate) fn limit<C, B>(
-    shared: &Shared,
+    shared: &Live,
     forward: Forward<C>,
     req: Request<B>,
 ) -> Pin<Box<dyn Future<Output = Result<ProxyResponse, Infallible>> + Send>>
@@ -253,7 +253,7 @@ where
     }
     // The engine is read per request, so a reload applies to the next
     // one; the layer keeps its own store alive for this one.
-    let engine = shared.engine();
+    let engine = shared.current();
     // A trusted proxy in front knows the scheme and host the client
     // used: its X-Forwarded-Proto / -Host are kept.
     let trusted = parts

@@ -5,11 +5,11 @@
 
 use std::net::SocketAddr;
 
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use spillway_server::grpc::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use spillway_server::grpc::rls::rate_limit_response::Code;
-use spillway_server::grpc::rls::rate_limit_service_client::RateLimitServiceClient;
-use spillway_server::grpc::rls::{RateLimitRequest, RateLimitResponse};
+use spillway_server::envoy::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use spillway_server::envoy::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use spillway_server::envoy::rls::rate_limit_response::Code;
+use spillway_server::envoy::rls::rate_limit_service_client::RateLimitServiceClient;
+use spillway_server::envoy::rls::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::{Channel, Endpoint};
 
 /// A client of the service listening on `addr`.

@@ -1,200 +1,26 @@
-//! The HTTP API: `POST /v1/check`, `/healthz`, `/readyz`, `/metrics`,
-//! `/openapi.json` and the admin API under `/admin`. See `docs/server.md`
-//! and `docs/openapi.json`.
-//!
-//! Every error is an `application/problem+json` answer with its own status
-//! (400 for input that can never be decided, 401/404 for the admin API, 503
-//! when the store cannot decide); bad input is never a 500.
+//! `POST /v1/check`: a rule and a key, or a request described, decided by
+//! the engine.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, Request, State as Extract};
-use axum::middleware::{self, Next};
+use axum::extract::State as Extract;
+use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
-use sha2::{Digest, Sha256};
-use spillway::store::{Check, RuleId, Store};
-use spillway_redis::OnError;
-use spillway_tower::problem::{PROBLEM_JSON, Problem};
-use spillway_tower::{
-    Asking, ClientAddr, Engine as TowerEngine, Outcome, RateLimitFields, Reported, Ruling,
-};
+use serde::Deserialize;
+use spillway_tower::{Asking, ClientAddr, Engine as TowerEngine, Outcome, Reported, Ruling};
 
-use crate::engine::{AnyStore, Engine};
-use crate::metrics::InFlightLayer;
-use crate::server::State;
+use crate::state::Loaded;
+use crate::state::State;
+use crate::store::AnyStore;
 
-/// The OpenAPI 3 description of this API, as served at `/openapi.json`.
-pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
-
-/// The longest key `/v1/check` accepts, in bytes.
-pub const MAX_KEY_BYTES: usize = 1024;
-
-/// The largest request body the API reads.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-
-/// The HTTP API on `state`.
-///
-/// ```
-/// use axum::body::Body;
-/// use http::{Request, StatusCode};
-/// use spillway_server::config::Config;
-/// use spillway_server::{State, app};
-/// use tower::ServiceExt;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let config = Config::parse(
-///     "[[rules]]\nname = \"login\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1m\"\n",
-/// )
-/// .unwrap();
-/// let app = app(State::new(config).await.unwrap());
-/// let check = || {
-///     Request::post("/v1/check")
-///         .body(Body::from(r#"{"rule": "login", "key": "ip=203.0.113.7"}"#))
-///         .unwrap()
-/// };
-/// let first = app.clone().oneshot(check()).await.unwrap();
-/// assert_eq!(first.status(), StatusCode::OK);
-/// assert_eq!(first.headers()["x-ratelimit-remaining"], "0");
-/// // Denied: still a 200, whose body says `"allowed":false,"status":429`.
-/// let second = app.oneshot(check()).await.unwrap();
-/// assert_eq!(second.status(), StatusCode::OK);
-/// # }
-/// ```
-pub fn app(state: State) -> Router {
-    routes(state.clone()).layer(InFlightLayer(state.metrics.clone()))
-}
-
-/// The API's routes without the in-flight count (the HTTP/1.1 server of
-/// `spillway serve` counts a request from its head on, body included).
-pub(crate) fn routes(state: State) -> Router {
-    let admin = Router::new()
-        .route(
-            "/rules/{rule}/keys/{*key}",
-            get(admin_key).delete(admin_reset),
-        )
-        .route_layer(middleware::from_fn_with_state(state.clone(), admin_auth));
-    Router::new()
-        .route("/v1/check", axum::routing::post(check))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .nest("/admin", admin)
-        .fallback(not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
-}
-
-// ---- answers -----------------------------------------------------------
-
-/// An answer of the API before it is written: by axum (as a [`Response`])
-/// or by the HTTP/1.1 server of `spillway serve` (`crate::front`). Its
-/// headers are data; each server renders them.
-#[derive(Debug)]
-pub(crate) struct Answer {
-    pub(crate) status: StatusCode,
-    pub(crate) content_type: &'static str,
-    /// The rate-limit fields of a decision.
-    pub(crate) fields: RateLimitFields,
-    /// Any other header (`Retry-After`, `WWW-Authenticate`).
-    pub(crate) other: Option<(HeaderName, HeaderValue)>,
-    pub(crate) body: Vec<u8>,
-}
-
-impl Answer {
-    /// A JSON answer.
-    fn json(status: StatusCode, body: &impl Serialize) -> Self {
-        let body = serde_json::to_vec(body).unwrap_or_else(|e| {
-            // Our own types always serialize; should one not, say so.
-            format!("{{\"error\":\"cannot serialize the answer: {e}\"}}").into_bytes()
-        });
-        Self {
-            status,
-            content_type: "application/json",
-            fields: RateLimitFields::default(),
-            other: None,
-            body,
-        }
-    }
-
-    /// An `application/problem+json` answer (RFC 9457).
-    pub(crate) fn problem(status: StatusCode, detail: impl Into<String>) -> Self {
-        Self {
-            status,
-            content_type: PROBLEM_JSON,
-            fields: RateLimitFields::default(),
-            other: None,
-            body: Problem::new(status, &detail.into())
-                .into_json()
-                .into_bytes(),
-        }
-    }
-
-    /// The headers besides `Content-Type`, in the order they are sent.
-    pub(crate) fn headers(&self) -> impl Iterator<Item = (HeaderName, &[u8])> {
-        let other = self.other.iter().map(|(n, v)| (n.clone(), v.as_bytes()));
-        self.fields.iter().chain(other)
-    }
-}
-
-impl IntoResponse for Answer {
-    fn into_response(self) -> Response {
-        let mut res = (self.status, self.body).into_response();
-        let headers = res.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(self.content_type));
-        self.fields.write_to(headers);
-        if let Some((name, value)) = self.other {
-            headers.insert(name, value);
-        }
-        res
-    }
-}
-
-/// An `application/problem+json` answer (RFC 9457).
-fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
-    Answer::problem(status, detail).into_response()
-}
-
-fn bad_request(detail: impl Into<String>) -> Answer {
-    Answer::problem(StatusCode::BAD_REQUEST, detail)
-}
-
-fn unavailable(detail: impl Into<String>) -> Answer {
-    let mut answer = Answer::problem(StatusCode::SERVICE_UNAVAILABLE, detail);
-    answer.other = Some((RETRY_AFTER, HeaderValue::from(1u64)));
-    answer
-}
-
-fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
-    Answer::json(status, body).into_response()
-}
-
-async fn not_found() -> Response {
-    problem(
-        StatusCode::NOT_FOUND,
-        "No such endpoint: see /openapi.json.",
-    )
-}
-
-/// Durations are reported in whole milliseconds, rounded up: a client that
-/// waits that long is never early.
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
-}
-
-// ---- POST /v1/check ----------------------------------------------------
+use super::MAX_KEY_BYTES;
+use super::admin::same_secret;
+use super::answer::{Answer, bad_request, ms, problem, unavailable};
 
 /// The body of `POST /v1/check`, parsed in one pass: the fields of both
 /// forms, told apart afterwards (see [`CheckBody::into_check`]).
@@ -318,7 +144,7 @@ impl<'a> CheckBody<'a> {
     }
 }
 
-async fn check(
+pub(super) async fn check(
     Extract(state): Extract<State>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -359,7 +185,7 @@ pub(crate) fn check_authorized(
     state: &State,
     authorization: Option<&[u8]>,
 ) -> Result<(), Box<Answer>> {
-    let engine = state.shared.engine();
+    let engine = state.live.current();
     let tokens = &engine.config.server.check_tokens;
     if tokens.is_empty() {
         return Ok(());
@@ -387,7 +213,7 @@ pub(crate) fn check_authorized(
 /// Whether a request to `POST /v1/check` must say who it is (check tokens
 /// are configured): the HTTP/1.1 fast path reads its headers only then.
 pub(crate) fn check_needs_token(state: &State) -> bool {
-    !state.shared.engine().config.server.check_tokens.is_empty()
+    !state.live.current().config.server.check_tokens.is_empty()
 }
 
 /// The answer of `POST /v1/check` to `body`, once the request is
@@ -409,48 +235,14 @@ pub(crate) async fn check_answer(state: &State, body: &[u8]) -> Answer {
         Ok(c) => c,
         Err(message) => return bad_request(message),
     };
-    let engine = state.shared.engine();
+    let engine = state.live.current();
     match check {
         CheckKind::Rule(c) => check_rule(&engine, c).await,
         CheckKind::Request(c) => check_request(&engine, c).await,
     }
 }
 
-/// The store rules of HTTP rule `index`: its default quota, then one per
-/// tier, with the tier's name (see `Policy::store_rules`).
-fn store_rules_of(engine: &Engine, index: usize) -> Vec<(RuleId, Option<String>)> {
-    let policy = engine.layer.policy();
-    let name = policy.rules()[index].name();
-    let start = policy.rule_id(index, None).0;
-    let end = if index + 1 < policy.rules().len() {
-        policy.rule_id(index + 1, None).0
-    } else {
-        // Not the store's count: rules of the Envoy service's limit
-        // overrides may follow the policy's.
-        policy.store_rules().len()
-    };
-    let prefix = format!("{name}@");
-    (start..end)
-        .map(|i| {
-            let tier = engine.store().rules()[i]
-                .name()
-                .strip_prefix(&prefix)
-                .map(str::to_string);
-            (RuleId(i), tier)
-        })
-        .collect()
-}
-
-fn rule_index(engine: &Engine, rule: &str) -> Option<usize> {
-    engine
-        .layer
-        .policy()
-        .rules()
-        .iter()
-        .position(|r| r.name() == rule)
-}
-
-async fn check_rule(engine: &Engine, c: RuleCheck<'_>) -> Answer {
+async fn check_rule(engine: &Loaded, c: RuleCheck<'_>) -> Answer {
     let engine = engine.layer.engine();
     if !engine.policy().rules().iter().any(|r| r.name() == c.rule) {
         return bad_request(format!("Unknown rule `{}`.", c.rule));
@@ -484,7 +276,7 @@ async fn check_rule(engine: &Engine, c: RuleCheck<'_>) -> Answer {
     decision_response(engine, &ruling)
 }
 
-async fn check_request(engine: &Engine, c: RequestCheck) -> Answer {
+async fn check_request(engine: &Loaded, c: RequestCheck) -> Answer {
     let method = c.method.as_deref().unwrap_or("GET");
     let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
         return bad_request(format!("`method`: `{method}` is not an HTTP method."));
@@ -719,242 +511,14 @@ impl Json {
     }
 }
 
-// ---- health, metrics, OpenAPI ------------------------------------------
-
-async fn healthz() -> Response {
-    json_response(StatusCode::OK, &json!({ "status": "ok" }))
-}
-
-/// How long a readiness probe waits for Redis.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-async fn readyz(Extract(state): Extract<State>) -> Response {
-    let engine = state.shared.engine();
-    let Some(redis) = engine.store().redis() else {
-        return json_response(
-            StatusCode::OK,
-            &json!({ "status": "ready", "store": "memory" }),
-        );
-    };
-    let on_error = engine.config.store.on_error;
-    let (healthy, ready) = match on_error {
-        // Serving needs Redis: ask it (a cost-0 peek at a key no client
-        // uses; it writes nothing).
-        OnError::FailClosed => {
-            let healthy = match redis.rules().first() {
-                None => redis.is_healthy(),
-                Some(_) => {
-                    let probe = [Check {
-                        rule: RuleId(0),
-                        key: "\u{0}spillway-readyz",
-                        cost: 0,
-                    }];
-                    matches!(
-                        tokio::time::timeout(PROBE_TIMEOUT, redis.check(&probe)).await,
-                        Ok(Ok(_))
-                    )
-                }
-            };
-            (healthy, healthy)
-        }
-        // Requests are served without Redis too (admitted, or decided in
-        // memory): ready either way.
-        OnError::FailOpen | OnError::Local { .. } => (redis.is_healthy(), true),
-    };
-    let policy = match on_error {
-        OnError::FailOpen => "fail_open",
-        OnError::FailClosed => "fail_closed",
-        OnError::Local { .. } => "local",
-    };
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    json_response(
-        status,
-        &json!({
-            "status": if ready { "ready" } else { "unavailable" },
-            "store": "redis",
-            "redis_healthy": healthy,
-            "on_error": policy,
-        }),
-    )
-}
-
-async fn metrics(Extract(state): Extract<State>) -> Response {
-    let engine = state.shared.engine();
-    let body = state.metrics.encode(&engine);
-    let mut res = body.into_response();
-    res.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
-    );
-    res
-}
-
-async fn openapi() -> Response {
-    let mut res = OPENAPI.into_response();
-    res.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    res
-}
-
-// ---- /admin ------------------------------------------------------------
-
-/// Compares two secrets in time independent of where they differ: their
-/// SHA-256 digests are compared byte by byte without stopping early.
-fn same_secret(given: &[u8], expected: &[u8]) -> bool {
-    let (a, b) = (Sha256::digest(given), Sha256::digest(expected));
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
-
-async fn admin_auth(Extract(state): Extract<State>, req: Request, next: Next) -> Response {
-    let token = state.shared.engine().config.server.admin_token.clone();
-    // Without a token the admin API does not exist.
-    let Some(token) = token else {
-        return not_found().await;
-    };
-    let given = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, credentials) = v.trim().split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| credentials.trim())
-        });
-    match given {
-        Some(given) if same_secret(given.as_bytes(), token.as_bytes()) => next.run(req).await,
-        _ => {
-            let mut res = problem(
-                StatusCode::UNAUTHORIZED,
-                "The admin API needs `Authorization: Bearer <admin_token>`.",
-            );
-            res.headers_mut().insert(
-                WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"spillway-admin\""),
-            );
-            res
-        }
-    }
-}
-
-/// What an admin path names: the engine, the rule, the key, and the
-/// rule's store rules (with their tiers).
-type AdminTarget = (
-    std::sync::Arc<Engine>,
-    String,
-    String,
-    Vec<(RuleId, Option<String>)>,
-);
-
-/// The target of an admin path. A rule is a configured one or a limit
-/// override the Envoy service counts (`envoy-override:5-per-minute`).
-fn admin_target(
-    state: &State,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<AdminTarget, Box<Response>> {
-    let (rule, key) = match path {
-        Ok(Path(p)) => p,
-        Err(rejection) => {
-            return Err(Box::new(problem(rejection.status(), rejection.body_text())));
-        }
-    };
-    let engine = state.shared.engine();
-    let targets = match rule_index(&engine, &rule) {
-        Some(index) => store_rules_of(&engine, index),
-        None => match engine.override_named(&rule) {
-            Some(id) => vec![(id, None)],
-            None => {
-                return Err(Box::new(problem(
-                    StatusCode::NOT_FOUND,
-                    format!("No rule named `{rule}`."),
-                )));
-            }
-        },
-    };
-    Ok((engine, rule, key, targets))
-}
-
-async fn admin_key(
-    Extract(state): Extract<State>,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Response {
-    let (engine, rule, key, targets) = match admin_target(&state, path) {
-        Ok(target) => target,
-        Err(response) => return *response,
-    };
-    let mut quotas = Vec::new();
-    for (id, tier) in targets {
-        // Cost 0: a peek that charges nothing and leaves no state behind.
-        let peek = [Check {
-            rule: id,
-            key: &key,
-            cost: 0,
-        }];
-        let d = match engine.store().check(&peek).await {
-            Ok(verdict) => verdict.decisions[0],
-            Err(e) => {
-                return unavailable(format!("The store could not answer: {e}.")).into_response();
-            }
-        };
-        quotas.push(json!({
-            "store_rule": engine.store().rules()[id.0].name(),
-            "tier": tier,
-            "limit": d.limit,
-            "remaining": d.remaining,
-            "reset_after_ms": ms(d.reset_after),
-        }));
-    }
-    json_response(
-        StatusCode::OK,
-        &json!({ "rule": rule, "key": key, "quotas": quotas }),
-    )
-}
-
-async fn admin_reset(
-    Extract(state): Extract<State>,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Response {
-    let (engine, rule, key, targets) = match admin_target(&state, path) {
-        Ok(target) => target,
-        Err(response) => return *response,
-    };
-    let mut reset = Vec::new();
-    let mut held = false;
-    for (id, _) in targets {
-        let store = engine.store();
-        held |= match (store.memory(), store.redis()) {
-            (Some(memory), _) => memory.reset(id, &key),
-            (None, Some(redis)) => match redis.reset(id, &key).await {
-                Ok(held) => held,
-                Err(e) => {
-                    return unavailable(format!("The store could not reset the key: {e}."))
-                        .into_response();
-                }
-            },
-            (None, None) => false,
-        };
-        reset.push(store.rules()[id.0].name().to_string());
-    }
-    tracing::info!(rule = %rule, key = %key, held, "admin: key reset");
-    json_response(
-        StatusCode::OK,
-        &json!({ "rule": rule, "key": key, "reset": reset, "held": held }),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use spillway::Decision;
     use spillway_tower::Action;
+
+    use serde_json::json;
 
     use super::*;
 

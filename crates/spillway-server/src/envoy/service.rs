@@ -25,18 +25,18 @@ use super::rls::rate_limit_service_server::{RateLimitService, RateLimitServiceSe
 use super::rls::{RateLimitRequest, RateLimitResponse};
 use crate::config::EnvoyLimits;
 use crate::config::descriptors::{self, DescriptorTree, Reached, UnitLimit};
-use crate::engine::{Engine, OverrideError, Shared};
+use crate::state::{Live, Loaded, OverrideError};
 
 /// The Envoy rate limit service: answers `ShouldRateLimit` with the current
 /// engine (a reload takes effect on the next call).
 #[derive(Debug, Clone)]
 pub struct EnvoyRateLimiter {
-    shared: Arc<Shared>,
+    shared: Arc<Live>,
 }
 
 impl EnvoyRateLimiter {
     /// The service over `shared`.
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub fn new(shared: Arc<Live>) -> Self {
         Self { shared }
     }
 
@@ -45,7 +45,12 @@ impl EnvoyRateLimiter {
     /// current configuration (tonic's default is 4 MiB), so that a call
     /// far over `[envoy] max_descriptors` is refused before it is decoded.
     pub fn into_service(self) -> RateLimitServiceServer<Self> {
-        let limit = self.shared.engine().config.envoy_limits.max_message_bytes();
+        let limit = self
+            .shared
+            .current()
+            .config
+            .envoy_limits
+            .max_message_bytes();
         RateLimitServiceServer::new(self).max_decoding_message_size(limit)
     }
 }
@@ -68,7 +73,7 @@ impl RateLimitService for EnvoyRateLimiter {
             .map_or_else(Instant::now, |a| a.0);
         let deadline = grpc_timeout(request.metadata()).map(|t| arrived + t);
         let request = request.into_inner();
-        let engine = self.shared.engine();
+        let engine = self.shared.current();
         // Before any work: a call too large for its bounds costs no more
         // than reading it.
         within_limits(&engine.config.envoy_limits, &request)?;
@@ -216,7 +221,7 @@ fn override_limit(
 /// The limit overrides of `request` that `engine` does not count yet (a
 /// request for another domain has none: its descriptors are not looked at).
 fn overrides_missing(
-    engine: &Engine,
+    engine: &Loaded,
     request: &RateLimitRequest,
 ) -> Result<Vec<UnitLimit>, Status> {
     let mut missing = Vec::new();
@@ -237,7 +242,7 @@ fn overrides_missing(
 
 /// Decides on one request: maps its descriptors onto charges, asks the
 /// engine, and answers with each descriptor's status and the headers.
-async fn decide(engine: &Engine, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+async fn decide(engine: &Loaded, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
     // What envoyproxy/ratelimit answers too: these are malformed requests.
     if request.domain.is_empty() {
         return Err(Status::invalid_argument(
@@ -345,7 +350,7 @@ struct Mapping {
 
 /// Maps each descriptor onto the rules whose `descriptors` keys it has,
 /// and the one the descriptor file's tree leads to, or onto its own limit.
-fn map_descriptors(engine: &Engine, request: &RateLimitRequest) -> Result<Mapping, Status> {
+fn map_descriptors(engine: &Loaded, request: &RateLimitRequest) -> Result<Mapping, Status> {
     let config = &engine.config;
     let policy = &config.policy;
     // Envoy: an unset (0) request-level addend means 1; a descriptor-level
@@ -416,7 +421,7 @@ fn map_descriptors(engine: &Engine, request: &RateLimitRequest) -> Result<Mappin
 
 /// Each descriptor's status: the most restrictive of its charges, over the
 /// limit if one of them denies.
-fn statuses(engine: &Engine, mapping: &Mapping, ruling: &Ruling) -> Vec<DescriptorStatus> {
+fn statuses(engine: &Loaded, mapping: &Mapping, ruling: &Ruling) -> Vec<DescriptorStatus> {
     let deciding = engine.layer.engine();
     let tree = engine.config.descriptor_tree.as_ref();
     let mapped = &mapping.mapped;
@@ -426,7 +431,11 @@ fn statuses(engine: &Engine, mapping: &Mapping, ruling: &Ruling) -> Vec<Descript
             statuses.push(DescriptorStatus {
                 code: Code::OverLimit.into(),
                 current_limit: Some(RateLimit {
-                    name: format!("{}0-per-{}", crate::engine::OVERRIDE_PREFIX, unit.name()),
+                    name: format!(
+                        "{}0-per-{}",
+                        crate::config::descriptors::OVERRIDE_PREFIX,
+                        unit.name()
+                    ),
                     requests_per_unit: 0,
                     unit: response_unit(unit).unwrap_or(Unit::Unknown).into(),
                 }),

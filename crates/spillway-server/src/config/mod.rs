@@ -6,6 +6,9 @@
 //! YAML format, whose rate limits join the rules ([`descriptors`]).
 
 pub mod descriptors;
+mod source;
+
+pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, Overrides, SAMPLE_CONFIG, locate_config};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -714,13 +717,13 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
         if name.is_empty() {
             return Err(lines.err(&r.name, field("name"), "must not be empty"));
         }
-        if name.starts_with(crate::engine::OVERRIDE_PREFIX) {
+        if name.starts_with(crate::config::descriptors::OVERRIDE_PREFIX) {
             return Err(lines.err(
                 &r.name,
                 field("name"),
                 format!(
                     "`{name}`: names starting with `{}` are the Envoy service's, for limit overrides",
-                    crate::engine::OVERRIDE_PREFIX
+                    crate::config::descriptors::OVERRIDE_PREFIX
                 ),
             ));
         }
@@ -1032,14 +1035,16 @@ fn descriptor_file(
         }
     }
     for r in &file.rules {
-        if r.name.starts_with(crate::engine::OVERRIDE_PREFIX) {
+        if r.name
+            .starts_with(crate::config::descriptors::OVERRIDE_PREFIX)
+        {
             return Err(file_error(
                 &file.path,
                 r,
                 format!(
                     "`{}`: names starting with `{}` are the Envoy service's, for limit overrides",
                     r.name,
-                    crate::engine::OVERRIDE_PREFIX
+                    crate::config::descriptors::OVERRIDE_PREFIX
                 ),
             ));
         }

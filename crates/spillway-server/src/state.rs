@@ -1,46 +1,23 @@
-//! The running configuration: the store, the middleware layer built on it,
-//! and the swap that replaces them on reload without losing counters.
+//! What the front ends share: the configuration loaded now ([`Loaded`]:
+//! the config, the decision engine on its store, the Envoy overrides
+//! counted), swapped whole on reload ([`Live`]), and the metrics.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use spillway::Quota;
-use spillway::algorithm::FixedWindow;
-use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId, Store, Verdict};
+use spillway::store::{MemoryOptions, MemoryStore, RuleId, Store as _};
 use spillway_redis::{Error as StoreError, RedisOptions, RedisStore};
 use spillway_tower::{Observer, RateLimitLayer};
 
-use crate::config::descriptors::UnitLimit;
+use crate::config::descriptors::{UnitLimit, override_name, override_rule};
 use crate::config::{Config, StoreKind};
+use crate::metrics::{DecisionObserver, Metrics};
+use crate::store::{AnyStore, StoreImpl, StoreObserver};
 
 /// How many distinct limit overrides (`requests_per_unit` and `unit`
 /// pairs) the Envoy service counts at once; each is a store rule of its
 /// own, with its own table of up to `max_keys` keys.
 pub const MAX_LIMIT_OVERRIDES: usize = 64;
-
-/// The store rule of a limit Envoy sent with a descriptor: a fixed window
-/// of `requests_per_unit` per `unit`, as envoyproxy/ratelimit counts one.
-/// Its name (`envoy-override:100-per-minute`) cannot be a configured
-/// rule's.
-pub fn override_rule(limit: UnitLimit) -> Rule {
-    let quota = Quota::new(limit.requests_per_unit, limit.unit.duration())
-        .expect("a unit is a whole number of seconds, at most a year");
-    Rule::new(override_name(limit), FixedWindow::new(quota))
-}
-
-/// The name of [`override_rule`]`(limit)`.
-pub fn override_name(limit: UnitLimit) -> String {
-    format!(
-        "{OVERRIDE_PREFIX}{}-per-{}",
-        limit.requests_per_unit,
-        limit.unit.name()
-    )
-}
-
-/// The prefix of the store rules of limit overrides, which configured rule
-/// names may not start with.
-pub const OVERRIDE_PREFIX: &str = "envoy-override:";
 
 /// Why a limit override could not be counted.
 #[derive(Debug, thiserror::Error)]
@@ -55,116 +32,25 @@ pub enum OverrideError {
     Store(#[from] StoreError),
 }
 
-/// Called with every store call's latency and outcome, for metrics.
-pub trait StoreObserver: Send + Sync + 'static {
-    /// A store call took `seconds`; `error` when it failed.
-    fn store_call(&self, seconds: f64, error: Option<&StoreError>);
-}
-
-/// The configured store: in memory or Redis. Its errors are the Redis
-/// store's (which wraps the core's).
-#[derive(Clone)]
-pub struct AnyStore {
-    inner: StoreImpl,
-    observer: Option<Arc<dyn StoreObserver>>,
-}
-
-#[derive(Clone)]
-enum StoreImpl {
-    Memory(Arc<MemoryStore>),
-    Redis(RedisStore),
-}
-
-impl std::fmt::Debug for AnyStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.inner {
-            StoreImpl::Memory(s) => s.fmt(f),
-            StoreImpl::Redis(s) => s.fmt(f),
-        }
-    }
-}
-
-impl AnyStore {
-    /// The in-memory store, if that is what this is.
-    pub fn memory(&self) -> Option<&MemoryStore> {
-        match &self.inner {
-            StoreImpl::Memory(s) => Some(s),
-            StoreImpl::Redis(_) => None,
-        }
-    }
-
-    /// The Redis store, if that is what this is.
-    pub fn redis(&self) -> Option<&RedisStore> {
-        match &self.inner {
-            StoreImpl::Redis(s) => Some(s),
-            StoreImpl::Memory(_) => None,
-        }
-    }
-
-    fn observe(&self, started: Instant, error: Option<&StoreError>) {
-        if let Some(o) = &self.observer {
-            o.store_call(started.elapsed().as_secs_f64(), error);
-        }
-    }
-}
-
-impl Store for AnyStore {
-    type Error = StoreError;
-
-    fn rules(&self) -> &[Rule] {
-        match &self.inner {
-            StoreImpl::Memory(s) => s.rules(),
-            StoreImpl::Redis(s) => s.rules(),
-        }
-    }
-
-    async fn check(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
-        let started = Instant::now();
-        let result = match &self.inner {
-            StoreImpl::Memory(s) => s.check_now(checks).map_err(StoreError::from),
-            StoreImpl::Redis(s) => s.check(checks).await,
-        };
-        self.observe(started, result.as_ref().err());
-        result
-    }
-
-    fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, StoreError>> {
-        let StoreImpl::Memory(s) = &self.inner else {
-            return None;
-        };
-        let started = Instant::now();
-        let result = s.check_now(checks).map_err(StoreError::from);
-        self.observe(started, result.as_ref().err());
-        Some(result)
-    }
-
-    async fn refund(&self, checks: &[Check<'_>], charged_at: u64) -> Result<(), StoreError> {
-        match &self.inner {
-            StoreImpl::Memory(s) => s.refund_at(checks, charged_at).map_err(StoreError::from),
-            StoreImpl::Redis(s) => s.refund(checks, charged_at).await,
-        }
-    }
-}
-
-/// One configuration, running: what a request is decided with.
+/// One configuration, loaded: what a request is decided with.
 #[derive(Debug)]
-pub struct Engine {
+pub struct Loaded {
     /// The configuration it was built from.
     pub config: Config,
-    /// The middleware layer (its store is [`Engine::store`]).
+    /// The middleware layer (its store is [`Loaded::store`]).
     pub layer: RateLimitLayer<AnyStore>,
     /// The limit overrides Envoy has sent so far, whose rules follow the
     /// policy's in the store, in this order.
     overrides: Vec<UnitLimit>,
 }
 
-impl Engine {
+impl Loaded {
     /// Builds the engine for `config`: connects to Redis if configured. When
     /// `previous` is given (a reload), the in-memory counters of unchanged
     /// rules carry over, and an unchanged Redis connection is reused.
     pub async fn build(
         config: Config,
-        previous: Option<&Engine>,
+        previous: Option<&Loaded>,
         observer: Option<Arc<dyn StoreObserver>>,
     ) -> Result<Self, StoreError> {
         // The overrides seen so far stay counted, as the rules do.
@@ -217,7 +103,7 @@ impl Engine {
     }
 
     /// The store rule counting limit override `limit`, if this engine has
-    /// one (see [`Shared::with_overrides`]).
+    /// one (see [`Live::with_overrides`]).
     pub fn override_id(&self, limit: UnitLimit) -> Option<RuleId> {
         let first = self.store().rules().len() - self.overrides.len();
         self.overrides
@@ -269,25 +155,25 @@ impl Engine {
 /// override arrives: requests in flight finish on the engine they started
 /// with.
 #[derive(Debug)]
-pub struct Shared {
-    engine: ArcSwap<Engine>,
+pub struct Live {
+    loaded: ArcSwap<Loaded>,
     // Held by whoever makes the next engine from the current one, so that
     // a reload and a new override do not each drop the other's change.
     changing: tokio::sync::Mutex<()>,
 }
 
-impl Shared {
+impl Live {
     /// Starts with `engine`.
-    pub fn new(engine: Engine) -> Self {
+    pub fn new(engine: Loaded) -> Self {
         Self {
-            engine: ArcSwap::from_pointee(engine),
+            loaded: ArcSwap::from_pointee(engine),
             changing: tokio::sync::Mutex::new(()),
         }
     }
 
     /// The current engine.
-    pub fn engine(&self) -> Arc<Engine> {
-        self.engine.load_full()
+    pub fn current(&self) -> Arc<Loaded> {
+        self.loaded.load_full()
     }
 
     /// Waits until no one else is making the next engine, and keeps others
@@ -298,22 +184,60 @@ impl Shared {
     }
 
     /// Replaces the engine.
-    pub fn replace(&self, engine: Engine) {
-        self.engine.store(Arc::new(engine));
+    pub fn replace(&self, engine: Loaded) {
+        self.loaded.store(Arc::new(engine));
     }
 
     /// The current engine, made to count every one of `limits` first if it
-    /// does not yet (see [`Engine::override_id`]).
-    pub async fn with_overrides(&self, limits: &[UnitLimit]) -> Result<Arc<Engine>, OverrideError> {
+    /// does not yet (see [`Loaded::override_id`]).
+    pub async fn with_overrides(&self, limits: &[UnitLimit]) -> Result<Arc<Loaded>, OverrideError> {
         let _changing = self.changing().await;
-        let mut engine = self.engine();
+        let mut engine = self.current();
         for &limit in limits {
             if engine.override_id(limit).is_none() {
                 engine = Arc::new(engine.with_override(limit)?);
-                self.engine.store(engine.clone());
+                self.loaded.store(engine.clone());
                 tracing::info!(rule = %override_name(limit), "counting a new limit override");
             }
         }
         Ok(engine)
+    }
+}
+
+/// What the endpoints share: the engine in use and the metrics it reports
+/// to. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct State {
+    /// The engine in use, replaced on reload.
+    pub live: Arc<Live>,
+    /// The metrics every engine of this service reports to.
+    pub metrics: Arc<Metrics>,
+}
+
+impl State {
+    /// Builds the engine for `config` (connecting to Redis if configured),
+    /// reporting to fresh metrics.
+    pub async fn new(config: Config) -> Result<Self, StoreError> {
+        let metrics = Arc::new(Metrics::new());
+        let engine = Loaded::counted(config, None, &metrics).await?;
+        Ok(Self {
+            live: Arc::new(Live::new(engine)),
+            metrics,
+        })
+    }
+}
+
+impl Loaded {
+    /// [`build`](Self::build), with the store calls and decisions counted
+    /// in `metrics`; `previous` is the engine it replaces, if any (see
+    /// [`Loaded::build`]: unchanged in-memory counters carry over).
+    pub async fn counted(
+        config: Config,
+        previous: Option<&Loaded>,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Loaded, StoreError> {
+        let observer: Arc<dyn StoreObserver> = metrics.clone();
+        let engine = Loaded::build(config, previous, Some(observer)).await?;
+        Ok(engine.observed(DecisionObserver(metrics.clone())))
     }
 }

@@ -1,7 +1,7 @@
 //! The Envoy rate limit service (`envoy.service.ratelimit.v3`) on gRPC.
 //!
 //! [`serve`] answers `RateLimitService/ShouldRateLimit` with the running
-//! [`Engine`](crate::engine::Engine), so that Envoy, Istio and other
+//! [`Loaded`](crate::engine::Loaded), so that Envoy, Istio and other
 //! Envoy-based gateways can use Spillway as their global rate limit service.
 //! [`EnvoyRateLimiter`] is the service itself, for a tonic server of your own.
 //!
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-use crate::engine::Shared;
+use crate::state::Live;
 
 pub use service::EnvoyRateLimiter;
 
@@ -40,7 +40,7 @@ pub use pb::envoy::service::ratelimit::v3 as rls;
 /// its `grpc-timeout`, counted from its arrival: see `docs/envoy.md`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    shared: Arc<Shared>,
+    shared: Arc<Live>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -1,0 +1,91 @@
+//! The HTTP API: `POST /v1/check`, `/healthz`, `/readyz`, `/metrics`,
+//! `/openapi.json` and the admin API under `/admin`. See `docs/server.md`
+//! and `docs/openapi.json`.
+//!
+//! Every error is an `application/problem+json` answer with its own status
+//! (400 for input that can never be decided, 401/404 for the admin API, 503
+//! when the store cannot decide); bad input is never a 500. Each endpoint
+//! is an adapter: it reads its input, asks the engine (or the store, for
+//! the admin API's inspection) and renders an [`Answer`].
+
+mod admin;
+mod answer;
+mod check;
+mod health;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
+use axum::routing::get;
+
+use crate::metrics::InFlightLayer;
+use crate::state::State;
+
+pub(crate) use answer::Answer;
+pub(crate) use check::{check_answer, check_authorized, check_needs_token};
+
+/// The OpenAPI 3 description of this API, as served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../../../docs/openapi.json");
+
+/// The longest key `/v1/check` accepts, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The largest request body the API reads.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The HTTP API on `state`.
+///
+/// ```
+/// use axum::body::Body;
+/// use http::{Request, StatusCode};
+/// use spillway_server::config::Config;
+/// use spillway_server::{State, app};
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let config = Config::parse(
+///     "[[rules]]\nname = \"login\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1m\"\n",
+/// )
+/// .unwrap();
+/// let app = app(State::new(config).await.unwrap());
+/// let check = || {
+///     Request::post("/v1/check")
+///         .body(Body::from(r#"{"rule": "login", "key": "ip=203.0.113.7"}"#))
+///         .unwrap()
+/// };
+/// let first = app.clone().oneshot(check()).await.unwrap();
+/// assert_eq!(first.status(), StatusCode::OK);
+/// assert_eq!(first.headers()["x-ratelimit-remaining"], "0");
+/// // Denied: still a 200, whose body says `"allowed":false,"status":429`.
+/// let second = app.oneshot(check()).await.unwrap();
+/// assert_eq!(second.status(), StatusCode::OK);
+/// # }
+/// ```
+pub fn app(state: State) -> Router {
+    routes(state.clone()).layer(InFlightLayer(state.metrics.clone()))
+}
+
+/// The API's routes without the in-flight count (the HTTP/1.1 server of
+/// `spillway serve` counts a request from its head on, body included).
+pub(crate) fn routes(state: State) -> Router {
+    let admin = Router::new()
+        .route(
+            "/rules/{rule}/keys/{*key}",
+            get(admin::key).delete(admin::reset),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admin::authorize,
+        ));
+    Router::new()
+        .route("/v1/check", axum::routing::post(check::check))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(health::openapi))
+        .nest("/admin", admin)
+        .fallback(answer::not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}

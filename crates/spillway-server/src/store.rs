@@ -1,0 +1,99 @@
+//! The configured store, in memory or on Redis, with the metrics' view of
+//! every call.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use spillway::store::{Check, MemoryStore, Rule, Store, Verdict};
+use spillway_redis::{Error as StoreError, RedisStore};
+
+/// Called with every store call's latency and outcome, for metrics.
+pub trait StoreObserver: Send + Sync + 'static {
+    /// A store call took `seconds`; `error` when it failed.
+    fn store_call(&self, seconds: f64, error: Option<&StoreError>);
+}
+
+/// The configured store: in memory or Redis. Its errors are the Redis
+/// store's (which wraps the core's).
+#[derive(Clone)]
+pub struct AnyStore {
+    pub(crate) inner: StoreImpl,
+    pub(crate) observer: Option<Arc<dyn StoreObserver>>,
+}
+
+#[derive(Clone)]
+pub(crate) enum StoreImpl {
+    Memory(Arc<MemoryStore>),
+    Redis(RedisStore),
+}
+
+impl std::fmt::Debug for AnyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            StoreImpl::Memory(s) => s.fmt(f),
+            StoreImpl::Redis(s) => s.fmt(f),
+        }
+    }
+}
+
+impl AnyStore {
+    /// The in-memory store, if that is what this is.
+    pub fn memory(&self) -> Option<&MemoryStore> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Some(s),
+            StoreImpl::Redis(_) => None,
+        }
+    }
+
+    /// The Redis store, if that is what this is.
+    pub fn redis(&self) -> Option<&RedisStore> {
+        match &self.inner {
+            StoreImpl::Redis(s) => Some(s),
+            StoreImpl::Memory(_) => None,
+        }
+    }
+
+    fn observe(&self, started: Instant, error: Option<&StoreError>) {
+        if let Some(o) = &self.observer {
+            o.store_call(started.elapsed().as_secs_f64(), error);
+        }
+    }
+}
+
+impl Store for AnyStore {
+    type Error = StoreError;
+
+    fn rules(&self) -> &[Rule] {
+        match &self.inner {
+            StoreImpl::Memory(s) => s.rules(),
+            StoreImpl::Redis(s) => s.rules(),
+        }
+    }
+
+    async fn check(&self, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+        let started = Instant::now();
+        let result = match &self.inner {
+            StoreImpl::Memory(s) => s.check_now(checks).map_err(StoreError::from),
+            StoreImpl::Redis(s) => s.check(checks).await,
+        };
+        self.observe(started, result.as_ref().err());
+        result
+    }
+
+    fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, StoreError>> {
+        let StoreImpl::Memory(s) = &self.inner else {
+            return None;
+        };
+        let started = Instant::now();
+        let result = s.check_now(checks).map_err(StoreError::from);
+        self.observe(started, result.as_ref().err());
+        Some(result)
+    }
+
+    async fn refund(&self, checks: &[Check<'_>], charged_at: u64) -> Result<(), StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => s.refund_at(checks, charged_at).map_err(StoreError::from),
+            StoreImpl::Redis(s) => s.refund(checks, charged_at).await,
+        }
+    }
+}
