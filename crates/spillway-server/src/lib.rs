@@ -15,7 +15,6 @@
 pub mod api;
 pub mod config;
 pub mod envoy;
-mod front;
 mod http1;
 pub mod metrics;
 pub mod proxy;

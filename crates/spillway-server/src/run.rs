@@ -67,7 +67,7 @@ pub async fn run(
 
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!("listening on http://{addr}");
-    let http = crate::front::serve(listener, state.clone(), stopped());
+    let http = crate::api::serve(listener, state.clone(), stopped());
     let grpc = async {
         match grpc_listener {
             Some(listener) => {

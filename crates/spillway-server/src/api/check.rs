@@ -468,7 +468,8 @@ impl Json {
     }
 
     fn u64(&mut self, n: u64) {
-        crate::http1::wire::put_u64(&mut self.0, n);
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     }
 
     fn opt_u64(&mut self, n: Option<u64>) {

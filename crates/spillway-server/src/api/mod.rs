@@ -12,6 +12,7 @@ mod admin;
 mod answer;
 mod check;
 mod health;
+mod site;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -21,8 +22,7 @@ use axum::routing::get;
 use crate::metrics::InFlightLayer;
 use crate::state::State;
 
-pub(crate) use answer::Answer;
-pub(crate) use check::{check_answer, check_authorized, check_needs_token};
+pub(crate) use site::serve;
 
 /// The OpenAPI 3 description of this API, as served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../../../docs/openapi.json");

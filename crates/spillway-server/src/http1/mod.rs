@@ -1,6 +1,8 @@
-//! HTTP/1.1 on a client connection, as both servers of our own speak it:
-//! the proxy's relay (`crate::proxy`) and the API server of `spillway
-//! serve` (`crate::front`).
+//! HTTP/1.1 on a client connection, our own: the server of `spillway
+//! serve`'s API ([`serve`], for any [`serve::Site`]) and what the proxy's
+//! relay (`crate::proxy`, on hyper) shares with it: the accept loop with its
+//! cap, the client's deadlines, lingering close. The rest of the service
+//! never touches bytes: it hands this module routers and answers.
 //!
 //! [`Client`] is the client's side of a connection: it reads request heads
 //! (with one lazy timer per connection), notices an HTTP/2 client, writes
@@ -8,7 +10,10 @@
 //! reads, and closes without losing the last response. [`wire`] parses and
 //! writes the bytes.
 
+pub(crate) mod serve;
 pub(crate) mod wire;
+
+pub(crate) use serve::within_file_limit;
 
 use std::future::Future;
 use std::io;
@@ -24,6 +29,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use spillway_tower::problem::{PROBLEM_JSON, Problem};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -479,10 +485,10 @@ impl Client {
         status: StatusCode,
         detail: &str,
     ) -> io::Result<()> {
-        let body = problem_json(status, detail);
+        let body = Problem::new(status, detail).into_json();
         let no_headers = HeaderMap::new();
         let res = Whole {
-            content_type: Some("application/problem+json"),
+            content_type: Some(PROBLEM_JSON),
             ..Whole::new(status, &no_headers, body.as_bytes())
         };
         self.respond(&res, Reply::CLOSE).await
@@ -686,17 +692,6 @@ impl<F: Future> Future for Answering<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         self.project().answered.poll(cx)
     }
-}
-
-/// An RFC 9457 problem body.
-pub(crate) fn problem_json(status: StatusCode, detail: &str) -> String {
-    serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    })
-    .to_string()
 }
 
 /// A response the server makes itself, with a whole body.

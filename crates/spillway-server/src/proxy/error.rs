@@ -117,7 +117,7 @@ impl ForwardError {
             Self::Unsupported(method) => format!("This proxy does not forward {method} requests."),
             Self::BadRequest(why) => (*why).to_string(),
         };
-        crate::http1::problem_json(status, &detail)
+        spillway_tower::problem::Problem::new(status, &detail).into_json()
     }
 }
 

@@ -171,7 +171,7 @@ impl<C: Connector> Proxy<C> {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let accepting = http1::Accepting {
-            max_connections: crate::front::within_file_limit(self.options.max_connections),
+            max_connections: crate::http1::within_file_limit(self.options.max_connections),
             ..http1::Accepting::default()
         };
         let relay = Arc::new(Relay {

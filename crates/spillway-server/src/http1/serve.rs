@@ -1,14 +1,17 @@
-//! The HTTP server of `spillway serve`: HTTP/1.1 of our own, one task per
-//! connection, requests read and answered in that task.
+//! The HTTP/1.1 server of `spillway serve`: one task per connection,
+//! requests read and answered in that task, for any [`Site`].
 //!
-//! `POST /v1/check` is answered straight from its body
-//! ([`check_answer`]): no router, no response object, the answer's bytes
-//! written in one go. Every other request is read whole and handed to the
-//! axum [`Router`] of [`app`], whose answer is written back. HTTP/2
-//! clients (prior knowledge) are served by hyper with the same router.
+//! The site says which requests it answers straight from their body
+//! ([`Site::answers_fast`]: no router, no response object, the answer's
+//! bytes written in one go); every other request is read whole and handed
+//! to the site's axum [`Router`], whose answer is written back. HTTP/2
+//! clients (prior knowledge) are served by hyper with the site's other
+//! router. This module knows nothing of rules: what a site answers is its
+//! own ([`Answered`]).
 //!
 //! Under the bench's load, hyper and axum took about half the server's
-//! user-space time for a check (see BENCHMARKS.md).
+//! user-space time for a check (see BENCHMARKS.md, "Why `/v1/check` has an
+//! HTTP/1.1 server of its own").
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,62 +20,100 @@ use std::sync::Arc;
 use axum::Router;
 use axum::response::IntoResponse;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{Method, Request, StatusCode};
+use http::{HeaderName, Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use smallvec::SmallVec;
+use spillway_tower::problem::{PROBLEM_JSON, Problem};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use crate::api::{
-    Answer, MAX_BODY_BYTES, app, check_answer, check_authorized, check_needs_token, routes,
-};
-use crate::http1::wire::{self, Chunked, Framing};
-use crate::http1::{self, Accepting, Client, Lifetime, Reply, Timeouts, Whole};
-use crate::state::State;
+use super::wire::{self, Chunked, Framing};
+use super::{Accepting, Client, Lifetime, Reply, Timeouts, Whole};
 
-/// What every connection shares.
-struct Front {
-    state: State,
-    /// The API for HTTP/2 clients.
-    app: Router,
-    /// The same without the in-flight count, which is kept here.
-    routes: Router,
-    /// `[server]`'s, as the service started (a reload does not change
-    /// them).
-    timeouts: Timeouts,
+/// What the server serves.
+pub(crate) trait Site: Send + Sync + 'static {
+    /// What a fast answer is.
+    type Fast: Answered + Send;
+    /// What counts a request as in flight while it lives.
+    type InFlight: Send;
+
+    /// Whether a request of `method` to `target` (the request line's
+    /// bytes) is answered by [`answer_fast`](Self::answer_fast).
+    fn answers_fast(&self, method: &Method, target: &[u8]) -> bool;
+    /// Whether [`answer_fast`](Self::answer_fast) needs the request's
+    /// `Authorization` value (the headers are read only then).
+    fn fast_needs_authorization(&self) -> bool;
+    /// The answer to a fast request, from its one `Authorization` value
+    /// (none when it has none or several) and its whole body.
+    fn answer_fast(
+        &self,
+        authorization: Option<&[u8]>,
+        body: Bytes,
+    ) -> impl Future<Output = Self::Fast> + Send;
+    /// The router for every other HTTP/1.1 request.
+    fn routes(&self) -> Router;
+    /// The router for HTTP/2 clients, which counts its requests in flight
+    /// itself.
+    fn app(&self) -> Router;
+    /// Counts an HTTP/1.1 request in flight, from its head on.
+    fn in_flight(&self) -> Self::InFlight;
 }
 
-/// Serves the HTTP API on `listener` until `shutdown` resolves; then stops
+/// An answer the site made, as the server writes it.
+pub(crate) trait Answered {
+    /// The status.
+    fn status(&self) -> StatusCode;
+    /// `Content-Type`.
+    fn content_type(&self) -> &'static str;
+    /// Every other header, in order.
+    fn headers(&self) -> impl Iterator<Item = (HeaderName, &[u8])>;
+    /// The body.
+    fn body(&self) -> &[u8];
+}
+
+/// How the server treats its clients.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    /// The deadlines of a request's head, body and response.
+    pub(crate) timeouts: Timeouts,
+    /// The accept loop's cap and its gauges.
+    pub(crate) accepting: Accepting,
+    /// The largest request body read; larger ones are answered 413.
+    pub(crate) max_body: usize,
+}
+
+/// What every connection shares.
+struct Front<S> {
+    site: S,
+    app: Router,
+    routes: Router,
+    timeouts: Timeouts,
+    max_body: usize,
+}
+
+/// Serves `site` on `listener` until `shutdown` resolves; then stops
 /// accepting and returns once every connection's request in flight has
 /// been answered (idle connections are closed).
-pub(crate) async fn serve(
+pub(crate) async fn serve<S: Site>(
     listener: TcpListener,
-    state: State,
+    site: S,
+    settings: Settings,
     shutdown: impl Future<Output = ()>,
-) -> io::Result<()> {
-    let server = state.live.current().config.server.clone();
-    let timeouts = Timeouts {
-        head: server.head_timeout,
-        body: server.body_timeout,
-        write: server.write_timeout,
-        idle: server.idle_timeout,
-    };
-    let (open, refused) = state.metrics.connection_metrics();
-    let accepting = Accepting {
-        max_connections: within_file_limit(server.max_connections.get()),
-        open: Some(open),
-        refused: Some(refused),
-    };
+) {
     let front = Arc::new(Front {
-        app: app(state.clone()),
-        routes: routes(state.clone()),
-        state,
-        timeouts,
+        app: site.app(),
+        routes: site.routes(),
+        site,
+        timeouts: settings.timeouts,
+        max_body: settings.max_body,
     });
-    http1::serve_connections_with(listener, shutdown, accepting, |stream, peer, life| {
-        serve_connection(front.clone(), stream, peer, life)
-    })
+    super::serve_connections_with(
+        listener,
+        shutdown,
+        settings.accepting,
+        |stream, peer, life| serve_connection(front.clone(), stream, peer, life),
+    )
     .await;
-    Ok(())
 }
 
 /// The file descriptors kept aside from client connections: listeners,
@@ -114,7 +155,12 @@ fn soft_file_limit(limits: &str) -> Option<usize> {
         .ok()
 }
 
-async fn serve_connection(front: Arc<Front>, stream: TcpStream, peer: SocketAddr, life: Lifetime) {
+async fn serve_connection<S: Site>(
+    front: Arc<Front<S>>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    life: Lifetime,
+) {
     let mut client = Client::with_timeouts(stream, peer, life.closing, front.timeouts);
     match client.sniff().await {
         Ok(true) => {
@@ -127,15 +173,11 @@ async fn serve_connection(front: Arc<Front>, stream: TcpStream, peer: SocketAddr
                 async move {
                     match tokio::time::timeout(within, answered).await {
                         Ok(answered) => answered,
-                        Err(_) => Ok(Answer::problem(
-                            StatusCode::REQUEST_TIMEOUT,
-                            "The request did not arrive in time.",
-                        )
-                        .into_response()),
+                        Err(_) => Ok(timed_out().into_response()),
                     }
                 }
             });
-            http1::serve_h2(client, service).await;
+            super::serve_h2(client, service).await;
         }
         Ok(false) => {
             let mut conn = Conn { front, client };
@@ -155,12 +197,15 @@ async fn serve_connection(front: Arc<Front>, stream: TcpStream, peer: SocketAddr
     }
 }
 
-/// Whether a request target is `/v1/check` (origin form, with or without
-/// a query); any other form goes through the router.
-fn is_check(target: &[u8]) -> bool {
-    target
-        .strip_prefix(b"/v1/check")
-        .is_some_and(|rest| rest.is_empty() || rest[0] == b'?')
+/// The answer to an HTTP/2 request that did not arrive in time.
+fn timed_out() -> (
+    StatusCode,
+    [(http::header::HeaderName, &'static str); 1],
+    String,
+) {
+    let status = StatusCode::REQUEST_TIMEOUT;
+    let body = Problem::new(status, "The request did not arrive in time.").into_json();
+    (status, [(http::header::CONTENT_TYPE, PROBLEM_JSON)], body)
 }
 
 /// The value of a request head's one `Authorization` line; none when it
@@ -182,12 +227,12 @@ fn authorization(head: &[u8]) -> Option<&[u8]> {
 }
 
 /// One client connection.
-struct Conn {
-    front: Arc<Front>,
+struct Conn<S> {
+    front: Arc<Front<S>>,
     client: Client,
 }
 
-impl Conn {
+impl<S: Site> Conn<S> {
     /// Reads and answers one request; false when the connection is to be
     /// closed.
     async fn one(&mut self) -> io::Result<bool> {
@@ -195,13 +240,13 @@ impl Conn {
             return Ok(false);
         };
         let head = self.client.buf.split_to(head_len).freeze();
-        // The line alone first: a check needs none of the headers.
+        // The line alone first: a fast answer needs none of the headers.
         let line = match wire::parse_request_line(&head) {
             Ok(line) => line,
             Err(e) => return self.client.refuse(&e).await.map(|()| false),
         };
         // In flight from its head on, as in hyper and axum.
-        let _in_flight = self.front.state.metrics.in_flight();
+        let _in_flight = self.front.site.in_flight();
         let Some(body) = self.read_body(line.framing, line.expects_continue).await? else {
             return Ok(false);
         };
@@ -210,31 +255,27 @@ impl Conn {
             version: line.version,
             head_only: line.method == Method::HEAD,
         };
-        if line.method == Method::POST && is_check(&line.target) {
-            let state = &self.front.state;
-            // The headers are read only when a token is needed.
-            let authorization = if check_needs_token(state) {
+        let site = &self.front.site;
+        if site.answers_fast(&line.method, &line.target) {
+            // The headers are read only when they are needed.
+            let authorization = if site.fast_needs_authorization() {
                 authorization(&head)
             } else {
                 None
             };
-            let answer = match check_authorized(state, authorization) {
-                Ok(()) => {
-                    let decided = self.client.until_decided(check_answer(state, &body));
-                    let Some(answer) = decided.await? else {
-                        // The client left while its check was waited for.
-                        return Ok(false);
-                    };
-                    answer
-                }
-                Err(refused) => *refused,
+            let answering = self
+                .client
+                .until_decided(site.answer_fast(authorization, body));
+            let Some(answer) = answering.await? else {
+                // The client left while its answer was waited for.
+                return Ok(false);
             };
+            let more: SmallVec<[(HeaderName, &[u8]); 8]> = answer.headers().collect();
             let no_headers = http::HeaderMap::new();
-            let more: smallvec::SmallVec<[_; 8]> = answer.headers().collect();
             let res = Whole {
-                content_type: Some(answer.content_type),
+                content_type: Some(answer.content_type()),
                 more: &more,
-                ..Whole::new(answer.status, &no_headers, &answer.body)
+                ..Whole::new(answer.status(), &no_headers, answer.body())
             };
             self.client.respond(&res, reply).await?;
             return Ok(reply.keep_alive);
@@ -279,7 +320,7 @@ impl Conn {
     ) -> io::Result<Option<Bytes>> {
         let too_large = match framing {
             Framing::Empty => return Ok(Some(Bytes::new())),
-            Framing::Length(n) => n > MAX_BODY_BYTES as u64,
+            Framing::Length(n) => n > self.front.max_body as u64,
             Framing::Chunked => false,
         };
         if too_large {
@@ -310,7 +351,7 @@ impl Conn {
     /// [`read_body`](Self::read_body) once the body is to be read.
     async fn read_whole_body(&mut self, framing: Framing) -> io::Result<Option<Bytes>> {
         if let Framing::Length(n) = framing {
-            // At most MAX_BODY_BYTES: fits a usize.
+            // At most the largest body, which fits a usize.
             let n = n as usize;
             while self.client.buf.len() < n {
                 if !self.client.fill().await? {
@@ -330,7 +371,7 @@ impl Conn {
                 }
             };
             self.client.buf.advance(used);
-            if body.len() > MAX_BODY_BYTES {
+            if body.len() > self.front.max_body {
                 self.refuse_too_large().await?;
                 return Ok(None);
             }
@@ -343,7 +384,7 @@ impl Conn {
         }
     }
 
-    /// Answers a body over [`MAX_BODY_BYTES`] with a 413 (as axum's body
+    /// Answers a body over the site's largest with a 413 (as axum's body
     /// limit words it), and closes.
     async fn refuse_too_large(&mut self) -> io::Result<()> {
         self.client

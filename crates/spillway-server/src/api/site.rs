@@ -1,0 +1,118 @@
+//! The API as the HTTP/1.1 server's [`Site`]: `POST /v1/check` is answered
+//! straight from its body ([`check_answer`]), everything else by the
+//! router.
+
+use std::io;
+
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderName, Method, StatusCode};
+use tokio::net::TcpListener;
+
+use super::answer::Answer;
+use super::check::{check_answer, check_authorized, check_needs_token};
+use super::{MAX_BODY_BYTES, app, routes};
+use crate::http1::serve::{Answered, Settings, Site};
+use crate::http1::{self, Accepting, Timeouts};
+use crate::metrics::InFlight;
+use crate::state::State;
+
+/// Serves the HTTP API on `listener` until `shutdown` resolves; then stops
+/// accepting and returns once every connection's request in flight has
+/// been answered (idle connections are closed).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: State,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let server = state.live.current().config.server.clone();
+    let timeouts = Timeouts {
+        head: server.head_timeout,
+        body: server.body_timeout,
+        write: server.write_timeout,
+        idle: server.idle_timeout,
+    };
+    let (open, refused) = state.metrics.connection_metrics();
+    let accepting = Accepting {
+        max_connections: http1::within_file_limit(server.max_connections.get()),
+        open: Some(open),
+        refused: Some(refused),
+    };
+    let settings = Settings {
+        timeouts,
+        accepting,
+        max_body: MAX_BODY_BYTES,
+    };
+    http1::serve::serve(listener, Api { state }, settings, shutdown).await;
+    Ok(())
+}
+
+/// The API on the state it serves.
+struct Api {
+    state: State,
+}
+
+impl Site for Api {
+    type Fast = Answer;
+    type InFlight = InFlight;
+
+    fn answers_fast(&self, method: &Method, target: &[u8]) -> bool {
+        method == Method::POST && is_check(target)
+    }
+
+    fn fast_needs_authorization(&self) -> bool {
+        check_needs_token(&self.state)
+    }
+
+    fn answer_fast(
+        &self,
+        authorization: Option<&[u8]>,
+        body: Bytes,
+    ) -> impl Future<Output = Answer> + Send {
+        let authorized = check_authorized(&self.state, authorization);
+        async move {
+            match authorized {
+                Ok(()) => check_answer(&self.state, &body).await,
+                Err(refused) => *refused,
+            }
+        }
+    }
+
+    fn routes(&self) -> Router {
+        routes(self.state.clone())
+    }
+
+    fn app(&self) -> Router {
+        app(self.state.clone())
+    }
+
+    fn in_flight(&self) -> InFlight {
+        self.state.metrics.in_flight()
+    }
+}
+
+/// Whether a request target is `/v1/check` (origin form, with or without
+/// a query); any other form goes through the router.
+fn is_check(target: &[u8]) -> bool {
+    target
+        .strip_prefix(b"/v1/check")
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'?')
+}
+
+impl Answered for Answer {
+    fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    fn content_type(&self) -> &'static str {
+        self.content_type
+    }
+
+    fn headers(&self) -> impl Iterator<Item = (HeaderName, &[u8])> {
+        Answer::headers(self)
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.body
+    }
+}
