@@ -25,3 +25,8 @@ pub mod server;
 
 pub use app::app;
 pub use server::{ConfigSource, Overrides, State, run};
+
+// The crate's README (its crates.io page) is compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
