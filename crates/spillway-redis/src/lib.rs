@@ -1,14 +1,6 @@
-//! The Redis store for Spillway.
-//!
-//! Every request is decided by one Lua script call (`EVALSHA`, reloaded
-//! transparently after `NOSCRIPT`): the script reads the server's clock
-//! (`TIME`), runs the same transitions as the core crate for every rule of
-//! the request, and writes only if all of them admit. Each key gets a TTL
-//! that ends when its state is back to fresh, so idle keys vanish by
-//! themselves.
-//!
-//! Keys are `prefix{rule:key}`: the hash tag keeps each key's state in one
-//! cluster slot.
+// The crate's documentation is its README, so that crates.io and docs.rs
+// say the same and the README's example is a doc test.
+#![doc = include_str!("../README.md")]
 
 mod cluster;
 mod deny_cache;

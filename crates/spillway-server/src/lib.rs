@@ -27,3 +27,8 @@ pub use api::app;
 pub use config::{ConfigSource, Overrides};
 pub use run::run;
 pub use state::State;
+
+// The crate's README (its crates.io page) is compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

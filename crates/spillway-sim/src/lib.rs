@@ -49,3 +49,8 @@ pub use simulate::{
     AlgorithmRun, Options, ScenarioRun, parse_duration, run_scenario, scenario_chart, scenarios,
     simulate,
 };
+
+// The crate's README (its crates.io page) is compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

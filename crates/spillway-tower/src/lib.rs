@@ -53,3 +53,8 @@ pub use key::{ClientAddr, Clients, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, U
 pub use layer::RateLimitLayer;
 pub use rules::{Action, BodyFormat, Cost, Glob, HttpRule, MissingClientAddr, Policy};
 pub use service::{Limited, RateLimit, RequestCost, X_SPILLWAY_LIMITED};
+
+// The crate's README (its crates.io page) is compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -41,7 +41,9 @@ pub use decision::Decision;
 pub use error::{ConfigError, CostTooLarge, Error};
 pub use quota::Quota;
 
-// The README's examples are compiled and run as doc tests.
-#[doc = include_str!("../../../README.md")]
+// The crate's README (its crates.io page) is compiled and run as doc tests.
+// The repository's README is tested by examples/docs: a package may only
+// include its own files.
+#[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;

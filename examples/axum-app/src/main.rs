@@ -40,6 +40,8 @@ fn policy() -> Policy {
     .path("/api/report")
     .key([KeyPart::ApiKey])
     .action(Action::Degrade);
+    // The sliding log: exact in any minute, and its memory is bounded by the
+    // limit, so small limits such as logins are what it suits (docs/algorithms.md).
     let login = HttpRule::new("login", SlidingLog::new(Quota::per_minute(nz(5))))
         .methods([axum::http::Method::POST])
         .path("/login");

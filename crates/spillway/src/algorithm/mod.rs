@@ -9,7 +9,10 @@
 //!
 //! See `docs/algorithms.md` for the definitions, with their formulas.
 #![doc = ""]
-#![doc = include_str!("../../../../docs/algorithms.md")]
+// crates/spillway/docs/algorithms.md is a link to the repository's
+// docs/algorithms.md: the guide stays with the others, and the package,
+// which may only include its own files, holds a copy of it.
+#![doc = include_str!("../../docs/algorithms.md")]
 
 mod any;
 pub mod fixed_window;
