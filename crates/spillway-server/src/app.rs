@@ -35,7 +35,7 @@ use crate::metrics::InFlightLayer;
 use crate::server::State;
 
 /// The OpenAPI 3 description of this API, as served at `/openapi.json`.
-pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+pub const OPENAPI: &str = include_str!("../docs/openapi.json");
 
 /// The longest key `/v1/check` accepts, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;

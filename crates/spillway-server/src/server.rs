@@ -17,7 +17,7 @@ use crate::reload::Reloader;
 /// The sample configuration that ships in the repository
 /// (`config/spillway.toml`): what `spillway serve` runs when it finds no
 /// configuration file.
-pub const SAMPLE_CONFIG: &str = include_str!("../../../config/spillway.toml");
+pub const SAMPLE_CONFIG: &str = include_str!("../config/spillway.toml");
 
 /// Where `spillway serve` looks for its configuration when not told.
 pub const DEFAULT_CONFIG_PATH: &str = "config/spillway.toml";
