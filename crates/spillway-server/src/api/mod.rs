@@ -25,7 +25,7 @@ use crate::state::State;
 pub(crate) use site::serve;
 
 /// The OpenAPI 3 description of this API, as served at `/openapi.json`.
-pub const OPENAPI: &str = include_str!("../../../../docs/openapi.json");
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
 
 /// The longest key `/v1/check` accepts, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;

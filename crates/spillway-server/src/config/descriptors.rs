@@ -830,7 +830,7 @@ descriptors:
     #[test]
     fn the_sample_file_loads() {
         let file = DescriptorFile::parse(
-            include_str!("../../../../config/envoy-ratelimit.yaml"),
+            include_str!("../../config/envoy-ratelimit.yaml"),
             Path::new("config/envoy-ratelimit.yaml"),
             0,
         )

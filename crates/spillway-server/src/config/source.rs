@@ -10,7 +10,7 @@ use super::{Config, ConfigError, StoreKind};
 /// The sample configuration that ships in the repository
 /// (`config/spillway.toml`): what `spillway serve` runs when it finds no
 /// configuration file.
-pub const SAMPLE_CONFIG: &str = include_str!("../../../../config/spillway.toml");
+pub const SAMPLE_CONFIG: &str = include_str!("../../config/spillway.toml");
 
 /// Where `spillway serve` looks for its configuration when not told.
 pub const DEFAULT_CONFIG_PATH: &str = "config/spillway.toml";

@@ -5,7 +5,7 @@
 //! Envoy-based gateways can use Spillway as their global rate limit service.
 //! [`EnvoyRateLimiter`] is the service itself, for a tonic server of your own.
 //!
-#![doc = include_str!("../../../../docs/envoy.md")]
+#![doc = include_str!("../../docs/envoy.md")]
 
 mod service;
 
