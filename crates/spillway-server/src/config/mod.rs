@@ -544,6 +544,37 @@ impl Config {
 }
 
 fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, ConfigError> {
+    let server = convert_server(&raw.server, lines)?;
+    let envoy_limits = envoy_limits(&raw.envoy, lines)?;
+    let store = convert_store(&raw.store, lines)?;
+    let clients = convert_clients(&raw.clients, lines)?;
+    let (headers, body) = convert_headers(&raw.headers, lines)?;
+    let (mut rules, mut descriptors) = convert_rules(&raw, lines)?;
+    let (envoy_domain, descriptor_tree) =
+        convert_envoy(&raw, dir, lines, &mut rules, &mut descriptors)?;
+    let mut policy = Policy::new(rules)
+        .clients(clients)
+        .headers(headers)
+        .body(body);
+    for (tier, t) in &raw.tiers {
+        for key in &t.api_keys {
+            policy = policy.api_key_tier(key.clone(), tier.clone());
+        }
+    }
+    Ok(Config {
+        proxy: convert_proxy(&raw.proxy, lines)?,
+        server,
+        store,
+        policy,
+        descriptors,
+        envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
+        descriptor_tree,
+        envoy_limits,
+    })
+}
+
+/// `[server]`.
+fn convert_server(raw: &RawServer, lines: &Lines<'_>) -> Result<ServerConfig, ConfigError> {
     let addr = |v: &Spanned<String>, field: &str| {
         v.get_ref().parse::<SocketAddr>().map_err(|_| {
             lines.err(
@@ -553,13 +584,12 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             )
         })
     };
-    let server = ServerConfig {
-        listen: match &raw.server.listen {
+    Ok(ServerConfig {
+        listen: match &raw.listen {
             Some(v) => addr(v, "server.listen")?,
             None => "127.0.0.1:8080".parse().expect("a valid address"),
         },
         grpc_listen: raw
-            .server
             .grpc_listen
             .as_ref()
             .map(|v| addr(v, "server.grpc_listen"))
@@ -567,34 +597,34 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
         admin_token: std::env::var("SPILLWAY_ADMIN_TOKEN")
             .ok()
             .filter(|t| !t.is_empty())
-            .or(raw.server.admin_token)
+            .or(raw.admin_token.clone())
             .filter(|t| !t.is_empty()),
-        check_tokens: check_tokens(raw.server.check_tokens.as_ref(), lines)?,
+        check_tokens: check_tokens(raw.check_tokens.as_ref(), lines)?,
         head_timeout: timeout(
-            &raw.server.head_timeout,
+            &raw.head_timeout,
             "server.head_timeout",
             ServerConfig::HEAD_TIMEOUT,
             lines,
         )?,
         body_timeout: timeout(
-            &raw.server.body_timeout,
+            &raw.body_timeout,
             "server.body_timeout",
             ServerConfig::BODY_TIMEOUT,
             lines,
         )?,
         write_timeout: timeout(
-            &raw.server.write_timeout,
+            &raw.write_timeout,
             "server.write_timeout",
             ServerConfig::WRITE_TIMEOUT,
             lines,
         )?,
         idle_timeout: timeout(
-            &raw.server.idle_timeout,
+            &raw.idle_timeout,
             "server.idle_timeout",
             ServerConfig::IDLE_TIMEOUT,
             lines,
         )?,
-        max_connections: match &raw.server.max_connections {
+        max_connections: match &raw.max_connections {
             None => ServerConfig::MAX_CONNECTIONS,
             Some(n) => usize::try_from(*n.get_ref())
                 .ok()
@@ -604,17 +634,17 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
                     lines.err(n, "server.max_connections", "must be between 1 and 1000000")
                 })?,
         },
-    };
-    let envoy_limits = envoy_limits(&raw.envoy, lines)?;
+    })
+}
 
-    let store = convert_store(&raw.store, lines)?;
-
+/// `[clients]`.
+fn convert_clients(raw: &RawClients, lines: &Lines<'_>) -> Result<Clients, ConfigError> {
     let header = |v: &Spanned<String>, field: &str| {
         HeaderName::try_from(v.get_ref().as_str())
             .map_err(|_| lines.err(v, field, format!("`{}` is not a header name", v.get_ref())))
     };
     let mut clients = Clients::default();
-    for (i, p) in raw.clients.trusted_proxies.iter().enumerate() {
+    for (i, p) in raw.trusted_proxies.iter().enumerate() {
         let s = p.get_ref();
         let net = s
             .parse::<ipnet::IpNet>()
@@ -628,22 +658,20 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             })?;
         clients.trusted_proxies.push(net);
     }
-    if let Some(h) = &raw.clients.api_key_header {
+    if let Some(h) = &raw.api_key_header {
         clients.api_key_header = header(h, "clients.api_key_header")?;
     }
     clients.user_header = raw
-        .clients
         .user_header
         .as_ref()
         .map(|h| header(h, "clients.user_header"))
         .transpose()?;
     clients.tier_header = raw
-        .clients
         .tier_header
         .as_ref()
         .map(|h| header(h, "clients.tier_header"))
         .transpose()?;
-    if let Some(h) = &raw.clients.forwarded_header {
+    if let Some(h) = &raw.forwarded_header {
         clients.forwarded_header = match h.get_ref().to_ascii_lowercase().as_str() {
             "x-forwarded-for" => ForwardedHeader::XForwardedFor,
             "forwarded" => ForwardedHeader::Forwarded,
@@ -656,7 +684,7 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             }
         };
     }
-    if let Some(p) = &raw.clients.ipv6_prefix {
+    if let Some(p) = &raw.ipv6_prefix {
         clients.ipv6_prefix = u8::try_from(*p.get_ref())
             .ok()
             .and_then(Ipv6Prefix::new)
@@ -671,13 +699,20 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
                 )
             })?;
     }
+    Ok(clients)
+}
 
+/// `[headers]`: which fields, and the 429's body.
+fn convert_headers(
+    raw: &RawHeaders,
+    lines: &Lines<'_>,
+) -> Result<(HeaderOptions, BodyFormat), ConfigError> {
     let mut headers = HeaderOptions {
-        legacy: raw.headers.legacy,
-        ietf: raw.headers.ietf,
+        legacy: raw.legacy,
+        ietf: raw.ietf,
         reset: ResetFormat::Unix,
     };
-    if let Some(r) = &raw.headers.reset {
+    if let Some(r) = &raw.reset {
         headers.reset = match r.get_ref().as_str() {
             "unix" => ResetFormat::Unix,
             "delta" => ResetFormat::Delta,
@@ -690,7 +725,7 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             }
         };
     }
-    let body = match &raw.headers.body {
+    let body = match &raw.body {
         None => BodyFormat::Problem,
         Some(b) => match b.get_ref().as_str() {
             "problem" => BodyFormat::Problem,
@@ -706,7 +741,14 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             }
         },
     };
+    Ok((headers, body))
+}
 
+/// `[[rules]]`: each rule, and the Envoy descriptor keys it answers to.
+fn convert_rules(
+    raw: &RawConfig,
+    lines: &Lines<'_>,
+) -> Result<(Vec<HttpRule>, Vec<Vec<String>>), ConfigError> {
     let mut names = std::collections::HashSet::new();
     let mut rules = Vec::new();
     let mut descriptors = Vec::new();
@@ -714,19 +756,7 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
         let r = spanned.get_ref();
         let field = |f: &str| format!("rules[{i}].{f}");
         let name = r.name.get_ref().trim().to_string();
-        if name.is_empty() {
-            return Err(lines.err(&r.name, field("name"), "must not be empty"));
-        }
-        if name.starts_with(crate::config::descriptors::OVERRIDE_PREFIX) {
-            return Err(lines.err(
-                &r.name,
-                field("name"),
-                format!(
-                    "`{name}`: names starting with `{}` are the Envoy service's, for limit overrides",
-                    crate::config::descriptors::OVERRIDE_PREFIX
-                ),
-            ));
-        }
+        check_rule_name(&name, r, lines, &field)?;
         if !names.insert(name.clone()) {
             return Err(lines.err(
                 &r.name,
@@ -735,105 +765,174 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             ));
         }
         let quota = RawQuota::of(r);
-        let algorithm = algorithm_of(&quota, lines, &field)?;
-        let mut rule = HttpRule::new(name, algorithm);
-        if let Some(methods) = &r.matcher.methods {
-            let mut parsed = Vec::new();
-            for m in methods {
-                let method = Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
-                    .map_err(|_| {
-                        lines.err(
-                            m,
-                            field("match.methods"),
-                            format!("`{}` is not a method", m.get_ref()),
-                        )
-                    })?;
-                parsed.push(method);
-            }
-            rule = rule.methods(parsed);
-        }
-        if let Some(path) = &r.matcher.path {
-            rule = rule.path(path.clone());
-        }
-        if r.matcher.exact_path == Some(true) {
-            rule = rule.exact_path();
-        }
-        if let Some(host) = &r.matcher.host {
-            rule = rule.host(host.clone());
-        }
-        let parts = |list: &Vec<Spanned<String>>, f: &str| -> Result<Vec<KeyPart>, ConfigError> {
-            list.iter()
-                .map(|p| KeyPart::parse(p.get_ref()).map_err(|m| lines.err(p, field(f), m)))
-                .collect()
-        };
-        if let Some(key) = &r.key {
-            if key.is_empty() {
-                return Err(lines.err(spanned, field("key"), "must list at least one part"));
-            }
-            rule = rule.key(parts(key, "key")?);
-        }
-        if let Some(fallback) = &r.fallback {
-            rule = rule.fallback(parts(fallback, "fallback")?);
-        }
-        if let Some(cost) = &r.cost {
-            rule = rule.cost(match cost.get_ref() {
-                RawCost::Fixed(n) => Cost::Fixed(*n),
-                RawCost::Header(h) => {
-                    let name = h.strip_prefix("header:").ok_or_else(|| {
-                        lines.err(cost, field("cost"), "must be an integer or \"header:NAME\"")
-                    })?;
-                    Cost::Header {
-                        name: HeaderName::try_from(name).map_err(|_| {
-                            lines.err(
-                                cost,
-                                field("cost"),
-                                format!("`{name}` is not a header name"),
-                            )
-                        })?,
-                        default: 1,
-                    }
-                }
-            });
-        }
-        if let Some(a) = &r.action {
-            rule = rule.action(match a.get_ref().as_str() {
-                "reject" => Action::Reject,
-                "shadow" => Action::Shadow,
-                "degrade" => Action::Degrade,
-                other => {
-                    return Err(lines.err(
-                        a,
-                        field("action"),
-                        format!("`{other}`: expected reject, shadow or degrade"),
-                    ));
-                }
-            });
-        }
-        for (tier, over) in &r.tiers {
-            if !raw.tiers.contains_key(tier.get_ref()) {
-                return Err(lines.err(
-                    tier,
-                    field(&format!("tiers.{}", tier.get_ref())),
-                    format!(
-                        "unknown tier `{}`: declare it as [tiers.{}]",
-                        tier.get_ref(),
-                        tier.get_ref()
-                    ),
-                ));
-            }
-            let merged = over.over(&quota);
-            let tier_field = |f: &str| format!("rules[{i}].tiers.{}.{f}", tier.get_ref());
-            rule = rule.tier(
-                tier.get_ref().clone(),
-                algorithm_of(&merged, lines, &tier_field)?,
-            );
-        }
+        let rule = HttpRule::new(name, algorithm_of(&quota, lines, &field)?);
+        let rule = rule_match(rule, r, lines, &field)?;
+        let rule = rule_key_cost_action(rule, spanned, lines, &field)?;
+        let rule = rule_tiers(rule, r, &raw.tiers, &quota, lines, i)?;
         descriptors.push(r.descriptors.clone());
         rules.push(rule);
     }
+    Ok((rules, descriptors))
+}
 
+/// A rule's name: not empty, not one the Envoy service makes.
+fn check_rule_name(
+    name: &str,
+    r: &RawRule,
+    lines: &Lines<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(lines.err(&r.name, field("name"), "must not be empty"));
+    }
+    if name.starts_with(crate::config::descriptors::OVERRIDE_PREFIX) {
+        return Err(lines.err(
+            &r.name,
+            field("name"),
+            format!(
+                "`{name}`: names starting with `{}` are the Envoy service's, for limit overrides",
+                crate::config::descriptors::OVERRIDE_PREFIX
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A rule's `match`: methods, path, host.
+fn rule_match(
+    mut rule: HttpRule,
+    r: &RawRule,
+    lines: &Lines<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<HttpRule, ConfigError> {
+    if let Some(methods) = &r.matcher.methods {
+        let mut parsed = Vec::new();
+        for m in methods {
+            let method =
+                Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes()).map_err(|_| {
+                    lines.err(
+                        m,
+                        field("match.methods"),
+                        format!("`{}` is not a method", m.get_ref()),
+                    )
+                })?;
+            parsed.push(method);
+        }
+        rule = rule.methods(parsed);
+    }
+    if let Some(path) = &r.matcher.path {
+        rule = rule.path(path.clone());
+    }
+    if r.matcher.exact_path == Some(true) {
+        rule = rule.exact_path();
+    }
+    if let Some(host) = &r.matcher.host {
+        rule = rule.host(host.clone());
+    }
+    Ok(rule)
+}
+
+/// A rule's `key`, `fallback`, `cost` and `action`.
+fn rule_key_cost_action(
+    mut rule: HttpRule,
+    spanned: &Spanned<RawRule>,
+    lines: &Lines<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<HttpRule, ConfigError> {
+    let r = spanned.get_ref();
+    let parts = |list: &Vec<Spanned<String>>, f: &str| -> Result<Vec<KeyPart>, ConfigError> {
+        list.iter()
+            .map(|p| KeyPart::parse(p.get_ref()).map_err(|m| lines.err(p, field(f), m)))
+            .collect()
+    };
+    if let Some(key) = &r.key {
+        if key.is_empty() {
+            return Err(lines.err(spanned, field("key"), "must list at least one part"));
+        }
+        rule = rule.key(parts(key, "key")?);
+    }
+    if let Some(fallback) = &r.fallback {
+        rule = rule.fallback(parts(fallback, "fallback")?);
+    }
+    if let Some(cost) = &r.cost {
+        rule = rule.cost(match cost.get_ref() {
+            RawCost::Fixed(n) => Cost::Fixed(*n),
+            RawCost::Header(h) => {
+                let name = h.strip_prefix("header:").ok_or_else(|| {
+                    lines.err(cost, field("cost"), "must be an integer or \"header:NAME\"")
+                })?;
+                Cost::Header {
+                    name: HeaderName::try_from(name).map_err(|_| {
+                        lines.err(
+                            cost,
+                            field("cost"),
+                            format!("`{name}` is not a header name"),
+                        )
+                    })?,
+                    default: 1,
+                }
+            }
+        });
+    }
+    if let Some(a) = &r.action {
+        rule = rule.action(match a.get_ref().as_str() {
+            "reject" => Action::Reject,
+            "shadow" => Action::Shadow,
+            "degrade" => Action::Degrade,
+            other => {
+                return Err(lines.err(
+                    a,
+                    field("action"),
+                    format!("`{other}`: expected reject, shadow or degrade"),
+                ));
+            }
+        });
+    }
+    Ok(rule)
+}
+
+/// A rule's `tiers`: each its own quota, over the rule's.
+fn rule_tiers(
+    mut rule: HttpRule,
+    r: &RawRule,
+    declared: &BTreeMap<String, RawTier>,
+    quota: &RawQuota,
+    lines: &Lines<'_>,
+    i: usize,
+) -> Result<HttpRule, ConfigError> {
+    for (tier, over) in &r.tiers {
+        if !declared.contains_key(tier.get_ref()) {
+            return Err(lines.err(
+                tier,
+                format!("rules[{i}].tiers.{}", tier.get_ref()),
+                format!(
+                    "unknown tier `{}`: declare it as [tiers.{}]",
+                    tier.get_ref(),
+                    tier.get_ref()
+                ),
+            ));
+        }
+        let merged = over.over(quota);
+        let tier_field = |f: &str| format!("rules[{i}].tiers.{}.{f}", tier.get_ref());
+        rule = rule.tier(
+            tier.get_ref().clone(),
+            algorithm_of(&merged, lines, &tier_field)?,
+        );
+    }
+    Ok(rule)
+}
+
+/// `[envoy]`: the domain, and the descriptor file's rate limits, which
+/// join the rules (by name only).
+fn convert_envoy(
+    raw: &RawConfig,
+    dir: &Path,
+    lines: &Lines<'_>,
+    rules: &mut Vec<HttpRule>,
+    descriptors: &mut Vec<Vec<String>>,
+) -> Result<(Option<String>, Option<descriptors::DescriptorTree>), ConfigError> {
     let envoy_domain = raw.envoy.domain.as_ref().map(|d| d.get_ref().clone());
-    let (envoy_domain, descriptor_tree) = match &raw.envoy.descriptors_file {
+    Ok(match &raw.envoy.descriptors_file {
         None => (envoy_domain, None),
         Some(path) => {
             let file = descriptor_file(path, dir, raw.envoy.domain.as_ref(), &raw.rules, lines)?;
@@ -857,38 +956,22 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
             }
             (Some(file.domain), Some(file.tree))
         }
-    };
+    })
+}
 
-    let mut policy = Policy::new(rules)
-        .clients(clients)
-        .headers(headers)
-        .body(body);
-    for (tier, t) in &raw.tiers {
-        for key in &t.api_keys {
-            policy = policy.api_key_tier(key.clone(), tier.clone());
-        }
-    }
+/// `[proxy]`: how the proxy normalizes a request's target.
+fn convert_proxy(raw: &RawProxy, lines: &Lines<'_>) -> Result<Normalize, ConfigError> {
     let defaults = Normalize::default();
-    let proxy = Normalize {
-        path: raw.proxy.normalize_path.unwrap_or(defaults.path),
-        merge_slashes: raw.proxy.merge_slashes.unwrap_or(defaults.merge_slashes),
-        escaped_slashes: match &raw.proxy.escaped_slashes {
+    Ok(Normalize {
+        path: raw.normalize_path.unwrap_or(defaults.path),
+        merge_slashes: raw.merge_slashes.unwrap_or(defaults.merge_slashes),
+        escaped_slashes: match &raw.escaped_slashes {
             Some(v) => v
                 .get_ref()
                 .parse()
                 .map_err(|m| lines.err(v, "proxy.escaped_slashes", m))?,
             None => defaults.escaped_slashes,
         },
-    };
-    Ok(Config {
-        proxy,
-        server,
-        store,
-        policy,
-        descriptors,
-        envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
-        descriptor_tree,
-        envoy_limits,
     })
 }
 
