@@ -16,6 +16,7 @@ use tower_service::Service;
 use crate::engine::{Asking, Described, Engine, Held, Outcome, RuleOutcome, Ruling, Unplanned};
 use crate::future::{ResponseBody, ResponseFuture};
 use crate::response;
+use crate::rules::Policy;
 
 /// The request header (and response header) that marks a request let
 /// through by a `degrade` rule that denied it.
@@ -217,33 +218,13 @@ where
         Outcome::Unavailable(_) => return answer(response::unavailable()),
         Outcome::Rejected { ref rule, .. } => {
             let retry = outcome.retry_after_secs().expect("a rejection");
-            let mut res = if grpc() {
-                let message = format!("rate limit `{rule}` exceeded: retry in {retry} s");
-                let mut res = response::grpc_status(8, &message);
-                res.headers_mut()
-                    .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
-                res
-            } else {
-                response::too_many_requests(policy.body, rule, retry)
-            };
+            let mut res = rejected(policy, rule, retry, grpc());
             described.fields(engine).write_to(res.headers_mut());
             return answer(res);
         }
         Outcome::Admitted { delay, limited, .. } => (delay, limited),
     };
-    let mut all_limited = parts
-        .extensions
-        .get::<Limited>()
-        .map(|l| l.rules.clone())
-        .unwrap_or_default();
-    all_limited.extend(limited);
-    let limited_header = (!all_limited.is_empty())
-        .then(|| HeaderValue::try_from(all_limited.join(", ")).ok())
-        .flatten();
-    if let Some(v) = &limited_header {
-        parts.headers.insert(X_SPILLWAY_LIMITED, v.clone());
-        parts.extensions.insert(Limited { rules: all_limited });
-    }
+    let limited_header = mark_limited(&mut parts, limited);
     let owner = Arc::clone(engine);
     let finish = move |res: Response<ResBody>| {
         let mut res = res.map(ResponseBody::inner);
@@ -271,6 +252,39 @@ where
     }
     let response = inner.call(Request::from_parts(parts, body));
     Box::pin(async move { Ok(finish(response.await?)) })
+}
+
+/// Marks a request a `degrade` rule let through (with those of any layer
+/// in front): the [`Limited`] extension and the header, whose value is
+/// returned for the response too.
+fn mark_limited(parts: &mut Parts, limited: Vec<String>) -> Option<HeaderValue> {
+    let mut all_limited = parts
+        .extensions
+        .get::<Limited>()
+        .map(|l| l.rules.clone())
+        .unwrap_or_default();
+    all_limited.extend(limited);
+    let limited_header = (!all_limited.is_empty())
+        .then(|| HeaderValue::try_from(all_limited.join(", ")).ok())
+        .flatten();
+    if let Some(v) = &limited_header {
+        parts.headers.insert(X_SPILLWAY_LIMITED, v.clone());
+        parts.extensions.insert(Limited { rules: all_limited });
+    }
+    limited_header
+}
+
+/// The answer to a request a rule rejected, retrying in `retry` seconds:
+/// a 429 in the policy's body format, or gRPC's RESOURCE_EXHAUSTED.
+fn rejected<B>(policy: &Policy, rule: &str, retry: u64, grpc: bool) -> Response<ResponseBody<B>> {
+    if !grpc {
+        return response::too_many_requests(policy.body, rule, retry);
+    }
+    let message = format!("rate limit `{rule}` exceeded: retry in {retry} s");
+    let mut res = response::grpc_status(8, &message);
+    res.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
+    res
 }
 
 /// Gives a shaped request's charges back if it is dropped while it waits.

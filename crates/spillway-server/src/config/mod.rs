@@ -1155,35 +1155,9 @@ fn file_error(path: &Path, rule: &descriptors::FileRule, message: String) -> Con
     }
 }
 
-fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, ConfigError> {
-    let timeout = match &raw.timeout {
-        Some(t) => {
-            let d = parse_duration(t.get_ref()).map_err(|m| lines.err(t, "store.timeout", m))?;
-            if d.is_zero() {
-                return Err(lines.err(t, "store.timeout", "must be longer than zero"));
-            }
-            d
-        }
-        None => Duration::from_millis(50),
-    };
-    let on_error = match &raw.on_error {
-        None => OnError::FailOpen,
-        Some(v) => match v.get_ref().as_str() {
-            "fail_open" => OnError::FailOpen,
-            "fail_closed" => OnError::FailClosed,
-            "local" => OnError::Local {
-                instances: raw.instances.unwrap_or(NonZeroU32::MIN),
-            },
-            other => {
-                return Err(lines.err(
-                    v,
-                    "store.on_error",
-                    format!("`{other}`: expected fail_open, fail_closed or local"),
-                ));
-            }
-        },
-    };
-    let kind = match raw.kind.as_ref().map(|k| (k, k.get_ref().as_str())) {
+/// `[store] kind` and `url`: in memory, or a Redis server or cluster.
+fn store_kind(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreKind, ConfigError> {
+    Ok(match raw.kind.as_ref().map(|k| (k, k.get_ref().as_str())) {
         None | Some((_, "memory")) => StoreKind::Memory,
         Some((k, "redis")) => {
             let url = raw
@@ -1214,7 +1188,39 @@ fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, Confi
                 format!("`{other}`: expected \"memory\" or \"redis\""),
             ));
         }
+    })
+}
+
+/// `[store]`.
+fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, ConfigError> {
+    let timeout = match &raw.timeout {
+        Some(t) => {
+            let d = parse_duration(t.get_ref()).map_err(|m| lines.err(t, "store.timeout", m))?;
+            if d.is_zero() {
+                return Err(lines.err(t, "store.timeout", "must be longer than zero"));
+            }
+            d
+        }
+        None => Duration::from_millis(50),
     };
+    let on_error = match &raw.on_error {
+        None => OnError::FailOpen,
+        Some(v) => match v.get_ref().as_str() {
+            "fail_open" => OnError::FailOpen,
+            "fail_closed" => OnError::FailClosed,
+            "local" => OnError::Local {
+                instances: raw.instances.unwrap_or(NonZeroU32::MIN),
+            },
+            other => {
+                return Err(lines.err(
+                    v,
+                    "store.on_error",
+                    format!("`{other}`: expected fail_open, fail_closed or local"),
+                ));
+            }
+        },
+    };
+    let kind = store_kind(raw, lines)?;
     let on_full = match &raw.on_full {
         None => OnFull::Evict,
         Some(v) => match v.get_ref().as_str() {
@@ -1240,6 +1246,7 @@ fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, Confi
     })
 }
 
+/// A rule's (or a tier's) algorithm on its quota.
 fn algorithm_of(
     q: &RawQuota,
     lines: &Lines<'_>,
@@ -1272,18 +1279,6 @@ fn algorithm_of(
         .map_err(|m| lines.err(window_field, field("window"), m))?;
     let quota = Quota::new(limit, window)
         .map_err(|e| lines.err(window_field, field("window"), e.to_string()))?;
-    let count = |v: &Option<Spanned<u64>>,
-                 name: &str,
-                 default: NonZeroU32|
-     -> Result<NonZeroU32, ConfigError> {
-        match v {
-            None => Ok(default),
-            Some(v) => u32::try_from(*v.get_ref())
-                .ok()
-                .and_then(NonZeroU32::new)
-                .ok_or_else(|| lines.err(v, field(name), "must be between 1 and 4294967295")),
-        }
-    };
     let name = algorithm.get_ref().as_str();
     let not_for = |v: &Option<Spanned<u64>>, f: &str| match v {
         Some(v) => Err(lines.err(v, field(f), format!("does not apply to {name}"))),
@@ -1307,33 +1302,9 @@ fn algorithm_of(
             if let Some(m) = &q.mode {
                 return Err(lines.err(m, field("mode"), "does not apply to token_bucket"));
             }
-            TokenBucket::new(quota, count(&q.burst, "burst", limit)?).into()
+            TokenBucket::new(quota, count_of(&q.burst, "burst", limit, lines, field)?).into()
         }
-        "leaky_bucket" => {
-            let mode = match &q.mode {
-                None => LeakyMode::Shape,
-                Some(m) => match m.get_ref().as_str() {
-                    "shape" => LeakyMode::Shape,
-                    "police" => LeakyMode::Police,
-                    other => {
-                        return Err(lines.err(
-                            m,
-                            field("mode"),
-                            format!("`{other}`: expected shape or police"),
-                        ));
-                    }
-                },
-            };
-            let capacity = count(&q.burst, "burst", limit)?;
-            let delay = match &q.delay {
-                None => 0,
-                Some(d) => u32::try_from(*d.get_ref())
-                    .map_err(|_| lines.err(d, field("delay"), "is too large"))?,
-            };
-            LeakyBucket::new(quota, capacity, mode)
-                .with_delay(delay)
-                .into()
-        }
+        "leaky_bucket" => leaky_bucket_of(q, quota, limit, lines, field)?.into(),
         other => {
             return Err(lines.err(
                 algorithm,
@@ -1342,6 +1313,55 @@ fn algorithm_of(
             ));
         }
     })
+}
+
+/// A leaky bucket's `mode`, `burst` and `delay` (see [`algorithm_of`]).
+fn leaky_bucket_of(
+    q: &RawQuota,
+    quota: Quota,
+    limit: NonZeroU32,
+    lines: &Lines<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<LeakyBucket, ConfigError> {
+    let mode = match &q.mode {
+        None => LeakyMode::Shape,
+        Some(m) => match m.get_ref().as_str() {
+            "shape" => LeakyMode::Shape,
+            "police" => LeakyMode::Police,
+            other => {
+                return Err(lines.err(
+                    m,
+                    field("mode"),
+                    format!("`{other}`: expected shape or police"),
+                ));
+            }
+        },
+    };
+    let capacity = count_of(&q.burst, "burst", limit, lines, field)?;
+    let delay = match &q.delay {
+        None => 0,
+        Some(d) => {
+            u32::try_from(*d.get_ref()).map_err(|_| lines.err(d, field("delay"), "is too large"))?
+        }
+    };
+    Ok(LeakyBucket::new(quota, capacity, mode).with_delay(delay))
+}
+
+/// A count of 1 or more (`burst`), `default` when absent.
+fn count_of(
+    v: &Option<Spanned<u64>>,
+    name: &str,
+    default: NonZeroU32,
+    lines: &Lines<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<NonZeroU32, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(v) => u32::try_from(*v.get_ref())
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or_else(|| lines.err(v, field(name), "must be between 1 and 4294967295")),
+    }
 }
 
 #[cfg(test)]

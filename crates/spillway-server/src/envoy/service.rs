@@ -300,9 +300,28 @@ async fn decide(engine: &Loaded, request: RateLimitRequest) -> Result<RateLimitR
         .iter()
         .any(|s| s.code == i32::from(Code::OverLimit));
 
+    let (response_headers, request_headers) = headers_of(engine, &ruling, over);
+    Ok(RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok }.into(),
+        statuses,
+        response_headers_to_add: response_headers,
+        request_headers_to_add: request_headers,
+        ..RateLimitResponse::default()
+    })
+}
+
+/// The headers Envoy adds to the response (our rate-limit fields, and
+/// Retry-After when over the limit) and to the request it lets through
+/// (the degrade mark).
+fn headers_of(
+    engine: &Loaded,
+    ruling: &Ruling,
+    over: bool,
+) -> (Vec<HeaderValue>, Vec<HeaderValue>) {
+    let deciding = engine.layer.engine();
     // Our headers, as the middleware writes them: every rule that decided,
     // X-RateLimit-* and RateLimit for the most restrictive.
-    let mut response_headers = envoy_headers(deciding.fields(&ruling));
+    let mut response_headers = envoy_headers(deciding.fields(ruling));
     let retry = ruling
         .reported()
         .and_then(|shown| ruling.decision(shown)?.retry_after);
@@ -328,13 +347,7 @@ async fn decide(engine: &Loaded, request: RateLimitRequest) -> Result<RateLimitR
         response_headers.push(header(X_SPILLWAY_LIMITED.as_str(), &value));
     }
 
-    Ok(RateLimitResponse {
-        overall_code: if over { Code::OverLimit } else { Code::Ok }.into(),
-        statuses,
-        response_headers_to_add: response_headers,
-        request_headers_to_add: request_headers,
-        ..RateLimitResponse::default()
-    })
+    (response_headers, request_headers)
 }
 
 /// A request's descriptors, mapped onto what counts them.
