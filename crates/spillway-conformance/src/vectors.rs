@@ -469,14 +469,14 @@ struct RawDecision {
 }
 
 /// Where in a case (appended to the case's location), and what is wrong.
-type Problem = (String, String);
+type FileError = (String, String);
 
-fn problem(where_: impl Into<String>, message: impl Into<String>) -> Problem {
+fn problem(where_: impl Into<String>, message: impl Into<String>) -> FileError {
     (where_.into(), message.into())
 }
 
 impl RawCase {
-    fn convert(self, file: &str, text: &str) -> Result<Case, Problem> {
+    fn convert(self, file: &str, text: &str) -> Result<Case, FileError> {
         let raw_rules = match (self.rule, self.rules) {
             (Some(rule), None) => vec![rule],
             (None, Some(rules)) if !rules.is_empty() => rules,

@@ -373,7 +373,7 @@ impl RedisStore {
     }
 
     /// The production path: deny cache, then Redis, then the failure policy.
-    async fn decide(&self, checks: &[Check<'_>]) -> Result<Verdict, Error> {
+    async fn check_with_fallback(&self, checks: &[Check<'_>]) -> Result<Verdict, Error> {
         let inner = &*self.inner;
         let prepared = self.prepare(checks)?;
         let now = Instant::now();
@@ -786,7 +786,7 @@ impl Store for RedisStore {
         &self,
         checks: &[Check<'_>],
     ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
-        self.decide(checks)
+        self.check_with_fallback(checks)
     }
 
     /// Gives back the charges with the script's refund mode. A verdict that

@@ -39,7 +39,7 @@ use spillway::{Algorithm as _, Decision};
 
 use crate::error::RuleMismatch;
 use crate::headers::{self, Applied, RateLimitFields};
-use crate::key::Client;
+use crate::key::Identity;
 use crate::rules::{Action, Cost, MissingClientAddr, Policy};
 
 /// A few of something: requests rarely match more than two rules, and
@@ -509,7 +509,7 @@ impl<St: Store> Engine<St> {
     /// an error.
     pub fn plan(&self, parts: &Parts, missing: MissingClientAddr) -> Result<Charges, Unplanned> {
         let policy = &self.policy;
-        let client = Client::of(parts, &policy.clients);
+        let client = Identity::of(parts, &policy.clients);
         let addr_required = missing == MissingClientAddr::Error;
         let tier = policy.tier_of(&client);
         let mut charges = SmallVec::new();
@@ -665,7 +665,7 @@ impl<St: Store> Engine<St> {
 
 /// A request's cost under a rule: fixed, or from a trusted header (a
 /// [`RequestCost`](crate::RequestCost) extension first).
-fn cost_of(cost: &Cost, client: &Client, parts: &Parts) -> Result<u64, String> {
+fn cost_of(cost: &Cost, client: &Identity, parts: &Parts) -> Result<u64, String> {
     match cost {
         Cost::Fixed(c) => Ok(*c),
         Cost::Header { name, default } => match parts.extensions.get::<crate::RequestCost>() {

@@ -190,7 +190,7 @@ pub const MAX_KEY_LEN: usize = 200;
 
 /// What the rate limiter knows about the client of one request.
 #[derive(Debug, Clone)]
-pub(crate) struct Client {
+pub(crate) struct Identity {
     // `None` only when the request carries no peer address.
     pub ip: Option<ClientIp>,
     pub api_key: Option<String>,
@@ -454,7 +454,7 @@ fn by_prefix(ip: ClientIp, prefix: Ipv6Prefix) -> ClientIp {
     }
 }
 
-impl Client {
+impl Identity {
     pub(crate) fn of(req: &Parts, clients: &Clients) -> Self {
         let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies, clients.forwarded_header);
         let ip = ip.map(|ip| by_prefix(ip, clients.ipv6_prefix));
@@ -515,7 +515,7 @@ pub(crate) fn route(parts: &Parts) -> String {
 /// Builds a key from `parts`: `name=value` pairs joined by `|`, values
 /// escaped so that no value can forge another pair. `None` if a part is
 /// missing. Long keys are replaced by `sha256:` and a hash.
-pub(crate) fn build_key(key: &[KeyPart], client: &Client, parts: &Parts) -> Option<String> {
+pub(crate) fn build_key(key: &[KeyPart], client: &Identity, parts: &Parts) -> Option<String> {
     // Runs on every request: write straight into one string.
     let mut out = String::with_capacity(48);
     for (i, part) in key.iter().enumerate() {
@@ -928,7 +928,7 @@ mod tests {
                 ipv6_prefix: Ipv6Prefix::new(prefix).unwrap(),
                 ..Clients::default()
             };
-            let client = Client::of(&parts, &clients);
+            let client = Identity::of(&parts, &clients);
             build_key(&[KeyPart::Ip], &client, &parts).unwrap()
         };
         // Two addresses of one /64: one key by default.
@@ -945,7 +945,7 @@ mod tests {
     #[test]
     fn values_cannot_forge_other_parts_and_long_keys_are_hashed() {
         let parts = req("1.1.1.1:1", &[("x-a", "1|header:x-b=2")]);
-        let client = Client {
+        let client = Identity {
             ip: None,
             api_key: None,
             user: None,

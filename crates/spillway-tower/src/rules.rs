@@ -10,7 +10,7 @@ use spillway::AnyAlgorithm;
 use spillway::store::{Rule, RuleId};
 
 use crate::headers::{HeaderOptions, Presented};
-use crate::key::{self, Client, Clients, KeyPart};
+use crate::key::{self, Clients, Identity, KeyPart};
 
 /// A path or host pattern: `*` matches within one segment, `**` across
 /// segments (`/api/**`, `/users/*/posts`, `*.example.com`).
@@ -410,7 +410,7 @@ impl HttpRule {
     }
 
     /// The key this request is counted under, if the rule applies.
-    pub(crate) fn key_of(&self, client: &Client, parts: &Parts) -> Option<String> {
+    pub(crate) fn key_of(&self, client: &Identity, parts: &Parts) -> Option<String> {
         key::build_key(&self.key, client, parts).or_else(|| {
             if self.fallback.is_empty() {
                 None
@@ -561,7 +561,7 @@ impl Policy {
 
     /// The client's tier: an extension or trusted header, else the API-key
     /// table.
-    pub(crate) fn tier_of<'a>(&'a self, client: &'a Client) -> Option<&'a str> {
+    pub(crate) fn tier_of<'a>(&'a self, client: &'a Identity) -> Option<&'a str> {
         client.tier.as_deref().or_else(|| {
             client
                 .api_key

@@ -460,9 +460,9 @@ enum RawCost {
 // ---- conversion --------------------------------------------------------
 
 /// Turns byte offsets into line numbers.
-struct Lines<'a>(&'a str);
+struct Text<'a>(&'a str);
 
-impl Lines<'_> {
+impl Text<'_> {
     fn line(&self, offset: usize) -> usize {
         self.0[..offset.min(self.0.len())].matches('\n').count() + 1
     }
@@ -531,7 +531,7 @@ impl Config {
     /// `descriptors_file`) are relative to `dir`.
     pub fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| Lines(text).line(s.start));
+            let line = e.span().map(|s| Text(text).line(s.start));
             ConfigError {
                 file: None,
                 line,
@@ -539,11 +539,11 @@ impl Config {
                 message: e.message().to_string(),
             }
         })?;
-        convert(raw, &Lines(text), dir)
+        convert(raw, &Text(text), dir)
     }
 }
 
-fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, ConfigError> {
+fn convert(raw: RawConfig, lines: &Text<'_>, dir: &Path) -> Result<Config, ConfigError> {
     let server = convert_server(&raw.server, lines)?;
     let envoy_limits = envoy_limits(&raw.envoy, lines)?;
     let store = convert_store(&raw.store, lines)?;
@@ -574,7 +574,7 @@ fn convert(raw: RawConfig, lines: &Lines<'_>, dir: &Path) -> Result<Config, Conf
 }
 
 /// `[server]`.
-fn convert_server(raw: &RawServer, lines: &Lines<'_>) -> Result<ServerConfig, ConfigError> {
+fn convert_server(raw: &RawServer, lines: &Text<'_>) -> Result<ServerConfig, ConfigError> {
     let addr = |v: &Spanned<String>, field: &str| {
         v.get_ref().parse::<SocketAddr>().map_err(|_| {
             lines.err(
@@ -638,7 +638,7 @@ fn convert_server(raw: &RawServer, lines: &Lines<'_>) -> Result<ServerConfig, Co
 }
 
 /// `[clients]`.
-fn convert_clients(raw: &RawClients, lines: &Lines<'_>) -> Result<Clients, ConfigError> {
+fn convert_clients(raw: &RawClients, lines: &Text<'_>) -> Result<Clients, ConfigError> {
     let header = |v: &Spanned<String>, field: &str| {
         HeaderName::try_from(v.get_ref().as_str())
             .map_err(|_| lines.err(v, field, format!("`{}` is not a header name", v.get_ref())))
@@ -705,7 +705,7 @@ fn convert_clients(raw: &RawClients, lines: &Lines<'_>) -> Result<Clients, Confi
 /// `[headers]`: which fields, and the 429's body.
 fn convert_headers(
     raw: &RawHeaders,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
 ) -> Result<(HeaderOptions, BodyFormat), ConfigError> {
     let mut headers = HeaderOptions {
         legacy: raw.legacy,
@@ -747,7 +747,7 @@ fn convert_headers(
 /// `[[rules]]`: each rule, and the Envoy descriptor keys it answers to.
 fn convert_rules(
     raw: &RawConfig,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
 ) -> Result<(Vec<HttpRule>, Vec<Vec<String>>), ConfigError> {
     let mut names = std::collections::HashSet::new();
     let mut rules = Vec::new();
@@ -779,7 +779,7 @@ fn convert_rules(
 fn check_rule_name(
     name: &str,
     r: &RawRule,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<(), ConfigError> {
     if name.is_empty() {
@@ -802,7 +802,7 @@ fn check_rule_name(
 fn rule_match(
     mut rule: HttpRule,
     r: &RawRule,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<HttpRule, ConfigError> {
     if let Some(methods) = &r.matcher.methods {
@@ -836,7 +836,7 @@ fn rule_match(
 fn rule_key_cost_action(
     mut rule: HttpRule,
     spanned: &Spanned<RawRule>,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<HttpRule, ConfigError> {
     let r = spanned.get_ref();
@@ -897,7 +897,7 @@ fn rule_tiers(
     r: &RawRule,
     declared: &BTreeMap<String, RawTier>,
     quota: &RawQuota,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
     i: usize,
 ) -> Result<HttpRule, ConfigError> {
     for (tier, over) in &r.tiers {
@@ -927,7 +927,7 @@ fn rule_tiers(
 fn convert_envoy(
     raw: &RawConfig,
     dir: &Path,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
     rules: &mut Vec<HttpRule>,
     descriptors: &mut Vec<Vec<String>>,
 ) -> Result<(Option<String>, Option<descriptors::DescriptorTree>), ConfigError> {
@@ -960,7 +960,7 @@ fn convert_envoy(
 }
 
 /// `[proxy]`: how the proxy normalizes a request's target.
-fn convert_proxy(raw: &RawProxy, lines: &Lines<'_>) -> Result<Normalize, ConfigError> {
+fn convert_proxy(raw: &RawProxy, lines: &Text<'_>) -> Result<Normalize, ConfigError> {
     let defaults = Normalize::default();
     Ok(Normalize {
         path: raw.normalize_path.unwrap_or(defaults.path),
@@ -981,7 +981,7 @@ fn convert_proxy(raw: &RawProxy, lines: &Lines<'_>) -> Result<Normalize, ConfigE
 /// and skipped in the variable (`a,,b`).
 fn check_tokens(
     raw: Option<&Spanned<Vec<String>>>,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
 ) -> Result<Vec<String>, ConfigError> {
     if let Ok(env) = std::env::var("SPILLWAY_CHECK_TOKENS") {
         let tokens: Vec<String> = env
@@ -1021,7 +1021,7 @@ fn timeout(
     raw: &Option<Spanned<String>>,
     field: &str,
     default: Duration,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
 ) -> Result<Duration, ConfigError> {
     let Some(t) = raw else {
         return Ok(default);
@@ -1034,7 +1034,7 @@ fn timeout(
 }
 
 /// `[envoy] max_descriptors` (1 to 10,000) and `max_entries` (1 to 1,000).
-fn envoy_limits(raw: &RawEnvoy, lines: &Lines<'_>) -> Result<EnvoyLimits, ConfigError> {
+fn envoy_limits(raw: &RawEnvoy, lines: &Text<'_>) -> Result<EnvoyLimits, ConfigError> {
     let bounded = |v: &Option<Spanned<u64>>, field: &str, max: usize, default: NonZeroUsize| {
         let Some(v) = v else {
             return Ok(default);
@@ -1071,7 +1071,7 @@ fn descriptor_file(
     dir: &Path,
     domain: Option<&Spanned<String>>,
     rules: &[Spanned<RawRule>],
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
 ) -> Result<descriptors::DescriptorFile, ConfigError> {
     let resolved = descriptors::resolve(path.get_ref(), dir);
     let text = std::fs::read_to_string(&resolved).map_err(|e| {
@@ -1156,7 +1156,7 @@ fn file_error(path: &Path, rule: &descriptors::FileRule, message: String) -> Con
 }
 
 /// `[store] kind` and `url`: in memory, or a Redis server or cluster.
-fn store_kind(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreKind, ConfigError> {
+fn store_kind(raw: &RawStore, lines: &Text<'_>) -> Result<StoreKind, ConfigError> {
     Ok(match raw.kind.as_ref().map(|k| (k, k.get_ref().as_str())) {
         None | Some((_, "memory")) => StoreKind::Memory,
         Some((k, "redis")) => {
@@ -1192,7 +1192,7 @@ fn store_kind(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreKind, ConfigErro
 }
 
 /// `[store]`.
-fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, ConfigError> {
+fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, ConfigError> {
     let timeout = match &raw.timeout {
         Some(t) => {
             let d = parse_duration(t.get_ref()).map_err(|m| lines.err(t, "store.timeout", m))?;
@@ -1249,7 +1249,7 @@ fn convert_store(raw: &RawStore, lines: &Lines<'_>) -> Result<StoreConfig, Confi
 /// A rule's (or a tier's) algorithm on its quota.
 fn algorithm_of(
     q: &RawQuota,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<AnyAlgorithm, ConfigError> {
     // Always set: `RawRule` requires them, and a tier's quota falls back to
@@ -1320,7 +1320,7 @@ fn leaky_bucket_of(
     q: &RawQuota,
     quota: Quota,
     limit: NonZeroU32,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<LeakyBucket, ConfigError> {
     let mode = match &q.mode {
@@ -1352,7 +1352,7 @@ fn count_of(
     v: &Option<Spanned<u64>>,
     name: &str,
     default: NonZeroU32,
-    lines: &Lines<'_>,
+    lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<NonZeroU32, ConfigError> {
     match v {

@@ -90,7 +90,7 @@ impl RateLimitService for EnvoyRateLimiter {
                         OverrideError::Store(e) => Status::invalid_argument(e.to_string()),
                     })?;
             }
-            decide(&engine, request).await
+            answer(&engine, request).await
         };
         let Some(deadline) = deadline else {
             return decided.await.map(Response::new);
@@ -242,7 +242,7 @@ fn overrides_missing(
 
 /// Decides on one request: maps its descriptors onto charges, asks the
 /// engine, and answers with each descriptor's status and the headers.
-async fn decide(engine: &Loaded, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+async fn answer(engine: &Loaded, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
     // What envoyproxy/ratelimit answers too: these are malformed requests.
     if request.domain.is_empty() {
         return Err(Status::invalid_argument(
