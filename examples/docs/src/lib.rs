@@ -13,6 +13,10 @@
 #[cfg(doctest)]
 pub struct Readme;
 
+#[doc = include_str!("../../../docs/architecture.md")]
+#[cfg(doctest)]
+pub struct Architecture;
+
 #[doc = include_str!("../../../docs/algorithms.md")]
 #[cfg(doctest)]
 pub struct Algorithms;
