@@ -26,6 +26,11 @@
 # (about 4.5 minutes once built). Every process started here is stopped by its
 # PID on exit.
 #
+# BENCH_PARTS=versions BENCH_OTHER=PATH compares two builds of spillway
+# instead: the one built here against the binary at PATH (an older commit's,
+# built in a worktree), /v1/check then the proxy, alternating as above. A
+# change to a hot path is measured this way before and after.
+#
 # BENCH_PIN=1 keeps the load generator and the servers off each other's
 # cores (taskset, util-linux): wrk on CPU 0, every server on the last CPU.
 # Each server then sees one CPU: one tokio worker each, one nginx worker.
@@ -203,6 +208,52 @@ echo "== building spillway (release)"
 SPILLWAY=$TARGET/release/spillway
 
 PARTS=${BENCH_PARTS:-check,proxy}
+
+# ---- 0. this build vs another build of spillway ----------------------------
+if [[ ,$PARTS, == *,versions,* ]]; then
+    OTHER=${BENCH_OTHER:?BENCH_PARTS=versions needs BENCH_OTHER=path/to/another/spillway}
+    UP_PORT=$(free_port)
+    nginx_conf "$WORK/up" 1 <<EOF
+    server {
+        listen 127.0.0.1:$UP_PORT;
+        location / { default_type text/plain; return 200 "hello\n"; }
+    }
+EOF
+    nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log" 2>&1 &
+    PIDS+=($!)
+    wait_for "http://127.0.0.1:$UP_PORT/"
+    for which in new old; do
+        bin=$SPILLWAY
+        [[ $which == old ]] && bin=$OTHER
+        port=$(free_port)
+        "${SERVE[@]}" "$bin" serve --config "$HERE/bench.toml" --listen "127.0.0.1:$port" \
+            >"$WORK/serve-$which.log" 2>&1 &
+        PIDS+=($!)
+        declare "SERVE_${which}_PID=$!" "SERVE_${which}_PORT=$port"
+        wait_for "http://127.0.0.1:$port/healthz"
+        port=$(free_port)
+        "${SERVE[@]}" "$bin" proxy --config "$HERE/bench.toml" --listen "127.0.0.1:$port" \
+            --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/proxy-$which.log" 2>&1 &
+        PIDS+=($!)
+        declare "PROXY_${which}_PID=$!" "PROXY_${which}_PORT=$port"
+        wait_for "http://127.0.0.1:$port/"
+    done
+    echo "== this build ($SPILLWAY) vs $OTHER"
+    side_new_check() {
+        BENCH_PID=$SERVE_new_PID BENCH_PATH=/v1/check BENCH_KEYS=$KEYS \
+            run_wrk -s "$HERE/check.lua" "http://127.0.0.1:$SERVE_new_PORT"
+    }
+    side_old_check() {
+        BENCH_PID=$SERVE_old_PID BENCH_PATH=/v1/check BENCH_KEYS=$KEYS \
+            run_wrk -s "$HERE/check.lua" "http://127.0.0.1:$SERVE_old_PORT"
+    }
+    compare "new /v1/check" side_new_check "old /v1/check" side_old_check
+    side_new_proxy() { BENCH_PID=$PROXY_new_PID run_wrk "http://127.0.0.1:$PROXY_new_PORT/"; }
+    side_old_proxy() { BENCH_PID=$PROXY_old_PID run_wrk "http://127.0.0.1:$PROXY_old_PORT/"; }
+    compare "new proxy" side_new_proxy "old proxy" side_old_proxy
+    echo "== done; load $(cut -d' ' -f1-3 /proc/loadavg)"
+    exit 0
+fi
 
 # ---- 1. /v1/check vs throttlecrab-server ------------------------------------
 if [[ ,$PARTS, == *,check,* ]]; then
