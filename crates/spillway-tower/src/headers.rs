@@ -16,9 +16,11 @@ pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-l
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`.
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11, §3): each
+/// rule's quota policy, `q` its quota and `w` its window in seconds.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11, §4): `r` the
+/// available quota, `t` the effective window in seconds.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Which headers to send.
