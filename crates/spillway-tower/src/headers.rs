@@ -59,6 +59,37 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+/// `Retry-After` for a wait of `d`: whole seconds, rounded up, and never 0
+/// (a client told 0 would retry at once and be denied again).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// assert_eq!(spillway_tower::retry_after_secs(Duration::from_millis(1500)), 2);
+/// assert_eq!(spillway_tower::retry_after_secs(Duration::ZERO), 1);
+/// ```
+pub fn retry_after_secs(d: Duration) -> u64 {
+    ceil_secs(d).max(1)
+}
+
+/// The wait of a denial whose decision gives none: the shortest
+/// `Retry-After`.
+pub(crate) const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `RateLimit`'s `t` for `decision`: the effective window
+/// (draft-ietf-httpapi-ratelimit-headers-11, §4.1.2). Admitted, the time
+/// until the quota is full again. Denied, the `Retry-After` number: "the
+/// Retry-After field value SHOULD NOT reference a point in time earlier
+/// than the end of the effective window" (§6), and until then the client
+/// can use none of it.
+fn effective_window_secs(decision: &Decision) -> u64 {
+    if decision.allowed {
+        ceil_secs(decision.reset_after)
+    } else {
+        retry_after_secs(decision.retry_after.unwrap_or(UNKNOWN_RETRY_AFTER))
+    }
+}
+
 /// One rule's part in the headers.
 #[derive(Debug, Clone)]
 pub(crate) struct Applied<'a> {
@@ -228,7 +259,7 @@ impl RateLimitFields {
                 let start = values.len();
                 values.extend_from_slice(main.name.as_bytes());
                 push_param(&mut values, "r", d.remaining);
-                push_param(&mut values, "t", ceil_secs(d.reset_after));
+                push_param(&mut values, "t", effective_window_secs(d));
                 start..values.len()
             };
             let single = match (applied, made) {
