@@ -159,16 +159,22 @@ pub(crate) fn window_secs(quota: &Quota, limit: u64) -> u64 {
 }
 
 /// A rule name as a structured-field String (quotes included), serialized
-/// by `sfv`. Names are printable ASCII in practice; anything else becomes
-/// `?` so the header stays valid.
+/// by `sfv`, of its [`printable_name`].
 pub(crate) fn sf_name(name: &str) -> String {
-    let printable: String = name
-        .chars()
-        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
-        .collect();
+    let printable = printable_name(name);
     StringRef::from_str(&printable)
         .map(|s| sfv::ItemSerializer::new().bare_item(s).finish())
         .unwrap_or_else(|_| "\"?\"".to_string())
+}
+
+/// The name a rule's policy goes by, wherever the client reads it (the
+/// structured fields, a quota-exceeded body's `violated-policies`): names
+/// are printable ASCII in practice; anything else becomes `?` so that a
+/// header stays valid.
+pub(crate) fn printable_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+        .collect()
 }
 
 /// Appends a parameter `;key=value`. Structured-field integers are their

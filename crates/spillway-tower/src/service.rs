@@ -13,7 +13,9 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use spillway::store::Store;
 use tower_service::Service;
 
-use crate::engine::{Asking, Described, Engine, Held, Outcome, RuleOutcome, Ruling, Unplanned};
+use crate::engine::{
+    Asking, Described, Engine, Held, Outcome, RuleOutcome, Ruling, Small, Unplanned,
+};
 use crate::future::{ResponseBody, ResponseFuture};
 use crate::response;
 
@@ -96,16 +98,13 @@ where
         let charges = match engine.plan(&parts, engine.policy().missing_client_addr) {
             Ok(charges) => charges,
             Err(Unplanned::BadRequest(message)) => {
-                let outcome = Outcome::BadRequest(message);
-                return respond(
-                    engine,
-                    inner,
-                    parts,
-                    body,
-                    outcome,
-                    Described::default(),
-                    None,
-                );
+                let served = Served {
+                    outcome: Outcome::BadRequest(message),
+                    described: Described::default(),
+                    held: None,
+                    violated: Small::new(),
+                };
+                return respond(engine, inner, parts, body, served);
             }
             Err(Unplanned::NoClientAddr(index)) => {
                 let res = no_client_addr(engine, index, &parts);
@@ -148,6 +147,19 @@ fn no_client_addr<St: Store, B>(
     response::problem(StatusCode::INTERNAL_SERVER_ERROR, &detail)
 }
 
+/// What a request is served on: its outcome, and what of its ruling the
+/// answer needs.
+struct Served<'e> {
+    outcome: Outcome,
+    // What the rate-limit header fields are made of.
+    described: Described,
+    // What a shaped request gives back if it is abandoned.
+    held: Option<Held>,
+    // The rules that denied the request, in policy order: a quota-exceeded
+    // 429's `violated-policies`.
+    violated: Small<&'e str>,
+}
+
 /// Serves a request on its ruling (see [`respond`]).
 fn serve<S, St, ReqBody, ResBody>(
     engine: &Arc<Engine<St>>,
@@ -165,11 +177,23 @@ where
     ResBody: Send + 'static,
 {
     let described = engine.described(&ruling);
+    // Every charge that denied the request, not only the one whose wait the
+    // 429 gives: none when it was admitted.
+    let violated = (0..ruling.charges().len())
+        .filter(|&i| ruling.denies(i))
+        .map(|i| engine.rule_name(&ruling.charges()[i]))
+        .collect();
     // What to give back if a shaped request is abandoned: only needed when
     // something waits.
     let waits = ruling.waits();
     let (outcome, held) = ruling.into_outcome(waits);
-    respond(engine, inner, parts, body, outcome, described, held)
+    let served = Served {
+        outcome,
+        described,
+        held,
+        violated,
+    };
+    respond(engine, inner, parts, body, served)
 }
 
 /// Serves a request once its outcome is known: answers at once (a 429, a
@@ -180,9 +204,7 @@ fn respond<S, St, ReqBody, ResBody>(
     mut inner: S,
     mut parts: Parts,
     body: ReqBody,
-    outcome: Outcome,
-    described: Described,
-    held: Option<Held>,
+    served: Served<'_>,
 ) -> ResponseFuture<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -192,6 +214,12 @@ where
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
+    let Served {
+        outcome,
+        described,
+        held,
+        violated,
+    } = served;
     let policy = engine.policy();
     let answer = |res| -> ResponseFuture<_, S::Error> { Box::pin(std::future::ready(Ok(res))) };
     let grpc = || response::is_grpc(&parts.headers);
@@ -224,7 +252,7 @@ where
                     .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
                 res
             } else {
-                response::too_many_requests(policy.body, rule, retry)
+                response::too_many_requests(policy.body, rule, &violated, retry)
             };
             described.fields(engine).write_to(res.headers_mut());
             return answer(res);
