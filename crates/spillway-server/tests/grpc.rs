@@ -359,9 +359,32 @@ async fn response_headers_carry_our_rate_limit_headers() {
     let r = s.ask(both()).await;
     assert_eq!(code(r.overall_code), Code::OverLimit);
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("0"));
-    assert_eq!(header(&r, "ratelimit"), Some("\"per-path-ip\";r=0;t=60"));
     let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
     assert!((59..=60).contains(&retry), "{retry}");
+    // Over the limit, `t` is the Retry-After number: Retry-After must not
+    // end before the effective window does
+    // (draft-ietf-httpapi-ratelimit-headers-11, §6).
+    let expected = format!("\"per-path-ip\";r=0;t={retry}");
+    assert_eq!(header(&r, "ratelimit"), Some(expected.as_str()));
+}
+
+/// Over the limit of a token bucket, whose Retry-After (one token, 6 s) is
+/// far shorter than its time to full (60 s, what `t` used to be), the
+/// `RateLimit` item's effective window is the Retry-After
+/// (draft-ietf-httpapi-ratelimit-headers-11, §6).
+#[tokio::test]
+async fn over_the_limit_the_effective_window_is_the_retry_after() {
+    let mut s = start(CONFIG).await;
+    let user = &[("user", "u1")];
+    for _ in 0..10 {
+        assert_eq!(code(s.one(user).await.overall_code), Code::Ok);
+    }
+    let r = s.one(user).await;
+    assert_eq!(code(r.overall_code), Code::OverLimit);
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    assert!((5..=6).contains(&retry), "one token's interval: {retry}");
+    let expected = format!("\"per-user\";r=0;t={retry}");
+    assert_eq!(header(&r, "ratelimit"), Some(expected.as_str()));
 }
 
 #[tokio::test]

@@ -112,11 +112,8 @@ pub enum Outcome {
     Unavailable(String),
 }
 
-/// `Retry-After` for a wait of `d`: whole seconds, rounded up, and never 0
-/// (a client told 0 would retry at once and be denied again).
-pub fn retry_after_secs(d: Duration) -> u64 {
-    headers::ceil_secs(d).max(1)
-}
+// Defined with the header fields, whose `RateLimit` uses it too.
+pub use crate::headers::retry_after_secs;
 
 impl Outcome {
     /// The `Retry-After` of a rejection, in seconds ([`retry_after_secs`]).
@@ -861,7 +858,7 @@ impl<'e, St: Store> Deciding<'e, St> {
                 tracing::debug!(rule = name, key = %charges[i].key, "rate limited");
                 let retry_after = self.decisions[i]
                     .and_then(|d| d.retry_after)
-                    .unwrap_or(Duration::from_secs(1));
+                    .unwrap_or(headers::UNKNOWN_RETRY_AFTER);
                 Outcome::Rejected {
                     rule: name.to_string(),
                     retry_after,

@@ -16,9 +16,11 @@ pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-l
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`.
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11, §3): each
+/// rule's quota policy, `q` its quota and `w` its window in seconds.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11, §4): `r` the
+/// available quota, `t` the effective window in seconds.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Which headers to send.
@@ -55,6 +57,37 @@ pub enum ResetFormat {
 /// Whole seconds, rounded up: a client that waits this long is never early.
 pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `Retry-After` for a wait of `d`: whole seconds, rounded up, and never 0
+/// (a client told 0 would retry at once and be denied again).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// assert_eq!(spillway_tower::retry_after_secs(Duration::from_millis(1500)), 2);
+/// assert_eq!(spillway_tower::retry_after_secs(Duration::ZERO), 1);
+/// ```
+pub fn retry_after_secs(d: Duration) -> u64 {
+    ceil_secs(d).max(1)
+}
+
+/// The wait of a denial whose decision gives none: the shortest
+/// `Retry-After`.
+pub(crate) const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `RateLimit`'s `t` for `decision`: the effective window
+/// (draft-ietf-httpapi-ratelimit-headers-11, §4.1.2). Admitted, the time
+/// until the quota is full again. Denied, the `Retry-After` number: "the
+/// Retry-After field value SHOULD NOT reference a point in time earlier
+/// than the end of the effective window" (§6), and until then the client
+/// can use none of it.
+fn effective_window_secs(decision: &Decision) -> u64 {
+    if decision.allowed {
+        ceil_secs(decision.reset_after)
+    } else {
+        retry_after_secs(decision.retry_after.unwrap_or(UNKNOWN_RETRY_AFTER))
+    }
 }
 
 /// One rule's part in the headers.
@@ -126,16 +159,22 @@ pub(crate) fn window_secs(quota: &Quota, limit: u64) -> u64 {
 }
 
 /// A rule name as a structured-field String (quotes included), serialized
-/// by `sfv`. Names are printable ASCII in practice; anything else becomes
-/// `?` so the header stays valid.
+/// by `sfv`, of its [`printable_name`].
 pub(crate) fn sf_name(name: &str) -> String {
-    let printable: String = name
-        .chars()
-        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
-        .collect();
+    let printable = printable_name(name);
     StringRef::from_str(&printable)
         .map(|s| sfv::ItemSerializer::new().bare_item(s).finish())
         .unwrap_or_else(|_| "\"?\"".to_string())
+}
+
+/// The name a rule's policy goes by, wherever the client reads it (the
+/// structured fields, a quota-exceeded body's `violated-policies`): names
+/// are printable ASCII in practice; anything else becomes `?` so that a
+/// header stays valid.
+pub(crate) fn printable_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+        .collect()
 }
 
 /// Appends a parameter `;key=value`. Structured-field integers are their
@@ -226,7 +265,7 @@ impl RateLimitFields {
                 let start = values.len();
                 values.extend_from_slice(main.name.as_bytes());
                 push_param(&mut values, "r", d.remaining);
-                push_param(&mut values, "t", ceil_secs(d.reset_after));
+                push_param(&mut values, "t", effective_window_secs(d));
                 start..values.len()
             };
             let single = match (applied, made) {

@@ -12,7 +12,8 @@
 //! - tiers (free, pro...) get their own quotas, from an API-key table or a
 //!   trusted layer's header or extension;
 //! - every response carries `X-RateLimit-Limit/Remaining/Reset` and the IETF
-//!   draft fields `RateLimit-Policy` and `RateLimit`; a 429 carries an exact
+//!   draft fields `RateLimit-Policy` and `RateLimit`
+//!   (draft-ietf-httpapi-ratelimit-headers-11); a 429 carries an exact
 //!   `Retry-After` (whole seconds, rounded up, never 0) and a problem+json body;
 //! - `shadow` rules only report, `degrade` rules mark the request as
 //!   [`Limited`]; a leaky bucket in shape mode holds the request for its

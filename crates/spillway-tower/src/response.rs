@@ -5,13 +5,20 @@ use http::{HeaderValue, Response, StatusCode, header};
 use serde_json::json;
 
 use crate::future::ResponseBody;
+use crate::headers::printable_name;
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::rules::BodyFormat;
 
-/// A 429 for a request denied by `rule`, retrying in `retry_secs`.
+/// The problem type of draft-ietf-httpapi-ratelimit-headers-11, §5.1.
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// A 429 for a request denied by `rule`, retrying in `retry_secs`;
+/// `violated` names every rule that denied it (`rule` first), in policy
+/// order.
 pub(crate) fn too_many_requests<B>(
     format: BodyFormat,
     rule: &str,
+    violated: &[&str],
     retry_secs: u64,
 ) -> Response<ResponseBody<B>> {
     let detail = format!(
@@ -24,6 +31,24 @@ pub(crate) fn too_many_requests<B>(
             Problem::new(StatusCode::TOO_MANY_REQUESTS, &detail)
                 .member("retry_after", retry_secs)
                 .member("rule", rule)
+                .into_json()
+                .into(),
+        ),
+        // The names the client reads in `RateLimit-Policy` (§5.1: "the
+        // names of policies where the quota was exceeded"); `rule` is
+        // dropped, `retry_after` kept for clients of `Problem`.
+        BodyFormat::QuotaExceeded => (
+            PROBLEM_JSON,
+            Problem::new(StatusCode::TOO_MANY_REQUESTS, &detail)
+                .kind(QUOTA_EXCEEDED, "Quota Exceeded")
+                .member("retry_after", retry_secs)
+                .member(
+                    "violated-policies",
+                    violated
+                        .iter()
+                        .map(|name| printable_name(name))
+                        .collect::<Vec<_>>(),
+                )
                 .into_json()
                 .into(),
         ),

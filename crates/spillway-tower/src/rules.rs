@@ -428,6 +428,14 @@ pub enum BodyFormat {
     /// retry_after, rule.
     #[default]
     Problem,
+    /// `application/problem+json` of the problem type that
+    /// draft-ietf-httpapi-ratelimit-headers-11 defines (§5.1, "Quota
+    /// Exceeded"): type, title, status, detail, retry_after, and
+    /// `violated-policies`, the names of the rules that denied the request
+    /// as `RateLimit-Policy` lists them, in policy order (never a shadow
+    /// or degrade rule). The type's URI is not registered with IANA until
+    /// the draft is an RFC.
+    QuotaExceeded,
     /// `application/json`: `{"error": ..., "retry_after": ...}`.
     Json,
     /// `text/plain`.
@@ -557,6 +565,11 @@ impl Policy {
     /// Which headers to send.
     pub fn header_options(&self) -> &HeaderOptions {
         &self.headers
+    }
+
+    /// The shape of 429 bodies.
+    pub fn body_format(&self) -> BodyFormat {
+        self.body
     }
 
     /// The client's tier: an extension or trusted header, else the API-key

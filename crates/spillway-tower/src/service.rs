@@ -13,7 +13,9 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use spillway::store::Store;
 use tower_service::Service;
 
-use crate::engine::{Asking, Described, Engine, Held, Outcome, RuleOutcome, Ruling, Unplanned};
+use crate::engine::{
+    Asking, Described, Engine, Held, Outcome, RuleOutcome, Ruling, Small, Unplanned,
+};
 use crate::future::{ResponseBody, ResponseFuture};
 use crate::response;
 use crate::rules::Policy;
@@ -97,16 +99,13 @@ where
         let charges = match engine.plan(&parts, engine.policy().missing_client_addr) {
             Ok(charges) => charges,
             Err(Unplanned::BadRequest(message)) => {
-                let outcome = Outcome::BadRequest(message);
-                return respond(
-                    engine,
-                    inner,
-                    parts,
-                    body,
-                    outcome,
-                    Described::default(),
-                    None,
-                );
+                let served = Served {
+                    outcome: Outcome::BadRequest(message),
+                    described: Described::default(),
+                    held: None,
+                    violated: Small::new(),
+                };
+                return respond(engine, inner, parts, body, served);
             }
             Err(Unplanned::NoClientAddr(index)) => {
                 let res = no_client_addr(engine, index, &parts);
@@ -149,6 +148,19 @@ fn no_client_addr<St: Store, B>(
     response::problem(StatusCode::INTERNAL_SERVER_ERROR, &detail)
 }
 
+/// What a request is served on: its outcome, and what of its ruling the
+/// answer needs.
+struct Served<'e> {
+    outcome: Outcome,
+    // What the rate-limit header fields are made of.
+    described: Described,
+    // What a shaped request gives back if it is abandoned.
+    held: Option<Held>,
+    // The rules that denied the request, in policy order: a quota-exceeded
+    // 429's `violated-policies`.
+    violated: Small<&'e str>,
+}
+
 /// Serves a request on its ruling (see [`respond`]).
 fn serve<S, St, ReqBody, ResBody>(
     engine: &Arc<Engine<St>>,
@@ -166,11 +178,23 @@ where
     ResBody: Send + 'static,
 {
     let described = engine.described(&ruling);
+    // Every charge that denied the request, not only the one whose wait the
+    // 429 gives: none when it was admitted.
+    let violated = (0..ruling.charges().len())
+        .filter(|&i| ruling.denies(i))
+        .map(|i| engine.rule_name(&ruling.charges()[i]))
+        .collect();
     // What to give back if a shaped request is abandoned: only needed when
     // something waits.
     let waits = ruling.waits();
     let (outcome, held) = ruling.into_outcome(waits);
-    respond(engine, inner, parts, body, outcome, described, held)
+    let served = Served {
+        outcome,
+        described,
+        held,
+        violated,
+    };
+    respond(engine, inner, parts, body, served)
 }
 
 /// Serves a request once its outcome is known: answers at once (a 429, a
@@ -181,9 +205,7 @@ fn respond<S, St, ReqBody, ResBody>(
     mut inner: S,
     mut parts: Parts,
     body: ReqBody,
-    outcome: Outcome,
-    described: Described,
-    held: Option<Held>,
+    served: Served<'_>,
 ) -> ResponseFuture<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -193,6 +215,12 @@ where
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
+    let Served {
+        outcome,
+        described,
+        held,
+        violated,
+    } = served;
     let policy = engine.policy();
     let answer = |res| -> ResponseFuture<_, S::Error> { Box::pin(std::future::ready(Ok(res))) };
     let grpc = || response::is_grpc(&parts.headers);
@@ -218,7 +246,7 @@ where
         Outcome::Unavailable(_) => return answer(response::unavailable()),
         Outcome::Rejected { ref rule, .. } => {
             let retry = outcome.retry_after_secs().expect("a rejection");
-            let mut res = rejected(policy, rule, retry, grpc());
+            let mut res = rejected(policy, rule, &violated, retry, grpc());
             described.fields(engine).write_to(res.headers_mut());
             return answer(res);
         }
@@ -275,10 +303,17 @@ fn mark_limited(parts: &mut Parts, limited: Vec<String>) -> Option<HeaderValue> 
 }
 
 /// The answer to a request a rule rejected, retrying in `retry` seconds:
-/// a 429 in the policy's body format, or gRPC's RESOURCE_EXHAUSTED.
-fn rejected<B>(policy: &Policy, rule: &str, retry: u64, grpc: bool) -> Response<ResponseBody<B>> {
+/// a 429 in the policy's body format (naming the `violated` rules when it
+/// can), or gRPC's RESOURCE_EXHAUSTED.
+fn rejected<B>(
+    policy: &Policy,
+    rule: &str,
+    violated: &[&str],
+    retry: u64,
+    grpc: bool,
+) -> Response<ResponseBody<B>> {
     if !grpc {
-        return response::too_many_requests(policy.body, rule, retry);
+        return response::too_many_requests(policy.body, rule, violated, retry);
     }
     let message = format!("rate limit `{rule}` exceeded: retry in {retry} s");
     let mut res = response::grpc_status(8, &message);

@@ -729,6 +729,7 @@ fn convert_headers(
         None => BodyFormat::Problem,
         Some(b) => match b.get_ref().as_str() {
             "problem" => BodyFormat::Problem,
+            "quota-exceeded" => BodyFormat::QuotaExceeded,
             "json" => BodyFormat::Json,
             "text" => BodyFormat::Text,
             "empty" => BodyFormat::Empty,
@@ -736,7 +737,7 @@ fn convert_headers(
                 return Err(lines.err(
                     b,
                     "headers.body",
-                    format!("`{other}`: expected problem, json, text or empty"),
+                    format!("`{other}`: expected problem, quota-exceeded, json, text or empty"),
                 ));
             }
         },
@@ -1399,6 +1400,22 @@ mod tests {
         assert_eq!(e.line, Some(6));
         let e = error("[store]\nkind = \"redis\"\n");
         assert_eq!(e.field, "store.url");
+    }
+
+    #[test]
+    fn the_429_body_can_be_the_drafts_quota_exceeded_problem() {
+        let body = |text: &str| Config::parse(text).unwrap().policy.body_format();
+        assert_eq!(body(RULE), BodyFormat::Problem);
+        assert_eq!(
+            body("[headers]\nbody = \"quota-exceeded\"\n"),
+            BodyFormat::QuotaExceeded
+        );
+        let e = error("[headers]\nreset = \"delta\"\nbody = \"quota_exceeded\"\n");
+        assert_eq!((e.line, e.field.as_str()), (Some(3), "headers.body"));
+        assert_eq!(
+            e.to_string(),
+            "line 3: `headers.body`: `quota_exceeded`: expected problem, quota-exceeded, json, text or empty"
+        );
     }
 
     #[test]

@@ -6,11 +6,11 @@ use std::time::Duration;
 use http::StatusCode;
 use spillway::Quota;
 use spillway::algorithm::TokenBucket;
-use spillway_tower::{BodyFormat, HttpRule, Policy};
+use spillway_tower::{Action, BodyFormat, HttpRule, Policy};
 
 use crate::support::{
-    body_json, body_string, bucket, ceil_secs, header, header_u64, hello, memory_layer, nz, req,
-    send,
+    applied_rules, body_json, body_string, bucket, ceil_secs, header, header_u64, hello,
+    memory_layer, nz, req, send,
 };
 
 /// A bucket of one token coming back every `interval`.
@@ -129,9 +129,101 @@ async fn other_body_formats() {
                 assert_eq!(content_type, None);
                 assert_eq!(body_string(res).await, "");
             }
-            BodyFormat::Problem => unreachable!(),
+            BodyFormat::Problem | BodyFormat::QuotaExceeded => unreachable!(),
         }
     }
+}
+
+/// A token bucket of one token coming back every `60 / per_minute` s.
+fn one_token(per_minute: u32) -> TokenBucket {
+    TokenBucket::new(Quota::per_minute(nz(per_minute)), nz(1))
+}
+
+/// The problem type of draft-ietf-httpapi-ratelimit-headers-11 §5.1: the
+/// whole body, its members in name order as serde_json writes them.
+#[tokio::test(start_paused = true)]
+async fn a_quota_exceeded_body_names_the_violated_policy() {
+    let app = hello(memory_layer(
+        Policy::new([HttpRule::new("login", one_token(1))]).body(BodyFormat::QuotaExceeded),
+    ));
+    assert_eq!(
+        send(&app, req("/", "192.0.2.1")).await.status(),
+        StatusCode::OK
+    );
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&res, "content-type").as_deref(),
+        Some("application/problem+json")
+    );
+    assert_eq!(header_u64(&res, "retry-after"), 60);
+    assert_eq!(
+        body_string(res).await,
+        concat!(
+            r#"{"detail":"Rate limit `login` exceeded: retry in 60 seconds.","retry_after":60,"#,
+            r#""status":429,"title":"Quota Exceeded","#,
+            r#""type":"https://iana.org/assignments/http-problem-types#quota-exceeded","#,
+            r#""violated-policies":["login"]}"#
+        )
+    );
+}
+
+/// Two `reject` rules denying in the same store call are both violated
+/// policies, in policy order; the 429 waits for the first. The shadow and
+/// degrade rules that denied too did not refuse the request: they are not.
+#[tokio::test(start_paused = true)]
+async fn every_reject_rule_that_denied_is_a_violated_policy() {
+    let policy = Policy::new([
+        HttpRule::new("watch", one_token(1)).action(Action::Shadow),
+        HttpRule::new("per-ip", one_token(5)),
+        HttpRule::new("soft", one_token(1)).action(Action::Degrade),
+        HttpRule::new("login", one_token(1)),
+    ])
+    .body(BodyFormat::QuotaExceeded);
+    let app = hello(memory_layer(policy));
+    assert_eq!(
+        send(&app, req("/", "192.0.2.1")).await.status(),
+        StatusCode::OK
+    );
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header_u64(&res, "retry-after"), 12);
+    assert_eq!(
+        applied_rules(&res),
+        ["watch", "per-ip", "soft", "login"],
+        "every rule that decided is described"
+    );
+    assert_eq!(
+        body_string(res).await,
+        concat!(
+            r#"{"detail":"Rate limit `per-ip` exceeded: retry in 12 seconds.","retry_after":12,"#,
+            r#""status":429,"title":"Quota Exceeded","#,
+            r#""type":"https://iana.org/assignments/http-problem-types#quota-exceeded","#,
+            r#""violated-policies":["per-ip","login"]}"#
+        )
+    );
+}
+
+/// The names in `violated-policies` are the `RateLimit-Policy` items'
+/// names, read back from the structured field: a quote unescaped, a
+/// character a header cannot carry made `?` in both.
+#[tokio::test(start_paused = true)]
+async fn violated_policies_are_the_names_ratelimit_policy_gives() {
+    let app = hello(memory_layer(
+        Policy::new([HttpRule::new("say \"hi\" \u{e9}t\u{e9}", one_token(1))])
+            .body(BodyFormat::QuotaExceeded),
+    ));
+    send(&app, req("/", "192.0.2.1")).await;
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let names = applied_rules(&res);
+    assert_eq!(names, ["say \"hi\" ?t?"]);
+    let body = body_json(res).await;
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(names),
+        "{body}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -176,13 +176,67 @@ async fn ietf_fields_parse_as_structured_fields() {
     let res = send(&app, req("/", "192.0.2.1")).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(members(&res, "ratelimit-policy"), expected_policy);
-    let reset = ceil_secs(interval * burst);
+    // Denied, `t` is the Retry-After number (one token's interval), not
+    // the time to full: Retry-After must not end before the effective
+    // window does (draft-ietf-httpapi-ratelimit-headers-11, §6).
+    let retry = ceil_secs(interval);
     assert_eq!(
         members(&res, "ratelimit"),
-        [member("burst", [("r", 0), ("t", reset)])]
+        [member("burst", [("r", 0), ("t", retry)])]
     );
     assert_eq!(header_u64(&res, "x-ratelimit-limit"), u64::from(burst));
     assert_eq!(header_u64(&res, "x-ratelimit-remaining"), 0);
+}
+
+/// On a 429, `RateLimit`'s effective window ends when `Retry-After` does
+/// (draft-ietf-httpapi-ratelimit-headers-11, §6), for a token bucket
+/// whose Retry-After (one token's interval) is far shorter than its time
+/// to full, which `t` used to be.
+#[tokio::test(start_paused = true)]
+async fn a_denials_effective_window_is_its_retry_after() {
+    let (quota, burst) = (Quota::per_minute(nz(10)), 10u32);
+    let interval = quota.period() / quota.limit().get();
+    let app = hello(memory_layer(Policy::new([HttpRule::new(
+        "per-ip",
+        TokenBucket::new(quota, nz(burst)),
+    )])));
+    for _ in 0..burst {
+        let res = send(&app, req("/", "192.0.2.1")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry = header_u64(&res, "retry-after");
+    assert_eq!(retry, ceil_secs(interval));
+    assert!(
+        retry < ceil_secs(interval * burst),
+        "the two used to differ"
+    );
+    assert_eq!(
+        members(&res, "ratelimit"),
+        [member("per-ip", [("r", 0), ("t", retry)])]
+    );
+    // Part of the way there: both count down together, rounded up.
+    tokio::time::advance(interval / 4).await;
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry = header_u64(&res, "retry-after");
+    assert_eq!(retry, ceil_secs(interval - interval / 4));
+    assert_eq!(
+        members(&res, "ratelimit"),
+        [member("per-ip", [("r", 0), ("t", retry)])]
+    );
+    // Admitted again, `t` is the time until the bucket is full.
+    tokio::time::advance(interval - interval / 4).await;
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        members(&res, "ratelimit"),
+        [member(
+            "per-ip",
+            [("r", 0), ("t", ceil_secs(interval * burst))]
+        )]
+    );
 }
 
 #[tokio::test(start_paused = true)]
