@@ -598,27 +598,29 @@ impl RawRule {
 
 impl RawStep {
     fn convert(self, rules: &[RuleSpec], line: usize) -> Result<Step, String> {
-        let rule_index = |name: Option<&str>| -> Result<usize, String> {
-            match name {
-                Some(name) => rules
-                    .iter()
-                    .position(|r| r.name == name)
-                    .ok_or_else(|| format!("no rule is named {name:?}")),
-                None if rules.len() == 1 => Ok(0),
-                None => Err("the case has several rules: name one with `rule`".into()),
-            }
-        };
-        let key = |key: Option<String>| key.unwrap_or_else(|| DEFAULT_KEY.to_owned());
+        let checks = self.convert_checks(rules)?;
+        let expected = self.convert_expected(checks.len())?;
+        check_definitions(rules, &checks, &expected)?;
+        Ok(Step {
+            line,
+            t_us: self.t_us,
+            checks,
+            expected,
+        })
+    }
 
-        let inline = self.checks.is_none();
-        let checks = match (self.checks, self.cost) {
-            (Some(_), Some(_)) => return Err("has both `checks` and `cost`".into()),
-            (None, None) => return Err("needs `cost` (one check) or `checks`".into()),
-            (None, Some(cost)) => vec![StepCheck {
-                rule: rule_index(self.rule.as_deref())?,
-                key: key(self.key),
+    /// The step's checks: its `checks`, or the one check written inline
+    /// with `cost` (and `rule` and `key`).
+    fn convert_checks(&self, rules: &[RuleSpec]) -> Result<Vec<StepCheck>, String> {
+        let key = |key: Option<&str>| key.unwrap_or(DEFAULT_KEY).to_owned();
+        match (&self.checks, self.cost) {
+            (Some(_), Some(_)) => Err("has both `checks` and `cost`".into()),
+            (None, None) => Err("needs `cost` (one check) or `checks`".into()),
+            (None, Some(cost)) => Ok(vec![StepCheck {
+                rule: rule_index(rules, self.rule.as_deref())?,
+                key: key(self.key.as_deref()),
                 cost,
-            }],
+            }]),
             (Some(checks), None) => {
                 if self.rule.is_some() || self.key.is_some() {
                     return Err("`rule` and `key` go inside `checks`".into());
@@ -627,27 +629,31 @@ impl RawStep {
                     return Err("`checks` is empty".into());
                 }
                 checks
-                    .into_iter()
+                    .iter()
                     .map(|c| {
                         Ok(StepCheck {
-                            rule: rule_index(c.rule.as_deref())?,
-                            key: key(c.key),
+                            rule: rule_index(rules, c.rule.as_deref())?,
+                            key: key(c.key.as_deref()),
                             cost: c.cost,
                         })
                     })
-                    .collect::<Result<_, String>>()?
+                    .collect()
             }
-        };
+        }
+    }
 
+    /// What the step expects of its `checks` checks: the error, or a
+    /// verdict with its decisions (one inline, or one per check).
+    fn convert_expected(&self, checks: usize) -> Result<Expected, String> {
         let inline_fields = [
             ("remaining", self.remaining.is_some()),
             ("reset_after_us", self.reset_after_us.is_some()),
             ("retry_after_us", self.retry_after_us.is_some()),
             ("delay_us", self.delay_us.is_some()),
         ];
-        let expected = match (self.error, self.allowed) {
-            (Some(_), Some(_)) => return Err("has both `error` and `allowed`".into()),
-            (None, None) => return Err("needs `allowed` or `error`".into()),
+        match (self.error.as_deref(), self.allowed) {
+            (Some(_), Some(_)) => Err("has both `error` and `allowed`".into()),
+            (None, None) => Err("needs `allowed` or `error`".into()),
             (Some(error), None) => {
                 if error != "cost_too_large" {
                     return Err(format!(
@@ -660,98 +666,119 @@ impl RawStep {
                 if self.decisions.is_some() {
                     return Err("`decisions` with an `error`".into());
                 }
-                Expected::CostTooLarge
+                Ok(Expected::CostTooLarge)
             }
-            (None, Some(allowed)) if inline => {
-                if self.decisions.is_some() {
-                    return Err("`decisions` goes with `checks`; write the decision inline".into());
-                }
-                let decision = RawDecision {
-                    allowed,
-                    remaining: self.remaining.ok_or("`remaining` is missing")?,
-                    reset_after_us: self.reset_after_us.ok_or("`reset_after_us` is missing")?,
-                    retry_after_us: self.retry_after_us,
-                    delay_us: self.delay_us,
-                };
-                Expected::Verdict {
-                    allowed,
-                    decisions: vec![decision.convert()?],
-                }
-            }
+            (None, Some(allowed)) if self.checks.is_none() => self.inline_verdict(allowed),
             (None, Some(allowed)) => {
                 if let Some((field, _)) = inline_fields.iter().find(|(_, set)| *set) {
                     return Err(format!("`{field}` goes inside `decisions` with `checks`"));
                 }
-                let raw = self.decisions.ok_or("`decisions` is missing")?;
-                if raw.len() != checks.len() {
-                    return Err(format!(
-                        "{} `decisions` for {} `checks`",
-                        raw.len(),
-                        checks.len()
-                    ));
-                }
-                let decisions = raw
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, d)| d.convert().map_err(|m| format!("decision {}: {m}", i + 1)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if allowed != decisions.iter().all(|d| d.allowed) {
-                    return Err(format!(
-                        "`allowed = {allowed}` contradicts the decisions: a request is admitted \
-                         exactly when every rule admits it"
-                    ));
-                }
-                Expected::Verdict { allowed, decisions }
+                self.verdict_per_check(allowed, checks)
             }
-        };
-
-        // What the definitions say without any arithmetic.
-        let too_large = checks
-            .iter()
-            .position(|c| c.cost > rules[c.rule].config.capacity());
-        match (&expected, too_large) {
-            (Expected::CostTooLarge, None) => {
-                return Err("expects `cost_too_large`, but every cost fits its rule".into());
-            }
-            (Expected::Verdict { .. }, Some(i)) => {
-                return Err(format!(
-                    "check {}'s cost exceeds its rule's capacity: expect `error = \"cost_too_large\"`",
-                    i + 1
-                ));
-            }
-            (Expected::Verdict { decisions, .. }, None) => {
-                for (i, (check, d)) in checks.iter().zip(decisions).enumerate() {
-                    let shaping = matches!(
-                        rules[check.rule].config,
-                        AlgorithmConfig::LeakyBucket {
-                            mode: LeakyMode::Shape,
-                            ..
-                        }
-                    );
-                    if d.delay_us > 0 && !shaping {
-                        return Err(format!(
-                            "check {}: a `delay_us` only comes from a shaping leaky bucket",
-                            i + 1
-                        ));
-                    }
-                    if d.delay_us > 0 && check.cost == 0 {
-                        return Err(format!("check {}: a peek is never delayed", i + 1));
-                    }
-                }
-            }
-            (Expected::CostTooLarge, Some(_)) => {}
         }
-        Ok(Step {
-            line,
-            t_us: self.t_us,
-            checks,
-            expected,
+    }
+
+    /// The verdict of a step with one inline check: its decision is written
+    /// in the step itself.
+    fn inline_verdict(&self, allowed: bool) -> Result<Expected, String> {
+        if self.decisions.is_some() {
+            return Err("`decisions` goes with `checks`; write the decision inline".into());
+        }
+        let decision = RawDecision {
+            allowed,
+            remaining: self.remaining.ok_or("`remaining` is missing")?,
+            reset_after_us: self.reset_after_us.ok_or("`reset_after_us` is missing")?,
+            retry_after_us: self.retry_after_us,
+            delay_us: self.delay_us,
+        };
+        Ok(Expected::Verdict {
+            allowed,
+            decisions: vec![decision.convert()?],
         })
+    }
+
+    /// The verdict of a step with `checks`: one of its `decisions` per
+    /// check, which must agree with `allowed`.
+    fn verdict_per_check(&self, allowed: bool, checks: usize) -> Result<Expected, String> {
+        let raw = self.decisions.as_ref().ok_or("`decisions` is missing")?;
+        if raw.len() != checks {
+            return Err(format!("{} `decisions` for {} `checks`", raw.len(), checks));
+        }
+        let decisions = raw
+            .iter()
+            .enumerate()
+            .map(|(i, d)| d.convert().map_err(|m| format!("decision {}: {m}", i + 1)))
+            .collect::<Result<Vec<_>, _>>()?;
+        if allowed != decisions.iter().all(|d| d.allowed) {
+            return Err(format!(
+                "`allowed = {allowed}` contradicts the decisions: a request is admitted \
+                 exactly when every rule admits it"
+            ));
+        }
+        Ok(Expected::Verdict { allowed, decisions })
     }
 }
 
+/// The index in `rules` of the rule a check names, or of the only rule.
+fn rule_index(rules: &[RuleSpec], name: Option<&str>) -> Result<usize, String> {
+    match name {
+        Some(name) => rules
+            .iter()
+            .position(|r| r.name == name)
+            .ok_or_else(|| format!("no rule is named {name:?}")),
+        None if rules.len() == 1 => Ok(0),
+        None => Err("the case has several rules: name one with `rule`".into()),
+    }
+}
+
+/// Refuses a step whose expectation the definitions rule out without any
+/// arithmetic: `cost_too_large` exactly when a cost exceeds its rule's
+/// capacity, and a delay only from a shaping leaky bucket, never on a peek.
+fn check_definitions(
+    rules: &[RuleSpec],
+    checks: &[StepCheck],
+    expected: &Expected,
+) -> Result<(), String> {
+    let too_large = checks
+        .iter()
+        .position(|c| c.cost > rules[c.rule].config.capacity());
+    match (expected, too_large) {
+        (Expected::CostTooLarge, None) => {
+            return Err("expects `cost_too_large`, but every cost fits its rule".into());
+        }
+        (Expected::Verdict { .. }, Some(i)) => {
+            return Err(format!(
+                "check {}'s cost exceeds its rule's capacity: expect `error = \"cost_too_large\"`",
+                i + 1
+            ));
+        }
+        (Expected::Verdict { decisions, .. }, None) => {
+            for (i, (check, d)) in checks.iter().zip(decisions).enumerate() {
+                let shaping = matches!(
+                    rules[check.rule].config,
+                    AlgorithmConfig::LeakyBucket {
+                        mode: LeakyMode::Shape,
+                        ..
+                    }
+                );
+                if d.delay_us > 0 && !shaping {
+                    return Err(format!(
+                        "check {}: a `delay_us` only comes from a shaping leaky bucket",
+                        i + 1
+                    ));
+                }
+                if d.delay_us > 0 && check.cost == 0 {
+                    return Err(format!("check {}: a peek is never delayed", i + 1));
+                }
+            }
+        }
+        (Expected::CostTooLarge, Some(_)) => {}
+    }
+    Ok(())
+}
+
 impl RawDecision {
-    fn convert(self) -> Result<ExpectedDecision, String> {
+    fn convert(&self) -> Result<ExpectedDecision, String> {
         match (self.allowed, self.retry_after_us) {
             (true, Some(_)) => return Err("`retry_after_us` on an admission".into()),
             (false, None) => return Err("a denial needs `retry_after_us`".into()),

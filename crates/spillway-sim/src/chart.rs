@@ -8,6 +8,7 @@
 //! bucket the admitted line counts requests when they leave. With several
 //! keys (a trace), the panels show the busiest key.
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use spillway::clock::Micros;
 
@@ -67,7 +68,6 @@ pub fn render(
         .max(limit);
     let y_max = (top as f64 * 1.15).ceil().max(1.0);
     let x_max = (span.1 - span.0) as f64 / 1e6;
-    let x_at = |i: usize| x_max * (i as f64 + 0.5) / SLICES as f64;
 
     let rows = panels.len().div_ceil(2).max(1) as u32;
     let mut svg = String::new();
@@ -76,111 +76,124 @@ pub fn render(
             .into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
         let (header, body) = root.split_vertically(HEADER);
-        let key_note = if scenario.keys.len() > 1 {
-            format!(", busiest key `{}`", scenario.keys[key])
-        } else {
-            String::new()
-        };
-        header
-            .draw(&Text::new(
-                format!("{}: {}", scenario.name, scenario.description),
-                (12, 8),
-                ("sans-serif", 21).into_font().color(&BLACK),
-            ))
-            .map_err(|e| err(&e))?;
-        header
-            .draw(&Text::new(
-                format!(
-                    "cost admitted (and offered) in the trailing window (t - W, t], W = {}{key_note}; limit L = {limit}",
-                    crate::report::fmt_micros(window)
-                ),
-                (12, 34),
-                ("sans-serif", 16).into_font().color(&BLACK),
-            ))
-            .map_err(|e| err(&e))?;
-        let legend: [(&str, RGBColor); 3] = [
-            ("admitted", ADMITTED),
-            ("offered", OFFERED),
-            ("limit L", LIMIT),
-        ];
-        for (i, (label, color)) in legend.into_iter().enumerate() {
-            let x = 12 + 130 * i as i32;
-            header
-                .draw(&PathElement::new(
-                    vec![(x, 67), (x + 24, 67)],
-                    color.stroke_width(3),
-                ))
-                .map_err(|e| err(&e))?;
-            header
-                .draw(&Text::new(
-                    label,
-                    (x + 30, 60),
-                    ("sans-serif", 16).into_font().color(&BLACK),
-                ))
-                .map_err(|e| err(&e))?;
-        }
-
+        draw_header(&header, scenario, key, limit, window).map_err(|e| err(&e))?;
         let areas = body.split_evenly((rows as usize, 2));
         for ((area, panel), (offered, admitted)) in areas.iter().zip(panels).zip(&lines) {
-            let caption = format!(
-                "{}{}: max {} in any W ({:.2}x L)",
-                panel.name,
-                if panel.by_departure {
-                    " (by departure)"
-                } else {
-                    ""
-                },
-                panel.max_in_window,
-                panel.max_in_window as f64 / limit as f64
-            );
-            let mut chart = ChartBuilder::on(area)
-                .caption(caption, ("sans-serif", 17))
-                .margin(8)
-                .x_label_area_size(34)
-                .y_label_area_size(52)
-                .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-                .map_err(|e| err(&e))?;
-            chart
-                .configure_mesh()
-                .max_light_lines(0)
-                .x_labels(7)
-                .y_labels(5)
-                .x_desc("time (s)")
-                .y_desc("in last W")
-                .label_style(("sans-serif", 14))
-                .axis_desc_style(("sans-serif", 14))
-                .x_label_formatter(&|x| format!("{x:.0}"))
-                .y_label_formatter(&|y| format!("{y:.0}"))
-                .draw()
-                .map_err(|e| err(&e))?;
-            // Offered can be far above the limit (the hammer): clipped to the
-            // plot, so the admitted lines stay readable.
-            let clip = |v: u64| (v as f64).min(y_max);
-            chart
-                .draw_series(LineSeries::new(
-                    corners(offered).map(|(i, v)| (x_at(i), clip(v))),
-                    OFFERED.stroke_width(1),
-                ))
-                .map_err(|e| err(&e))?;
-            chart
-                .draw_series(LineSeries::new(
-                    corners(admitted).map(|(i, v)| (x_at(i), v as f64)),
-                    ADMITTED.stroke_width(2),
-                ))
-                .map_err(|e| err(&e))?;
-            // Solid (plotters draws a dashed line as one element per dash,
-            // which would double the file), and on top, so that it shows
-            // where the admitted line runs along it.
-            chart
-                .draw_series(LineSeries::new(
-                    [(0.0, limit as f64), (x_max, limit as f64)],
-                    LIMIT.stroke_width(1),
-                ))
-                .map_err(|e| err(&e))?;
+            draw_panel(area, panel, offered, admitted, limit, x_max, y_max).map_err(|e| err(&e))?;
         }
         root.present().map_err(|e| err(&e))?;
     }
     Ok(svg)
+}
+
+/// Draws the chart's title, what it plots (the window, the busiest `key`
+/// if there are several, the limit) and the legend.
+fn draw_header<DB: DrawingBackend>(
+    header: &DrawingArea<DB, Shift>,
+    scenario: &Scenario,
+    key: usize,
+    limit: u64,
+    window: Micros,
+) -> DrawResult<(), DB> {
+    let key_note = if scenario.keys.len() > 1 {
+        format!(", busiest key `{}`", scenario.keys[key])
+    } else {
+        String::new()
+    };
+    header.draw(&Text::new(
+        format!("{}: {}", scenario.name, scenario.description),
+        (12, 8),
+        ("sans-serif", 21).into_font().color(&BLACK),
+    ))?;
+    header.draw(&Text::new(
+        format!(
+            "cost admitted (and offered) in the trailing window (t - W, t], W = {}{key_note}; limit L = {limit}",
+            crate::report::fmt_micros(window)
+        ),
+        (12, 34),
+        ("sans-serif", 16).into_font().color(&BLACK),
+    ))?;
+    let legend: [(&str, RGBColor); 3] = [
+        ("admitted", ADMITTED),
+        ("offered", OFFERED),
+        ("limit L", LIMIT),
+    ];
+    for (i, (label, color)) in legend.into_iter().enumerate() {
+        let x = 12 + 130 * i as i32;
+        header.draw(&PathElement::new(
+            vec![(x, 67), (x + 24, 67)],
+            color.stroke_width(3),
+        ))?;
+        header.draw(&Text::new(
+            label,
+            (x + 30, 60),
+            ("sans-serif", 16).into_font().color(&BLACK),
+        ))?;
+    }
+    Ok(())
+}
+
+/// Draws one algorithm's panel in `area`: its caption, the axes over
+/// `0..x_max` seconds and `0..y_max`, and its offered, admitted and limit
+/// lines (one value per slice of time).
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    panel: &Panel<'_>,
+    offered: &[u64],
+    admitted: &[u64],
+    limit: u64,
+    x_max: f64,
+    y_max: f64,
+) -> DrawResult<(), DB> {
+    let x_at = |i: usize| x_max * (i as f64 + 0.5) / SLICES as f64;
+    let caption = format!(
+        "{}{}: max {} in any W ({:.2}x L)",
+        panel.name,
+        if panel.by_departure {
+            " (by departure)"
+        } else {
+            ""
+        },
+        panel.max_in_window,
+        panel.max_in_window as f64 / limit as f64
+    );
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 17))
+        .margin(8)
+        .x_label_area_size(34)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .max_light_lines(0)
+        .x_labels(7)
+        .y_labels(5)
+        .x_desc("time (s)")
+        .y_desc("in last W")
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 14))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()?;
+    // Offered can be far above the limit (the hammer): clipped to the
+    // plot, so the admitted lines stay readable.
+    let clip = |v: u64| (v as f64).min(y_max);
+    chart.draw_series(LineSeries::new(
+        corners(offered).map(|(i, v)| (x_at(i), clip(v))),
+        OFFERED.stroke_width(1),
+    ))?;
+    chart.draw_series(LineSeries::new(
+        corners(admitted).map(|(i, v)| (x_at(i), v as f64)),
+        ADMITTED.stroke_width(2),
+    ))?;
+    // Solid (plotters draws a dashed line as one element per dash,
+    // which would double the file), and on top, so that it shows
+    // where the admitted line runs along it.
+    chart.draw_series(LineSeries::new(
+        [(0.0, limit as f64), (x_max, limit as f64)],
+        LIMIT.stroke_width(1),
+    ))?;
+    Ok(())
 }
 
 const ADMITTED: RGBColor = RGBColor(31, 90, 180);

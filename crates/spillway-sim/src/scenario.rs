@@ -200,22 +200,10 @@ impl ScenarioKind {
                 "evenly spaced at twice the limit".into(),
                 Traffic::Fixed(steady(l, w, 2, 1, end)),
             ),
-            Self::Bursty => {
-                let mut rng = Rng::new(p.seed, 1);
-                let (on, off) = ((w / 4).max(1), w);
-                let mean_gap = w as f64 / (4 * l) as f64;
-                let mut requests = Vec::new();
-                let mut from = 0;
-                while from < end {
-                    let to = (from + on).min(end);
-                    requests.extend(poisson(&mut rng, mean_gap, from, to, 0, 0));
-                    from += on + off;
-                }
-                one_key(
-                    "Poisson at 4x the limit for W/4, then silent for W".into(),
-                    Traffic::Fixed(requests),
-                )
-            }
+            Self::Bursty => one_key(
+                "Poisson at 4x the limit for W/4, then silent for W".into(),
+                Traffic::Fixed(on_off(&mut Rng::new(p.seed, 1), l, w, end)),
+            ),
             Self::BoundaryBurst => {
                 let mut scenario = one_key(
                     "the whole limit in the last W/100 of a window and again in the first W/100 of the next, every 3 windows".into(),
@@ -243,27 +231,17 @@ impl ScenarioKind {
                     retry_interval: (w / 1_000).max(1),
                 }),
             ),
-            Self::SharedKey => {
-                const CLIENTS: u32 = 25;
-                let mut rng = Rng::new(p.seed, 3);
-                // Each client: 0.06 L per W.
-                let mean_gap = w as f64 * 100.0 / (6 * l) as f64;
-                let mut requests: Vec<Request> = (0..CLIENTS)
-                    .flat_map(|c| poisson(&mut rng, mean_gap, 0, end, 0, c))
-                    .collect();
-                requests.sort_by_key(|r| (r.at, r.client));
-                Scenario {
-                    name: self.name().to_owned(),
-                    description: format!(
-                        "{CLIENTS} clients on one key, each Poisson at 0.06x the limit (1.5x together)"
-                    ),
-                    keys: vec!["shared".to_owned()],
-                    clients: CLIENTS,
-                    start: 0,
-                    end,
-                    traffic: Traffic::Fixed(requests),
-                }
-            }
+            Self::SharedKey => Scenario {
+                name: self.name().to_owned(),
+                description: format!(
+                    "{SHARED_CLIENTS} clients on one key, each Poisson at 0.06x the limit (1.5x together)"
+                ),
+                keys: vec!["shared".to_owned()],
+                clients: SHARED_CLIENTS,
+                start: 0,
+                end,
+                traffic: Traffic::Fixed(shared_key(&mut Rng::new(p.seed, 3), l, w, end)),
+            },
         }
     }
 }
@@ -330,6 +308,35 @@ fn poisson(
             cost: 1,
         });
     }
+}
+
+/// Poisson at 4x the limit for `W/4`, then silent for `W`, over `[0, end)`.
+fn on_off(rng: &mut Rng, l: u64, w: Micros, end: Micros) -> Vec<Request> {
+    let (on, off) = ((w / 4).max(1), w);
+    let mean_gap = w as f64 / (4 * l) as f64;
+    let mut requests = Vec::new();
+    let mut from = 0;
+    while from < end {
+        let to = (from + on).min(end);
+        requests.extend(poisson(rng, mean_gap, from, to, 0, 0));
+        from += on + off;
+    }
+    requests
+}
+
+/// How many clients share the key of [`ScenarioKind::SharedKey`].
+const SHARED_CLIENTS: u32 = 25;
+
+/// [`SHARED_CLIENTS`] clients on key 0, each Poisson at 0.06 of the limit
+/// over `[0, end)`, merged in time order.
+fn shared_key(rng: &mut Rng, l: u64, w: Micros, end: Micros) -> Vec<Request> {
+    // Each client: 0.06 L per W.
+    let mean_gap = w as f64 * 100.0 / (6 * l) as f64;
+    let mut requests: Vec<Request> = (0..SHARED_CLIENTS)
+        .flat_map(|c| poisson(rng, mean_gap, 0, end, 0, c))
+        .collect();
+    requests.sort_by_key(|r| (r.at, r.client));
+    requests
 }
 
 /// `L` requests evenly spread over `[b - d, b)` and `L` over `[b, b + d)`,

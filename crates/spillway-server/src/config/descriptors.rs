@@ -592,27 +592,71 @@ impl Builder<'_> {
             return Err(self.at.err(name, f("name"), "must not be empty"));
         }
         if r.unlimited.as_ref().is_some_and(|u| u.value) {
-            // As envoyproxy/ratelimit: an unlimited rate limit has no unit;
-            // a count would be ignored, so it is refused too.
-            if let Some(unit) = &r.unit {
-                return Err(self
-                    .at
-                    .err(unit, f("unit"), "does not apply when unlimited"));
-            }
-            if let Some(n) = &r.requests_per_unit {
-                return Err(self.at.err(
-                    n,
-                    f("requests_per_unit"),
-                    "does not apply when unlimited",
-                ));
-            }
-            if let Some(first) = r.replaces.first() {
-                return Err(self
-                    .at
-                    .err(first, f("replaces"), "does not apply when unlimited"));
-            }
+            self.check_unlimited(r, f)?;
             return Ok(Some(Reached::Unlimited));
         }
+        let limit = self.unit_limit(spanned, f)?;
+        let (name, name_field, line) = match &r.name {
+            Some(name) => (name.value.trim().to_string(), f("name"), line_of(name)),
+            None => (path.to_string(), format!("{field}.key"), line_of(&raw.key)),
+        };
+        let index = self.rules.len();
+        self.rules.push(FileRule {
+            name,
+            limit,
+            shadow: raw.shadow_mode,
+            field: name_field,
+            line,
+        });
+        if !r.replaces.is_empty() {
+            self.replaces.push(PendingReplaces {
+                rule: index,
+                field: f("replaces"),
+                names: r
+                    .replaces
+                    .iter()
+                    .map(|s| (s.value.name.trim().to_string(), line_of(s)))
+                    .collect(),
+            });
+        }
+        Ok(Some(Reached::Rule(first_rule + index)))
+    }
+
+    /// Refuses the fields an unlimited rate limit `r` has no use for; `f`
+    /// names a field of `r`.
+    fn check_unlimited(
+        &self,
+        r: &RawRateLimit,
+        f: impl Fn(&str) -> String,
+    ) -> Result<(), ConfigError> {
+        // As envoyproxy/ratelimit: an unlimited rate limit has no unit;
+        // a count would be ignored, so it is refused too.
+        if let Some(unit) = &r.unit {
+            return Err(self
+                .at
+                .err(unit, f("unit"), "does not apply when unlimited"));
+        }
+        if let Some(n) = &r.requests_per_unit {
+            return Err(self
+                .at
+                .err(n, f("requests_per_unit"), "does not apply when unlimited"));
+        }
+        if let Some(first) = r.replaces.first() {
+            return Err(self
+                .at
+                .err(first, f("replaces"), "does not apply when unlimited"));
+        }
+        Ok(())
+    }
+
+    /// The `unit` and `requests_per_unit` of a rate limit that is not
+    /// unlimited, both required; `f` names a field of the rate limit.
+    fn unit_limit(
+        &self,
+        spanned: &Spanned<RawRateLimit>,
+        f: impl Fn(&str) -> String,
+    ) -> Result<UnitLimit, ConfigError> {
+        let r = &spanned.value;
         let unit = r.unit.as_ref().ok_or_else(|| {
             self.at
                 .err(spanned, f("unit"), "is required (or unlimited: true)")
@@ -645,33 +689,10 @@ impl Builder<'_> {
                 "must be between 1 and 4294967295",
             )
         })?;
-        let (name, name_field, line) = match &r.name {
-            Some(name) => (name.value.trim().to_string(), f("name"), line_of(name)),
-            None => (path.to_string(), format!("{field}.key"), line_of(&raw.key)),
-        };
-        let index = self.rules.len();
-        self.rules.push(FileRule {
-            name,
-            limit: UnitLimit {
-                requests_per_unit,
-                unit,
-            },
-            shadow: raw.shadow_mode,
-            field: name_field,
-            line,
-        });
-        if !r.replaces.is_empty() {
-            self.replaces.push(PendingReplaces {
-                rule: index,
-                field: f("replaces"),
-                names: r
-                    .replaces
-                    .iter()
-                    .map(|s| (s.value.name.trim().to_string(), line_of(s)))
-                    .collect(),
-            });
-        }
-        Ok(Some(Reached::Rule(first_rule + index)))
+        Ok(UnitLimit {
+            requests_per_unit,
+            unit,
+        })
     }
 }
 

@@ -369,35 +369,7 @@ impl Chunked {
         while i < input.len() {
             let b = input[i];
             self.state = match self.state {
-                ChunkState::Size { size, digits, ext } => {
-                    self.line += 1;
-                    if self.line > MAX_CHUNK_LINE {
-                        return Err(WireError::Chunked("chunk-size line too long"));
-                    }
-                    match b {
-                        b'\r' if digits > 0 => ChunkState::SizeLf { size },
-                        b'\n' if digits > 0 => self.after_size(size),
-                        _ if ext => ChunkState::Size { size, digits, ext },
-                        b';' | b' ' | b'\t' if digits > 0 => ChunkState::Size {
-                            size,
-                            digits,
-                            ext: true,
-                        },
-                        _ => {
-                            let Some(d) = (b as char).to_digit(16) else {
-                                return Err(WireError::Chunked("bad chunk size"));
-                            };
-                            if digits >= 15 {
-                                return Err(WireError::Chunked("chunk size too large"));
-                            }
-                            ChunkState::Size {
-                                size: size * 16 + u64::from(d),
-                                digits: digits + 1,
-                                ext,
-                            }
-                        }
-                    }
-                }
+                ChunkState::Size { size, digits, ext } => self.size_line(size, digits, ext, b)?,
                 ChunkState::SizeLf { size } => match b {
                     b'\n' => self.after_size(size),
                     _ => return Err(WireError::Chunked("expected LF after chunk size")),
@@ -423,18 +395,7 @@ impl Chunked {
                     b'\n' => self.next_size(),
                     _ => return Err(WireError::Chunked("expected LF after chunk data")),
                 },
-                ChunkState::Trailer { line_start } => {
-                    self.line += 1;
-                    if self.line > MAX_TRAILERS {
-                        return Err(WireError::Chunked("trailers too long"));
-                    }
-                    match b {
-                        b'\r' => ChunkState::TrailerLf { line_start },
-                        b'\n' if line_start => ChunkState::Done,
-                        b'\n' => ChunkState::Trailer { line_start: true },
-                        _ => ChunkState::Trailer { line_start: false },
-                    }
-                }
+                ChunkState::Trailer { line_start } => self.trailer(line_start, b)?,
                 ChunkState::TrailerLf { line_start } => match b {
                     b'\n' if line_start => ChunkState::Done,
                     b'\n' => ChunkState::Trailer { line_start: true },
@@ -448,6 +409,60 @@ impl Chunked {
             }
         }
         Ok(i)
+    }
+
+    /// The state after byte `b` of a chunk-size line, from
+    /// [`ChunkState::Size`] `{ size, digits, ext }`: `b` is a hex digit,
+    /// starts an extension (skipped to the end of the line), or ends the line.
+    fn size_line(
+        &mut self,
+        size: u64,
+        digits: u8,
+        ext: bool,
+        b: u8,
+    ) -> Result<ChunkState, WireError> {
+        self.line += 1;
+        if self.line > MAX_CHUNK_LINE {
+            return Err(WireError::Chunked("chunk-size line too long"));
+        }
+        Ok(match b {
+            b'\r' if digits > 0 => ChunkState::SizeLf { size },
+            b'\n' if digits > 0 => self.after_size(size),
+            _ if ext => ChunkState::Size { size, digits, ext },
+            b';' | b' ' | b'\t' if digits > 0 => ChunkState::Size {
+                size,
+                digits,
+                ext: true,
+            },
+            _ => {
+                let Some(d) = (b as char).to_digit(16) else {
+                    return Err(WireError::Chunked("bad chunk size"));
+                };
+                if digits >= 15 {
+                    return Err(WireError::Chunked("chunk size too large"));
+                }
+                ChunkState::Size {
+                    size: size * 16 + u64::from(d),
+                    digits: digits + 1,
+                    ext,
+                }
+            }
+        })
+    }
+
+    /// The state after byte `b` of the trailer section, from
+    /// [`ChunkState::Trailer`] `{ line_start }`: an empty line ends the body.
+    fn trailer(&mut self, line_start: bool, b: u8) -> Result<ChunkState, WireError> {
+        self.line += 1;
+        if self.line > MAX_TRAILERS {
+            return Err(WireError::Chunked("trailers too long"));
+        }
+        Ok(match b {
+            b'\r' => ChunkState::TrailerLf { line_start },
+            b'\n' if line_start => ChunkState::Done,
+            b'\n' => ChunkState::Trailer { line_start: true },
+            _ => ChunkState::Trailer { line_start: false },
+        })
     }
 
     fn after_size(&mut self, size: u64) -> ChunkState {
