@@ -13,7 +13,7 @@ use plotters::prelude::*;
 use spillway::clock::Micros;
 
 use crate::error::SimError;
-use crate::run::Outcome;
+use crate::run::Run;
 use crate::scenario::Scenario;
 
 /// Points per line: enough to see a 10 s window's shape over a minute, and
@@ -29,7 +29,7 @@ pub struct Panel<'a> {
     /// Its name, shown above the panel.
     pub name: &'a str,
     /// What it did.
-    pub outcome: &'a Outcome,
+    pub outcome: &'a Run,
     /// Measure admissions when requests leave (shaping), not when they arrive.
     pub by_departure: bool,
     /// The most admitted in any window (from the table), for the caption.

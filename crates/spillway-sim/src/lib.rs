@@ -42,9 +42,9 @@ pub mod trace;
 
 pub use contender::AlgorithmKind;
 pub use error::SimError;
-pub use measure::Metrics;
+pub use measure::Measurements;
 pub use report::Report;
-pub use run::{Outcome, run};
+pub use run::{Run, run};
 pub use simulate::{
     AlgorithmRun, Options, ScenarioRun, parse_duration, run_scenario, scenario_chart, scenarios,
     simulate,

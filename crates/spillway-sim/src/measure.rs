@@ -1,4 +1,4 @@
-//! What is measured on an [`Outcome`].
+//! What is measured on a [`Run`].
 //!
 //! - **admitted / denied**: requests (not cost units).
 //! - **max in W**: the largest total cost admitted for one key in any window
@@ -29,12 +29,12 @@ use serde::Serialize;
 use spillway::algorithm::{Algorithm, AnyAlgorithm, LeakyMode};
 use spillway::clock::Micros;
 
-use crate::run::Outcome;
+use crate::run::Run;
 use crate::scenario::Scenario;
 
 /// The measurements of one algorithm on one scenario: a row of the table.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Metrics {
+pub struct Measurements {
     /// The algorithm's name (see [`AlgorithmKind::name`](crate::AlgorithmKind::name)).
     pub algorithm: String,
     /// Requests sent.
@@ -83,8 +83,8 @@ pub fn measure(
     name: &str,
     algorithm: &AnyAlgorithm,
     scenario: &Scenario,
-    outcome: &Outcome,
-) -> Metrics {
+    outcome: &Run,
+) -> Measurements {
     let quota = algorithm.quota();
     let limit = u64::from(quota.limit().get());
     let window = quota.period_micros();
@@ -133,7 +133,7 @@ pub fn measure(
             100.0 * n as f64 / requests as f64
         }
     };
-    Metrics {
+    Measurements {
         algorithm: name.to_owned(),
         requests,
         admitted,
@@ -206,7 +206,7 @@ impl ExactWindow {
     }
 }
 
-fn client_spread(clients: u32, outcome: &Outcome) -> ClientSpread {
+fn client_spread(clients: u32, outcome: &Run) -> ClientSpread {
     let mut sent = vec![0u64; clients as usize];
     let mut admitted = vec![0u64; clients as usize];
     for (r, d) in outcome.requests.iter().zip(&outcome.decisions) {

@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 use spillway::clock::Micros;
 
-use crate::measure::Metrics;
+use crate::measure::Measurements;
 use crate::scenario::Params;
 
 /// Every scenario's measurements, with the settings that produced them.
@@ -36,7 +36,7 @@ pub struct ScenarioReport {
     /// The chart's file name, when charts were written.
     pub chart: Option<String>,
     /// One row per algorithm.
-    pub rows: Vec<Metrics>,
+    pub rows: Vec<Measurements>,
 }
 
 impl Report {
@@ -134,7 +134,7 @@ const HEADERS: [&str; 9] = [
     "wrongly denied",
 ];
 
-fn cells(m: &Metrics) -> [String; 9] {
+fn cells(m: &Measurements) -> [String; 9] {
     let delay = match (m.delay_mean_us, m.delay_max_us) {
         (Some(mean), Some(max)) => format!(
             "{} / {}",

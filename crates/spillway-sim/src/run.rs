@@ -19,7 +19,7 @@ use crate::scenario::{Request, Scenario, Traffic};
 
 /// What happened when a scenario was run through one algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Run {
     /// The requests sent, in order. For a closed-loop scenario this is what
     /// the client sent given the answers it got.
     pub requests: Vec<Request>,
@@ -44,12 +44,12 @@ pub struct Outcome {
 /// let admitted = outcome.decisions.iter().filter(|d| d.allowed).count();
 /// assert_eq!((outcome.requests.len(), admitted), (1200, 600));
 /// ```
-pub fn run(scenario: &Scenario, algorithm: &AnyAlgorithm) -> Result<Outcome, SimError> {
+pub fn run(scenario: &Scenario, algorithm: &AnyAlgorithm) -> Result<Run, SimError> {
     let mut runner = Runner {
         scenario,
         algorithm,
         states: vec![AnyState::Fresh; scenario.keys.len()],
-        outcome: Outcome {
+        outcome: Run {
             requests: Vec::new(),
             decisions: Vec::new(),
             max_state_bytes: 0,
@@ -101,7 +101,7 @@ struct Runner<'a> {
     scenario: &'a Scenario,
     algorithm: &'a AnyAlgorithm,
     states: Vec<AnyState>,
-    outcome: Outcome,
+    outcome: Run,
 }
 
 impl Runner<'_> {

@@ -10,9 +10,9 @@ use spillway::clock::Micros;
 use crate::chart::{self, Panel};
 use crate::contender::AlgorithmKind;
 use crate::error::SimError;
-use crate::measure::{Metrics, measure};
+use crate::measure::{Measurements, measure};
 use crate::report::{Report, ScenarioReport};
-use crate::run::{Outcome, run};
+use crate::run::{Run, run};
 use crate::scenario::{Params, Scenario, ScenarioKind};
 use crate::trace::read_trace;
 
@@ -56,9 +56,9 @@ pub struct AlgorithmRun {
     /// Which algorithm.
     pub kind: AlgorithmKind,
     /// Every request and decision.
-    pub outcome: Outcome,
+    pub outcome: Run,
     /// What was measured on them.
-    pub metrics: Metrics,
+    pub metrics: Measurements,
 }
 
 /// One scenario run through every algorithm.
