@@ -551,8 +551,19 @@ impl<St: Store> Engine<St> {
 
     /// Decides on a request's charges: all go to the store in one call
     /// (two when only non-rejecting rules denied), charged as the outcome
-    /// says.
+    /// says. A store that answers at once ([`decide_now`](Self::decide_now))
+    /// is not waited for; the wait for one that must be is boxed, so that
+    /// the future of a caller that awaits this stays small (it is moved
+    /// whole through every layer above it).
     pub async fn decide(&self, charges: Charges, asking: Asking) -> Ruling {
+        match self.decide_now(charges, asking) {
+            Ok(ruling) => ruling,
+            Err(charges) => Box::pin(self.decide_waiting(charges, asking)).await,
+        }
+    }
+
+    /// [`decide`](Self::decide), waiting for the store.
+    async fn decide_waiting(&self, charges: Charges, asking: Asking) -> Ruling {
         if charges.is_empty() {
             return Ruling::without_store(Outcome::Unlimited, charges);
         }

@@ -2,7 +2,6 @@
 //! `RateLimit-Policy` and `RateLimit`, serialized as structured fields
 //! (RFC 9651) with the `sfv` crate.
 
-use std::ops::Range;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
@@ -118,12 +117,8 @@ pub(crate) struct Presented {
     pub limit: u64,
     /// The time the quota takes to refill from empty, in whole seconds.
     pub window_secs: u64,
-    /// `X-RateLimit-Limit`.
-    limit_value: HeaderValue,
     /// The quota's item in `RateLimit-Policy`: `"name";q=100;w=60`.
     policy_item: String,
-    /// `RateLimit-Policy` when this is the only rule that applied.
-    policy_value: Option<HeaderValue>,
 }
 
 impl Presented {
@@ -141,8 +136,6 @@ impl Presented {
         Self {
             limit,
             window_secs,
-            limit_value: HeaderValue::from(limit),
-            policy_value: HeaderValue::try_from(policy_item.as_str()).ok(),
             policy_item,
         }
     }
@@ -199,33 +192,26 @@ fn push_param(out: &mut BytesMut, key: &str, value: u64) {
 #[derive(Debug, Default)]
 pub struct RateLimitFields {
     values: BytesMut,
-    limit: Option<Made>,
-    remaining: Option<Range<usize>>,
-    reset: Option<Range<usize>>,
-    policy: Option<Made>,
-    current: Option<Range<usize>>,
+    // Each field's range of `values`, in the order of `NAMES`; empty when
+    // the field is not sent. Kept this small because answers carrying the
+    // fields are moved through every layer of a server.
+    spans: [(u32, u32); 5],
 }
 
-/// A field's value: made in advance for the quota, or a range of the
-/// values made for this response.
-#[derive(Debug)]
-enum Made {
-    Value(HeaderValue),
-    Range(Range<usize>),
-}
-
-/// A value's bytes.
-fn made_bytes<'a>(values: &'a [u8], made: &'a Made) -> &'a [u8] {
-    match made {
-        Made::Value(v) => v.as_bytes(),
-        Made::Range(range) => &values[range.clone()],
-    }
-}
+/// The fields' names, in the order they are sent.
+const NAMES: [HeaderName; 5] = [
+    X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING,
+    X_RATELIMIT_RESET,
+    RATELIMIT_POLICY,
+    RATELIMIT,
+];
 
 impl RateLimitFields {
     /// The fields for the rules that applied; `reported` is the one
     /// `X-RateLimit-*` and `RateLimit` describe. Each rule's name comes
-    /// pre-serialized (see [`sf_name`]): this runs on every response, so
+    /// pre-serialized (see [`sf_name`]), and the values that never change
+    /// are made in advance ([`Presented`]): this runs on every response, so
     /// it builds the values in one buffer.
     pub(crate) fn new(options: &HeaderOptions, applied: &[Applied<'_>], reported: usize) -> Self {
         let Some(main) = applied.get(reported) else {
@@ -233,14 +219,12 @@ impl RateLimitFields {
         };
         let d = &main.decision;
         let made = main.presented();
-        let mut values = BytesMut::with_capacity(48 + main.name.len());
+        let mut values = BytesMut::with_capacity(96 + main.name.len());
+        let mut spans = [(0u32, 0u32); 5];
         let mut digits = itoa::Buffer::new();
-        let put = |values: &mut BytesMut, text: &[u8]| {
-            let start = values.len();
-            values.extend_from_slice(text);
-            start..values.len()
-        };
-        let (limit, remaining, reset) = if options.legacy {
+        // The buffer is a few hundred bytes: its offsets fit a u32.
+        let span = |values: &BytesMut, start: usize| (start as u32, values.len() as u32);
+        if options.legacy {
             let reset = match options.reset {
                 ResetFormat::Delta => ceil_secs(d.reset_after),
                 ResetFormat::Unix => {
@@ -250,31 +234,21 @@ impl RateLimitFields {
                     ceil_secs(now + d.reset_after)
                 }
             };
-            let limit = match made {
-                Some(p) => Made::Value(p.limit_value.clone()),
-                None => Made::Range(put(&mut values, digits.format(d.limit).as_bytes())),
-            };
-            let remaining = put(&mut values, digits.format(d.remaining).as_bytes());
-            let reset = put(&mut values, digits.format(reset).as_bytes());
-            (Some(limit), Some(remaining), Some(reset))
-        } else {
-            (None, None, None)
-        };
-        let (policy, current) = if options.ietf {
-            let current = {
-                let start = values.len();
-                values.extend_from_slice(main.name.as_bytes());
-                push_param(&mut values, "r", d.remaining);
-                push_param(&mut values, "t", effective_window_secs(d));
-                start..values.len()
-            };
-            let single = match (applied, made) {
-                ([_], Some(p)) => p.policy_value.clone(),
-                _ => None,
-            };
-            let policy = single.map_or_else(
-                || {
-                    let start = values.len();
+            let start = values.len();
+            values.extend_from_slice(digits.format(d.limit).as_bytes());
+            spans[0] = span(&values, start);
+            let start = values.len();
+            values.extend_from_slice(digits.format(d.remaining).as_bytes());
+            spans[1] = span(&values, start);
+            let start = values.len();
+            values.extend_from_slice(digits.format(reset).as_bytes());
+            spans[2] = span(&values, start);
+        }
+        if options.ietf {
+            let start = values.len();
+            match (applied, made) {
+                ([_], Some(p)) => values.extend_from_slice(p.policy_item.as_bytes()),
+                _ => {
                     for (i, a) in applied.iter().enumerate() {
                         if i > 0 {
                             values.extend_from_slice(b", ");
@@ -288,43 +262,30 @@ impl RateLimitFields {
                             }
                         }
                     }
-                    Made::Range(start..values.len())
-                },
-                Made::Value,
-            );
-            (Some(policy), Some(current))
-        } else {
-            (None, None)
-        };
-        Self {
-            values,
-            limit,
-            remaining,
-            reset,
-            policy,
-            current,
+                }
+            }
+            spans[3] = span(&values, start);
+            let start = values.len();
+            values.extend_from_slice(main.name.as_bytes());
+            push_param(&mut values, "r", d.remaining);
+            push_param(&mut values, "t", effective_window_secs(d));
+            spans[4] = span(&values, start);
         }
+        Self { values, spans }
     }
 
     /// Whether there is no field to send.
     pub fn is_empty(&self) -> bool {
-        self.limit.is_none() && self.policy.is_none()
+        self.spans.iter().all(|(start, end)| start == end)
     }
 
     /// Each field's name and value, in the order they are sent.
     pub fn iter(&self) -> impl Iterator<Item = (HeaderName, &[u8])> + '_ {
-        let values = &self.values[..];
-        let made = |m| made_bytes(values, m);
-        let range = |r: &Range<usize>| &values[r.clone()];
-        [
-            (X_RATELIMIT_LIMIT, self.limit.as_ref().map(made)),
-            (X_RATELIMIT_REMAINING, self.remaining.as_ref().map(range)),
-            (X_RATELIMIT_RESET, self.reset.as_ref().map(range)),
-            (RATELIMIT_POLICY, self.policy.as_ref().map(made)),
-            (RATELIMIT, self.current.as_ref().map(range)),
-        ]
-        .into_iter()
-        .filter_map(|(name, value)| Some((name, value?)))
+        NAMES
+            .into_iter()
+            .zip(self.spans)
+            .filter(|(_, (start, end))| start != end)
+            .map(|(name, (start, end))| (name, &self.values[start as usize..end as usize]))
     }
 
     /// Writes the fields into `headers` (replacing any of the same names).
@@ -335,25 +296,16 @@ impl RateLimitFields {
         headers.reserve(5);
         // Each header gets a slice of the one buffer, not a copy.
         let values = self.values.freeze();
-        let value = |range: Range<usize>| HeaderValue::from_maybe_shared(values.slice(range)).ok();
-        let made = |m: Made| match m {
-            Made::Value(v) => Some(v),
-            Made::Range(range) => value(range),
-        };
-        if let Some(v) = self.limit.and_then(made) {
-            headers.insert(X_RATELIMIT_LIMIT, v);
-        }
-        if let Some(v) = self.remaining.and_then(value) {
-            headers.insert(X_RATELIMIT_REMAINING, v);
-        }
-        if let Some(v) = self.reset.and_then(value) {
-            headers.insert(X_RATELIMIT_RESET, v);
-        }
-        if let Some(v) = self.policy.and_then(made) {
-            headers.insert(RATELIMIT_POLICY, v);
-        }
-        if let Some(v) = self.current.and_then(value) {
-            headers.insert(RATELIMIT, v);
+        for (name, (start, end)) in NAMES.into_iter().zip(self.spans) {
+            if start == end {
+                continue;
+            }
+            // Digits and structured fields made here: always valid.
+            if let Ok(v) =
+                HeaderValue::from_maybe_shared(values.slice(start as usize..end as usize))
+            {
+                headers.insert(name, v);
+            }
         }
     }
 }

@@ -18,8 +18,10 @@ pub(crate) struct Answer {
     pub(crate) content_type: &'static str,
     /// The rate-limit fields of a decision.
     pub(crate) fields: RateLimitFields,
-    /// Any other header (`Retry-After`, `WWW-Authenticate`).
-    pub(crate) other: Option<(HeaderName, HeaderValue)>,
+    /// Any other header (`Retry-After`, `WWW-Authenticate`): rare, so boxed
+    /// to keep the answer small (it is moved through every layer of the
+    /// server).
+    pub(crate) other: Option<Box<(HeaderName, HeaderValue)>>,
     pub(crate) body: Vec<u8>,
 }
 
@@ -54,7 +56,7 @@ impl Answer {
 
     /// The headers besides `Content-Type`, in the order they are sent.
     pub(crate) fn headers(&self) -> impl Iterator<Item = (HeaderName, &[u8])> {
-        let other = self.other.iter().map(|(n, v)| (n.clone(), v.as_bytes()));
+        let other = self.other.iter().map(|h| (h.0.clone(), h.1.as_bytes()));
         self.fields.iter().chain(other)
     }
 }
@@ -65,7 +67,8 @@ impl IntoResponse for Answer {
         let headers = res.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(self.content_type));
         self.fields.write_to(headers);
-        if let Some((name, value)) = self.other {
+        if let Some(header) = self.other {
+            let (name, value) = *header;
             headers.insert(name, value);
         }
         res
@@ -83,7 +86,7 @@ pub(super) fn bad_request(detail: impl Into<String>) -> Answer {
 
 pub(super) fn unavailable(detail: impl Into<String>) -> Answer {
     let mut answer = Answer::problem(StatusCode::SERVICE_UNAVAILABLE, detail);
-    answer.other = Some((RETRY_AFTER, HeaderValue::from(1u64)));
+    answer.other = Some(Box::new((RETRY_AFTER, HeaderValue::from(1u64))));
     answer
 }
 

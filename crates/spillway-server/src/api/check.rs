@@ -203,10 +203,10 @@ pub(crate) fn check_authorized(
         StatusCode::UNAUTHORIZED,
         "`POST /v1/check` needs `Authorization: Bearer <token>`, one of `[server] check_tokens`.",
     );
-    refused.other = Some((
+    refused.other = Some(Box::new((
         WWW_AUTHENTICATE,
         HeaderValue::from_static("Bearer realm=\"spillway-check\""),
-    ));
+    )));
     Err(Box::new(refused))
 }
 
