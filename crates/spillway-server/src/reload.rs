@@ -3,7 +3,7 @@
 //! The file is read again, validated ([`Config::load`](crate::config::Config::load))
 //! and built into a new engine with the old one as `previous`, so the
 //! in-memory counters of unchanged rules carry over; then the new engine
-//! replaces the old one at once ([`Live::replace`](crate::engine::Live::replace)).
+//! replaces the old one at once ([`Live::replace`](crate::state::Live::replace)).
 //! Requests in flight finish on the engine they started with.
 //!
 //! A configuration that does not load (a syntax error, a zero limit, an

@@ -10,7 +10,7 @@ use crate::config::ConfigSource;
 use crate::reload::Reloader;
 use crate::state::State;
 
-/// Serves the HTTP API ([`app`](crate::app())) on `listener` and, when
+/// Serves the HTTP API ([`app`](crate::api::app)) on `listener` and, when
 /// given, the Envoy rate limit service on `grpc_listener`, until `shutdown`
 /// resolves; then stops accepting connections, closes idle ones and returns
 /// once the requests in flight have been answered. HTTP/1.1 is served by

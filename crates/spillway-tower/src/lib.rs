@@ -27,8 +27,12 @@
 //!   the rule ([`MissingClientAddr`]): never a limit that silently applies to
 //!   nobody.
 //!
-//! The layer follows tower's file layout: `layer.rs` ([`RateLimitLayer`]),
-//! `service.rs` ([`RateLimit`]), `future.rs`, `error.rs`.
+//! Every request is decided by the [`Engine`] (`engine.rs`): the one place
+//! where the store's decisions become an [`Outcome`], for this middleware
+//! and for any other front end (a decision API, an Envoy rate limit
+//! service), which call it themselves. The middleware is an adapter around
+//! it, in tower's file layout: `layer.rs` ([`RateLimitLayer`]), `service.rs`
+//! ([`RateLimit`]), `future.rs`, `error.rs`. See docs/architecture.md.
 
 mod clock;
 pub mod engine;

@@ -10,7 +10,7 @@ use spillway_tower::RateLimitFields;
 use spillway_tower::problem::{PROBLEM_JSON, Problem};
 
 /// An answer of the API before it is written: by axum (as a [`Response`])
-/// or by the HTTP/1.1 server of `spillway serve` (`crate::front`). Its
+/// or by the HTTP/1.1 server of `spillway serve` (`crate::http1::serve`). Its
 /// headers are data; each server renders them.
 #[derive(Debug)]
 pub(crate) struct Answer {

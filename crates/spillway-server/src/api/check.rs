@@ -180,7 +180,7 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 /// compared, in time independent of the given one ([`same_secret`]), so
 /// the time taken tells neither a token's bytes nor which one matched.
 /// `Err` is the 401 to answer. Both servers call this before the body is
-/// looked at: the HTTP/1.1 fast path (`crate::front`) and the router.
+/// looked at: the HTTP/1.1 fast path (`crate::api::site`) and the router.
 pub(crate) fn check_authorized(
     state: &State,
     authorization: Option<&[u8]>,

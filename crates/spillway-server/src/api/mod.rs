@@ -6,7 +6,7 @@
 //! (400 for input that can never be decided, 401/404 for the admin API, 503
 //! when the store cannot decide); bad input is never a 500. Each endpoint
 //! is an adapter: it reads its input, asks the engine (or the store, for
-//! the admin API's inspection) and renders an [`Answer`].
+//! the admin API's inspection) and renders an `Answer`.
 
 mod admin;
 mod answer;

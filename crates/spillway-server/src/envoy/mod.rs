@@ -1,7 +1,7 @@
 //! The Envoy rate limit service (`envoy.service.ratelimit.v3`) on gRPC.
 //!
 //! [`serve`] answers `RateLimitService/ShouldRateLimit` with the running
-//! [`Loaded`](crate::engine::Loaded), so that Envoy, Istio and other
+//! [`Loaded`](crate::state::Loaded), so that Envoy, Istio and other
 //! Envoy-based gateways can use Spillway as their global rate limit service.
 //! [`EnvoyRateLimiter`] is the service itself, for a tonic server of your own.
 //!
