@@ -101,13 +101,22 @@ impl Drop for Slot {
     }
 }
 
-/// What a connection past the cap is told before it is closed.
-const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
-content-type: application/problem+json\r\n\
-retry-after: 1\r\n\
-connection: close\r\n\
-content-length: 109\r\n\r\n\
-{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"Too many connections; try again.\"}";
+/// What a connection past the cap is told before it is closed: made once,
+/// so that refusing costs one write.
+static REFUSED: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    let body = Problem::new(status, "Too many connections; try again.").into_json();
+    let mut out = Vec::with_capacity(160 + body.len());
+    wire::put_status_line(&mut out, status);
+    wire::put_header(&mut out, b"content-type", PROBLEM_JSON.as_bytes());
+    wire::put_header(&mut out, b"retry-after", b"1");
+    wire::put_header(&mut out, b"connection", b"close");
+    out.extend_from_slice(b"content-length: ");
+    wire::put_u64(&mut out, body.len() as u64);
+    out.extend_from_slice(b"\r\n\r\n");
+    out.extend_from_slice(body.as_bytes());
+    out
+});
 
 /// Accepts connections until `shutdown` resolves, serving each in a task of
 /// its own (`serve`), at most `accepting.max_connections` at once; then
@@ -134,7 +143,7 @@ pub(crate) async fn serve_connections_with<F>(
             if let Some(refused) = &accepting.refused {
                 refused.inc();
             }
-            let _ = stream.try_write(REFUSED);
+            let _ = stream.try_write(&REFUSED);
             continue;
         };
         if let Some(open) = &accepting.open {
@@ -903,7 +912,7 @@ mod tests {
     fn the_refusal_past_the_cap_is_a_whole_response() {
         let mut lines = [httparse::EMPTY_HEADER; 8];
         let mut res = httparse::Response::new(&mut lines);
-        let head = match res.parse(REFUSED) {
+        let head = match res.parse(&REFUSED) {
             Ok(httparse::Status::Complete(n)) => n,
             other => panic!("not a response head: {other:?}"),
         };
