@@ -891,3 +891,54 @@ async fn with_rules_adds_a_rule_on_the_same_connection_and_keeps_counts() {
     assert!(s.check(&one("k")).await.unwrap().allowed);
     assert!(!wider.check(&one("k")).await.unwrap().allowed);
 }
+
+/// As the in-memory store does on a reload: a rule whose limit changes
+/// keeps every key's count, raised or lowered, under each window algorithm
+/// (its keys are the rule's name and the key, whatever the limit).
+#[tokio::test]
+async fn a_changed_limit_keeps_every_keys_count() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let minute = Duration::from_secs(60);
+    let windows: [fn(Quota) -> AnyAlgorithm; 3] = [
+        |q| FixedWindow::new(q).into(),
+        |q| SlidingWindow::new(q).into(),
+        |q| SlidingLog::new(q).into(),
+    ];
+    for (i, make) in windows.into_iter().enumerate() {
+        let key = format!("k{i}");
+        let charge = |cost| {
+            [Check {
+                rule: RuleId(0),
+                key: &key,
+                cost,
+            }]
+        };
+        let five = store(
+            &server,
+            vec![Rule::new("r", make(per(5, minute)))],
+            RedisOptions::default(),
+        )
+        .await;
+        assert!(five.check(&charge(4)).await.unwrap().allowed);
+        let ten = store(
+            &server,
+            vec![Rule::new("r", make(per(10, minute)))],
+            RedisOptions::default(),
+        )
+        .await;
+        let peek = ten.check(&charge(0)).await.unwrap().decisions[0];
+        assert_eq!(peek.remaining, 6, "{}", make(per(1, minute)).name());
+        assert!(ten.check(&charge(6)).await.unwrap().allowed);
+        let three = store(
+            &server,
+            vec![Rule::new("r", make(per(3, minute)))],
+            RedisOptions::default(),
+        )
+        .await;
+        let denied = three.check(&charge(1)).await.unwrap();
+        assert!(!denied.allowed, "10 used of 3");
+        assert_eq!(denied.decisions[0].remaining, 0);
+    }
+}

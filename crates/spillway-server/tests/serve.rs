@@ -999,6 +999,45 @@ async fn a_changed_file_is_reloaded_keeping_counters_and_a_bad_one_is_refused() 
     assert_eq!(v["allowed"], true);
 }
 
+/// A reload that changes a rule's limit (not its algorithm or window)
+/// keeps every key's count in memory, as it does on Redis: raising a limit
+/// mid-window must not hand every client a fresh quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_a_limit_keeps_the_counts() {
+    let dir = temp_dir("reload-limit");
+    let path = dir.join("spillway.toml");
+    write_atomically(&path, RELOAD_V1);
+    let source = ConfigSource::from(path.clone());
+    let service = Service::start(source.load().expect("valid"), Some(source)).await;
+    let http = service.http.clone();
+    for _ in 0..4 {
+        let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+        assert_eq!(v["allowed"], true, "{v}");
+    }
+    let mut reloader = spillway_server::reload::Reloader::new(
+        service.state.clone(),
+        Some(ConfigSource::from(path.clone())),
+    )
+    .expect("a reloader");
+    write_atomically(&path, &RELOAD_V1.replace("limit = 5", "limit = 10"));
+    reloader.reload().await.expect("a good file");
+    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    assert_eq!(v["rules"][0]["limit"], 10, "{v}");
+    assert_eq!(v["rules"][0]["remaining"], 5, "4 used before, 1 now: {v}");
+    write_atomically(&path, &RELOAD_V1.replace("limit = 5", "limit = 3"));
+    reloader.reload().await.expect("a good file");
+    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    assert_eq!(v["allowed"], false, "5 used of 3: {v}");
+    // A new window starts afresh.
+    write_atomically(
+        &path,
+        &RELOAD_V1.replace("window = \"1h\"", "window = \"2h\""),
+    );
+    reloader.reload().await.expect("a good file");
+    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    assert_eq!(v["rules"][0]["remaining"], 4, "{v}");
+}
+
 /// Sends a request whose body arrives in two parts, and returns the open
 /// connection after the first.
 async fn start_slow_request(addr: SocketAddr, body: &str) -> (tokio::net::TcpStream, String) {

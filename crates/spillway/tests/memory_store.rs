@@ -869,3 +869,78 @@ fn a_one_mebibyte_key_works() {
     assert_eq!(denied.decisions[0].remaining, 4, "rule b was not charged");
     assert_eq!((store.len(RuleId(0)), store.len(RuleId(1))), (1, 1));
 }
+
+/// A reload that changes only a rule's limit keeps every key's count: the
+/// client who used 4 of 5 has 6 of 10 left after the limit is raised, not
+/// a fresh 10. A changed window or algorithm starts afresh.
+#[test]
+fn reconfiguring_a_limit_keeps_every_keys_count() {
+    let per_minute = |n| Quota::per_minute(nz(n));
+    let clock = FakeClock::new(HOUR_START);
+    let windows: [fn(Quota) -> AnyAlgorithm; 3] = [
+        |q| FixedWindow::new(q).into(),
+        |q| SlidingWindow::new(q).into(),
+        |q| SlidingLog::new(q).into(),
+    ];
+    for make in windows {
+        let old = MemoryStore::with_clock(
+            vec![Rule::new("r", make(per_minute(5)))],
+            MemoryOptions::default(),
+            clock.clone(),
+        );
+        let charge = |store: &MemoryStore<FakeClock>, cost| {
+            store
+                .check_now(&[Check {
+                    rule: RuleId(0),
+                    key: "k",
+                    cost,
+                }])
+                .expect("fits")
+                .decisions[0]
+        };
+        assert!(charge(&old, 4).allowed);
+        let raised = old.reconfigure(vec![Rule::new("r", make(per_minute(10)))]);
+        let name = make(per_minute(1)).name();
+        assert_eq!(charge(&raised, 0).remaining, 6, "{name}");
+        assert!(charge(&raised, 6).allowed, "{name}");
+        assert!(!charge(&raised, 1).allowed, "{name}: over the new limit");
+        let lowered = raised.reconfigure(vec![Rule::new("r", make(per_minute(3)))]);
+        assert!(!charge(&lowered, 1).allowed, "{name}: 10 used of 3");
+        let hourly = Quota::new(nz(10), Duration::from_secs(3_600)).expect("a quota");
+        let rewindowed = lowered.reconfigure(vec![Rule::new("r", make(hourly))]);
+        assert_eq!(charge(&rewindowed, 0).remaining, 10, "{name}: a new window");
+    }
+    // A bucket keeps its debt: emptied at 100 a minute, it is not full at
+    // 200 a minute, and refills at the new rate.
+    let bucket = |n| AnyAlgorithm::from(TokenBucket::new(per_minute(n), nz(n)));
+    let old = MemoryStore::with_clock(
+        vec![Rule::new("b", bucket(100))],
+        MemoryOptions::default(),
+        clock.clone(),
+    );
+    let check = |store: &MemoryStore<FakeClock>, cost| {
+        store
+            .check_now(&[Check {
+                rule: RuleId(0),
+                key: "k",
+                cost,
+            }])
+            .expect("fits")
+            .decisions[0]
+    };
+    assert!(check(&old, 100).allowed);
+    let raised = old.reconfigure(vec![Rule::new("b", bucket(200))]);
+    assert!(!check(&raised, 1).allowed, "not a fresh bucket");
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(
+        check(&raised, 0).remaining,
+        100,
+        "half refilled at 200 a minute"
+    );
+    let other = raised.reconfigure(vec![Rule::new("b", FixedWindow::new(per_minute(100)))]);
+    assert_eq!(
+        check(&other, 0).remaining,
+        100,
+        "another algorithm starts afresh"
+    );
+}

@@ -131,6 +131,37 @@ impl AnyAlgorithm {
             Self::LeakyBucket(_) => "leaky_bucket",
         }
     }
+
+    /// Whether a key's state under `old` means the same under `self`: the
+    /// same algorithm (a leaky bucket in the same mode) over the same
+    /// window, whatever the limit or the burst. A store keeps such a rule's
+    /// keys when it is reconfigured, so that raising or lowering a limit
+    /// mid-window carries every key's count over rather than handing each a
+    /// fresh quota. A window's count and a log are kept as they are; a
+    /// bucket keeps its time of being full again, so what was used is then
+    /// repaid at the new rate.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use spillway::algorithm::{AnyAlgorithm, FixedWindow, SlidingLog};
+    /// use spillway::Quota;
+    ///
+    /// let per_minute = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+    /// let five = AnyAlgorithm::from(FixedWindow::new(per_minute(5)));
+    /// let ten = AnyAlgorithm::from(FixedWindow::new(per_minute(10)));
+    /// assert!(ten.keeps_state_of(&five));
+    /// let hourly = Quota::new(NonZeroU32::new(10).unwrap(), Duration::from_secs(3600)).unwrap();
+    /// assert!(!AnyAlgorithm::from(FixedWindow::new(hourly)).keeps_state_of(&five));
+    /// assert!(!AnyAlgorithm::from(SlidingLog::new(per_minute(5))).keeps_state_of(&five));
+    /// ```
+    pub fn keeps_state_of(&self, old: &AnyAlgorithm) -> bool {
+        let same_kind = match (self, old) {
+            (Self::LeakyBucket(a), Self::LeakyBucket(b)) => a.mode() == b.mode(),
+            (a, b) => a.name() == b.name(),
+        };
+        same_kind && self.quota().period_micros() == old.quota().period_micros()
+    }
 }
 
 /// Runs `$body` with `$a` bound to the concrete algorithm and `$s` to its

@@ -98,9 +98,11 @@ impl Algorithm for FixedWindow {
             let reset = if state.count > 0 { until_end } else { 0 };
             Ok(Decision::allow(limit, limit - state.count, reset))
         } else {
+            // A count over the limit is possible: the limit was lowered
+            // and the store kept the key's count.
             Ok(Decision::deny(
                 limit,
-                limit - state.count,
+                limit.saturating_sub(state.count),
                 until_end,
                 until_end,
             ))

@@ -192,9 +192,11 @@ impl Algorithm for SlidingLog {
                 break;
             }
         }
+        // A total over the limit is possible: the limit was lowered and the
+        // store kept the key's log.
         Ok(Decision::deny(
             limit,
-            limit - state.total,
+            limit.saturating_sub(state.total),
             self.reset_after(state, now),
             retry_at.saturating_sub(now),
         ))

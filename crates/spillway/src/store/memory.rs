@@ -291,9 +291,12 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// A store for `rules` that keeps this one's counters for every rule
-    /// whose name and algorithm are unchanged (a configuration reload).
-    /// Rules that are new or changed start empty. Both stores share the kept
-    /// counters.
+    /// whose name is unchanged and whose algorithm reads their state the
+    /// same way (a configuration reload): a changed limit or burst keeps
+    /// every key's count ([`AnyAlgorithm::keeps_state_of`](crate::algorithm::AnyAlgorithm::keeps_state_of)),
+    /// as the Redis store, whose keys are the rule's, does. Rules that are
+    /// new, or whose algorithm or window changed, start empty. Both stores
+    /// share the kept counters.
     ///
     /// ```
     /// use std::num::NonZeroU32;
@@ -317,7 +320,16 @@ impl<C: Clock> MemoryStore<C> {
         let tables = rules
             .iter()
             .map(|rule| {
-                self.rules.iter().position(|old| old == rule).map_or_else(
+                // The same rule, else one of the same name whose keys'
+                // state means the same (only its limit or burst changed).
+                let same = self.rules.iter().position(|old| old == rule);
+                let kept = same.or_else(|| {
+                    self.rules.iter().position(|old| {
+                        old.name() == rule.name()
+                            && rule.algorithm().keeps_state_of(old.algorithm())
+                    })
+                });
+                kept.map_or_else(
                     || Arc::new(self.options.table()),
                     |i| self.tables[i].clone(),
                 )
