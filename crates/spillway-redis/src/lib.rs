@@ -6,6 +6,7 @@ mod cluster;
 mod deny_cache;
 mod script;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -80,6 +81,12 @@ pub struct RedisOptions {
     pub key_prefix: String,
     /// What to do while Redis cannot answer (default [`OnError::FailOpen`]).
     pub on_error: OnError,
+    /// The failure policy of the rules named here (store rule names), in
+    /// place of `on_error`: a login limit can fail closed while the
+    /// general limits fail open. A request is refused while Redis cannot
+    /// answer if any of its rules fails closed; otherwise its `local` rules
+    /// are decided in memory and the others admit.
+    pub rule_on_error: BTreeMap<String, OnError>,
     /// After a failure, how long to apply `on_error` without asking Redis,
     /// before trying it again (default 250 ms, so Redis is used again well
     /// within a second of coming back).
@@ -95,6 +102,7 @@ impl Default for RedisOptions {
             timeout: Duration::from_millis(50),
             key_prefix: "spillway:".to_string(),
             on_error: OnError::FailOpen,
+            rule_on_error: BTreeMap::new(),
             retry_interval: Duration::from_millis(250),
             deny_cache_entries: 100_000,
         }
@@ -167,7 +175,9 @@ struct Inner {
     test_scripts: Scripts,
     options: RedisOptions,
     deny_cache: Option<DenyCache>,
-    // The in-memory fallback of `OnError::Local`.
+    // Each rule's failure policy.
+    on_error: Vec<OnError>,
+    // The in-memory fallback of `OnError::Local`, when a rule has it.
     local: Option<MemoryStore>,
     // Set while Redis is considered down: when to try it again.
     down_until: Mutex<Option<Instant>>,
@@ -189,19 +199,35 @@ impl Inner {
             .iter()
             .map(|r| script::params(r.name(), r.algorithm()))
             .collect::<Result<Vec<_>, _>>()?;
-        let local = match options.on_error {
-            OnError::Local { instances } => {
-                let shared: Vec<Rule> = rules
-                    .iter()
-                    .map(|r| Rule::new(r.name(), r.algorithm().share(instances)))
-                    .collect();
-                Some(match local_before {
-                    Some(before) => before.reconfigure(shared),
-                    None => MemoryStore::new(shared, MemoryOptions::default()),
+        let on_error: Vec<OnError> = rules
+            .iter()
+            .map(|r| {
+                options
+                    .rule_on_error
+                    .get(r.name())
+                    .copied()
+                    .unwrap_or(options.on_error)
+            })
+            .collect();
+        let any_local = on_error.iter().any(|p| matches!(p, OnError::Local { .. }));
+        let local = any_local.then(|| {
+            // Every rule, in the store's order (so that a check's rule is
+            // the same index); each `local` one with its share.
+            let shared: Vec<Rule> = rules
+                .iter()
+                .zip(&on_error)
+                .map(|(r, policy)| match policy {
+                    OnError::Local { instances } => {
+                        Rule::new(r.name(), r.algorithm().share(*instances))
+                    }
+                    _ => r.clone(),
                 })
+                .collect();
+            match local_before {
+                Some(before) => before.reconfigure(shared),
+                None => MemoryStore::new(shared, MemoryOptions::default()),
             }
-            _ => None,
-        };
+        });
         let deny_cache =
             (options.deny_cache_entries > 0).then(|| DenyCache::new(options.deny_cache_entries));
         Ok(Self {
@@ -212,6 +238,7 @@ impl Inner {
             test_scripts: Scripts::new(true),
             options,
             deny_cache,
+            on_error,
             local,
             down_until: Mutex::new(None),
             down: AtomicBool::new(false),
@@ -435,7 +462,9 @@ impl RedisStore {
         })
     }
 
-    /// Applies the failure policy when Redis cannot answer.
+    /// Applies the failure policy of each check's rule when Redis cannot
+    /// answer: refused if any fails closed; otherwise the `local` checks are
+    /// decided in memory (all or none, as one request) and the others admit.
     fn fall_back(
         &self,
         checks: &[Check<'_>],
@@ -443,21 +472,39 @@ impl RedisStore {
         error: Error,
     ) -> Result<Verdict, Error> {
         let inner = &*self.inner;
-        match (&inner.options.on_error, &inner.local) {
-            (OnError::FailClosed, _) => Err(error),
-            (OnError::Local { .. }, Some(local)) => {
-                bump(&inner.counters.local);
-                Ok(local.check_now(checks)?)
-            }
-            _ => {
-                bump(&inner.counters.fail_open);
-                Ok(Verdict {
-                    allowed: true,
-                    decisions: prepared.iter().map(|p| unknown(p.capacity)).collect(),
-                    decided_at: 0,
-                })
-            }
+        let policy = |c: &Check<'_>| inner.on_error.get(c.rule.0).copied().unwrap_or_default();
+        if checks.iter().any(|c| policy(c) == OnError::FailClosed) {
+            return Err(error);
         }
+        let is_local = |c: &Check<'_>| matches!(policy(c), OnError::Local { .. });
+        let local_checks: Vec<Check<'_>> = checks.iter().copied().filter(is_local).collect();
+        let local = match (&inner.local, local_checks.is_empty()) {
+            (Some(local), false) => {
+                bump(&inner.counters.local);
+                Some(local.check_now(&local_checks)?)
+            }
+            _ => None,
+        };
+        if local_checks.len() < checks.len() {
+            bump(&inner.counters.fail_open);
+        }
+        let mut from_local = local.iter().flat_map(|v| v.decisions.iter().copied());
+        let decisions = checks
+            .iter()
+            .zip(prepared)
+            .map(|(c, p)| {
+                if is_local(c) {
+                    from_local.next().unwrap_or_else(|| unknown(p.capacity))
+                } else {
+                    unknown(p.capacity)
+                }
+            })
+            .collect();
+        Ok(Verdict {
+            allowed: local.as_ref().is_none_or(|v| v.allowed),
+            decisions,
+            decided_at: local.as_ref().map_or(0, |v| v.decided_at),
+        })
     }
 
     async fn give_back(&self, checks: &[Check<'_>], charged_at: u64) -> Result<(), Error> {

@@ -422,6 +422,68 @@ async fn local_fallback_enforces_each_instances_share() {
     assert_eq!(s.stats().local, 5);
 }
 
+/// Each rule's own failure policy while Redis is down: `login` fails
+/// closed (its requests are refused), `search` decides locally (2 of its
+/// 4, the instance's share), `general` fails open; a request is refused if
+/// any of its rules fails closed.
+#[tokio::test]
+async fn each_rule_fails_by_its_own_policy() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let hour = Duration::from_secs(3600);
+    let rules = vec![
+        Rule::new("general", FixedWindow::new(per(1, hour))),
+        Rule::new("login", FixedWindow::new(per(4, hour))),
+        Rule::new("search", FixedWindow::new(per(4, hour))),
+    ];
+    let options = RedisOptions {
+        on_error: OnError::FailOpen,
+        rule_on_error: [
+            ("login".to_string(), OnError::FailClosed),
+            ("search".to_string(), OnError::Local { instances: nz(2) }),
+        ]
+        .into(),
+        deny_cache_entries: 0,
+        ..RedisOptions::default()
+    };
+    let s = store(&server, rules, options).await;
+    let check = |rules: &[usize]| -> Vec<Check<'static>> {
+        rules
+            .iter()
+            .map(|&r| Check {
+                rule: RuleId(r),
+                key: "k",
+                cost: 1,
+            })
+            .collect()
+    };
+    // Redis up: general's one is used.
+    assert!(s.check(&check(&[0])).await.unwrap().allowed);
+    assert!(!s.check(&check(&[0])).await.unwrap().allowed);
+    server.kill();
+    // Down: general admits (fail open) whatever Redis said before.
+    for _ in 0..3 {
+        assert!(s.check(&check(&[0])).await.unwrap().allowed);
+    }
+    // login refuses, even beside a rule that would admit.
+    assert!(s.check(&check(&[1])).await.is_err());
+    assert!(s.check(&check(&[0, 1])).await.is_err());
+    // search decides in memory: 2 of 4 for this instance, with general
+    // admitting beside it.
+    let admitted = {
+        let mut n = 0;
+        for _ in 0..4 {
+            n += usize::from(s.check(&check(&[0, 2])).await.unwrap().allowed);
+        }
+        n
+    };
+    assert_eq!(admitted, 2);
+    let stats = s.stats();
+    assert_eq!(stats.local, 4);
+    assert!(stats.fail_open >= 7, "{stats:?}");
+}
+
 /// 4 stores (4 service instances, 4 connections), 200 tasks each, one key.
 async fn admitted_by_four_instances(
     server: &RedisServer,

@@ -73,6 +73,7 @@ impl Loaded {
                 let options = RedisOptions {
                     timeout: config.store.timeout,
                     on_error: config.store.on_error,
+                    rule_on_error: config.store.rule_on_error.clone(),
                     ..RedisOptions::default()
                 };
                 StoreImpl::Redis(RedisStore::connect(topology.clone(), rules, options).await?)

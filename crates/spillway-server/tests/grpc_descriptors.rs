@@ -687,11 +687,13 @@ async fn a_reload_reads_the_descriptor_file_again() {
     )
     .expect("a reloader");
     reloader.reload().await.expect("reloaded");
-    // The unchanged rule kept its count; the changed one starts afresh.
+    // The unchanged rule kept its count, and so did the one whose limit
+    // changed (same algorithm, same window): its 1 of 5 counts against the
+    // new 10, rather than every key starting afresh.
     assert_eq!(s.one(IP).await.statuses[0].limit_remaining, 0);
     let r = s.one(&[("tenant", "gold")]).await;
     assert_eq!(limit(&r.statuses[0]), ("tenant_gold", 10, Unit::Minute));
-    assert_eq!(r.statuses[0].limit_remaining, 9);
+    assert_eq!(r.statuses[0].limit_remaining, 8);
 
     // A bad descriptor file is refused; the running rules stay.
     write_atomically(
@@ -705,9 +707,10 @@ async fn a_reload_reads_the_descriptor_file_again() {
             && e.contains("descriptors[3].rate_limit.requests_per_unit"),
         "{e}"
     );
+    // The running rule still counts: a third request leaves 7.
     assert_eq!(
         s.one(&[("tenant", "gold")]).await.statuses[0].limit_remaining,
-        8
+        7
     );
 }
 

@@ -280,6 +280,43 @@ async fn fail_open_and_local_stay_ready_while_redis_is_down() {
     }
 }
 
+/// `[[rules]] on_error`: with Redis down, the rule that fails closed is
+/// refused (a request that reaches it too), the store's default (fail
+/// open) admits everything else, and a tier of the closed rule fails
+/// closed with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rule_fails_by_its_own_policy_while_redis_is_down() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let text = config_text(&redis.url(), "fail_open", "2s").replace(
+        "name = \"per-key\"\n",
+        "name = \"per-key\"\non_error = \"fail_closed\"\n",
+    );
+    let config = Config::parse(&text).expect("a valid configuration");
+    let service = Service::start(config, None).await;
+    let http = &service.http;
+    redis.kill();
+    for _ in 0..3 {
+        let a = http.check(json!({"rule": "shared", "key": "k"})).await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        assert_eq!(a.json()["allowed"], true);
+    }
+    let a = http.check(json!({"rule": "per-key", "key": "k"})).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.text());
+    let a = http
+        .check(json!({"rule": "per-key", "key": "k", "tier": "pro"}))
+        .await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.text());
+    // A request both rules apply to is refused; one only `shared` applies
+    // to is admitted.
+    let both = json!({"path": "/api/x", "ip": "192.0.2.1", "headers": {"x-api-key": "k1"}});
+    let a = http.check(both).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.text());
+    let a = http.check(json!({"path": "/", "ip": "192.0.2.1"})).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_on_redis_keeps_counters_and_metrics() {
     let Some(redis) = RedisServer::start() else {

@@ -241,6 +241,10 @@ pub struct StoreConfig {
     pub timeout: Duration,
     /// What to do when Redis cannot answer.
     pub on_error: OnError,
+    /// The rules with a failure policy of their own (`[[rules]] on_error`),
+    /// by store rule name: the rule's, and each of its tiers'
+    /// (`rule@tier`).
+    pub rule_on_error: BTreeMap<String, OnError>,
     /// The most keys held per rule in memory.
     pub max_keys: NonZeroUsize,
     /// What a full in-memory table does with a new key.
@@ -392,6 +396,7 @@ struct RawRule {
     delay: Option<Spanned<u64>>,
     cost: Option<Spanned<RawCost>>,
     action: Option<Spanned<String>>,
+    on_error: Option<Spanned<String>>,
     #[serde(default)]
     tiers: BTreeMap<Spanned<String>, RawQuota>,
     #[serde(default)]
@@ -546,7 +551,8 @@ impl Config {
 fn convert(raw: RawConfig, lines: &Text<'_>, dir: &Path) -> Result<Config, ConfigError> {
     let server = convert_server(&raw.server, lines)?;
     let envoy_limits = envoy_limits(&raw.envoy, lines)?;
-    let store = convert_store(&raw.store, lines)?;
+    let mut store = convert_store(&raw.store, lines)?;
+    store.rule_on_error = rule_on_error(&raw, lines)?;
     let clients = convert_clients(&raw.clients, lines)?;
     let (headers, body) = convert_headers(&raw.headers, lines)?;
     let (mut rules, mut descriptors) = convert_rules(&raw, lines)?;
@@ -1206,20 +1212,7 @@ fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, Config
     };
     let on_error = match &raw.on_error {
         None => OnError::FailOpen,
-        Some(v) => match v.get_ref().as_str() {
-            "fail_open" => OnError::FailOpen,
-            "fail_closed" => OnError::FailClosed,
-            "local" => OnError::Local {
-                instances: raw.instances.unwrap_or(NonZeroU32::MIN),
-            },
-            other => {
-                return Err(lines.err(
-                    v,
-                    "store.on_error",
-                    format!("`{other}`: expected fail_open, fail_closed or local"),
-                ));
-            }
-        },
+        Some(v) => on_error_of(v, "store.on_error", raw, lines)?,
     };
     let kind = store_kind(raw, lines)?;
     let on_full = match &raw.on_full {
@@ -1240,11 +1233,58 @@ fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, Config
         kind,
         timeout,
         on_error,
+        rule_on_error: BTreeMap::new(),
         on_full,
         max_keys: raw
             .max_keys
             .unwrap_or(NonZeroUsize::new(1_000_000).expect("nonzero")),
     })
+}
+
+/// A failure policy: `fail_open`, `fail_closed`, or `local` (each instance
+/// its share of `[store] instances`).
+fn on_error_of(
+    v: &Spanned<String>,
+    field: &str,
+    store: &RawStore,
+    lines: &Text<'_>,
+) -> Result<OnError, ConfigError> {
+    Ok(match v.get_ref().as_str() {
+        "fail_open" => OnError::FailOpen,
+        "fail_closed" => OnError::FailClosed,
+        "local" => OnError::Local {
+            instances: store.instances.unwrap_or(NonZeroU32::MIN),
+        },
+        other => {
+            return Err(lines.err(
+                v,
+                field,
+                format!("`{other}`: expected fail_open, fail_closed or local"),
+            ));
+        }
+    })
+}
+
+/// Each rule's own failure policy (`[[rules]] on_error`), for its store
+/// rules: its own and its tiers'.
+fn rule_on_error(
+    raw: &RawConfig,
+    lines: &Text<'_>,
+) -> Result<BTreeMap<String, OnError>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (i, spanned) in raw.rules.iter().enumerate() {
+        let r = spanned.get_ref();
+        let Some(v) = &r.on_error else {
+            continue;
+        };
+        let policy = on_error_of(v, &format!("rules[{i}].on_error"), &raw.store, lines)?;
+        let name = r.name.get_ref().trim();
+        out.insert(name.to_string(), policy);
+        for tier in r.tiers.keys() {
+            out.insert(format!("{name}@{}", tier.get_ref()), policy);
+        }
+    }
+    Ok(out)
 }
 
 /// A rule's (or a tier's) algorithm on its quota.
@@ -1400,6 +1440,32 @@ mod tests {
         assert_eq!(e.line, Some(6));
         let e = error("[store]\nkind = \"redis\"\n");
         assert_eq!(e.field, "store.url");
+    }
+
+    #[test]
+    fn a_rule_can_have_a_failure_policy_of_its_own() {
+        let text = format!(
+            "[store]\ninstances = 3\n\n{RULE}on_error = \"local\"\n[rules.tiers.pro]\nlimit = 20\n\n[tiers.pro]\n"
+        );
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.store.on_error, OnError::FailOpen);
+        let local = OnError::Local {
+            instances: NonZeroU32::new(3).unwrap(),
+        };
+        let name = c.policy.rules()[0].name().to_string();
+        assert_eq!(c.store.rule_on_error.get(&name), Some(&local));
+        assert_eq!(
+            c.store.rule_on_error.get(&format!("{name}@pro")),
+            Some(&local)
+        );
+        assert_eq!(c.store.rule_on_error.len(), 2);
+        let e = error(&format!("{RULE}on_error = \"fail-closed\"\n"));
+        assert_eq!((e.line, e.field.as_str()), (Some(6), "rules[0].on_error"));
+        assert!(
+            e.message
+                .contains("expected fail_open, fail_closed or local"),
+            "{e}"
+        );
     }
 
     #[test]
