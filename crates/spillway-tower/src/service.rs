@@ -179,11 +179,14 @@ where
 {
     let described = engine.described(&ruling);
     // Every charge that denied the request, not only the one whose wait the
-    // 429 gives: none when it was admitted.
-    let violated = (0..ruling.charges().len())
-        .filter(|&i| ruling.denies(i))
-        .map(|i| engine.rule_name(&ruling.charges()[i]))
-        .collect();
+    // 429 gives; looked for only when there is a 429 to write.
+    let violated = match ruling.outcome() {
+        Outcome::Rejected { .. } => (0..ruling.charges().len())
+            .filter(|&i| ruling.denies(i))
+            .map(|i| engine.rule_name(&ruling.charges()[i]))
+            .collect(),
+        _ => Small::new(),
+    };
     // What to give back if a shaped request is abandoned: only needed when
     // something waits.
     let waits = ruling.waits();

@@ -337,44 +337,12 @@ async fn check_request(engine: &Loaded, c: RequestCheck) -> Answer {
 /// and the rate-limit fields the middleware would have sent. The JSON (see
 /// docs/openapi.json) is written field by field, in the documented order.
 fn decision_response(engine: &TowerEngine<AnyStore>, ruling: &Ruling) -> Answer {
-    let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match ruling.outcome()
-    {
+    let json = match ruling.outcome() {
         Outcome::BadRequest(message) => return bad_request(message.clone()),
         Outcome::Unavailable(_) => {
             return unavailable("The rate limiter cannot reach its store; try again shortly.");
         }
-        Outcome::Rejected { rule, retry_after } => (
-            false,
-            429,
-            Some(rule.as_str()),
-            Some(ms(*retry_after)),
-            0,
-            &[][..],
-            &[][..],
-        ),
-        Outcome::Admitted {
-            delay,
-            limited,
-            shadowed,
-        } => (
-            true,
-            200,
-            None,
-            None,
-            ms(*delay),
-            limited.as_slice(),
-            shadowed.as_slice(),
-        ),
-        Outcome::Unlimited => (true, 200, None, None, 0, &[][..], &[][..]),
-    };
-    let json = DecisionJson {
-        allowed,
-        status,
-        denied_by,
-        retry_after,
-        delay,
-        limited,
-        shadowed,
+        decided => DecisionJson::of(decided),
     };
     Answer {
         status: StatusCode::OK,
@@ -396,7 +364,48 @@ struct DecisionJson<'a> {
     shadowed: &'a [String],
 }
 
-impl DecisionJson<'_> {
+impl<'a> DecisionJson<'a> {
+    /// The outcome's part of a 200 answer. A bad request and an unavailable
+    /// store are answered 400 and 503 instead, never with this.
+    fn of(outcome: &'a Outcome) -> Self {
+        let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match outcome {
+            Outcome::Rejected { rule, retry_after } => (
+                false,
+                429,
+                Some(rule.as_str()),
+                Some(ms(*retry_after)),
+                0,
+                &[][..],
+                &[][..],
+            ),
+            Outcome::Admitted {
+                delay,
+                limited,
+                shadowed,
+            } => (
+                true,
+                200,
+                None,
+                None,
+                ms(*delay),
+                limited.as_slice(),
+                shadowed.as_slice(),
+            ),
+            Outcome::Unlimited | Outcome::BadRequest(_) | Outcome::Unavailable(_) => {
+                (true, 200, None, None, 0, &[][..], &[][..])
+            }
+        };
+        Self {
+            allowed,
+            status,
+            denied_by,
+            retry_after,
+            delay,
+            limited,
+            shadowed,
+        }
+    }
+
     /// The body, with `rules`' decisions.
     fn write<'r>(&self, rules: impl Iterator<Item = Reported<'r>>) -> Vec<u8> {
         let Self {
@@ -528,33 +537,7 @@ mod tests {
         outcome: &Outcome,
         rules: impl IntoIterator<Item = Reported<'r>>,
     ) -> Vec<u8> {
-        let none: &[String] = &[];
-        let json = match outcome {
-            Outcome::Rejected { rule, retry_after } => DecisionJson {
-                allowed: false,
-                status: 429,
-                denied_by: Some(rule),
-                retry_after: Some(ms(*retry_after)),
-                delay: 0,
-                limited: none,
-                shadowed: none,
-            },
-            Outcome::Admitted {
-                delay,
-                limited,
-                shadowed,
-            } => DecisionJson {
-                allowed: true,
-                status: 200,
-                denied_by: None,
-                retry_after: None,
-                delay: ms(*delay),
-                limited,
-                shadowed,
-            },
-            _ => unreachable!("a decided outcome"),
-        };
-        json.write(rules.into_iter())
+        DecisionJson::of(outcome).write(rules.into_iter())
     }
 
     /// The hand-written JSON of a decision reads back as the documented
