@@ -13,16 +13,28 @@ local function sliding_log(op, key, s, cost, now, limit, w)
     return string.format('%.0f', x)
   end
 
+  -- Entry `seq`, read with the next ones (up to BATCH in one HMGET): the
+  -- walks that read many (expiry, the retry time) go forward.
+  local BATCH = 64
   local function log_entry(s, seq)
     local e = s.cache[seq]
     if not e then
-      local v = redis.call('HGET', s.key, 'e' .. int(seq))
-      local at, c = string.match(v or '', '^(%d+):(%d+)$')
-      if not at then
-        error('spillway: corrupt sliding log entry ' .. int(seq) .. ' in ' .. s.key)
+      local last = math.min(seq + BATCH - 1, s.n - 1)
+      local fields = {}
+      for q = seq, last do fields[#fields + 1] = 'e' .. int(q) end
+      local values = redis.call('HMGET', s.key, unpack(fields))
+      for j = 1, #fields do
+        local q = seq + j - 1
+        if not s.cache[q] then
+          local at, c = string.match(values[j] or '', '^(%d+):(%d+)$')
+          if at then
+            s.cache[q] = { at + 0, c + 0 }
+          elseif q == seq then
+            error('spillway: corrupt sliding log entry ' .. int(seq) .. ' in ' .. s.key)
+          end
+        end
       end
-      e = { at + 0, c + 0 }
-      s.cache[seq] = e
+      e = s.cache[seq]
     end
     return e
   end
@@ -32,7 +44,15 @@ local function sliding_log(op, key, s, cost, now, limit, w)
     return { key = key, t = (v[1] or 0) + 0, h = (v[2] or 0) + 0, n = (v[3] or 0) + 0,
              cache = {}, dropped = {}, dirty = {} }
   elseif op == 'save' then
-    for _, seq in ipairs(s.dropped) do redis.call('HDEL', key, 'e' .. int(seq)) end
+    -- The dropped entries, a thousand fields per HDEL.
+    local dropped = s.dropped
+    for first = 1, #dropped, 1000 do
+      local fields = {}
+      for j = first, math.min(first + 999, #dropped) do
+        fields[#fields + 1] = 'e' .. int(dropped[j])
+      end
+      redis.call('HDEL', key, unpack(fields))
+    end
     for seq in pairs(s.dirty) do
       local e = s.cache[seq]
       redis.call('HSET', key, 'e' .. int(seq), int(e[1]) .. ':' .. int(e[2]))
@@ -80,6 +100,11 @@ local function sliding_log(op, key, s, cost, now, limit, w)
       end
     end
     return 0, limit, limit - s.t, reset_after(), math.max(retry_at - now, 0), 0
+  elseif op == 'dirty' then
+    -- Whether a check dropped entries that a save should delete, though
+    -- it charged nothing: a denial or a peek saves them, so that the next
+    -- check does not walk them again.
+    return #s.dropped > 0
   elseif op == 'idle_at' then
     if s.h == s.n then return 0 end
     return log_entry(s, s.n - 1)[1] + w
