@@ -24,6 +24,7 @@ use spillway::store::{MemoryOptions, MemoryStore, RuleId};
 use tokio::time::Instant;
 
 pub use call::ScriptCall;
+pub use script::MAX_SLIDING_LOG_LIMIT;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
