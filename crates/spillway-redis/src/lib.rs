@@ -874,6 +874,13 @@ impl RedisStore {
     }
 }
 
+/// Whether the Redis store can run `rule`: its arithmetic exact in Lua, a
+/// sliding log's limit within [`MAX_SLIDING_LOG_LIMIT`]. The same check as
+/// [`RedisStore::connect`] makes, for a configuration to make first.
+pub fn check_rule(rule: &Rule) -> Result<(), Error> {
+    script::params(rule.name(), rule.algorithm()).map(|_| ())
+}
+
 /// A request that Redis could not decide: the error, and the groups
 /// (index, time of charge) that answered and charged.
 struct Failed {

@@ -567,6 +567,9 @@ fn convert(raw: RawConfig, lines: &Text<'_>, dir: &Path) -> Result<Config, Confi
             policy = policy.api_key_tier(key.clone(), tier.clone());
         }
     }
+    if matches!(store.kind, StoreKind::Redis(_)) {
+        redis_rules(&raw, &policy, &store, lines)?;
+    }
     Ok(Config {
         proxy: convert_proxy(&raw.proxy, lines)?,
         server,
@@ -577,6 +580,52 @@ fn convert(raw: RawConfig, lines: &Text<'_>, dir: &Path) -> Result<Config, Confi
         descriptor_tree,
         envoy_limits,
     })
+}
+
+/// Each store rule as the Redis store can run it: one it refuses (a limit
+/// it cannot decide exactly, or quickly, or share among the instances of a
+/// `local` failure policy) is an error at its rule's `limit`.
+fn redis_rules(
+    raw: &RawConfig,
+    policy: &Policy,
+    store: &StoreConfig,
+    lines: &Text<'_>,
+) -> Result<(), ConfigError> {
+    for rule in policy.store_rules() {
+        let on_error = store
+            .rule_on_error
+            .get(rule.name())
+            .copied()
+            .unwrap_or(store.on_error);
+        let limit = spillway::Algorithm::quota(rule.algorithm()).limit();
+        let message = match (spillway_redis::check_rule(&rule), on_error) {
+            (Err(error), _) => format!("on Redis, {error}"),
+            (Ok(()), OnError::Local { instances }) if limit < instances => format!(
+                "`{}`: a limit of {limit} cannot be shared by {instances} instances \
+                 (on_error = \"local\" gives each instance limit / instances); \
+                 use fail_closed or fail_open for this rule",
+                rule.name()
+            ),
+            (Ok(()), _) => continue,
+        };
+        // A tier's store rule is `rule@tier`.
+        let base = rule.name().split('@').next().unwrap_or_default();
+        let found = raw
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.get_ref().name.get_ref().trim() == base);
+        return Err(match found {
+            Some((i, r)) => lines.err(&r.get_ref().limit, format!("rules[{i}].limit"), message),
+            None => ConfigError {
+                file: None,
+                line: None,
+                field: "rules".into(),
+                message,
+            },
+        });
+    }
+    Ok(())
 }
 
 /// `[server]`.
@@ -1466,6 +1515,28 @@ mod tests {
                 .contains("expected fail_open, fail_closed or local"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_rule_redis_cannot_run_is_an_error_at_its_limit() {
+        let log = "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\n\n\
+                   [[rules]]\nname = \"logins\"\nalgorithm = \"sliding_log\"\n\
+                   limit = 20000\nwindow = \"1h\"\n";
+        let e = error(log);
+        assert_eq!((e.line, e.field.as_str()), (Some(8), "rules[0].limit"));
+        assert!(
+            e.message.contains("10,000") && e.message.contains("`logins`"),
+            "{e}"
+        );
+        // In memory, the same rule is fine; on Redis, within the bound too.
+        assert!(Config::parse(&log.replace("kind = \"redis\"", "kind = \"memory\"")).is_ok());
+        assert!(Config::parse(&log.replace("20000", "10000")).is_ok());
+        let shared = log
+            .replace("20000", "2")
+            .replace("url =", "instances = 3\non_error = \"local\"\nurl =");
+        let e = error(&shared);
+        assert_eq!((e.line, e.field.as_str()), (Some(10), "rules[0].limit"));
+        assert!(e.message.contains("cannot be shared by 3"), "{e}");
     }
 
     #[test]
