@@ -537,14 +537,33 @@ impl Config {
     pub fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| Text(text).line(s.start));
+            let message = match e.message().trim() {
+                // The TOML parser says nothing of a character it refuses
+                // outright (a control character, a bare CR).
+                "" => unexpected_at(text, e.span().map(|s| s.start)),
+                m => m.to_string(),
+            };
             ConfigError {
                 file: None,
                 line,
                 field: "(file)".into(),
-                message: e.message().to_string(),
+                message,
             }
         })?;
         convert(raw, &Text(text), dir)
+    }
+}
+
+/// What the parser stopped at, byte `at` of `text`: the character, or the
+/// end of the file.
+fn unexpected_at(text: &str, at: Option<usize>) -> String {
+    match at.and_then(|at| text.get(at..)).and_then(|rest| rest.chars().next()) {
+        Some(c) if c.is_control() => format!(
+            "unexpected control character U+{:04X} (TOML allows only tab, and newline between lines)",
+            u32::from(c)
+        ),
+        Some(c) => format!("unexpected character `{c}`"),
+        None => "unexpected end of file".to_string(),
     }
 }
 
