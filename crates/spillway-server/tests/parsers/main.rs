@@ -8,3 +8,4 @@
 //! spillway-server --test parsers` runs N cases of each.
 
 mod config;
+mod api;
