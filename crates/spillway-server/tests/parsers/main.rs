@@ -9,3 +9,4 @@
 
 mod config;
 mod api;
+mod envoy;
