@@ -10,3 +10,4 @@
 mod config;
 mod api;
 mod envoy;
+mod wire;
