@@ -178,7 +178,10 @@ mod tests {
         }
         assert_eq!(apply(b"abc", &[Mutation::Flip(0, 8 + 5)]), b"Abc");
         assert_eq!(apply(b"abc", &[Mutation::Truncate(1)]), b"a");
-        assert_eq!(apply(b"abc", &[Mutation::Insert(3, b"!".to_vec())]), b"abc!");
+        assert_eq!(
+            apply(b"abc", &[Mutation::Insert(3, b"!".to_vec())]),
+            b"abc!"
+        );
         assert_eq!(apply(b"abcd", &[Mutation::Remove(1, 2)]), b"ad");
     }
 

@@ -173,7 +173,11 @@ pub fn max_in_window(sorted: &[(Micros, u64)], window: Micros) -> u64 {
         sum += cost;
         // Past the end of time (`ts + W` over u64::MAX) an entry never
         // leaves: saturating there would drop the entry just added.
-        while sorted[first].0.checked_add(window).is_some_and(|end| end <= t) {
+        while sorted[first]
+            .0
+            .checked_add(window)
+            .is_some_and(|end| end <= t)
+        {
             sum -= sorted[first].1;
             first += 1;
         }

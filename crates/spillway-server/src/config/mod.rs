@@ -557,7 +557,10 @@ impl Config {
 /// What the parser stopped at, byte `at` of `text`: the character, or the
 /// end of the file.
 fn unexpected_at(text: &str, at: Option<usize>) -> String {
-    match at.and_then(|at| text.get(at..)).and_then(|rest| rest.chars().next()) {
+    match at
+        .and_then(|at| text.get(at..))
+        .and_then(|rest| rest.chars().next())
+    {
         Some(c) if c.is_control() => format!(
             "unexpected control character U+{:04X} (TOML allows only tab, and newline between lines)",
             u32::from(c)

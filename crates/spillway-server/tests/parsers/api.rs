@@ -99,10 +99,7 @@ fn answer(request: Request<Body>) -> (StatusCode, Value) {
     })
     .unwrap_or_else(|e| panic!("{e:?} for {shown}"));
     let text = String::from_utf8_lossy(&body);
-    assert!(
-        !status.is_server_error(),
-        "{status} {text} for {shown}"
-    );
+    assert!(!status.is_server_error(), "{status} {text} for {shown}");
     let json: Value =
         serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}: {text} for {shown}"));
     if status.is_client_error() {
@@ -183,8 +180,12 @@ fn any_json() -> impl Strategy<Value = Value> {
         any::<u64>().prop_map(Value::from),
         any::<f64>().prop_map(|f| json!(f)),
         ".{0,40}".prop_map(Value::from),
-        proptest::sample::select(&["once", "per-key", "login", "gold", "/", "/login/x", "10.0.0.1", "GET"][..])
-            .prop_map(Value::from),
+        proptest::sample::select(
+            &[
+                "once", "per-key", "login", "gold", "/", "/login/x", "10.0.0.1", "GET"
+            ][..]
+        )
+        .prop_map(Value::from),
     ];
     leaf.prop_recursive(3, 24, 6, |inner| {
         prop_oneof![
@@ -333,7 +334,11 @@ fn a_method_an_endpoint_does_not_take_is_a_problem_with_allow() {
             .expect("a request")
     };
     for (method, path, allow) in [
-        (Method::POST, "/admin/rules/%6F%6E%63%65/keys/%13", "GET,HEAD,DELETE"),
+        (
+            Method::POST,
+            "/admin/rules/%6F%6E%63%65/keys/%13",
+            "GET,HEAD,DELETE",
+        ),
         (Method::GET, "/v1/check", "POST"),
         (Method::DELETE, "/healthz", "GET,HEAD"),
     ] {

@@ -135,10 +135,7 @@ fn names_what_is_wrong(e: &ConfigError, lines: usize) {
         assert!(e.line.is_some(), "a syntax error without a line: {e:?}");
     }
     if let Some(line) = e.line {
-        assert!(
-            (1..=lines).contains(&line),
-            "line {line} of {lines}: {e:?}"
-        );
+        assert!((1..=lines).contains(&line), "line {line} of {lines}: {e:?}");
     }
     let text = e.to_string();
     assert!(text.contains(&e.field), "{text}");
@@ -155,7 +152,13 @@ fn rule(name: String) -> impl Strategy<Value = String> {
         Just(("leaky_bucket", "burst = 3\ndelay = 1\n")),
     ];
     let key = proptest::sample::subsequence(
-        vec!["\"ip\"", "\"api_key\"", "\"route\"", "\"method\"", "\"header:x-tenant\""],
+        vec![
+            "\"ip\"",
+            "\"api_key\"",
+            "\"route\"",
+            "\"method\"",
+            "\"header:x-tenant\"",
+        ],
         0..3,
     );
     let window = proptest::sample::select(&["500ms", "1s", "10s", "1m", "1h", "1d"][..]);
@@ -246,10 +249,30 @@ fn parse_yaml(text: Vec<u8>) -> Result<usize, ConfigError> {
 
 /// Values of every type, and at and past their limits, for a field.
 const VALUES: &[&str] = &[
-    "0", "1", "-1", "4294967296", "18446744073709551616", "1.5", "true", "\"\"", "\"x\"",
-    "\"0s\"", "\"1x\"", "\"99999999999999999999d\"", "\"18446744073709551615d\"",
-    "[]", "[\"\"]", "[1, \"a\"]", "{}", "\"header:\"", "\"header:\\n\"", "\"/**/**\"",
-    "\"{a}{a}\"", "\"256.0.0.1/33\"", "\"*\"", "\"redis://[::1\"",
+    "0",
+    "1",
+    "-1",
+    "4294967296",
+    "18446744073709551616",
+    "1.5",
+    "true",
+    "\"\"",
+    "\"x\"",
+    "\"0s\"",
+    "\"1x\"",
+    "\"99999999999999999999d\"",
+    "\"18446744073709551615d\"",
+    "[]",
+    "[\"\"]",
+    "[1, \"a\"]",
+    "{}",
+    "\"header:\"",
+    "\"header:\\n\"",
+    "\"/**/**\"",
+    "\"{a}{a}\"",
+    "\"256.0.0.1/33\"",
+    "\"*\"",
+    "\"redis://[::1\"",
 ];
 
 /// `seed` with the values of some of its `name<sep>value` lines replaced by
@@ -261,7 +284,10 @@ fn swapped(seed: &'static str, sep: &'static str) -> impl Strategy<Value = Vec<u
         .filter(|&i| lines[i].contains(sep) && !lines[i].trim_start().starts_with('#'))
         .collect();
     proptest::collection::vec(
-        (proptest::sample::select(fields), proptest::sample::select(VALUES)),
+        (
+            proptest::sample::select(fields),
+            proptest::sample::select(VALUES),
+        ),
         1..3,
     )
     .prop_map(move |swaps| {
@@ -371,8 +397,15 @@ fn deep_nesting_and_alias_bombs_are_errors_not_a_crash() {
         ));
     }
     for text in [
-        format!("domain: d\ndescriptors: {}{}", "[".repeat(deep), "]".repeat(deep)),
-        format!("domain: d\ndescriptors:\n{}", "- descriptors:\n".repeat(deep)),
+        format!(
+            "domain: d\ndescriptors: {}{}",
+            "[".repeat(deep),
+            "]".repeat(deep)
+        ),
+        format!(
+            "domain: d\ndescriptors:\n{}",
+            "- descriptors:\n".repeat(deep)
+        ),
         bomb,
     ] {
         let started = std::time::Instant::now();

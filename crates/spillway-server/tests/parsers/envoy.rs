@@ -14,8 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use prost::Message;
 use proptest::prelude::*;
+use prost::Message;
 use spillway_conformance::hostile::{apply, config, mutation, within};
 use spillway_server::config::Config;
 use spillway_server::envoy::EnvoyRateLimiter;
@@ -116,7 +116,9 @@ fn decoded(message: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
         match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
             (b'%', Some(b)) => {
                 out.push(b);
@@ -160,7 +162,19 @@ fn ask(request: RateLimitRequest) -> Result<usize, (Code, String)> {
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![
         proptest::sample::select(
-            &["client", "tenant", "path", "gold", "remote_address", "/login", "/static/x", "plan", "trial", "edge", ""][..]
+            &[
+                "client",
+                "tenant",
+                "path",
+                "gold",
+                "remote_address",
+                "/login",
+                "/static/x",
+                "plan",
+                "trial",
+                "edge",
+                ""
+            ][..]
         )
         .prop_map(str::to_string),
         "\\PC{0,12}",
@@ -170,11 +184,12 @@ fn text() -> impl Strategy<Value = String> {
 
 fn descriptor() -> impl Strategy<Value = RateLimitDescriptor> {
     let entry = (text(), text()).prop_map(|(key, value)| Entry { key, value });
-    let limit = (any::<u32>(), prop_oneof![0..=8i32, any::<i32>()])
-        .prop_map(|(requests_per_unit, unit)| RateLimitOverride {
+    let limit = (any::<u32>(), prop_oneof![0..=8i32, any::<i32>()]).prop_map(
+        |(requests_per_unit, unit)| RateLimitOverride {
             requests_per_unit,
             unit,
-        });
+        },
+    );
     (
         proptest::collection::vec(entry, 0..6),
         proptest::option::weighted(0.2, limit),

@@ -7,7 +7,7 @@
 //! CI runs each property's default count; `PROPTEST_CASES=N cargo test -p
 //! spillway-server --test parsers` runs N cases of each.
 
-mod config;
 mod api;
+mod config;
 mod envoy;
 mod wire;

@@ -69,16 +69,14 @@ static PROXY: LazyLock<SocketAddr> = LazyLock::new(|| {
                 let Ok((stream, _)) = upstream.accept().await else {
                     continue;
                 };
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new().serve_connection(
-                        TokioIo::new(stream),
-                        service_fn(|_req| async {
-                            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
-                                Bytes::from_static(b"upstream"),
-                            )))
-                        }),
-                    ),
-                );
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+                    TokioIo::new(stream),
+                    service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::from_static(b"upstream"),
+                        )))
+                    }),
+                ));
             }
         });
         let config = Config::parse(CONFIG).expect("a valid config");
@@ -144,15 +142,18 @@ fn exchange_closing(addr: SocketAddr, bytes: Vec<u8>, half_close: bool) -> Vec<A
         })
     })
     .unwrap_or_else(|e| panic!("{e:?} for {shown}"));
-    let answers = responses(&out).unwrap_or_else(|e| {
-        panic!("{e}: {:?} for {shown}", String::from_utf8_lossy(&out))
-    });
+    let answers = responses(&out)
+        .unwrap_or_else(|e| panic!("{e}: {:?} for {shown}", String::from_utf8_lossy(&out)));
     for a in &answers {
         let body = String::from_utf8_lossy(&a.body);
         assert!(a.status < 500, "{} {body} for {shown}", a.status);
         let bare_from_hyper = refusals == Refusals::BareFromHyper && a.status == 400;
         if a.status >= 400 && !bare_from_hyper {
-            assert!(!body.trim().is_empty(), "{} without a reason for {shown}", a.status);
+            assert!(
+                !body.trim().is_empty(),
+                "{} without a reason for {shown}",
+                a.status
+            );
         }
     }
     answers
@@ -281,7 +282,13 @@ fn the_seeds_are_answered_200() {
             let statuses: Vec<u16> = got.iter().map(|a| a.status).collect();
             // Expect: 100-continue is answered 100 first.
             let want: Vec<u16> = (0..n)
-                .map(|i| if n == 2 && i == 0 && seed.windows(6).any(|w| w == b"Expect") { 100 } else { 200 })
+                .map(|i| {
+                    if n == 2 && i == 0 && seed.windows(6).any(|w| w == b"Expect") {
+                        100
+                    } else {
+                        200
+                    }
+                })
                 .collect();
             assert_eq!(statuses, want, "{:?}", String::from_utf8_lossy(seed));
         }
