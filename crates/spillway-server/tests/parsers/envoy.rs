@@ -95,6 +95,7 @@ static SERVER: LazyLock<SocketAddr> = LazyLock::new(|| {
 /// compression flag or none expected, a cut-short frame, no message, a message that does
 /// not decode), as the gRPC spec has the library answer "Error parsing
 /// request proto"; the service itself never answers it to these calls.
+/// `OUT_OF_RANGE` is tonic's for a frame over the size the service reads.
 fn is_a_clear_refusal(code: Code, message: &str) -> bool {
     const TONICS: &[&str] = &[
         "failed to decode",
@@ -106,6 +107,9 @@ fn is_a_clear_refusal(code: Code, message: &str) -> bool {
         && match code {
             Code::InvalidArgument | Code::ResourceExhausted => true,
             Code::Internal => TONICS.iter().any(|t| message.contains(t)),
+            // tonic's for a frame longer than the service reads
+            // (`EnvoyLimits::max_message_bytes`).
+            Code::OutOfRange => message.contains("message length too large"),
             _ => false,
         }
 }
@@ -393,4 +397,17 @@ fn the_seeds_are_answered() {
         let (code, message) = post(framed(seed));
         assert_eq!(code, Code::Ok, "{message}");
     }
+}
+
+/// What the long run found, kept with its shape: a frame whose length is
+/// over the size the service reads is refused at once (tonic's
+/// OUT_OF_RANGE, with the length), not read.
+#[test]
+fn a_frame_longer_than_the_limit_is_refused_unread() {
+    let mut body = vec![0];
+    body.extend_from_slice(&3_449_121_716u32.to_be_bytes());
+    body.extend_from_slice(b"\x0a\x04edge");
+    let (code, message) = post(body);
+    assert_eq!(code, Code::OutOfRange, "{message}");
+    assert!(message.contains("3449121716"), "{message}");
 }
