@@ -16,7 +16,7 @@ use spillway_conformance::hostile::{config, mutation, within};
 use spillway_sim::measure::max_in_window;
 use spillway_sim::scenario::{Params, Traffic};
 use spillway_sim::trace::parse_trace;
-use spillway_sim::{AlgorithmKind, SimError, run_scenario, scenario_chart};
+use spillway_sim::{AlgorithmKind, SimError, parse_duration, run_scenario, scenario_chart};
 
 /// The most one case may take, parsing, running the five algorithms and
 /// drawing the chart: a valid trace of 40 rows takes about a millisecond.
@@ -172,6 +172,28 @@ proptest! {
         let bytes = spillway_conformance::hostile::apply(text.as_bytes(), &mutations);
         // A trace is read as text: an overwritten byte may not be UTF-8.
         let _ = simulate(String::from_utf8_lossy(&bytes).into_owned());
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// The command's own text arguments (`--window`, `--duration`,
+    /// `--algorithms`): a value or an error that quotes them.
+    #[test]
+    fn any_duration_or_algorithm_list_is_one_or_an_error(text in "(?s).{0,40}") {
+        if let Err(e) = parse_duration(&text) {
+            prop_assert!(e.contains(text.trim()), "{}", e);
+        }
+        if let Err(e) = AlgorithmKind::parse_list(&text) {
+            prop_assert!(!e.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_valid_duration_reads_back(n in 0..1_000_000u64, unit in 0..5usize) {
+        let (name, scale) = [("us", 1), ("ms", 1_000), ("s", 1_000_000), ("m", 60_000_000), ("h", 3_600_000_000)][unit];
+        prop_assert_eq!(parse_duration(&format!("{n}{name}")), Ok(n * scale));
     }
 }
 

@@ -70,22 +70,37 @@ static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
         .expect("a runtime")
 });
 
-static APP: LazyLock<Router> = LazyLock::new(|| {
-    let config = Config::parse(CONFIG).expect("a valid config");
+static APP: LazyLock<Router> = LazyLock::new(|| app_of(CONFIG));
+
+/// The same API behind check tokens.
+static GUARDED: LazyLock<Router> = LazyLock::new(|| {
+    app_of(&format!("{CONFIG}").replace(
+        "[server]\n",
+        "[server]\ncheck_tokens = [\"new-token\", \"old-token\"]\n",
+    ))
+});
+
+fn app_of(config: &str) -> Router {
+    let config = Config::parse(config).expect("a valid config");
     let state = RUNTIME
         .block_on(State::new(config))
         .expect("the memory store");
     app(state)
-});
+}
 
 /// What the API answered to `request`, within [`BOUND`]: its status, and
 /// its body as JSON. Fails on a 5xx, on a 4xx that is not problem+json
 /// with a detail, and on a 200 that is not a decision.
 fn answer(request: Request<Body>) -> (StatusCode, Value) {
+    answer_by(&APP, request)
+}
+
+/// [`answer`], by `app`.
+fn answer_by(app: &'static LazyLock<Router>, request: Request<Body>) -> (StatusCode, Value) {
     let shown = format!("{request:?}");
     let (status, content_type, body) = within(BOUND, move || {
         // Built outside the runtime: the service is built on it.
-        let app = APP.clone();
+        let app = LazyLock::force(app).clone();
         RUNTIME.block_on(async move {
             let response = app.oneshot(request).await.expect("infallible");
             let (parts, body) = response.into_parts();
@@ -293,6 +308,32 @@ proptest! {
         if status == StatusCode::OK {
             prop_assert_eq!(&json["key"], &Value::from(String::from_utf8(key).unwrap()));
         }
+    }
+
+    #[test]
+    fn any_authorization_is_a_token_or_a_401(
+        value in prop_oneof![
+            Just("Bearer new-token".to_string()),
+            "(?i:bearer)[ \t]{0,3}(new-token|old-token|[ -~]{0,20})[ \t]{0,2}",
+            "[ -~\t]{0,40}",
+        ],
+        twice in any::<bool>(),
+    ) {
+        let mut request = Request::post("/v1/check")
+            .body(Body::from(r#"{"rule": "once", "key": "auth"}"#))
+            .expect("a request");
+        let Ok(header) = http::HeaderValue::from_str(&value) else {
+            return Ok(());
+        };
+        request.headers_mut().append("authorization", header.clone());
+        if twice {
+            request.headers_mut().append("authorization", header);
+        }
+        let (status, json) = answer_by(&GUARDED, request);
+        let token = value.trim().split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim());
+        let valid = !twice && matches!(token, Some("new-token" | "old-token"));
+        prop_assert_eq!(status, if valid { StatusCode::OK } else { StatusCode::UNAUTHORIZED }, "{}", json);
     }
 
     #[test]

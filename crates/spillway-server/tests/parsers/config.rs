@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use spillway_conformance::hostile::{config, mutated, within};
 use spillway_server::config::descriptors::DescriptorFile;
-use spillway_server::config::{Config, ConfigError, SAMPLE_CONFIG};
+use spillway_server::config::{Config, ConfigError, SAMPLE_CONFIG, parse_duration};
 
 /// The most one parse may take: a valid configuration parses in well under
 /// a millisecond.
@@ -332,6 +332,13 @@ proptest! {
         let config = Config::parse(&text).unwrap_or_else(|e| panic!("{e} for {text}"));
         let parsed: Vec<&str> = config.policy.rules().iter().map(|r| r.name()).collect();
         prop_assert_eq!(parsed, names);
+    }
+
+    #[test]
+    fn any_duration_is_one_or_quotes_itself(text in "(?s).{0,30}") {
+        if let Err(e) = parse_duration(&text) {
+            prop_assert!(e.contains(text.trim()), "{}", e);
+        }
     }
 
     #[test]

@@ -262,6 +262,11 @@ static SEEDS: LazyLock<Vec<&'static [u8]>> = LazyLock::new(|| {
 /// What the gRPC endpoint answered to `body` (sent as the request's
 /// body, framing and all): its grpc-status and grpc-message.
 fn post(body: Vec<u8>) -> (Code, String) {
+    post_with(body, None)
+}
+
+/// [`post`], with a `grpc-timeout` of this value if given.
+fn post_with(body: Vec<u8>, timeout: Option<http::HeaderValue>) -> (Code, String) {
     let addr = *SERVER;
     let shown = format!("{body:?}");
     within(BOUND, move || {
@@ -279,6 +284,10 @@ fn post(body: Vec<u8>) -> (Code, String) {
             .header("te", "trailers")
             .body(Full::new(Bytes::from(body)))
             .expect("a request");
+            let mut request = request;
+            if let Some(timeout) = timeout {
+                request.headers_mut().insert("grpc-timeout", timeout);
+            }
             let response = sender.send_request(request).await.expect("a response");
             let (parts, body) = response.into_parts();
             assert_eq!(parts.status, 200, "gRPC answers errors in grpc-status");
@@ -388,6 +397,32 @@ proptest! {
             body[..5].copy_from_slice(&prefix);
         }
         posted(body);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(100))]
+
+    /// `grpc-timeout` is read by the service itself (its deadline).
+    #[test]
+    fn any_grpc_timeout_is_a_deadline_or_none(
+        value in prop_oneof![
+            "[0-9]{1,10}[HMSmun]",
+            "[ -~]{0,12}",
+        ],
+    ) {
+        let Ok(value) = http::HeaderValue::from_str(&value) else {
+            return Ok(());
+        };
+        let (code, message) = post_with(framed(SEEDS[0]), Some(value));
+        // A short deadline passes before the call is decided: our
+        // DEADLINE_EXCEEDED, or tonic's own CANCELLED "Timeout expired".
+        prop_assert!(
+            code == Code::Ok
+                || code == Code::DeadlineExceeded
+                || (code == Code::Cancelled && message.contains("Timeout expired")),
+            "{:?} {}", code, message
+        );
     }
 }
 
