@@ -74,7 +74,7 @@ static APP: LazyLock<Router> = LazyLock::new(|| app_of(CONFIG));
 
 /// The same API behind check tokens.
 static GUARDED: LazyLock<Router> = LazyLock::new(|| {
-    app_of(&format!("{CONFIG}").replace(
+    app_of(&CONFIG.replace(
         "[server]\n",
         "[server]\ncheck_tokens = [\"new-token\", \"old-token\"]\n",
     ))
