@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use spillway_conformance::hostile::{config, mutation, within};
 use spillway_sim::measure::max_in_window;
 use spillway_sim::scenario::{Params, Traffic};
-use spillway_sim::trace::parse_trace;
+use spillway_sim::trace::{parse_trace, read_trace};
 use spillway_sim::{AlgorithmKind, SimError, parse_duration, run_scenario, scenario_chart};
 
 /// The most one case may take, parsing, running the five algorithms and
@@ -148,6 +148,26 @@ proptest! {
         let _ = simulate(text);
     }
 
+    /// A trace file is bytes: one that is not UTF-8 names the line.
+    #[test]
+    fn any_bytes_read_or_name_their_line(
+        text in "[0-9a-z,\n]{0,60}",
+        bytes in proptest::collection::vec(any::<u8>(), 0..20),
+        at in any::<usize>(),
+    ) {
+        let mut file = text.into_bytes();
+        let at = at % (file.len() + 1);
+        file.splice(at..at, bytes);
+        let lines = file.split(|&b| b == b'\n').count();
+        if let Err(e) = read_trace(&file[..]) {
+            let shown = String::from_utf8_lossy(&file);
+            match e.line() {
+                Some(line) => prop_assert!(line <= lines, "{} for {:?}", e, shown),
+                None => prop_assert_eq!(e.to_string(), "no requests in the trace", "{:?}", shown),
+            }
+        }
+    }
+
     #[test]
     fn text_of_trace_characters_replays_or_names_its_line(
         text in "[0-9a-z,# \n\r-]{0,300}"
@@ -210,4 +230,12 @@ fn a_trace_at_the_end_of_time_replays() {
     );
     assert_eq!(max_in_window(&[(u64::MAX, 1)], 10), 1);
     assert_eq!(max_in_window(&[(u64::MAX - 5, 2), (u64::MAX, 1)], 10), 3);
+}
+
+/// Found while writing the byte property: a trace file with a byte that
+/// is not UTF-8 was "stream did not contain valid UTF-8", without a line.
+#[test]
+fn a_byte_that_is_not_utf8_names_its_line() {
+    let e = read_trace(&b"1,a,1\n2,b\xff,1\n"[..]).unwrap_err();
+    assert_eq!(e.to_string(), "line 2: the line is not UTF-8 text");
 }

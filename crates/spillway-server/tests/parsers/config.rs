@@ -364,6 +364,71 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(config(64))]
+
+    /// Configuration files are bytes: bytes that are not UTF-8, in the
+    /// configuration or in its descriptor file, are an error at their line.
+    #[test]
+    fn a_file_of_any_bytes_is_a_config_or_names_its_line(
+        seed in 0..2usize,
+        junk in proptest::collection::vec(any::<u8>(), 1..8),
+        at in any::<usize>(),
+        into_descriptors in any::<bool>(),
+    ) {
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("parsers-bytes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let (mut toml, mut yaml) = (
+            format!("{}\n[envoy]\ndescriptors_file = \"limits.yaml\"\n", SAMPLE_CONFIG).into_bytes(),
+            YAML_SEEDS[seed].to_vec(),
+        );
+        let target = if into_descriptors { &mut yaml } else { &mut toml };
+        let at = at % (target.len() + 1);
+        target.splice(at..at, junk);
+        let lines = target.split(|&b| b == b'\n').count();
+        std::fs::write(dir.join("spillway.toml"), &toml).expect("write");
+        std::fs::write(dir.join("limits.yaml"), &yaml).expect("write");
+        let path = dir.join("spillway.toml");
+        let loaded = within(BOUND, move || Config::load(&path).map(|_| ()))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        if let Err(e) = loaded {
+            prop_assert!(!e.message.trim().is_empty(), "{:?}", e);
+            prop_assert!(!e.field.trim().is_empty(), "{:?}", e);
+            if let Some(line) = e.line {
+                prop_assert!(line <= lines + 4, "line {} of {}: {:?}", line, lines, e);
+            }
+            // Only a byte in the TOML file can be an error of that file.
+            prop_assert_eq!(e.file.is_some(), into_descriptors, "{:?}", e);
+        }
+    }
+}
+
+/// Found while writing the byte property: a file with a byte that is not
+/// UTF-8 was "cannot read: stream did not contain valid UTF-8", without
+/// its line.
+#[test]
+fn a_byte_that_is_not_utf8_names_its_line() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("parsers-utf8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let path = dir.join("spillway.toml");
+    std::fs::write(&path, b"[server]\nlisten = \"127.0.0.1:1\xff\"\n").expect("write");
+    let e = Config::load(&path).unwrap_err();
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(
+        e.message.contains("0xff") && e.message.contains("not UTF-8"),
+        "{e}"
+    );
+    std::fs::write(&path, b"[envoy]\ndescriptors_file = \"d.yaml\"\n").expect("write");
+    std::fs::write(
+        dir.join("d.yaml"),
+        b"domain: d\ndescriptors:\n  - key: \xc3\n",
+    )
+    .expect("write");
+    let e = Config::load(&path).unwrap_err();
+    assert_eq!((e.file, e.line), (Some(dir.join("d.yaml")), Some(3)));
+}
+
 #[test]
 fn the_seeds_are_valid() {
     for seed in SEEDS {
