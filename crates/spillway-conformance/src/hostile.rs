@@ -37,10 +37,13 @@ pub fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
-/// A proptest configuration of [`cases`]`(default)` cases.
+/// A proptest configuration of [`cases`]`(default)` cases, whose
+/// shrinking stops after a minute: a case that hangs takes its whole
+/// bound each time it is shrunk.
 pub fn config(default: u32) -> Config {
     Config {
         cases: cases(default),
+        max_shrink_time: 60_000,
         ..Config::default()
     }
 }
