@@ -52,7 +52,7 @@ burst = 100
 
 [[rules]]
 name = "login"
-match = { methods = ["POST"], path = "/login/{who}" }
+match = { methods = ["POST"], path = "/login/{who}", host = "*.example" }
 key = ["ip", "route"]
 algorithm = "fixed_window"
 limit = 5

@@ -29,13 +29,24 @@ use tokio::net::{TcpListener, TcpStream};
 /// client closes its side).
 const BOUND: Duration = Duration::from_secs(20);
 
-/// Generous: mutated requests must not run into a denial.
+/// Generous: mutated requests must not run into a denial. The second
+/// rule matches by method, path and host, so that mutated targets and
+/// hosts reach the rules' matching too.
 const CONFIG: &str = r#"
 [[rules]]
 name = "once"
 algorithm = "fixed_window"
 limit = 1000000000
 window = "1h"
+
+[[rules]]
+name = "matched"
+match = { methods = ["GET", "POST"], path = "/a/{id}/**", host = "*.test" }
+key = ["ip", "route", "header:x-tag"]
+fallback = ["ip"]
+algorithm = "sliding_window"
+limit = 1000000000
+window = "1m"
 "#;
 
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
