@@ -517,11 +517,11 @@ impl Config {
     /// Reads and validates a configuration file (and the descriptor file
     /// it names, relative to its directory).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let text = read_text(path).map_err(|(line, message)| ConfigError {
             file: None,
-            line: None,
+            line,
             field: path.display().to_string(),
-            message: format!("cannot read: {e}"),
+            message,
         })?;
         Self::parse_in(&text, path.parent().unwrap_or(Path::new("")))
     }
@@ -537,14 +537,51 @@ impl Config {
     pub fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| Text(text).line(s.start));
+            let message = match e.message().trim() {
+                // The TOML parser says nothing of a character it refuses
+                // outright (a control character, a bare CR).
+                "" => unexpected_at(text, e.span().map(|s| s.start)),
+                m => m.to_string(),
+            };
             ConfigError {
                 file: None,
                 line,
                 field: "(file)".into(),
-                message: e.message().to_string(),
+                message,
             }
         })?;
         convert(raw, &Text(text), dir)
+    }
+}
+
+/// A file's text. `Err` is the line of its first byte that is not UTF-8
+/// (when it could be read) and what is wrong.
+fn read_text(path: &Path) -> Result<String, (Option<usize>, String)> {
+    let bytes = std::fs::read(path).map_err(|e| (None, format!("cannot read: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        let byte = e.as_bytes()[at];
+        (
+            Some(line),
+            format!("byte {byte:#04x} (at offset {at}) is not UTF-8 text"),
+        )
+    })
+}
+
+/// What the parser stopped at, byte `at` of `text`: the character, or the
+/// end of the file.
+fn unexpected_at(text: &str, at: Option<usize>) -> String {
+    match at
+        .and_then(|at| text.get(at..))
+        .and_then(|rest| rest.chars().next())
+    {
+        Some(c) if c.is_control() => format!(
+            "unexpected control character U+{:04X} (TOML allows only tab, and newline between lines)",
+            u32::from(c)
+        ),
+        Some(c) => format!("unexpected character `{c}`"),
+        None => "unexpected end of file".to_string(),
     }
 }
 
@@ -1130,12 +1167,19 @@ fn descriptor_file(
     lines: &Text<'_>,
 ) -> Result<descriptors::DescriptorFile, ConfigError> {
     let resolved = descriptors::resolve(path.get_ref(), dir);
-    let text = std::fs::read_to_string(&resolved).map_err(|e| {
-        lines.err(
+    let text = read_text(&resolved).map_err(|(line, message)| match line {
+        // Read, but not text: where, in that file.
+        Some(line) => ConfigError {
+            file: Some(resolved.clone()),
+            line: Some(line),
+            field: "(file)".into(),
+            message,
+        },
+        None => lines.err(
             path,
             "envoy.descriptors_file",
-            format!("cannot read `{}`: {e}", resolved.display()),
-        )
+            format!("`{}`: {message}", resolved.display()),
+        ),
     })?;
     let file = descriptors::DescriptorFile::parse(&text, &resolved, rules.len())?;
     if let Some(domain) = domain
