@@ -1107,6 +1107,18 @@ async fn a_denial_wins_over_a_node_that_does_not_answer() {
     let denied = s.check(&request).await.expect("a denial, not an error");
     assert!(!denied.allowed, "narrow is at its limit");
     assert!(!denied.decisions[1].allowed);
+    // Now `wide`'s breaker is open: its node is not asked, `narrow`'s is,
+    // and its denial still wins.
+    assert_eq!(s.open_breakers(), 1);
+    let calls = s.stats().redis_calls;
+    let denied = s.check(&request).await.expect("a denial, not an error");
+    assert!(!denied.allowed, "narrow is still at its limit");
+    assert_eq!(
+        s.stats().redis_calls,
+        calls + 1,
+        "only narrow's node was asked"
+    );
+    assert_eq!(s.stats().fail_open, 0);
 }
 
 /// The breakers are per slot: while one node does not answer, the keys of
