@@ -5,6 +5,8 @@
 
 #![allow(dead_code)] // Each test file uses its own part.
 
+pub mod load;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
