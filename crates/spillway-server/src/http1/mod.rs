@@ -192,7 +192,6 @@ pub(crate) async fn serve_connections_with<F>(
     for (stream, peer) in backlog(&listener) {
         start(stream, peer);
     }
-    drop(start);
     drop(listener);
     drop(alive);
     // Every connection holds a sender: this ends when the last one is done.
