@@ -11,7 +11,7 @@
 //! environment sets it: `SPILLWAY_LONG_RUN_SECS`, `SPILLWAY_LONG_RUN_SAMPLE_SECS`,
 //! `SPILLWAY_LONG_RUN_RATE` (requests per second per process),
 //! `SPILLWAY_LONG_RUN_RSS_MIB` and `SPILLWAY_LONG_RUN_P99_MS` (the bounds:
-//! 8 MiB and 200 ms by default, for a debug build on two shared cores).
+//! 4 MiB and 200 ms by default, for a debug build on two shared cores).
 
 mod process_support;
 mod serve_support;
@@ -51,7 +51,7 @@ impl Settings {
             duration: Duration::from_secs_f64(env_or("SPILLWAY_LONG_RUN_SECS", 60.0)),
             sample: Duration::from_secs_f64(env_or("SPILLWAY_LONG_RUN_SAMPLE_SECS", 5.0)),
             rate: env_or("SPILLWAY_LONG_RUN_RATE", 300.0) as u32,
-            rss_growth_mib: env_or("SPILLWAY_LONG_RUN_RSS_MIB", 8.0),
+            rss_growth_mib: env_or("SPILLWAY_LONG_RUN_RSS_MIB", 4.0),
             // A debug build on two shared cores (CI); scripts/long-run.sh
             // sets 25 ms for its release build.
             p99_ms: env_or("SPILLWAY_LONG_RUN_P99_MS", 200.0),
