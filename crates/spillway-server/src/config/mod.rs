@@ -177,6 +177,10 @@ pub struct ServerConfig {
     /// The most client connections open at once; one more is answered 503
     /// and closed at once.
     pub max_connections: NonZeroUsize,
+    /// The longest a stopping server waits for its requests in flight
+    /// (SIGTERM to exit): past it, the connections still open are closed
+    /// and the process exits, so that a stuck client cannot hold it.
+    pub drain_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -192,6 +196,10 @@ impl ServerConfig {
     /// under the 65,536 file descriptors a service is commonly given
     /// (systemd's `LimitNOFILE`), each connection taking one.
     pub const MAX_CONNECTIONS: NonZeroUsize = NonZeroUsize::new(10_000).expect("nonzero");
+    /// The default of [`drain_timeout`](Self::drain_timeout): under the
+    /// 30 s a supervisor commonly waits before SIGKILL (Kubernetes'
+    /// `terminationGracePeriodSeconds`).
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 }
 
 /// `[envoy]`'s bounds on one `ShouldRateLimit` call, refused whole
@@ -303,6 +311,7 @@ struct RawServer {
     write_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<u64>>,
+    drain_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -726,6 +735,12 @@ fn convert_server(raw: &RawServer, lines: &Text<'_>) -> Result<ServerConfig, Con
                     lines.err(n, "server.max_connections", "must be between 1 and 1000000")
                 })?,
         },
+        drain_timeout: timeout(
+            &raw.drain_timeout,
+            "server.drain_timeout",
+            ServerConfig::DRAIN_TIMEOUT,
+            lines,
+        )?,
     })
 }
 
