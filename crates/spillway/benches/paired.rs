@@ -16,8 +16,8 @@ use spillway::algorithm::FixedWindow;
 use common::{LIMIT, Subject, access, key, ours, run_threads, token_bucket, window_quota};
 
 /// Checks per second of `ops` checks over `threads` threads.
-fn rate<S: Subject<Key = u64>>(subject: &S, access: &[u64], threads: usize, ops: u64) -> f64 {
-    let parts: Vec<(&[u64], usize)> = (0..threads)
+fn rate<S: Subject>(subject: &S, access: &[S::Key], threads: usize, ops: u64) -> f64 {
+    let parts: Vec<(&[S::Key], usize)> = (0..threads)
         .map(|t| (access, t * (access.len() / threads)))
         .collect();
     ops as f64 / run_threads(subject, &parts, ops).as_secs_f64()
@@ -71,7 +71,7 @@ impl Pairs {
 
 impl Pairs {
     /// Two threads against one on the same limiter.
-    fn scaling<S: Subject<Key = u64>>(&self, name: &str, subject: &S, visits: &[u64]) {
+    fn scaling<S: Subject>(&self, name: &str, subject: &S, visits: &[S::Key]) {
         self.pair(
             &format!("{name} 2 threads / 1 thread"),
             |ops| rate(subject, visits, 2, ops),
@@ -153,4 +153,25 @@ fn main() {
         pairs.scaling(&format!("{label}: fixed_window"), &fw, &visits);
         pairs.scaling(&format!("{label}: governor"), &gov, &visits);
     }
+    hot_key(&pairs);
+}
+
+/// One string key hammered from every thread (an attacker on every core),
+/// through the service's store, against governor with `String` keys.
+fn hot_key(pairs: &Pairs) {
+    let key = String::from("client-000000");
+    let visits = vec![key.clone(); 1 << 10];
+    let store = common::memory_store(1);
+    let gov = common::governor::<String>();
+    store.charge(&key, LIMIT / 2);
+    gov.charge(&key, LIMIT / 2);
+    for threads in [1, 2] {
+        pairs.pair(
+            &format!("hot/str/{threads}t: memory_store / governor"),
+            |ops| rate(&store, &visits, threads, ops),
+            |ops| rate(&gov, &visits, threads, ops),
+        );
+    }
+    pairs.scaling("hot/str: memory_store", &store, &visits);
+    pairs.scaling("hot/str: governor", &gov, &visits);
 }
