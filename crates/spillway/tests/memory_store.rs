@@ -111,6 +111,65 @@ fn token_bucket_admits_exactly_its_burst_when_the_clock_stands_still() {
     }
 }
 
+/// Every algorithm of the service's store, with a rate that decides in
+/// place (a whole number of µs a unit) and, for the buckets, one that does
+/// not (3 a second: the fraction moves on every check).
+fn hot_key_algorithms(limit: u32) -> Vec<(&'static str, AnyAlgorithm)> {
+    let q = per_hour(limit);
+    let thirds = Quota::per_second(nz(3));
+    vec![
+        ("fixed_window", FixedWindow::new(q).into()),
+        ("sliding_window", SlidingWindow::new(q).into()),
+        ("sliding_log", SlidingLog::new(q).into()),
+        ("token_bucket", TokenBucket::new(q, nz(limit)).into()),
+        ("leaky_police", LeakyBucket::police(q, nz(limit)).into()),
+        ("leaky_shape", LeakyBucket::shape(q, nz(limit)).into()),
+        (
+            "token_bucket 3/s",
+            TokenBucket::new(thirds, nz(limit)).into(),
+        ),
+        (
+            "leaky_police 3/s",
+            LeakyBucket::police(thirds, nz(limit)).into(),
+        ),
+    ]
+}
+
+#[test]
+fn one_hot_key_is_decided_exactly_from_many_threads_by_every_algorithm() {
+    // Checks of a held key are decided in place (compare-and-swap under
+    // the shard's shared lock) while the window rolls over, the sweep and
+    // the idle key's removal go through the exclusive lock: the totals are
+    // exact whatever the interleaving, in both windows.
+    let limit = 4_000;
+    for (name, algorithm) in hot_key_algorithms(limit) {
+        let clock = FakeClock::new(HOUR_START + 3_599_000_000);
+        let store = MemoryStore::with_clock(
+            vec![Rule::new("r", algorithm)],
+            options(1_000, 4, Duration::from_millis(1)),
+            clock.clone(),
+        );
+        let check = |cost| {
+            let c = Check {
+                rule: RuleId(0),
+                key: "mallory",
+                cost,
+            };
+            store.check_now(&[c]).expect("fits").decisions[0]
+        };
+        for round in 0..2 {
+            let admitted = hammer(4, limit as usize / 2 + 500, |_| check(1).allowed);
+            assert_eq!(admitted, limit as usize, "{name}, round {round}");
+            assert_eq!(check(0).remaining, 0, "{name}, round {round}");
+            // Into the next hour: the windows roll over (the sliding window
+            // still counts the last hour's at full weight, so it waits a
+            // whole hour), the buckets refill.
+            let wait = if name == "sliding_window" { 2 } else { 1 };
+            clock.advance(Duration::from_secs(3_600 * wait));
+        }
+    }
+}
+
 #[test]
 fn mixed_costs_never_overshoot_under_contention() {
     // Costs 1, 2, 3 and 1 from 4 threads on a limit of 1000, 600 requests

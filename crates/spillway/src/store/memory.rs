@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use compact_str::CompactString;
 
+use super::cell::SharedState;
 use super::table::{ShardGuard, Table};
 use super::{Check, KeyRef, Rule, Store, Verdict};
 use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState};
@@ -102,7 +103,7 @@ impl Default for MemoryOptions {
 }
 
 impl MemoryOptions {
-    fn table<K: Hash + Eq, S>(&self) -> Table<K, S> {
+    fn table<K: Hash + Eq, S: SharedState>(&self) -> Table<K, S> {
         let sweep = u64::try_from(self.sweep_interval.as_micros()).unwrap_or(u64::MAX);
         Table::new(
             self.max_keys.get(),
@@ -137,20 +138,32 @@ impl MemoryOptions {
 /// clock.advance(Duration::from_secs(60));
 /// assert!(per_ip.check("10.0.0.1", 1).unwrap().allowed);
 /// ```
-pub struct RateLimiter<A: Algorithm, K = String, C = MonotonicClock> {
+pub struct RateLimiter<A: Algorithm, K = String, C = MonotonicClock>
+where
+    A::State: SharedState,
+{
     algorithm: A,
+    // Whether checks of a held key are decided in place, under the shard's
+    // shared lock (`SharedState::decides_in_place`).
+    in_place: bool,
     table: Table<K, A::State>,
     clock: C,
 }
 
-impl<A: Algorithm, K: Hash + Eq> RateLimiter<A, K, MonotonicClock> {
+impl<A: Algorithm, K: Hash + Eq> RateLimiter<A, K, MonotonicClock>
+where
+    A::State: SharedState,
+{
     /// A limiter on the monotonic clock with the default options.
     pub fn new(algorithm: A) -> Self {
         Self::with_clock(algorithm, MonotonicClock::new())
     }
 }
 
-impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
+impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C>
+where
+    A::State: SharedState,
+{
     /// A limiter on `clock` with the default options.
     pub fn with_clock(algorithm: A, clock: C) -> Self {
         Self::with_options(algorithm, clock, MemoryOptions::default())
@@ -159,6 +172,7 @@ impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
     /// A limiter on `clock` with `options`.
     pub fn with_options(algorithm: A, clock: C, options: MemoryOptions) -> Self {
         Self {
+            in_place: A::State::decides_in_place(&algorithm),
             algorithm,
             table: options.table(),
             clock,
@@ -181,9 +195,8 @@ impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
         Q: Hash + Eq + KeyRef<K> + ?Sized,
     {
         let hash = self.table.hash(key);
-        self.table
-            .lock(self.table.shard_of(hash))
-            .check(&self.algorithm, key, hash, cost, now)
+        let alg = &self.algorithm;
+        self.table.check(alg, self.in_place, key, hash, cost, now)
     }
 
     /// Forgets `key`, as if it had never been seen. Returns whether it was held.
@@ -218,7 +231,10 @@ impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
     }
 }
 
-impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C> {
+impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C>
+where
+    A::State: SharedState,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
             .field("algorithm", &self.algorithm)
@@ -264,6 +280,8 @@ impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C> {
 /// ```
 pub struct MemoryStore<C = MonotonicClock> {
     rules: Vec<Rule>,
+    // Per rule: whether checks of a held key are decided in place.
+    in_place: Vec<bool>,
     // Shared with the stores `reconfigure` makes, so counters survive a
     // configuration reload.
     tables: Vec<Arc<Table<CompactString, AnyState>>>,
@@ -283,6 +301,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn with_clock(rules: Vec<Rule>, options: MemoryOptions, clock: C) -> Self {
         let tables = rules.iter().map(|_| Arc::new(options.table())).collect();
         Self {
+            in_place: in_place(&rules),
             rules,
             tables,
             options,
@@ -336,6 +355,7 @@ impl<C: Clock> MemoryStore<C> {
             })
             .collect();
         Self {
+            in_place: in_place(&rules),
             rules,
             tables,
             options: self.options,
@@ -359,9 +379,9 @@ impl<C: Clock> MemoryStore<C> {
             })?;
             let table = &self.tables[check.rule.0];
             let hash = table.hash(check.key);
+            let in_place = self.in_place[check.rule.0];
             let decision = table
-                .lock(table.shard_of(hash))
-                .check(rule.algorithm(), check.key, hash, check.cost, now)
+                .check(rule.algorithm(), in_place, check.key, hash, check.cost, now)
                 .map_err(|source| Error::CostTooLarge { index: 0, source })?;
             return Ok(Verdict {
                 allowed: decision.allowed,
@@ -484,6 +504,14 @@ impl<C: Clock> MemoryStore<C> {
             })
             .collect()
     }
+}
+
+/// For each rule, whether its checks are decided in place.
+fn in_place(rules: &[Rule]) -> Vec<bool> {
+    rules
+        .iter()
+        .map(|r| AnyState::decides_in_place(r.algorithm()))
+        .collect()
 }
 
 impl<C: Clock> Store for MemoryStore<C> {

@@ -24,12 +24,14 @@
 //!   ever handed a fresh quota, and new keys are turned away while the table
 //!   is full of used ones.
 
+mod cell;
 mod memory;
 mod table;
 
 use std::future::Future;
 use std::sync::Arc;
 
+pub use cell::{AnyCell, SharedState, Words};
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 
 use crate::algorithm::AnyAlgorithm;

@@ -1,10 +1,16 @@
 //! The in-memory store's storage: a sharded hash table with a hard bound on
 //! its size and automatic forgetting of idle keys.
 //!
-//! Each shard is a `hashbrown` table behind its own mutex (padded to a cache
-//! line so two cores never contend on a neighbour's lock). A key's shard is
-//! chosen by bits of its hash that the table itself does not use, so both
-//! levels spread evenly.
+//! Each shard is a `hashbrown` table behind its own reader-writer lock
+//! (padded to a cache line so two cores never contend on a neighbour's
+//! lock). A key's shard is chosen by bits of its hash that the table itself
+//! does not use, so both levels spread evenly.
+//!
+//! A check of a key the shard holds takes the lock shared and decides on
+//! the key's state in place (see `cell.rs`): checks of one hot key from
+//! every core go on together. Whatever changes the table (a key arriving
+//! or forgotten, a sweep, an eviction, a request of several rules) takes
+//! the lock exclusively.
 //!
 //! Forgetting and eviction:
 //! - a key whose state is back to fresh (`idle_at <= now`) is dropped when it
@@ -37,7 +43,7 @@ use std::hash::{BuildHasher, Hash};
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::algorithm::Algorithm;
 use crate::clock::Micros;
@@ -45,6 +51,7 @@ use crate::decision::Decision;
 use crate::error::CostTooLarge;
 
 use super::KeyRef;
+use super::cell::SharedState;
 use super::memory::OnFull;
 
 /// How many keys a full shard looks at to choose one to evict.
@@ -61,17 +68,17 @@ const MIN_KEYS_PER_SHARD: usize = 64;
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
 // Padded so that two cores never contend on a neighbouring shard's lock.
-type LockedShard<K, S> = CachePadded<Mutex<Shard<K, S>>>;
+type LockedShard<K, S> = CachePadded<RwLock<Shard<K, S>>>;
 
-pub(crate) struct Table<K, S> {
+pub(crate) struct Table<K, S: SharedState> {
     shards: Box<[LockedShard<K, S>]>,
     hasher: Hasher,
     sweep_interval: Micros,
     on_full: OnFull,
 }
 
-pub(crate) struct Shard<K, S> {
-    entries: HashTable<(K, S)>,
+pub(crate) struct Shard<K, S: SharedState> {
+    entries: HashTable<(K, S::Cell)>,
     // This shard's share of `max_keys`: the hard bound.
     cap: usize,
     next_sweep: Micros,
@@ -109,7 +116,7 @@ fn dense_shard_count(max_keys: usize, shards: usize) -> usize {
     max_keys.div_ceil(holds / 2).max(shards)
 }
 
-impl<K: Hash + Eq, S> Table<K, S> {
+impl<K: Hash + Eq, S: SharedState> Table<K, S> {
     pub(crate) fn new(
         max_keys: usize,
         shards: usize,
@@ -125,7 +132,7 @@ impl<K: Hash + Eq, S> Table<K, S> {
         let shards = (0..n)
             .map(|i| {
                 let cap = max_keys / n + usize::from(i < max_keys % n);
-                CachePadded::new(Mutex::new(Shard {
+                CachePadded::new(RwLock::new(Shard {
                     entries: HashTable::new(),
                     cap,
                     next_sweep: 0,
@@ -153,16 +160,71 @@ impl<K: Hash + Eq, S> Table<K, S> {
         ((bits * self.shards.len() as u64) >> 32) as usize
     }
 
+    /// Locks `shard` exclusively.
     pub(crate) fn lock(&self, shard: usize) -> ShardGuard<'_, K, S> {
         ShardGuard {
-            shard: self.shards[shard].lock(),
+            shard: self.shards[shard].write(),
             table: self,
         }
     }
 
+    /// Decides on `key`: in place under the shard's shared lock if the
+    /// shard holds it (threads on one hot key go on together), else under
+    /// the exclusive lock. `in_place` says whether the algorithm's checks
+    /// can be decided in place at all ([`SharedState::decides_in_place`]).
+    pub(crate) fn check<A, Q>(
+        &self,
+        alg: &A,
+        in_place: bool,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+        S: Default,
+    {
+        let shard = self.shard_of(hash);
+        if in_place && let Some(decided) = self.check_shared(shard, alg, key, hash, cost, now) {
+            return decided;
+        }
+        self.lock(shard).check(alg, key, hash, cost, now)
+    }
+
+    /// Decides on `key` under its shard's shared lock, if the shard holds it
+    /// and the decision changes nothing but its state. `None`, having
+    /// changed nothing, when the exclusive path must decide: the key is not
+    /// held, the shard is due for a sweep, the state cannot be updated in
+    /// place, or a check that charged nothing leaves the key idle (so that
+    /// it goes).
+    pub(crate) fn check_shared<A, Q>(
+        &self,
+        shard: usize,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+    ) -> Option<Result<Decision, CostTooLarge>>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let shard = self.shards[shard].read();
+        if now >= shard.next_sweep {
+            return None;
+        }
+        let (_, cell) = shard.entries.find(hash, |e| e.0.borrow() == key)?;
+        S::decide(cell, alg, cost, now)
+    }
+
     /// Keys held now.
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().entries.len()).sum()
+        self.shards.iter().map(|s| s.read().entries.len()).sum()
     }
 
     /// Bytes allocated by the shards' tables (not counting memory a key or
@@ -171,19 +233,19 @@ impl<K: Hash + Eq, S> Table<K, S> {
         let tables: usize = self
             .shards
             .iter()
-            .map(|s| s.lock().entries.allocation_size())
+            .map(|s| s.read().entries.allocation_size())
             .sum();
         tables + std::mem::size_of_val(&*self.shards)
     }
 }
 
 /// A locked shard, with what it needs to rehash and sweep.
-pub(crate) struct ShardGuard<'a, K, S> {
-    shard: MutexGuard<'a, Shard<K, S>>,
+pub(crate) struct ShardGuard<'a, K, S: SharedState> {
+    shard: RwLockWriteGuard<'a, Shard<K, S>>,
     table: &'a Table<K, S>,
 }
 
-impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
+impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
     /// Decides on `key` (whose hash is `hash`), inserting it if the request
     /// is admitted and leaves state behind.
     pub(crate) fn check<A, Q>(
@@ -250,12 +312,13 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         let hasher = &self.table.hasher;
         let entries = &mut self.shard.entries;
         if let Some(entry) = entries.find_mut(hash, |e| e.0.borrow() == key) {
-            let (decision, out) = decide(&mut entry.1)?;
+            let (decided, idle_at) = S::with_mut(&mut entry.1, |s| (decide(s), alg.idle_at(s)));
+            let (decision, out) = decided?;
             // A charged state is never idle; anything else may now be, and
             // then it goes (a second lookup, off the common path).
             let charged = decision.allowed && cost > 0;
             if !charged
-                && alg.idle_at(&entry.1) <= now
+                && idle_at <= now
                 && let Ok(entry) = entries.find_entry(hash, |e| e.0.borrow() == key)
             {
                 entry.remove();
@@ -286,7 +349,9 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
             }
             self.shard
                 .entries
-                .insert_unique(hash, (key.to_key(), state), |e| hasher.hash_one(&e.0));
+                .insert_unique(hash, (key.to_key(), state.into_cell()), |e| {
+                    hasher.hash_one(&e.0)
+                });
         }
         Ok((decision, out))
     }
@@ -303,8 +368,11 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         let hasher = &self.table.hasher;
         match self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
             Ok(mut entry) => {
-                alg.undo(&mut entry.get_mut().1, undo);
-                if alg.idle_at(&entry.get().1) <= now {
+                let idle_at = S::with_mut(&mut entry.get_mut().1, |s| {
+                    alg.undo(s, undo);
+                    alg.idle_at(s)
+                });
+                if idle_at <= now {
                     entry.remove();
                 }
             }
@@ -316,9 +384,11 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
                 let mut state = S::default();
                 alg.undo(&mut state, undo);
                 if alg.idle_at(&state) > now {
-                    absent
-                        .into_table()
-                        .insert_unique(hash, (key.to_key(), state), |e| hasher.hash_one(&e.0));
+                    absent.into_table().insert_unique(
+                        hash,
+                        (key.to_key(), state.into_cell()),
+                        |e| hasher.hash_one(&e.0),
+                    );
                 }
             }
         }
@@ -338,8 +408,11 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         Q: Hash + Eq + ?Sized,
     {
         if let Ok(mut entry) = self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
-            alg.refund(&mut entry.get_mut().1, cost, charged_at);
-            if alg.idle_at(&entry.get().1) <= charged_at {
+            let idle_at = S::with_mut(&mut entry.get_mut().1, |s| {
+                alg.refund(s, cost, charged_at);
+                alg.idle_at(s)
+            });
+            if idle_at <= charged_at {
                 entry.remove();
             }
         }
@@ -364,7 +437,9 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
     fn sweep<A: Algorithm<State = S>>(&mut self, alg: &A, now: Micros) {
         let shard = &mut *self.shard;
         shard.next_sweep = now.saturating_add(self.table.sweep_interval);
-        shard.entries.retain(|e| alg.idle_at(&e.1) > now);
+        shard
+            .entries
+            .retain(|e| S::with_mut(&mut e.1, |s| alg.idle_at(s)) > now);
         let len = shard.entries.len();
         if len * 4 < shard.entries.capacity() {
             let hasher = &self.table.hasher;
@@ -416,8 +491,10 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
                 continue;
             };
             // A peek changes nothing but may drop expired log entries.
-            let remaining = alg.check(&mut entry.1, 0, now).map_or(0, |d| d.remaining);
-            let idle_at = alg.idle_at(&entry.1);
+            let (remaining, idle_at) = S::with_mut(&mut entry.1, |s| {
+                let remaining = alg.check(s, 0, now).map_or(0, |d| d.remaining);
+                (remaining, alg.idle_at(s))
+            });
             soonest_idle = soonest_idle.min(idle_at);
             let key = (remaining, Reverse(idle_at));
             let fresher = |(r, i, _): (u64, Micros, usize)| key > (r, Reverse(i));
@@ -462,7 +539,8 @@ mod tests {
         assert_eq!(dense_shard_count(64 * 14_336, 64), 64);
         assert_eq!(dense_shard_count(100, 1), 1);
         assert_eq!(dense_shard_count(127, 1), 1);
-        let table: Table<u64, u64> = Table::new(1_000_000, 64, 1, OnFull::Evict);
+        let table: Table<u64, crate::algorithm::fixed_window::FixedWindowState> =
+            Table::new(1_000_000, 64, 1, OnFull::Evict);
         assert_eq!(table.shards.len(), 70);
     }
 
@@ -561,7 +639,7 @@ mod tests {
         }
     }
 
-    fn table_len<K, S>(shard: &ShardGuard<'_, K, S>) -> usize {
+    fn table_len<K, S: SharedState>(shard: &ShardGuard<'_, K, S>) -> usize {
         shard.shard.entries.len()
     }
 }
