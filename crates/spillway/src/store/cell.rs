@@ -34,7 +34,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::algorithm::fixed_window::FixedWindowState;
-use crate::algorithm::sliding_log::SlidingLogState;
+use crate::algorithm::sliding_log::{LogEntry, SlidingLogState};
 use crate::algorithm::sliding_window::SlidingWindowState;
 use crate::algorithm::token_bucket::TokenBucketState;
 use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState};
@@ -104,6 +104,21 @@ pub trait SharedState: Sized {
     fn decides_in_place<A: Algorithm<State = Self>>(alg: &A) -> bool {
         let _ = alg;
         true
+    }
+
+    /// The bytes the state owns on the heap, beyond the cell itself (a
+    /// sliding log's buffer), as [`MemoryOptions::max_memory`](super::MemoryOptions::max_memory)
+    /// counts them. None by default.
+    fn heap_bytes(cell: &Self::Cell) -> usize {
+        let _ = cell;
+        0
+    }
+
+    /// The most that one check can add to [`heap_bytes`](Self::heap_bytes)
+    /// (a log whose buffer is full doubles it). None by default.
+    fn heap_growth(cell: &Self::Cell) -> usize {
+        let _ = cell;
+        0
     }
 }
 
@@ -321,6 +336,31 @@ impl SharedState for SlidingLogState {
     fn decides_in_place<A: Algorithm<State = Self>>(_: &A) -> bool {
         false
     }
+
+    fn heap_bytes(cell: &Self) -> usize {
+        log_bytes(cell.entries.capacity())
+    }
+
+    fn heap_growth(cell: &Self) -> usize {
+        log_growth(cell)
+    }
+}
+
+/// The bytes of a log buffer of `capacity` entries.
+fn log_bytes(capacity: usize) -> usize {
+    capacity * std::mem::size_of::<LogEntry>()
+}
+
+/// What one more entry can add to a log's buffer: nothing while it has
+/// room; when full, `VecDeque` doubles it (and allocates 4 entries at
+/// first).
+fn log_growth(log: &SlidingLogState) -> usize {
+    let capacity = log.entries.capacity();
+    if log.entries.len() < capacity {
+        0
+    } else {
+        log_bytes(capacity.max(4))
+    }
 }
 
 /// [`AnyState`] as the memory store's tables hold it: the words of the
@@ -414,6 +454,22 @@ impl SharedState for AnyState {
             Some(AnyAlgorithm::LeakyBucket(a)) => whole_units(a),
             Some(AnyAlgorithm::FixedWindow(_) | AnyAlgorithm::SlidingWindow(_)) => true,
             Some(AnyAlgorithm::SlidingLog(_)) | None => false,
+        }
+    }
+
+    fn heap_bytes(cell: &AnyCell) -> usize {
+        match cell {
+            AnyCell::SlidingLog(log) => SlidingLogState::heap_bytes(log),
+            _ => 0,
+        }
+    }
+
+    fn heap_growth(cell: &AnyCell) -> usize {
+        match cell {
+            AnyCell::SlidingLog(log) => log_growth(log),
+            // A key made fresh again may start a log.
+            AnyCell::Fresh => log_bytes(4),
+            _ => 0,
         }
     }
 }

@@ -65,6 +65,14 @@ const MAX_PROBES: usize = 8 * EVICTION_SAMPLE;
 /// The smallest share of `max_keys` a shard gets before we use fewer shards.
 const MIN_KEYS_PER_SHARD: usize = 64;
 
+/// The smallest share of a byte budget a shard gets before we use fewer
+/// shards: room for a few hundred keys and their long texts.
+const MIN_BYTES_PER_SHARD: usize = 64 * 1024;
+
+/// How many keys an insertion may evict to bring its shard back within its
+/// bounds (after a budget was lowered, or for a long key's bytes).
+const MAX_EVICTIONS: usize = 16;
+
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
 // Padded so that two cores never contend on a neighbouring shard's lock.
@@ -75,15 +83,69 @@ pub(crate) struct Table<K, S: SharedState> {
     hasher: Hasher,
     sweep_interval: Micros,
     on_full: OnFull,
+    // The bytes a key owns on the heap, beyond its slot.
+    key_heap: fn(&K) -> usize,
+    // Whether there is a byte budget, so that heap bytes are counted.
+    metered: bool,
+    max_keys: usize,
 }
 
 pub(crate) struct Shard<K, S: SharedState> {
     entries: HashTable<(K, S::Cell)>,
-    // This shard's share of `max_keys`: the hard bound.
+    // This shard's share of `max_keys` (or fewer, for the byte budget): the
+    // hard bound on its keys.
     cap: usize,
+    // The heap bytes its keys and states own, counted when metered.
+    heap: usize,
+    // What the byte budget leaves for them (`usize::MAX` without one).
+    heap_budget: usize,
     next_sweep: Micros,
     // The state of the PRNG that picks the eviction sample.
     rng: u64,
+}
+
+/// What a byte budget allows one shard: at most `cap` keys, whose table at
+/// its largest takes at most three quarters of the shard's bytes, and the
+/// rest for what keys and states own on the heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ShardBudget {
+    cap: usize,
+    heap: usize,
+}
+
+/// The bytes a table sized for `keys` entries of `E` allocates.
+fn table_bytes<E>(keys: usize) -> usize {
+    HashTable::<E>::with_capacity(keys).allocation_size()
+}
+
+/// The budget of a shard of `bytes` bytes that may hold up to `keys` keys.
+fn shard_budget<E>(keys: usize, bytes: usize) -> ShardBudget {
+    let slots = bytes / 4 * 3;
+    // The most keys whose table fits in `slots` (a table's size only
+    // grows with the keys it is sized for).
+    let (mut lo, mut hi) = (0usize, keys);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if table_bytes::<E>(mid) <= slots {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let cap = lo.max(1);
+    ShardBudget {
+        cap,
+        heap: bytes.saturating_sub(table_bytes::<E>(cap)),
+    }
+}
+
+/// How many of a table's slots hashbrown fills before it grows.
+fn full_capacity(buckets: usize) -> usize {
+    if buckets < 8 {
+        buckets.saturating_sub(1)
+    } else {
+        buckets / 8 * 7
+    }
 }
 
 /// splitmix64: cheap, and every output bit depends on every state bit.
@@ -117,35 +179,74 @@ fn dense_shard_count(max_keys: usize, shards: usize) -> usize {
 }
 
 impl<K: Hash + Eq, S: SharedState> Table<K, S> {
+    /// A table of at most `max_keys` keys in about `shards` shards and, if
+    /// `max_bytes` is given, at most that many bytes (see
+    /// `MemoryOptions::max_memory` for what counts). `key_heap` tells what
+    /// a key owns on the heap.
     pub(crate) fn new(
         max_keys: usize,
         shards: usize,
         sweep_interval: Micros,
         on_full: OnFull,
+        max_bytes: Option<usize>,
+        key_heap: fn(&K) -> usize,
     ) -> Self {
         let max_keys = max_keys.max(1);
-        let n = dense_shard_count(
+        let mut n = dense_shard_count(
             max_keys,
             shards.clamp(1, (max_keys / MIN_KEYS_PER_SHARD).max(1)),
         );
+        if let Some(bytes) = max_bytes {
+            n = n.min((bytes / MIN_BYTES_PER_SHARD).max(1));
+        }
         let hasher = Hasher::default();
         let shards = (0..n)
             .map(|i| {
-                let cap = max_keys / n + usize::from(i < max_keys % n);
                 CachePadded::new(RwLock::new(Shard {
                     entries: HashTable::new(),
-                    cap,
+                    cap: 0,
+                    heap: 0,
+                    heap_budget: usize::MAX,
                     next_sweep: 0,
                     // Seeded from the hasher's per-process random keys.
                     rng: hasher.hash_one(i),
                 }))
             })
             .collect();
-        Self {
+        let table = Self {
             shards,
             hasher,
             sweep_interval,
             on_full,
+            key_heap,
+            metered: max_bytes.is_some(),
+            max_keys,
+        };
+        table.set_budget(max_bytes);
+        table
+    }
+
+    /// Gives every shard its share of `max_keys` and of `max_bytes` (a
+    /// reload that changes how many rules share the store's bytes). A
+    /// shard now over its share evicts down to it as keys arrive.
+    pub(crate) fn set_budget(&self, max_bytes: Option<usize>) {
+        let n = self.shards.len();
+        let max_keys = self.max_keys;
+        // Shares differ by at most one key and one byte: one budget search.
+        let budget = max_bytes.map(|b| shard_budget::<(K, S::Cell)>(max_keys.div_ceil(n), b / n));
+        for (i, shard) in self.shards.iter().enumerate() {
+            let mut shard = shard.write();
+            let keys = max_keys / n + usize::from(i < max_keys % n);
+            match budget {
+                Some(b) => {
+                    shard.cap = keys.min(b.cap);
+                    shard.heap_budget = b.heap;
+                }
+                None => {
+                    shard.cap = keys;
+                    shard.heap_budget = usize::MAX;
+                }
+            }
         }
     }
 
@@ -225,6 +326,18 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
     /// Keys held now.
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.read().entries.len()).sum()
+    }
+
+    /// The bytes `MemoryOptions::max_memory` counts: every shard's table as
+    /// allocated, and, when metered, what keys and states own on the heap.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let heap: usize = self.shards.iter().map(|s| s.read().heap).sum();
+        self.allocation_size() + heap
+    }
+
+    /// The most keys this table holds (its shards' bounds together).
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.read().cap).sum()
     }
 
     /// Bytes allocated by the shards' tables (not counting memory a key or
@@ -309,51 +422,167 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
         if now >= self.shard.next_sweep {
             self.sweep(alg, now);
         }
+        let metered = self.table.metered;
+        if metered && let Err(denied) = self.make_heap_room(alg, key, hash, cost, now) {
+            return Ok((denied, R::default()));
+        }
+        let key_heap = self.table.key_heap;
         let hasher = &self.table.hasher;
-        let entries = &mut self.shard.entries;
-        if let Some(entry) = entries.find_mut(hash, |e| e.0.borrow() == key) {
+        let shard = &mut *self.shard;
+        if let Some(entry) = shard.entries.find_mut(hash, |e| e.0.borrow() == key) {
+            let before = if metered { S::heap_bytes(&entry.1) } else { 0 };
             let (decided, idle_at) = S::with_mut(&mut entry.1, |s| (decide(s), alg.idle_at(s)));
+            if metered {
+                shard.heap = shard.heap + S::heap_bytes(&entry.1) - before;
+            }
             let (decision, out) = decided?;
             // A charged state is never idle; anything else may now be, and
             // then it goes (a second lookup, off the common path).
             let charged = decision.allowed && cost > 0;
             if !charged
                 && idle_at <= now
-                && let Ok(entry) = entries.find_entry(hash, |e| e.0.borrow() == key)
+                && let Ok(entry) = shard.entries.find_entry(hash, |e| e.0.borrow() == key)
             {
-                entry.remove();
+                let ((k, cell), _) = entry.remove();
+                if metered {
+                    shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+                }
             }
             return Ok((decision, out));
         }
         let mut state = S::default();
         let (decision, out) = decide(&mut state)?;
         if alg.idle_at(&state) > now {
-            if entries.len() >= self.shard.cap
-                && let Err(denied) = self.make_room(alg, now, &decision)
-            {
+            let owned = key.to_key();
+            let cell = state.into_cell();
+            let needs = if metered {
+                key_heap(&owned) + S::heap_bytes(&cell)
+            } else {
+                0
+            };
+            if let Err(denied) = self.make_room_for(alg, now, &decision, needs) {
                 // Nothing was stored, so nothing was charged.
                 return Ok((denied, R::default()));
             }
-            // Evictions leave tombstones that use up the table's room; at
-            // the bound, rebuild the table at its size rather than let it
-            // double for a key that fits (once per few dozen evictions).
-            let cap = self.shard.cap;
-            let entries = &mut self.shard.entries;
-            if entries.len() + 1 >= cap && entries.capacity() <= entries.len() {
-                let mut fresh = HashTable::with_capacity(cap);
+            let shard = &mut *self.shard;
+            // Evictions leave tombstones that use up the table's room.
+            // Once the table has the slots its bound needs, rebuild it at
+            // that size rather than let it double for a key that fits.
+            let entries = &mut shard.entries;
+            if entries.capacity() <= entries.len()
+                && full_capacity(entries.num_buckets()) >= shard.cap
+            {
+                let mut fresh = HashTable::with_capacity(shard.cap);
                 for e in entries.drain() {
                     let h = hasher.hash_one(&e.0);
                     fresh.insert_unique(h, e, |e| hasher.hash_one(&e.0));
                 }
                 *entries = fresh;
             }
-            self.shard
+            shard.heap += needs;
+            shard
                 .entries
-                .insert_unique(hash, (key.to_key(), state.into_cell()), |e| {
-                    hasher.hash_one(&e.0)
-                });
+                .insert_unique(hash, (owned, cell), |e| hasher.hash_one(&e.0));
         }
         Ok((decision, out))
+    }
+
+    /// With a byte budget: makes sure that the check about to run on `key`
+    /// cannot take its shard's heap past its share (a held log whose buffer
+    /// would double), evicting other keys as [`make_room`](Self::make_room)
+    /// chooses them; a denial, deciding nothing, when they cannot go.
+    fn make_heap_room<A, Q>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(), Decision>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if cost == 0 {
+            return Ok(());
+        }
+        let shard = &mut *self.shard;
+        let Some(entry) = shard.entries.find_mut(hash, |e| e.0.borrow() == key) else {
+            return Ok(());
+        };
+        let growth = S::heap_growth(&entry.1);
+        if growth == 0 || shard.heap.saturating_add(growth) <= shard.heap_budget {
+            return Ok(());
+        }
+        // What the key would be told, were it denied for lack of room.
+        let peek = S::with_mut(&mut entry.1, |s| alg.check(s, 0, now));
+        let limit = peek.map_or(alg.capacity(), |d| d.limit);
+        let me = Decision {
+            allowed: true,
+            limit,
+            remaining: 0,
+            reset_after: std::time::Duration::ZERO,
+            retry_after: None,
+            delay: std::time::Duration::ZERO,
+        };
+        for _ in 0..MAX_EVICTIONS {
+            if self.shard.heap.saturating_add(growth) <= self.shard.heap_budget {
+                return Ok(());
+            }
+            self.make_room(alg, now, &me, true, Some(hash))?;
+        }
+        if self.shard.heap.saturating_add(growth) <= self.shard.heap_budget {
+            Ok(())
+        } else {
+            Err(self.no_room(&me, now))
+        }
+    }
+
+    /// Makes room for a new key whose first request decided `newcomer` and
+    /// that owns `needs` bytes on the heap: a slot under the shard's bound
+    /// on keys, and, with a byte budget, the bytes under its heap share.
+    fn make_room_for<A: Algorithm<State = S>>(
+        &mut self,
+        alg: &A,
+        now: Micros,
+        newcomer: &Decision,
+        needs: usize,
+    ) -> Result<(), Decision> {
+        for _ in 0..MAX_EVICTIONS {
+            if self.shard.entries.len() < self.shard.cap {
+                break;
+            }
+            self.make_room(alg, now, newcomer, false, None)?;
+        }
+        for _ in 0..MAX_EVICTIONS {
+            if self.shard.heap.saturating_add(needs) <= self.shard.heap_budget {
+                break;
+            }
+            self.make_room(alg, now, newcomer, true, None)?;
+        }
+        let shard = &self.shard;
+        if shard.entries.len() < shard.cap && shard.heap.saturating_add(needs) <= shard.heap_budget
+        {
+            Ok(())
+        } else {
+            Err(self.no_room(newcomer, now))
+        }
+    }
+
+    /// The denial of a key that found no room.
+    fn no_room(&self, newcomer: &Decision, now: Micros) -> Decision {
+        let _ = now;
+        // Room depends on other keys: ask again in a second.
+        let wait = std::time::Duration::from_secs(1);
+        Decision {
+            allowed: false,
+            limit: newcomer.limit,
+            remaining: 0,
+            reset_after: wait,
+            retry_after: Some(wait),
+            delay: std::time::Duration::ZERO,
+        }
     }
 
     /// Takes back a charge of `key` that [`check_undoable`](Self::check_undoable)
@@ -365,30 +594,43 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + KeyRef<K> + ?Sized,
     {
-        let hasher = &self.table.hasher;
-        match self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+        let (hasher, key_heap, metered) =
+            (&self.table.hasher, self.table.key_heap, self.table.metered);
+        let shard = &mut *self.shard;
+        match shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
             Ok(mut entry) => {
-                let idle_at = S::with_mut(&mut entry.get_mut().1, |s| {
+                let cell = &mut entry.get_mut().1;
+                let before = if metered { S::heap_bytes(cell) } else { 0 };
+                let idle_at = S::with_mut(cell, |s| {
                     alg.undo(s, undo);
                     alg.idle_at(s)
                 });
+                if metered {
+                    shard.heap = shard.heap + S::heap_bytes(cell) - before;
+                }
                 if idle_at <= now {
-                    entry.remove();
+                    let ((k, cell), _) = entry.remove();
+                    if metered {
+                        shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+                    }
                 }
             }
             // A later check of the same request evicted the key. An undo
             // that holds the whole state before the charge puts it back, so
             // the denied request leaves no trace; one that holds only the
-            // charge (a sliding log) leaves the key forgotten.
+            // charge (a sliding log) leaves the key forgotten. (The key was
+            // in the table before this request, so its bytes fit.)
             Err(absent) => {
                 let mut state = S::default();
                 alg.undo(&mut state, undo);
                 if alg.idle_at(&state) > now {
-                    absent.into_table().insert_unique(
-                        hash,
-                        (key.to_key(), state.into_cell()),
-                        |e| hasher.hash_one(&e.0),
-                    );
+                    let (owned, cell) = (key.to_key(), state.into_cell());
+                    if metered {
+                        shard.heap += key_heap(&owned) + S::heap_bytes(&cell);
+                    }
+                    absent
+                        .into_table()
+                        .insert_unique(hash, (owned, cell), |e| hasher.hash_one(&e.0));
                 }
             }
         }
@@ -407,13 +649,23 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if let Ok(mut entry) = self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
-            let idle_at = S::with_mut(&mut entry.get_mut().1, |s| {
+        let (key_heap, metered) = (self.table.key_heap, self.table.metered);
+        let shard = &mut *self.shard;
+        if let Ok(mut entry) = shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+            let cell = &mut entry.get_mut().1;
+            let before = if metered { S::heap_bytes(cell) } else { 0 };
+            let idle_at = S::with_mut(cell, |s| {
                 alg.refund(s, cost, charged_at);
                 alg.idle_at(s)
             });
+            if metered {
+                shard.heap = shard.heap + S::heap_bytes(cell) - before;
+            }
             if idle_at <= charged_at {
-                entry.remove();
+                let ((k, cell), _) = entry.remove();
+                if metered {
+                    shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+                }
             }
         }
     }
@@ -424,9 +676,14 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        match self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+        let (key_heap, metered) = (self.table.key_heap, self.table.metered);
+        let shard = &mut *self.shard;
+        match shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
             Ok(entry) => {
-                entry.remove();
+                let ((k, cell), _) = entry.remove();
+                if metered {
+                    shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+                }
                 true
             }
             Err(_) => false,
@@ -435,11 +692,17 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
 
     /// Drops every idle key, and gives memory back when most are gone.
     fn sweep<A: Algorithm<State = S>>(&mut self, alg: &A, now: Micros) {
+        let (key_heap, metered) = (self.table.key_heap, self.table.metered);
         let shard = &mut *self.shard;
         shard.next_sweep = now.saturating_add(self.table.sweep_interval);
-        shard
-            .entries
-            .retain(|e| S::with_mut(&mut e.1, |s| alg.idle_at(s)) > now);
+        let heap = &mut shard.heap;
+        shard.entries.retain(|e| {
+            let keep = S::with_mut(&mut e.1, |s| alg.idle_at(s)) > now;
+            if !keep && metered {
+                *heap -= key_heap(&e.0) + S::heap_bytes(&e.1);
+            }
+            keep
+        });
         let len = shard.entries.len();
         if len * 4 < shard.entries.capacity() {
             let hasher = &self.table.hasher;
@@ -453,31 +716,50 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
     /// that forgetting it grants the least. Under [`OnFull::DenyNew`] it
     /// goes only if it is idle or has more remaining than the newcomer has
     /// left; otherwise the newcomer is denied: the denial is the error.
+    /// With `heap_only` the sample is of keys that own heap bytes (room for
+    /// bytes rather than a slot), and a key whose hash is `spare` is never
+    /// taken (the one that needs the room).
     fn make_room<A: Algorithm<State = S>>(
         &mut self,
         alg: &A,
         now: Micros,
         newcomer: &Decision,
+        heap_only: bool,
+        spare: Option<u64>,
     ) -> Result<(), Decision> {
         let deny_new = self.table.on_full == OnFull::DenyNew;
+        let (hasher, key_heap) = (&self.table.hasher, self.table.key_heap);
         let shard = &mut *self.shard;
         let entries = &mut shard.entries;
         let buckets = entries.num_buckets() as u64;
+        // Keys that own heap bytes may be rare: look harder for them.
+        let probes = if heap_only {
+            4 * MAX_PROBES
+        } else {
+            MAX_PROBES
+        };
+        let eligible = |e: &(K, S::Cell)| {
+            (!heap_only || key_heap(&e.0) + S::heap_bytes(&e.1) > 0)
+                && spare.is_none_or(|h| hasher.hash_one(&e.0) != h)
+        };
         let mut sample = [0usize; EVICTION_SAMPLE];
         let mut sampled = 0;
-        for _ in 0..MAX_PROBES {
+        for _ in 0..probes {
             if sampled == EVICTION_SAMPLE || buckets == 0 {
                 break;
             }
             let index = (next_random(&mut shard.rng) % buckets) as usize;
-            if entries.get_bucket(index).is_some() {
+            if entries.get_bucket(index).is_some_and(eligible) {
                 sample[sampled] = index;
                 sampled += 1;
             }
         }
         if sampled == 0 {
             // A table this sparse is tiny: look at its first keys.
-            for index in entries.iter_buckets().take(EVICTION_SAMPLE) {
+            let first = entries
+                .iter_buckets()
+                .filter(|&i| entries.get_bucket(i).is_some_and(eligible));
+            for index in first.take(EVICTION_SAMPLE).collect::<Vec<_>>() {
                 sample[sampled] = index;
                 sampled += 1;
             }
@@ -503,7 +785,7 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
             }
         }
         let Some((remaining, idle_at, index)) = best else {
-            return Ok(());
+            return Err(self.no_room(newcomer, now));
         };
         if deny_new && idle_at > now && remaining <= newcomer.remaining {
             // Every sampled key is at least as used as the newcomer would be:
@@ -519,7 +801,10 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
             });
         }
         if let Ok(entry) = entries.get_bucket_entry(index) {
-            entry.remove();
+            let ((k, cell), _) = entry.remove();
+            if self.table.metered {
+                shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+            }
         }
         Ok(())
     }
@@ -540,7 +825,7 @@ mod tests {
         assert_eq!(dense_shard_count(100, 1), 1);
         assert_eq!(dense_shard_count(127, 1), 1);
         let table: Table<u64, crate::algorithm::fixed_window::FixedWindowState> =
-            Table::new(1_000_000, 64, 1, OnFull::Evict);
+            Table::new(1_000_000, 64, 1, OnFull::Evict, None, |_| 0);
         assert_eq!(table.shards.len(), 70);
     }
 
@@ -553,7 +838,7 @@ mod tests {
 
         let big = NonZeroU32::new(1_000_000).expect("nonzero");
         let alg = TokenBucket::new(Quota::per_second(big), big);
-        let table: Table<u64, Tat> = Table::new(300_000, 64, u64::MAX, OnFull::Evict);
+        let table: Table<u64, Tat> = Table::new(300_000, 64, u64::MAX, OnFull::Evict, None, |_| 0);
         // A third more keys than the bound: every shard fills, then evicts
         // (leaving tombstones) for every further key.
         let mut x = 1u64;
@@ -583,7 +868,8 @@ mod tests {
 
         let alg = FixedWindow::new(Quota::per_second(NonZeroU32::new(5).expect("nonzero")));
         // One key at most: charging a second evicts the first.
-        let table: Table<u64, FixedWindowState> = Table::new(1, 1, u64::MAX, OnFull::Evict);
+        let table: Table<u64, FixedWindowState> =
+            Table::new(1, 1, u64::MAX, OnFull::Evict, None, |_| 0);
         let (h1, h2) = (table.hash(&1), table.hash(&2));
         let mut shard = table.lock(0);
         shard.check(&alg, &1, h1, 2, 0).expect("fits");
@@ -606,7 +892,8 @@ mod tests {
 
         let alg = FixedWindow::new(Quota::per_second(NonZeroU32::new(100).expect("nonzero")));
         // One shard of 100 keys, each charged once.
-        let table: Table<u64, FixedWindowState> = Table::new(100, 1, u64::MAX, OnFull::Evict);
+        let table: Table<u64, FixedWindowState> =
+            Table::new(100, 1, u64::MAX, OnFull::Evict, None, |_| 0);
         let mut shard = table.lock(0);
         for key in 0..100u64 {
             let h = table.hash(&key);
