@@ -1003,3 +1003,43 @@ fn reconfiguring_a_limit_keeps_every_keys_count() {
         "another algorithm starts afresh"
     );
 }
+
+#[test]
+fn growing_sliding_logs_stay_within_max_memory() {
+    // 500 keys each logging 200 requests would take 1.6 MB of log buffers;
+    // the store may hold 1 MiB in all. Under either policy the bytes it
+    // counts never pass the bound: logs that cannot grow make room by
+    // evicting others (evict) or are denied (deny_new).
+    for on_full in [OnFull::Evict, OnFull::DenyNew] {
+        let clock = FakeClock::new(HOUR_START);
+        let options = MemoryOptions {
+            max_memory: NonZeroUsize::new(1 << 20),
+            on_full,
+            ..options(1_000_000, 4, Duration::from_secs(3_600))
+        };
+        let rule = Rule::new("log", SlidingLog::new(per_hour(1_000)));
+        let store = MemoryStore::with_clock(vec![rule], options, clock.clone());
+        let mut denied = 0;
+        for _ in 0..200 {
+            for k in 0..500 {
+                clock.advance(Duration::from_micros(1));
+                let key = format!("k{k}");
+                let check = Check {
+                    rule: RuleId(0),
+                    key: &key,
+                    cost: 1,
+                };
+                denied += usize::from(!store.check_now(&[check]).expect("fits").allowed);
+            }
+            assert!(
+                store.memory_bytes() <= 1 << 20,
+                "{on_full:?}: {}",
+                store.memory_bytes()
+            );
+        }
+        match on_full {
+            OnFull::Evict => assert!(store.len(RuleId(0)) < 500, "some logs were evicted"),
+            OnFull::DenyNew => assert!(denied > 0, "some requests were denied for room"),
+        }
+    }
+}

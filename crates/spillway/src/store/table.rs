@@ -132,11 +132,32 @@ fn shard_budget<E>(keys: usize, bytes: usize) -> ShardBudget {
             hi = mid - 1;
         }
     }
-    let cap = lo.max(1);
+    // Room to spare under the table's fill limit: evictions leave
+    // tombstones that use it up, and the table is rebuilt when it is gone
+    // (so once per sixteenth of the keys at most, not on every key).
+    let cap = (lo - lo / 16).max(1);
     ShardBudget {
         cap,
         heap: bytes.saturating_sub(table_bytes::<E>(cap)),
     }
+}
+
+/// How many shards share `bytes`, starting from `shards`: as many more as
+/// it takes for each shard's table, whose slots grow in powers of two, to
+/// fill the three quarters of its share it may use (with shares just
+/// under a doubling, the tables would stop at half that). Fewer when the
+/// shares would drop under [`MIN_BYTES_PER_SHARD`].
+fn dense_budget_shards<E>(bytes: usize, shards: usize) -> usize {
+    let n = shards.min((bytes / MIN_BYTES_PER_SHARD).max(1));
+    let slots = bytes / n / 4 * 3;
+    // The largest table a shard's share holds, then as many shards of it
+    // as the bytes allow.
+    let mut keys = 1usize;
+    while table_bytes::<E>(keys * 2) <= slots {
+        keys *= 2;
+    }
+    let table = table_bytes::<E>(keys).max(1);
+    (bytes / 4 * 3 / table).clamp(n, 2 * n)
 }
 
 /// How many of a table's slots hashbrown fills before it grows.
@@ -197,7 +218,7 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
             shards.clamp(1, (max_keys / MIN_KEYS_PER_SHARD).max(1)),
         );
         if let Some(bytes) = max_bytes {
-            n = n.min((bytes / MIN_BYTES_PER_SHARD).max(1));
+            n = dense_budget_shards::<(K, S::Cell)>(bytes, n);
         }
         let hasher = Hasher::default();
         let shards = (0..n)
@@ -223,6 +244,17 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
             max_keys,
         };
         table.set_budget(max_bytes);
+        if max_bytes.is_some() {
+            // Within a byte budget the tables are made at their full size
+            // at once: growing by doubling would leave each smaller table
+            // behind in the allocator (about as much again, measured),
+            // and a table's untouched pages take no memory until keys fill
+            // them.
+            for shard in table.shards.iter() {
+                let mut shard = shard.write();
+                shard.entries = HashTable::with_capacity(shard.cap);
+            }
+        }
         table
     }
 
@@ -233,7 +265,11 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
         let n = self.shards.len();
         let max_keys = self.max_keys;
         // Shares differ by at most one key and one byte: one budget search.
-        let budget = max_bytes.map(|b| shard_budget::<(K, S::Cell)>(max_keys.div_ceil(n), b / n));
+        // The shards themselves (their locks, padded) come off the top.
+        let fixed = std::mem::size_of_val(&*self.shards);
+        let budget = max_bytes.map(|b| {
+            shard_budget::<(K, S::Cell)>(max_keys.div_ceil(n), b.saturating_sub(fixed) / n)
+        });
         for (i, shard) in self.shards.iter().enumerate() {
             let mut shard = shard.write();
             let keys = max_keys / n + usize::from(i < max_keys % n);
@@ -704,7 +740,10 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
             keep
         });
         let len = shard.entries.len();
-        if len * 4 < shard.entries.capacity() {
+        // Within a byte budget a table keeps its size (made at once, and
+        // counted as allocated); otherwise memory goes back when most keys
+        // are gone.
+        if !metered && len * 4 < shard.entries.capacity() {
             let hasher = &self.table.hasher;
             shard.entries.shrink_to(len * 2, |e| hasher.hash_one(&e.0));
         }
