@@ -2,29 +2,30 @@
 //! on the same key at once need not take its shard's lock exclusively.
 //!
 //! A check of a key the table already holds takes the shard's lock shared,
-//! finds the key, and decides on its state in place through
-//! [`SharedState::update`]. Every other thread checking a key of the same
+//! finds the key, and decides on its state in place
+//! ([`SharedState::decide`]). Every other thread checking a key of the same
 //! shard, the same key included, goes on at the same time: they meet only on
-//! the one state they both change, for the few nanoseconds of the algorithm's
-//! arithmetic. Everything that changes the table itself (a new key, an idle
-//! key forgotten, a sweep, an eviction, a request of several rules decided
-//! atomically) takes the shard's lock exclusively and reaches the state
-//! without any atomic operation ([`SharedState::with_mut`]).
+//! the one word they both change. Everything that changes the table itself
+//! (a new key, an idle key forgotten, a sweep, an eviction, a request of
+//! several rules decided atomically) takes the shard's lock exclusively and
+//! reaches the state without any atomic operation
+//! ([`SharedState::with_mut`]).
 //!
 //! The states of the token bucket, the leaky bucket, the fixed window and
-//! the sliding window are two or three integers. They are held as that many
-//! atomic words, one of which carries a lock bit: its value is provably below
-//! 2^32 (a fraction of a microsecond in units of `1 / per` with `per` below
-//! 2^32, or a count that never exceeds a `u32` limit), so bit 63 is free. An
-//! update sets the bit (one atomic read-modify-write, which also brings the
-//! cache line to this core), reads the words, runs the pure transition,
-//! writes the words and clears the bit with the word's new value (a plain
-//! store). That is the same traffic as a compare-and-swap loop on one word,
-//! but exact for states of several words, and a transition never runs twice.
-//! A thread that finds the bit set spins briefly, then yields, so a holder
-//! preempted by the scheduler does not make the other spin for its whole time
-//! slice. The entry stays as small as the plain state: the bit costs no
-//! byte.
+//! the sliding window are two or three integers, held as that many atomic
+//! words. An ordinary check changes one of them: a bucket's time (in whole
+//! microseconds, when a unit of cost is a whole number of them), a window's
+//! count. The other words (a bucket's fraction of a microsecond, a window's
+//! index, the previous window's count) change only when a window rolls over
+//! or the clock goes back, and then the decision goes to the exclusive
+//! path. So under the shared lock the other words are constant, and a
+//! compare-and-swap of the changing one, retried while another thread moved
+//! it (the transition is pure, so running it again is harmless), makes each
+//! decision exactly the one a single thread would have made: the same
+//! read-modify-write traffic as governor's, with no lock of our own to
+//! hold. Buckets whose unit is a fraction of a microsecond (3 a second) move
+//! their fraction on nearly every check and are never tried in place
+//! ([`SharedState::decides_in_place`]).
 //!
 //! The sliding log is a list that no fixed set of words holds. Its checks
 //! take the shard's lock exclusively, as before.
