@@ -170,7 +170,7 @@ fn flood_key(i: u64) -> String {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     let [a, b, c, d, ..] = (z ^ (z >> 31)).to_le_bytes();
     let mut key = format!("{a}.{b}.{c}.{d}:{i}");
-    if i % 4 == 0 {
+    if i.is_multiple_of(4) {
         key.push_str("|Mozilla/5.0 (X11; Linux x86_64) flood");
     }
     key

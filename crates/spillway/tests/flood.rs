@@ -55,7 +55,7 @@ fn flood_key(i: u64, out: &mut String) {
     let [a, b, c, d, ..] = (z ^ (z >> 31)).to_le_bytes();
     out.clear();
     let _ = write!(out, "{a}.{b}.{c}.{d}:{i}");
-    if i % 4 == 0 {
+    if i.is_multiple_of(4) {
         out.push_str("|Mozilla/5.0 (X11; Linux x86_64) flood");
     }
 }
@@ -106,13 +106,13 @@ fn flood(keys: u64, on_full: OnFull) -> Flooded {
         clock.advance(Duration::from_micros(1));
         flood_key(i, &mut key);
         check(&key, 1);
-        if i % 1_000 == 0 {
+        if i.is_multiple_of(1_000) {
             admitted_abuser += usize::from(check("mallory", 1).allowed);
             let u = (i / 1_000) as usize % users.len();
             assert!(check(&users[u], 1).allowed, "{} was denied", users[u]);
             spent[u] += 1;
         }
-        if i % 100_000 == 0 {
+        if i.is_multiple_of(100_000) {
             peak_bytes = peak_bytes.max(store.memory_bytes());
             peak_rss = peak_rss.max(rss().saturating_sub(rss_before));
         }
