@@ -1043,3 +1043,44 @@ fn growing_sliding_logs_stay_within_max_memory() {
         }
     }
 }
+
+#[test]
+fn a_reload_that_adds_rules_brings_the_store_back_within_max_memory() {
+    // One rule fills the whole budget; a reload to three rules cuts its
+    // share to a third. Its table comes back within the share as keys
+    // arrive, and the store within max_memory, the kept counts intact.
+    let clock = FakeClock::new(HOUR_START);
+    let max = 4 << 20;
+    let options = MemoryOptions {
+        max_memory: NonZeroUsize::new(max),
+        ..MemoryOptions::default()
+    };
+    let rule = |name: &str| Rule::new(name, FixedWindow::new(per_hour(10)));
+    let one = MemoryStore::with_clock(vec![rule("a")], options, clock.clone());
+    let check = |store: &MemoryStore<FakeClock>, rule, key: &str| {
+        let c = Check {
+            rule: RuleId(rule),
+            key,
+            cost: 1,
+        };
+        store.check_now(&[c]).expect("fits").decisions[0]
+    };
+    for _ in 0..10 {
+        check(&one, 0, "mallory");
+    }
+    for i in 0..100_000 {
+        check(&one, 0, &format!("k{i}"));
+    }
+    assert!(one.memory_bytes() <= max, "{}", one.memory_bytes());
+    let three = one.reconfigure(vec![rule("a"), rule("b"), rule("c")]);
+    for i in 0..100_000 {
+        for r in 0..3 {
+            check(&three, r, &format!("n{i}"));
+        }
+    }
+    assert!(three.memory_bytes() <= max, "{}", three.memory_bytes());
+    assert!(
+        !check(&three, 0, "mallory").allowed,
+        "mallory kept its count"
+    );
+}

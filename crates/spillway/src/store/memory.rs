@@ -104,7 +104,9 @@ pub struct MemoryOptions {
     /// check that would grow a log's buffer, that does not fit makes room
     /// as [`on_full`](Self::on_full) says (evicting the keys closest to
     /// fresh), and is denied when none can go. `max_keys` still bounds the
-    /// keys.
+    /// keys. [`MemoryStore::reconfigure`] divides the bytes again among the
+    /// new rules: a kept rule whose share shrank evicts down to it, and
+    /// rebuilds its table smaller, when its next new key arrives.
     ///
     /// ```
     /// use std::num::{NonZeroU32, NonZeroUsize};

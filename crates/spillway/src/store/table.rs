@@ -99,6 +99,10 @@ pub(crate) struct Shard<K, S: SharedState> {
     heap: usize,
     // What the byte budget leaves for them (`usize::MAX` without one).
     heap_budget: usize,
+    // The bytes the table may take (`usize::MAX` without a budget): a
+    // table larger than that (its budget was cut by a reload that added
+    // rules) is rebuilt smaller once its keys fit.
+    table_limit: usize,
     next_sweep: Micros,
     // The state of the PRNG that picks the eviction sample.
     rng: u64,
@@ -111,6 +115,7 @@ pub(crate) struct Shard<K, S: SharedState> {
 struct ShardBudget {
     cap: usize,
     heap: usize,
+    table: usize,
 }
 
 /// The bytes a table sized for `keys` entries of `E` allocates.
@@ -136,9 +141,11 @@ fn shard_budget<E>(keys: usize, bytes: usize) -> ShardBudget {
     // tombstones that use it up, and the table is rebuilt when it is gone
     // (so once per sixteenth of the keys at most, not on every key).
     let cap = (lo - lo / 16).max(1);
+    let table = table_bytes::<E>(cap);
     ShardBudget {
         cap,
-        heap: bytes.saturating_sub(table_bytes::<E>(cap)),
+        heap: bytes.saturating_sub(table),
+        table,
     }
 }
 
@@ -228,6 +235,7 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
                     cap: 0,
                     heap: 0,
                     heap_budget: usize::MAX,
+                    table_limit: usize::MAX,
                     next_sweep: 0,
                     // Seeded from the hasher's per-process random keys.
                     rng: hasher.hash_one(i),
@@ -277,10 +285,12 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
                 Some(b) => {
                     shard.cap = keys.min(b.cap);
                     shard.heap_budget = b.heap;
+                    shard.table_limit = b.table;
                 }
                 None => {
                     shard.cap = keys;
                     shard.heap_budget = usize::MAX;
+                    shard.table_limit = usize::MAX;
                 }
             }
         }
@@ -505,9 +515,11 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
             // Once the table has the slots its bound needs, rebuild it at
             // that size rather than let it double for a key that fits.
             let entries = &mut shard.entries;
-            if entries.capacity() <= entries.len()
-                && full_capacity(entries.num_buckets()) >= shard.cap
-            {
+            let tombstoned = entries.capacity() <= entries.len()
+                && full_capacity(entries.num_buckets()) >= shard.cap;
+            // A table left larger than its budget (a reload cut it) is made
+            // smaller as soon as its keys fit.
+            if tombstoned || entries.allocation_size() > shard.table_limit {
                 let mut fresh = HashTable::with_capacity(shard.cap);
                 for e in entries.drain() {
                     let h = hasher.hash_one(&e.0);
@@ -585,7 +597,10 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
         newcomer: &Decision,
         needs: usize,
     ) -> Result<(), Decision> {
-        for _ in 0..MAX_EVICTIONS {
+        // As many as it takes: more than one only after a reload cut the
+        // shard's bound, and then the shard comes back within it at once.
+        let over = self.shard.entries.len().saturating_sub(self.shard.cap);
+        for _ in 0..over + MAX_EVICTIONS {
             if self.shard.entries.len() < self.shard.cap {
                 break;
             }
