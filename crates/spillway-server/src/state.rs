@@ -69,6 +69,7 @@ impl Loaded {
                 let options = MemoryOptions {
                     max_keys: config.store.max_keys,
                     on_full: config.store.on_full,
+                    max_memory: config.store.max_memory,
                     ..MemoryOptions::default()
                 };
                 StoreImpl::Memory(Arc::new(MemoryStore::new(rules, options)))

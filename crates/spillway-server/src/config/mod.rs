@@ -257,6 +257,9 @@ pub struct StoreConfig {
     pub max_keys: NonZeroUsize,
     /// What a full in-memory table does with a new key.
     pub on_full: OnFull,
+    /// The most bytes the in-memory store holds, all rules together
+    /// (`MemoryOptions::max_memory`), if bounded.
+    pub max_memory: Option<NonZeroUsize>,
 }
 
 /// Where the counters live.
@@ -324,6 +327,16 @@ struct RawStore {
     instances: Option<NonZeroU32>,
     max_keys: Option<NonZeroUsize>,
     on_full: Option<Spanned<String>>,
+    max_memory: Option<Spanned<RawSize>>,
+}
+
+/// A size in bytes: a number, or a string with a unit (`"64MiB"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawSize {
+    Bytes(i64),
+    Fraction(f64),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -520,6 +533,80 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     n.checked_mul(unit_ms)
         .map(Duration::from_millis)
         .ok_or_else(|| format!("`{s}` is too long"))
+}
+
+/// Parses a size in bytes: an integer and an optional unit, `B`, `KiB`,
+/// `MiB`, `GiB` (powers of 1024) or `KB`, `MB`, `GB` (powers of 1000), in
+/// any case, with or without a space (`64MiB`, `512 MB`, `1048576`).
+///
+/// ```
+/// use spillway_server::config::parse_size;
+/// assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+/// assert_eq!(parse_size("1 gb"), Ok(1_000_000_000));
+/// assert!(parse_size("64 MiB of RAM").is_err());
+/// ```
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let bad = || format!("`{s}` is not a size like 64MiB, 512MB or 1GiB");
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let unit: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(unit)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// The least `[store] max_memory`: below it a shard's share could not hold
+/// a few long keys.
+const MIN_MAX_MEMORY: u64 = 1 << 20;
+
+/// `[store] max_memory`.
+fn max_memory_of(
+    raw: &RawStore,
+    kind: &StoreKind,
+    lines: &Text<'_>,
+) -> Result<Option<NonZeroUsize>, ConfigError> {
+    let Some(v) = &raw.max_memory else {
+        return Ok(None);
+    };
+    let field = "store.max_memory";
+    let bytes = match v.get_ref() {
+        RawSize::Bytes(n) => u64::try_from(*n)
+            .map_err(|_| lines.err(v, field, format!("{n} is not a size: at least 1MiB")))?,
+        RawSize::Fraction(x) => {
+            return Err(lines.err(
+                v,
+                field,
+                format!("{x} is not a whole number of bytes: write \"64MiB\""),
+            ));
+        }
+        RawSize::Text(t) => parse_size(t).map_err(|m| lines.err(v, field, m))?,
+    };
+    if bytes < MIN_MAX_MEMORY {
+        return Err(lines.err(
+            v,
+            field,
+            format!("{bytes} bytes is too little: at least 1MiB"),
+        ));
+    }
+    if matches!(kind, StoreKind::Redis(_)) {
+        return Err(lines.err(
+            v,
+            field,
+            "bounds the in-memory store; with kind = \"redis\" the counters are in Redis",
+        ));
+    }
+    let bytes = usize::try_from(bytes).map_err(|_| lines.err(v, field, "too large"))?;
+    Ok(NonZeroUsize::new(bytes))
 }
 
 impl Config {
@@ -1323,6 +1410,7 @@ fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, Config
         Some(v) => on_error_of(v, "store.on_error", raw, lines)?,
     };
     let kind = store_kind(raw, lines)?;
+    let max_memory = max_memory_of(raw, &kind, lines)?;
     let on_full = match &raw.on_full {
         None => OnFull::Evict,
         Some(v) => match v.get_ref().as_str() {
@@ -1343,6 +1431,7 @@ fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, Config
         on_error,
         rule_on_error: BTreeMap::new(),
         on_full,
+        max_memory,
         max_keys: raw
             .max_keys
             .unwrap_or(NonZeroUsize::new(1_000_000).expect("nonzero")),
@@ -1680,6 +1769,42 @@ mod tests {
         let e = error("[store]\nmax_keys = 10\non_full = \"refuse\"\n");
         assert_eq!((e.line, e.field.as_str()), (Some(3), "store.on_full"));
         assert!(e.message.contains("deny_new"), "{e}");
+    }
+
+    #[test]
+    fn max_memory_is_a_size_in_bytes() {
+        let max = |text: &str| {
+            Config::parse(text)
+                .unwrap()
+                .store
+                .max_memory
+                .map(|m| m.get())
+        };
+        assert_eq!(max(RULE), None);
+        assert_eq!(max("[store]\nmax_memory = \"64MiB\"\n"), Some(64 << 20));
+        assert_eq!(max("[store]\nmax_memory = \"100 MB\"\n"), Some(100_000_000));
+        assert_eq!(max("[store]\nmax_memory = 2097152\n"), Some(2 << 20));
+        for (text, says) in [
+            ("[store]\n\nmax_memory = \"64 potatoes\"\n", "not a size"),
+            ("[store]\n\nmax_memory = \"512KiB\"\n", "at least 1MiB"),
+            ("[store]\n\nmax_memory = \"99999999999GiB\"\n", "too large"),
+            ("[store]\n\nmax_memory = -5\n", "not a size"),
+            ("[store]\n\nmax_memory = 1.5\n", "whole number"),
+        ] {
+            let e = error(text);
+            assert_eq!(e.field.as_str(), "store.max_memory", "{text}: {e}");
+            assert_eq!(e.line, Some(3), "{text}: {e}");
+            assert!(e.to_string().contains(says), "{text}: {e}");
+        }
+        let e = error(
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1\"\nmax_memory = \"64MiB\"\n",
+        );
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(4), "store.max_memory"),
+            "{e}"
+        );
+        assert!(e.message.contains("in-memory"), "{e}");
     }
 
     #[test]
