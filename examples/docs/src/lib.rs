@@ -37,6 +37,10 @@ pub struct Middleware;
 #[cfg(doctest)]
 pub struct Proxy;
 
+#[doc = include_str!("../../../docs/reliability.md")]
+#[cfg(doctest)]
+pub struct Reliability;
+
 #[doc = include_str!("../../../docs/security.md")]
 #[cfg(doctest)]
 pub struct Security;
