@@ -688,8 +688,9 @@ impl RedisStore {
     }
 
     /// Sends a refund that failed to answer again, twice at most, a retry
-    /// interval apart. Its receipt makes a refund that did run the first
-    /// time give nothing back again.
+    /// interval apart (a second at most, so that the last is sent well
+    /// within its receipt's 10 s). The receipt makes a refund that did run
+    /// the first time give nothing back again.
     fn refund_later(&self, prepared: Vec<Prepared>, slot: u16, charged_at: u64, receipt: String) {
         let store = self.clone();
         tokio::spawn(async move {
@@ -698,7 +699,12 @@ impl RedisStore {
                 checks: (0..prepared.len()).collect(),
             };
             for _ in 0..2 {
-                tokio::time::sleep(store.inner.options.retry_interval).await;
+                let pause = store
+                    .inner
+                    .options
+                    .retry_interval
+                    .min(Duration::from_secs(1));
+                tokio::time::sleep(pause).await;
                 let refund = Refund {
                     charged_at,
                     receipt: &receipt,

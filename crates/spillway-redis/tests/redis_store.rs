@@ -1300,3 +1300,56 @@ async fn a_refund_after_the_charge_expired_takes_nothing_from_newer_ones() {
     let left = s.check(&peek).await.unwrap().decisions[0].remaining;
     assert_eq!(left, 1, "the second charge still counts");
 }
+
+/// A refund sent twice with one receipt gives back once: the store can
+/// send a refund again after a lost answer without handing out the cost
+/// twice.
+#[tokio::test]
+async fn a_refund_sent_again_with_its_receipt_gives_back_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rules = vec![Rule::new(
+        "r",
+        FixedWindow::new(per(10, Duration::from_secs(3600))),
+    )];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    let both = [
+        Check {
+            rule: RuleId(0),
+            key: "a",
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(0),
+            key: "b",
+            cost: 1,
+        },
+    ];
+    s.check(&both).await.unwrap();
+    let second = s.check(&both).await.unwrap();
+    assert_eq!(second.decisions[0].remaining, 8);
+    // The general script's refund of the second charge, as the store sends
+    // it: the time of the charge second, the receipt key last.
+    let call = s.script_call(&both).unwrap();
+    let script = redis::Script::new(&call.source);
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let receipt = format!("{}:refund:test", call.keys[0]);
+    for _ in 0..2 {
+        let mut refund = script.prepare_invoke();
+        refund.key(&call.keys).key(&receipt);
+        refund.arg("").arg(second.decided_at).arg(&call.args[2..]);
+        let _: Vec<i64> = refund.invoke_async(&mut connection).await.unwrap();
+    }
+    let peek = [Check { cost: 0, ..both[0] }, Check { cost: 0, ..both[1] }];
+    let after = s.check(&peek).await.unwrap();
+    assert_eq!(
+        after.decisions[0].remaining, 9,
+        "given back once, not twice"
+    );
+    assert_eq!(after.decisions[1].remaining, 9);
+}
