@@ -1,0 +1,198 @@
+//! Faults between `spillway serve` and Redis, measured with real processes
+//! (the short form; `scripts/faults.sh` runs the same scenarios longer):
+//! instances of the binary on a redis-server, or on a Redis Cluster of 3
+//! masters and 3 replicas, clients at a known rate on three rules (one
+//! `fail_closed`, one `local`, one `fail_open`: a mix of per-rule
+//! policies in one run), and a fault in the middle: Redis killed and
+//! restarted, paused (SIGSTOP), slowed, stalled or reset by a proxy, a
+//! cluster master killed.
+//!
+//! Each test prints its figures (`FAULT ...` lines; `--nocapture` shows
+//! them) and checks what every policy promises: see
+//! `fault_support::Report::violations`. Scenarios run one at a time.
+//!
+//! Each starts its own servers; without redis-server installed they skip
+//! loudly (and fail with SPILLWAY_REQUIRE_REDIS=1, as in CI).
+
+mod fault_support;
+
+use std::time::Duration;
+
+use fault_support::proxy::Fault;
+use fault_support::{Injected, Report, Scenario, Topology, run};
+
+const KILLED: Scenario = Scenario {
+    name: "redis-killed",
+    topology: Topology::Standalone,
+    injected: Injected::KillRestart,
+};
+
+const PAUSED: Scenario = Scenario {
+    name: "redis-paused",
+    topology: Topology::Standalone,
+    injected: Injected::Pause,
+};
+
+const SLOWED: Scenario = Scenario {
+    name: "latency-30ms",
+    topology: Topology::Standalone,
+    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(30))),
+};
+
+const STALLED: Scenario = Scenario {
+    name: "stalled",
+    topology: Topology::Standalone,
+    injected: Injected::Proxy(Fault::Stall),
+};
+
+const RESET: Scenario = Scenario {
+    name: "resets",
+    topology: Topology::Standalone,
+    injected: Injected::Proxy(Fault::Reset),
+};
+
+const MASTER_KILLED: Scenario = Scenario {
+    name: "cluster-master-killed",
+    topology: Topology::Cluster,
+    injected: Injected::KillMaster,
+};
+
+const ONE_MASTER_STALLED: Scenario = Scenario {
+    name: "cluster-one-master-stalled",
+    topology: Topology::Cluster,
+    injected: Injected::StallOneMaster,
+};
+
+const CLUSTER_RESET: Scenario = Scenario {
+    name: "cluster-resets",
+    topology: Topology::Cluster,
+    injected: Injected::Proxy(Fault::Reset),
+};
+
+const CLUSTER_SLOWED: Scenario = Scenario {
+    name: "cluster-latency-30ms",
+    topology: Topology::Cluster,
+    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(30))),
+};
+
+/// While the fault lasts, `fail_closed` must have refused, `local` decided
+/// in memory and `fail_open` admitted: the fault was real.
+fn assert_the_fault_was_felt(report: &Report) {
+    assert!(report.rule("fail_closed").unavailable > 0, "no 503 at all");
+    assert!(report.rule("local").local_answers > 0, "no local decision");
+    assert!(report.rule("fail_open").open_admitted > 0, "no undecided admission");
+}
+
+#[test]
+fn redis_killed_and_restarted() {
+    let Some(report) = run(KILLED) else { return };
+    assert_the_fault_was_felt(&report);
+    report.assert_holds(false);
+}
+
+#[test]
+fn redis_paused() {
+    let Some(report) = run(PAUSED) else { return };
+    assert_the_fault_was_felt(&report);
+    report.assert_holds(false);
+}
+
+/// Latency under the store timeout changes nothing but the latency.
+#[test]
+fn latency_below_the_store_timeout() {
+    let Some(report) = run(SLOWED) else { return };
+    for f in &report.rules {
+        assert_eq!(
+            (f.local_answers, f.open_admitted, f.unavailable),
+            (0, 0, 0),
+            "{}",
+            f.line()
+        );
+        assert!(f.p50 >= Duration::from_millis(60), "{}", f.line());
+    }
+    report.assert_holds(false);
+}
+
+#[test]
+fn stalled_connection() {
+    let Some(report) = run(STALLED) else { return };
+    assert_the_fault_was_felt(&report);
+    report.assert_holds(false);
+}
+
+#[test]
+fn connections_reset() {
+    let Some(report) = run(RESET) else { return };
+    assert_the_fault_was_felt(&report);
+    report.assert_holds(false);
+}
+
+/// The replica takes over; a promoted replica may lack the last charges
+/// (replication is asynchronous), which this run measures rather than
+/// forbids.
+#[test]
+fn cluster_master_killed() {
+    let Some(report) = run(MASTER_KILLED) else {
+        return;
+    };
+    report.assert_holds(true);
+}
+
+#[test]
+fn cluster_latency_below_the_store_timeout() {
+    let Some(report) = run(CLUSTER_SLOWED) else {
+        return;
+    };
+    report.assert_holds(false);
+}
+
+/// `local`'s counts survive Redis's return: a window that began after the
+/// fault began admits no more than the limit in all.
+#[test]
+#[ignore = "needs the fix of: the local fallback forgets its counts when Redis returns"]
+fn local_keeps_its_counts_when_redis_returns() {
+    let Some(report) = run(KILLED) else { return };
+    let f = report.rule("local");
+    assert_eq!(f.over_after_fault_began, 0, "{}", f.line());
+}
+
+/// One master stalls: only the keys it holds follow their policy; every
+/// other key is still decided by Redis, exactly.
+#[test]
+#[ignore = "needs the fix of: the breaker is store-wide (one slow node flips the policy for all keys)"]
+fn cluster_one_stalled_master_leaves_the_others_exact() {
+    let Some(report) = run(ONE_MASTER_STALLED) else {
+        return;
+    };
+    let mut wrong = Vec::new();
+    for (rule, key, f) in &report.keys {
+        let name = format!("{rule}:{key}");
+        if report.faulty_keys.contains(&name) {
+            continue;
+        }
+        if f.local_answers + f.open_admitted + f.unavailable > 0 || f.recovery != Some(Duration::ZERO)
+        {
+            wrong.push(format!("{name}: {}", f.line()));
+        }
+    }
+    assert!(
+        report.faulty_keys.len() < report.keys.len(),
+        "every key is on the stalled master: nothing to compare"
+    );
+    assert!(wrong.is_empty(), "keys on healthy masters:\n{}", wrong.join("\n"));
+    report.assert_holds(false);
+}
+
+/// Connections reset under a script in flight: a script is never charged
+/// twice, so a window that only Redis decided admits exactly the limit.
+#[test]
+#[ignore = "needs the fix of: the cluster client re-sends non-idempotent scripts (.retries(2))"]
+fn cluster_resets_never_charge_twice() {
+    let Some(report) = run(CLUSTER_RESET) else {
+        return;
+    };
+    for f in &report.rules {
+        assert_eq!(f.redis_under, 0, "{}", f.line());
+    }
+    report.assert_holds(false);
+}
