@@ -21,58 +21,91 @@ use std::time::Duration;
 use fault_support::proxy::Fault;
 use fault_support::{Injected, Report, Scenario, Topology, run};
 
+/// The return to exact decisions after a fault of one redis-server (or of
+/// the connections to every node): the breaker's retry interval (250 ms),
+/// a reconnection, and a window of one second that must start afresh.
+const STANDALONE: Duration = Duration::from_secs(2);
+
+/// After a master is killed: the cluster's node timeout (1 s), its
+/// replica's election (0.5 to 1 s, and a rank's wait), then the client's
+/// new slot map, and a fresh window.
+const FAILOVER: Duration = Duration::from_secs(6);
+
 const KILLED: Scenario = Scenario {
     name: "redis-killed",
     topology: Topology::Standalone,
     injected: Injected::KillRestart,
+    recovery_bound: STANDALONE,
 };
 
 const PAUSED: Scenario = Scenario {
     name: "redis-paused",
     topology: Topology::Standalone,
     injected: Injected::Pause,
+    recovery_bound: STANDALONE,
 };
 
 const SLOWED: Scenario = Scenario {
-    name: "latency-30ms",
+    name: "latency-20ms",
     topology: Topology::Standalone,
-    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(30))),
+    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(20))),
+    recovery_bound: STANDALONE,
 };
 
 const STALLED: Scenario = Scenario {
     name: "stalled",
     topology: Topology::Standalone,
     injected: Injected::Proxy(Fault::Stall),
+    recovery_bound: STANDALONE,
 };
 
 const RESET: Scenario = Scenario {
     name: "resets",
     topology: Topology::Standalone,
     injected: Injected::Proxy(Fault::Reset),
+    recovery_bound: STANDALONE,
 };
 
 const MASTER_KILLED: Scenario = Scenario {
     name: "cluster-master-killed",
     topology: Topology::Cluster,
     injected: Injected::KillMaster,
+    recovery_bound: FAILOVER,
 };
 
 const ONE_MASTER_STALLED: Scenario = Scenario {
     name: "cluster-one-master-stalled",
     topology: Topology::Cluster,
     injected: Injected::StallOneMaster,
+    recovery_bound: STANDALONE,
+};
+
+const FLAKY: Scenario = Scenario {
+    name: "resets-every-100ms",
+    topology: Topology::Standalone,
+    injected: Injected::ResetEvery(Duration::from_millis(100)),
+    recovery_bound: STANDALONE,
 };
 
 const CLUSTER_RESET: Scenario = Scenario {
     name: "cluster-resets",
     topology: Topology::Cluster,
     injected: Injected::Proxy(Fault::Reset),
+    recovery_bound: STANDALONE,
+};
+
+const CLUSTER_FLAKY: Scenario = Scenario {
+    name: "cluster-resets-every-100ms",
+    topology: Topology::Cluster,
+    injected: Injected::ResetEvery(Duration::from_millis(100)),
+    recovery_bound: STANDALONE,
 };
 
 const CLUSTER_SLOWED: Scenario = Scenario {
-    name: "cluster-latency-30ms",
+    name: "cluster-latency-20ms",
     topology: Topology::Cluster,
-    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(30))),
+    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(20))),
+    recovery_bound: STANDALONE,
 };
 
 /// While the fault lasts, `fail_closed` must have refused, `local` decided
@@ -102,13 +135,11 @@ fn redis_paused() {
 fn latency_below_the_store_timeout() {
     let Some(report) = run(SLOWED) else { return };
     for f in &report.rules {
-        assert_eq!(
-            (f.local_answers, f.open_admitted, f.unavailable),
-            (0, 0, 0),
-            "{}",
-            f.line()
-        );
-        assert!(f.p50 >= Duration::from_millis(60), "{}", f.line());
+        // Every window exact, the fault's too (but those the machine's
+        // own lag spoiled).
+        assert_eq!(f.fault_inexact, 0, "{}", f.line());
+        // The latency was there: Redis answers took two proxy crossings.
+        assert!(f.max >= Duration::from_millis(40), "{}", f.line());
     }
     report.assert_holds(false);
 }
@@ -143,6 +174,10 @@ fn cluster_latency_below_the_store_timeout() {
     let Some(report) = run(CLUSTER_SLOWED) else {
         return;
     };
+    for f in &report.rules {
+        assert_eq!(f.fault_inexact, 0, "{}", f.line());
+        assert!(f.max >= Duration::from_millis(40), "{}", f.line());
+    }
     report.assert_holds(false);
 }
 
@@ -170,8 +205,7 @@ fn cluster_one_stalled_master_leaves_the_others_exact() {
         if report.faulty_keys.contains(&name) {
             continue;
         }
-        if f.local_answers + f.open_admitted + f.unavailable > 0 || f.recovery != Some(Duration::ZERO)
-        {
+        if f.fault_inexact > 0 || f.recovery != Some(Duration::ZERO) {
             wrong.push(format!("{name}: {}", f.line()));
         }
     }
@@ -183,16 +217,31 @@ fn cluster_one_stalled_master_leaves_the_others_exact() {
     report.assert_holds(false);
 }
 
-/// Connections reset under a script in flight: a script is never charged
-/// twice, so a window that only Redis decided admits exactly the limit.
 #[test]
-#[ignore = "needs the fix of: the cluster client re-sends non-idempotent scripts (.retries(2))"]
-fn cluster_resets_never_charge_twice() {
+fn connections_reset_every_100ms() {
+    let Some(report) = run(FLAKY) else { return };
+    report.assert_holds(false);
+}
+
+#[test]
+fn cluster_connections_reset() {
     let Some(report) = run(CLUSTER_RESET) else {
         return;
     };
+    assert_the_fault_was_felt(&report);
+    report.assert_holds(false);
+}
+
+/// Connections reset under scripts in flight: a script whose reply was
+/// lost is not sent again, so Redis charges only what it answered.
+#[test]
+#[ignore = "needs the fix of: the cluster client re-sends non-idempotent scripts (.retries(2))"]
+fn cluster_resets_never_charge_twice() {
+    let Some(report) = run(CLUSTER_FLAKY) else {
+        return;
+    };
     for f in &report.rules {
-        assert_eq!(f.redis_under, 0, "{}", f.line());
+        assert_eq!((f.phantom, f.redis_under), (0, 0), "{}", f.line());
     }
     report.assert_holds(false);
 }

@@ -62,6 +62,10 @@ pub enum Outcome {
         allowed: bool,
         /// The window it counts in.
         window: i64,
+        /// For an admission by Redis: the window's count after it (its
+        /// limit minus what remains), so that charges Redis made but
+        /// answered nobody for show as gaps.
+        count: Option<u64>,
     },
     /// Another HTTP status (503 from `fail_closed`, or anything else).
     Status(u16),
@@ -86,6 +90,21 @@ pub struct Record {
     pub outcome: Outcome,
 }
 
+/// One control probe: `GET /healthz`, which touches no store, so its
+/// latency is the instance's and the machine's own lag.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    /// The instance asked.
+    pub instance: usize,
+    /// When it was sent, from the start of the run.
+    pub sent: Duration,
+    /// How long its answer took (10 s if none came).
+    pub latency: Duration,
+}
+
+/// How often each instance is probed.
+const PROBE_EVERY: Duration = Duration::from_millis(20);
+
 /// The offered load.
 #[derive(Clone, Copy, Debug)]
 pub struct Load {
@@ -106,6 +125,7 @@ pub struct Generator {
     stop: watch::Sender<bool>,
     clients: Vec<JoinHandle<()>>,
     records: Arc<Mutex<Vec<Record>>>,
+    probes: Arc<Mutex<Vec<Probe>>>,
     shed: Arc<AtomicU64>,
 }
 
@@ -146,9 +166,26 @@ impl Generator {
         };
         let (stop, stopped) = watch::channel(false);
         let shed = Arc::new(AtomicU64::new(0));
+        let probes: Arc<Mutex<Vec<Probe>>> = Arc::default();
+        let mut clients = Vec::new();
+        for instance in 0..instances.len() {
+            let shared = shared.clone();
+            let probes = probes.clone();
+            let mut stopped = stopped.clone();
+            clients.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(PROBE_EVERY);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = stopped.wait_for(|s| *s) => break,
+                    }
+                    let probe = shared.probe(instance).await;
+                    probes.lock().await.push(probe);
+                }
+            }));
+        }
         let period = Duration::from_secs_f64(1.0 / load.rate);
         let total = targets.len() * load.clients_per_target;
-        let mut clients = Vec::with_capacity(total);
         for c in 0..total {
             let target = c % targets.len();
             let shared = shared.clone();
@@ -189,6 +226,7 @@ impl Generator {
             stop,
             clients,
             records: shared.records,
+            probes,
             shed,
         }
     }
@@ -203,19 +241,42 @@ impl Generator {
         self.start_unix_ms
     }
 
-    /// Stops sending, waits for every answer, and returns the records and
-    /// the number of ticks shed.
-    pub async fn stop(self) -> (Vec<Record>, u64) {
+    /// Stops sending, waits for every answer, and returns the records,
+    /// the probes and the number of ticks shed.
+    pub async fn stop(self) -> (Vec<Record>, Vec<Probe>, u64) {
         self.stop.send_replace(true);
         for client in self.clients {
             client.await.expect("a client ran");
         }
         let records = std::mem::take(&mut *self.records.lock().await);
-        (records, self.shed.load(Ordering::Relaxed))
+        let probes = std::mem::take(&mut *self.probes.lock().await);
+        (records, probes, self.shed.load(Ordering::Relaxed))
     }
 }
 
 impl Client1 {
+    async fn probe(&self, instance: usize) -> Probe {
+        let uri = format!("http://{}/healthz", self.instances[instance]);
+        let sent = Instant::now();
+        let answered = tokio::time::timeout(ANSWER_WITHIN, async {
+            let req = Request::get(uri)
+                .body(Full::new(Bytes::new()))
+                .expect("a valid request");
+            let res = self.http.request(req).await.ok()?;
+            res.into_body().collect().await.ok()
+        })
+        .await;
+        let latency = match answered {
+            Ok(Some(_)) => sent.elapsed(),
+            _ => ANSWER_WITHIN,
+        };
+        Probe {
+            instance,
+            sent: sent - self.start,
+            latency,
+        }
+    }
+
     async fn one(&self, target: usize, instance: usize) {
         let t = &self.targets[target];
         let body = serde_json::json!({"rule": t.rule_name, "key": t.key}).to_string();
@@ -281,6 +342,7 @@ fn classify(t: &Target, body: &[u8], received_unix_ms: f64) -> Outcome {
                 source: Source::FailOpen,
                 allowed,
                 window: (received_unix_ms / w).floor() as i64,
+                count: None,
             };
         }
         Source::Redis
@@ -293,5 +355,6 @@ fn classify(t: &Target, body: &[u8], received_unix_ms: f64) -> Outcome {
         source,
         allowed,
         window: by_reset,
+        count: (source == Source::Redis && allowed).then(|| limit - remaining.min(limit)),
     }
 }

@@ -34,6 +34,8 @@ pub enum Fault {
 struct Control {
     fault: Fault,
     closing: bool,
+    // Bumped by `reset_now`: connections accepted before are reset.
+    generation: u64,
 }
 
 /// A proxy from a loopback port to `target`, faulty on demand. Its
@@ -55,6 +57,7 @@ impl FaultProxy {
         let control = Arc::new(watch::Sender::new(Control {
             fault: Fault::None,
             closing: false,
+            generation: 0,
         }));
         let target: SocketAddr = ([127, 0, 0, 1], target).into();
         let accepting = control.clone();
@@ -82,6 +85,11 @@ impl FaultProxy {
     pub fn set(&self, fault: Fault) {
         self.control.send_modify(|c| c.fault = fault);
     }
+
+    /// Resets every open connection (RST) once; new ones are carried.
+    pub fn reset_now(&self) {
+        self.control.send_modify(|c| c.generation += 1);
+    }
 }
 
 impl Drop for FaultProxy {
@@ -95,13 +103,15 @@ fn reset(stream: &TcpStream) {
     let _ = SockRef::from(stream).set_linger(Some(Duration::ZERO));
 }
 
-fn broken(c: &Control) -> bool {
-    c.closing || c.fault == Fault::Reset
+/// Whether a connection accepted in `generation` must be reset.
+fn broken(c: &Control, generation: u64) -> bool {
+    c.closing || c.fault == Fault::Reset || c.generation != generation
 }
 
 /// One connection: a reader and a writer in each direction.
 async fn carry(client: TcpStream, target: SocketAddr, control: watch::Receiver<Control>) {
-    if broken(&control.borrow()) {
+    let generation = control.borrow().generation;
+    if broken(&control.borrow(), generation) {
         reset(&client);
         return;
     }
@@ -116,10 +126,10 @@ async fn carry(client: TcpStream, target: SocketAddr, control: watch::Receiver<C
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (down_tx, down_rx) = mpsc::unbounded_channel();
     tokio::join!(
-        read(client_read, up_tx, control.clone()),
-        write(up_rx, server_write, control.clone()),
-        read(server_read, down_tx, control.clone()),
-        write(down_rx, client_write, control),
+        read(client_read, up_tx, control.clone(), generation),
+        write(up_rx, server_write, control.clone(), generation),
+        read(server_read, down_tx, control.clone(), generation),
+        write(down_rx, client_write, control, generation),
     );
 }
 
@@ -129,12 +139,13 @@ async fn read(
     mut from: OwnedReadHalf,
     to: mpsc::UnboundedSender<(Instant, Bytes)>,
     mut control: watch::Receiver<Control>,
+    generation: u64,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = tokio::select! {
             n = from.read(&mut buf) => n,
-            _ = control.wait_for(broken) => {
+            _ = control.wait_for(|c| broken(c, generation)) => {
                 reset(from.as_ref());
                 return;
             }
@@ -160,11 +171,12 @@ async fn write(
     mut chunks: mpsc::UnboundedReceiver<(Instant, Bytes)>,
     mut to: OwnedWriteHalf,
     mut control: watch::Receiver<Control>,
+    generation: u64,
 ) {
     loop {
         let next = tokio::select! {
             next = chunks.recv() => next,
-            _ = control.wait_for(broken) => {
+            _ = control.wait_for(|c| broken(c, generation)) => {
                 reset(to.as_ref());
                 return;
             }
@@ -176,7 +188,7 @@ async fn write(
         // Held while stalled, and until its latency has passed.
         let sendable = loop {
             let now = *control.borrow();
-            if broken(&now) {
+            if broken(&now, generation) {
                 break false;
             }
             let until = match now.fault {
