@@ -133,7 +133,7 @@ fn main() {
         ("sliding_window", SlidingWindow::new(big).into()),
         (
             "sliding_log",
-            SlidingLog::new(Quota::new(nz(100_000), Duration::from_secs(3600)).expect("valid"))
+            SlidingLog::new(Quota::new(nz(10_000), Duration::from_secs(3600)).expect("valid"))
                 .into(),
         ),
         (

@@ -5,7 +5,11 @@
 //! Exactness: the entry expires at `sent + retry_after`, where `sent` is when
 //! the request that was denied left this process, which is no later than the
 //! server's clock reading. So the cache never denies a request that Redis
-//! would admit. The `Retry-After` it reports counts from when the answer
+//! would admit, but for one case: a refund (of a cluster request another
+//! node denied, of a shaped request whose client left) frees room that the
+//! caches of other instances cannot see. So an entry lives at most
+//! [`MAX_AGE`], whatever its `retry_after`, and this instance forgets the
+//! keys it refunds. The `Retry-After` it reports counts from when the answer
 //! arrived, so it never tells a client to come back too early either.
 
 use std::collections::HashMap;
@@ -16,6 +20,11 @@ use spillway::Decision;
 use tokio::time::Instant;
 
 const SHARDS: usize = 16;
+
+/// The longest a denial is cached: how long a refund elsewhere can go
+/// unseen. A client hammering a denied key still costs one round trip a
+/// second at most.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -78,7 +87,7 @@ impl DenyCache {
             return;
         };
         let entry = Entry {
-            until: sent + retry_after,
+            until: sent + retry_after.min(MAX_AGE),
             cost,
             decision,
             received,
@@ -96,5 +105,48 @@ impl DenyCache {
     /// Forgets `key` (after an admin reset, say).
     pub(crate) fn forget(&self, key: &str) {
         self.shard(key).lock().remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denial(retry_after: Duration) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 1,
+            remaining: 0,
+            reset_after: retry_after,
+            retry_after: Some(retry_after),
+            delay: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_is_cached_a_second_at_most() {
+        let cache = DenyCache::new(10);
+        let now = Instant::now();
+        cache.record("k", 1, denial(Duration::from_secs(3600)), now, now);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        let d = cache.lookup("k", 1, Instant::now()).expect("still cached");
+        // Its Retry-After still counts down from the hour.
+        assert!(d.retry_after.unwrap() > Duration::from_secs(3598));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(cache.lookup("k", 1, Instant::now()).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_denial_is_cached_until_its_retry_after() {
+        let cache = DenyCache::new(10);
+        let now = Instant::now();
+        cache.record("k", 1, denial(Duration::from_millis(30)), now, now);
+        assert!(cache.lookup("k", 1, now).is_some());
+        assert!(
+            cache.lookup("k", 0, now).is_none(),
+            "a lighter request asks Redis"
+        );
+        tokio::time::advance(Duration::from_millis(30)).await;
+        assert!(cache.lookup("k", 1, Instant::now()).is_none());
     }
 }

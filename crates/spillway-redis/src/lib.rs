@@ -2,22 +2,29 @@
 // say the same and the README's example is a doc test.
 #![doc = include_str!("../README.md")]
 
+mod breaker;
+mod call;
 mod cluster;
 mod deny_cache;
+mod fallback;
 mod script;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use breaker::{Breakers, Gate};
+use call::{Group, Prepared, Refund, Reply};
 use deny_cache::DenyCache;
-use parking_lot::Mutex;
 use spillway::Decision;
 use spillway::store::{MemoryOptions, MemoryStore, RuleId};
 use tokio::time::Instant;
+
+pub use call::ScriptCall;
+pub use script::MAX_SLIDING_LOG_LIMIT;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -122,6 +129,16 @@ pub struct Stats {
     pub local: u64,
     /// Requests denied from the deny cache, without a round trip.
     pub deny_cache_hits: u64,
+    /// Charges given back (a cluster request another node denied, a shaped
+    /// request whose client left).
+    pub refunds: u64,
+    /// Refunds that failed every attempt: their charges stay until their
+    /// window frees them, stricter than exact, never looser.
+    pub refund_errors: u64,
+    /// Calls that failed on a data error (a key of another type, a corrupt
+    /// state): the failure policy decided that request, and the store was
+    /// not marked down.
+    pub data_errors: u64,
 }
 
 #[derive(Debug, Default)]
@@ -131,6 +148,22 @@ struct Counters {
     fail_open: AtomicU64,
     local: AtomicU64,
     deny_cache_hits: AtomicU64,
+    refunds: AtomicU64,
+    refund_errors: AtomicU64,
+    data_errors: AtomicU64,
+    // Refund receipts: this process's random prefix and a sequence.
+    receipt_prefix: u64,
+    receipts: AtomicU64,
+}
+
+impl Counters {
+    fn new() -> Self {
+        use std::hash::{BuildHasher, RandomState};
+        Self {
+            receipt_prefix: RandomState::new().hash_one(std::process::id()),
+            ..Self::default()
+        }
+    }
 }
 
 fn bump(counter: &AtomicU64) {
@@ -159,8 +192,11 @@ enum Connection {
 /// script may only touch keys of one slot) and the groups run in parallel;
 /// if one group denies while another admitted, the admitted charges are
 /// given back by a second call. Between the two calls another request may
-/// see those charges and be denied: a window of at most one round trip in
-/// which the cluster can be stricter than exact, never looser.
+/// see those charges and be denied: a window of at most two timeouts in
+/// which the cluster can be stricter than exact, never looser. A refund
+/// that fails is sent again in the background (a receipt makes a second
+/// delivery give nothing back), and counted in [`Stats::refund_errors`]
+/// if every attempt fails.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -179,10 +215,8 @@ struct Inner {
     on_error: Vec<OnError>,
     // The in-memory fallback of `OnError::Local`, when a rule has it.
     local: Option<MemoryStore>,
-    // Set while Redis is considered down: when to try it again.
-    down_until: Mutex<Option<Instant>>,
-    down: AtomicBool,
     // Shared with the stores `with_rules` makes on the same connection.
+    breakers: Arc<Breakers>,
     counters: Arc<Counters>,
 }
 
@@ -193,6 +227,7 @@ impl Inner {
         rules: Vec<Rule>,
         options: RedisOptions,
         local_before: Option<&MemoryStore>,
+        breakers: Arc<Breakers>,
         counters: Arc<Counters>,
     ) -> Result<Self, Error> {
         let params = rules
@@ -209,6 +244,19 @@ impl Inner {
                     .unwrap_or(options.on_error)
             })
             .collect();
+        for (rule, policy) in rules.iter().zip(&on_error) {
+            if let OnError::Local { instances } = policy {
+                let limit = rule.algorithm().quota().limit();
+                if limit.get() < instances.get() {
+                    return Err(Error::Rule {
+                        rule: rule.name().to_string(),
+                        reason: "a `local` failure policy gives each instance its share of \
+                                 the limit, and this limit is below the instance count: \
+                                 use fail_closed or fail_open for it",
+                    });
+                }
+            }
+        }
         let any_local = on_error.iter().any(|p| matches!(p, OnError::Local { .. }));
         let local = any_local.then(|| {
             // Every rule, in the store's order (so that a check's rule is
@@ -240,37 +288,42 @@ impl Inner {
             deny_cache,
             on_error,
             local,
-            down_until: Mutex::new(None),
-            down: AtomicBool::new(false),
+            breakers,
             counters,
         })
     }
 }
 
 /// The general script and the single-check ones, as Redis runs them
-/// (EVALSHA, loaded again on NOSCRIPT by `redis::Script`).
+/// (EVALSHA, loaded again on NOSCRIPT by `redis::Script`), and their
+/// sources (sent with EVAL after a cluster redirection).
 struct Scripts {
     general: redis::Script,
     single: [redis::Script; script::SINGLE_SCRIPTS],
+    general_source: String,
+    single_sources: [String; script::SINGLE_SCRIPTS],
 }
 
 impl Scripts {
     fn new(time_override: bool) -> Self {
+        let general_source = script::source(time_override);
+        let single_sources: [String; script::SINGLE_SCRIPTS] =
+            std::array::from_fn(|family| script::single_source(family, time_override));
         Self {
-            general: redis::Script::new(&script::source(time_override)),
-            single: std::array::from_fn(|family| {
-                redis::Script::new(&script::single_source(family, time_override))
-            }),
+            general: redis::Script::new(&general_source),
+            single: std::array::from_fn(|family| redis::Script::new(&single_sources[family])),
+            general_source,
+            single_sources,
         }
     }
-}
 
-/// One check, ready to send.
-struct Prepared<'a> {
-    key: String,
-    params: &'a script::Params,
-    cost: u64,
-    capacity: u64,
+    /// The source of single-check script `family`, or of the general one.
+    fn source(&self, family: Option<usize>) -> &str {
+        match family {
+            Some(family) => &self.single_sources[family],
+            None => &self.general_source,
+        }
+    }
 }
 
 /// A decision for a check whose state is unknown (Redis did not answer, or
@@ -297,7 +350,11 @@ impl RedisStore {
         // Made before connecting: a quota the scripts cannot take is a
         // configuration error, whether Redis is up or not.
         let timeout = options.timeout;
-        let inner = Inner::new(rules, options, None, Arc::default())?;
+        let breakers = Arc::new(Breakers::new(
+            matches!(topology, Topology::Cluster(_)),
+            options.retry_interval,
+        ));
+        let inner = Inner::new(rules, options, None, breakers, Arc::new(Counters::new()))?;
         let connect_within = timeout.max(Duration::from_secs(1));
         let connection = match topology {
             Topology::Standalone(url) => {
@@ -316,10 +373,13 @@ impl RedisStore {
                 Connection::Standalone(manager)
             }
             Topology::Cluster(nodes) => {
+                // No retries: the client would send a script again after a
+                // lost connection or a timeout, when it may have run. The
+                // store follows redirections itself (call.rs).
                 let client = ClusterClientBuilder::new(nodes)
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
-                    .retries(2)
+                    .retries(0)
                     .build()?;
                 let connection =
                     tokio::time::timeout(connect_within, client.get_async_connection())
@@ -345,6 +405,7 @@ impl RedisStore {
             rules,
             self.inner.options.clone(),
             self.inner.local.as_ref(),
+            self.inner.breakers.clone(),
             self.inner.counters.clone(),
         )?;
         Ok(Self {
@@ -359,8 +420,19 @@ impl RedisStore {
     #[cfg(feature = "test-time")]
     pub async fn check_at(&self, checks: &[Check<'_>], now: u64) -> Result<Verdict, Error> {
         let prepared = self.prepare(checks)?;
-        self.run(&self.inner.test_scripts, &prepared, Some(now))
-            .await
+        let groups = self.groups(&prepared);
+        let results = self
+            .run(&self.inner.test_scripts, &prepared, &groups, Some(now))
+            .await;
+        self.settle(
+            &self.inner.test_scripts,
+            &prepared,
+            &groups,
+            results,
+            Some(now),
+        )
+        .await
+        .map_err(|failed| failed.error)
     }
 
     /// The script call the store makes for `checks` on a standalone server
@@ -368,7 +440,7 @@ impl RedisStore {
     pub fn script_call(&self, checks: &[Check<'_>]) -> Result<ScriptCall, Error> {
         let prepared = self.prepare(checks)?;
         let group: Vec<usize> = (0..prepared.len()).collect();
-        let family = single_family(&prepared, &group, None);
+        let family = call::single_family(&prepared, &group, None);
         let mut call = ScriptCall {
             source: match family {
                 Some(family) => script::single_source(family, false),
@@ -377,7 +449,7 @@ impl RedisStore {
             keys: Vec::new(),
             args: Vec::new(),
         };
-        assemble(&prepared, &group, None, None, family, &mut call);
+        call::assemble(&prepared, &group, None, None, family, &mut call);
         Ok(call)
     }
 
@@ -391,15 +463,27 @@ impl RedisStore {
             fail_open: get(&c.fail_open),
             local: get(&c.local),
             deny_cache_hits: get(&c.deny_cache_hits),
+            refunds: get(&c.refunds),
+            refund_errors: get(&c.refund_errors),
+            data_errors: get(&c.data_errors),
         }
     }
 
-    /// Whether the last call to Redis succeeded (or none failed yet).
-    pub fn is_healthy(&self) -> bool {
-        !self.inner.down.load(Ordering::Relaxed)
+    /// How many breakers are open or half open: on a cluster, the slots
+    /// whose Redis failed to answer within the retry interval (one breaker
+    /// per slot); on a standalone server, 1 or 0.
+    pub fn open_breakers(&self) -> usize {
+        self.inner.breakers.open_count()
     }
 
-    /// The production path: deny cache, then Redis, then the failure policy.
+    /// Whether Redis answers: no breaker is open (on a cluster, no slot's
+    /// last call failed to answer within the retry interval).
+    pub fn is_healthy(&self) -> bool {
+        self.inner.breakers.all_closed()
+    }
+
+    /// The production path: the deny cache, the breakers, Redis, then the
+    /// failure policy.
     async fn check_with_fallback(&self, checks: &[Check<'_>]) -> Result<Verdict, Error> {
         let inner = &*self.inner;
         let prepared = self.prepare(checks)?;
@@ -408,17 +492,24 @@ impl RedisStore {
             bump(&inner.counters.deny_cache_hits);
             return Ok(verdict);
         }
-        if inner.down.load(Ordering::Relaxed) {
-            let retry_at = *inner.down_until.lock();
-            if retry_at.is_some_and(|at| now < at) {
-                return self.fall_back(checks, &prepared, Error::Unavailable);
+        let groups = self.groups(&prepared);
+        // Held until the answer is in, so that one request at a time
+        // probes a half-open breaker.
+        let mut probes = Vec::new();
+        for group in &groups {
+            match inner.breakers.gate(group.slot, now) {
+                Gate::Closed => {}
+                Gate::Probe(probe) => probes.push(probe),
+                Gate::Open => return self.fall_back(checks, &prepared, Error::Unavailable),
             }
         }
-        match self.run(&inner.scripts, &prepared, None).await {
+        let results = self.run(&inner.scripts, &prepared, &groups, None).await;
+        let settled = self
+            .settle(&inner.scripts, &prepared, &groups, results, None)
+            .await;
+        drop(probes);
+        match settled {
             Ok(verdict) => {
-                if inner.down.swap(false, Ordering::Relaxed) {
-                    *inner.down_until.lock() = None;
-                }
                 if let (false, Some(cache)) = (verdict.allowed, &inner.deny_cache) {
                     let received = Instant::now();
                     for (p, d) in prepared.iter().zip(&verdict.decisions) {
@@ -429,19 +520,215 @@ impl RedisStore {
                 }
                 Ok(verdict)
             }
-            Err(error) => {
-                bump(&inner.counters.redis_errors);
-                *inner.down_until.lock() = Some(Instant::now() + inner.options.retry_interval);
-                inner.down.store(true, Ordering::Relaxed);
-                self.fall_back(checks, &prepared, error)
+            Err(failed) => {
+                let verdict = self.fall_back(checks, &prepared, failed.error);
+                if !failed.charged.is_empty() && !matches!(&verdict, Ok(v) if v.allowed) {
+                    // Refused after all: what the groups that answered
+                    // charged goes back.
+                    self.refund_groups(&inner.scripts, &prepared, &groups, &failed.charged, None)
+                        .await;
+                }
+                verdict
             }
         }
+    }
+
+    /// Each group's script call, all at once.
+    async fn run(
+        &self,
+        scripts: &Scripts,
+        prepared: &[Prepared],
+        groups: &[Group],
+        now: Option<u64>,
+    ) -> Vec<Result<Reply, Error>> {
+        let calls = groups
+            .iter()
+            .map(|group| self.call(scripts, prepared, group, now, None));
+        futures_util::future::join_all(calls).await
+    }
+
+    /// The request's verdict from its groups' replies; each group's
+    /// breaker closes, or opens if its call failed to answer. Any denial
+    /// wins: the groups that admitted give their charges back, and a group
+    /// that failed cannot turn the denial into an admission. Without a
+    /// denial, a failure is the request's, with the groups whose charges
+    /// stand.
+    async fn settle(
+        &self,
+        scripts: &Scripts,
+        prepared: &[Prepared],
+        groups: &[Group],
+        results: Vec<Result<Reply, Error>>,
+        now: Option<u64>,
+    ) -> Result<Verdict, Failed> {
+        let inner = &*self.inner;
+        let answered_at = Instant::now();
+        for (group, result) in groups.iter().zip(&results) {
+            match result {
+                Ok(_) => inner.breakers.answered(group.slot),
+                Err(error) => {
+                    bump(&inner.counters.redis_errors);
+                    if is_outage(error) {
+                        inner.breakers.failed(group.slot, answered_at);
+                    } else {
+                        bump(&inner.counters.data_errors);
+                    }
+                }
+            }
+        }
+        let denied = results
+            .iter()
+            .any(|r| matches!(r, Ok(reply) if !reply.allowed));
+        let mut decisions: Vec<Option<Decision>> = vec![None; prepared.len()];
+        let mut charged = Vec::new();
+        let mut first_error = None;
+        let mut decided_at = 0;
+        for (g, (group, result)) in groups.iter().zip(results).enumerate() {
+            match result {
+                Ok(reply) => {
+                    if decided_at == 0 {
+                        decided_at = reply.now;
+                    }
+                    if reply.allowed {
+                        charged.push((g, reply.now));
+                    }
+                    for (&i, d) in group.checks.iter().zip(&reply.decisions) {
+                        decisions[i] = Some(*d);
+                    }
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        if denied {
+            // Their decisions become their state as it now stands.
+            for (g, reply) in self
+                .refund_groups(scripts, prepared, groups, &charged, now)
+                .await
+            {
+                for (&i, d) in groups[g].checks.iter().zip(&reply.decisions) {
+                    decisions[i] = Some(*d);
+                }
+            }
+        } else if let Some(error) = first_error {
+            return Err(Failed { error, charged });
+        }
+        let decisions = decisions
+            .into_iter()
+            .zip(prepared)
+            .map(|(d, p)| d.unwrap_or_else(|| unknown(p.capacity)))
+            .collect();
+        Ok(Verdict {
+            allowed: !denied,
+            decisions,
+            decided_at,
+        })
+    }
+
+    /// Gives back what the groups in `charged` (group, time of the charge)
+    /// took, each refund with a receipt so that a second delivery gives
+    /// nothing back. Returns the groups refunded, with their state as it
+    /// now stands; a refund that failed to answer is sent again in the
+    /// background (on the service's clock only: `now` is `None`).
+    async fn refund_groups(
+        &self,
+        scripts: &Scripts,
+        prepared: &[Prepared],
+        groups: &[Group],
+        charged: &[(usize, u64)],
+        now: Option<u64>,
+    ) -> Vec<(usize, Reply)> {
+        let calls = charged.iter().map(|&(g, charged_at)| {
+            let receipt = self.receipt(&prepared[groups[g].checks[0]].key);
+            async move {
+                let refund = Refund {
+                    charged_at,
+                    receipt: &receipt,
+                };
+                let result = self
+                    .call(scripts, prepared, &groups[g], now, Some(refund))
+                    .await;
+                (g, charged_at, receipt, result)
+            }
+        });
+        let mut refunded = Vec::new();
+        for (g, charged_at, receipt, result) in futures_util::future::join_all(calls).await {
+            match result {
+                Ok(reply) => {
+                    self.refunded(prepared, &groups[g]);
+                    refunded.push((g, reply));
+                }
+                Err(error) if is_outage(&error) && now.is_none() => {
+                    let group: Vec<Prepared> = groups[g]
+                        .checks
+                        .iter()
+                        .map(|&i| prepared[i].clone())
+                        .collect();
+                    self.refund_later(group, groups[g].slot, charged_at, receipt);
+                }
+                Err(_) => bump(&self.inner.counters.refund_errors),
+            }
+        }
+        refunded
+    }
+
+    /// Sends a refund that failed to answer again, twice at most, a retry
+    /// interval apart. Its receipt makes a refund that did run the first
+    /// time give nothing back again.
+    fn refund_later(&self, prepared: Vec<Prepared>, slot: u16, charged_at: u64, receipt: String) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let group = Group {
+                slot,
+                checks: (0..prepared.len()).collect(),
+            };
+            for _ in 0..2 {
+                tokio::time::sleep(store.inner.options.retry_interval).await;
+                let refund = Refund {
+                    charged_at,
+                    receipt: &receipt,
+                };
+                let scripts = &store.inner.scripts;
+                match store
+                    .call(scripts, &prepared, &group, None, Some(refund))
+                    .await
+                {
+                    Ok(_) => {
+                        store.refunded(&prepared, &group);
+                        return;
+                    }
+                    Err(error) if is_outage(&error) => continue,
+                    Err(_) => break,
+                }
+            }
+            bump(&store.inner.counters.refund_errors);
+        });
+    }
+
+    /// A refund ran: counted, and the deny cache forgets its keys (a
+    /// denial cached while the charge stood may no longer hold).
+    fn refunded(&self, prepared: &[Prepared], group: &Group) {
+        bump(&self.inner.counters.refunds);
+        if let Some(cache) = &self.inner.deny_cache {
+            for &i in &group.checks {
+                cache.forget(&prepared[i].key);
+            }
+        }
+    }
+
+    /// A refund receipt's key, in the slot of `key`: unique to this
+    /// process and refund.
+    fn receipt(&self, key: &str) -> String {
+        let c = &self.inner.counters;
+        let seq = c.receipts.fetch_add(1, Ordering::Relaxed);
+        format!("{key}:refund:{:016x}{seq:x}", c.receipt_prefix)
     }
 
     /// A denial from the deny cache, if any check of the request has one.
     /// Only the denying check's decision is known; the others report their
     /// limit with nothing known to be used.
-    fn cached_denial(&self, prepared: &[Prepared<'_>], now: Instant) -> Option<Verdict> {
+    fn cached_denial(&self, prepared: &[Prepared], now: Instant) -> Option<Verdict> {
         let cache = self.inner.deny_cache.as_ref()?;
         let denied: Vec<Option<Decision>> = prepared
             .iter()
@@ -462,67 +749,20 @@ impl RedisStore {
         })
     }
 
-    /// Applies the failure policy of each check's rule when Redis cannot
-    /// answer: refused if any fails closed; otherwise the `local` checks are
-    /// decided in memory (all or none, as one request) and the others admit.
-    fn fall_back(
-        &self,
-        checks: &[Check<'_>],
-        prepared: &[Prepared<'_>],
-        error: Error,
-    ) -> Result<Verdict, Error> {
-        let inner = &*self.inner;
-        let policy = |c: &Check<'_>| inner.on_error.get(c.rule.0).copied().unwrap_or_default();
-        if checks.iter().any(|c| policy(c) == OnError::FailClosed) {
-            return Err(error);
-        }
-        let is_local = |c: &Check<'_>| matches!(policy(c), OnError::Local { .. });
-        let local_checks: Vec<Check<'_>> = checks.iter().copied().filter(is_local).collect();
-        let local = match (&inner.local, local_checks.is_empty()) {
-            (Some(local), false) => {
-                bump(&inner.counters.local);
-                Some(local.check_now(&local_checks)?)
-            }
-            _ => None,
-        };
-        if local_checks.len() < checks.len() {
-            bump(&inner.counters.fail_open);
-        }
-        let mut from_local = local.iter().flat_map(|v| v.decisions.iter().copied());
-        let decisions = checks
-            .iter()
-            .zip(prepared)
-            .map(|(c, p)| {
-                if is_local(c) {
-                    from_local.next().unwrap_or_else(|| unknown(p.capacity))
-                } else {
-                    unknown(p.capacity)
-                }
-            })
-            .collect();
-        Ok(Verdict {
-            allowed: local.as_ref().is_none_or(|v| v.allowed),
-            decisions,
-            decided_at: local.as_ref().map_or(0, |v| v.decided_at),
-        })
-    }
-
+    /// Gives back an admitted request's charges: in the local fallback if
+    /// it decided them, else in Redis (see [`refund_groups`]).
     async fn give_back(&self, checks: &[Check<'_>], charged_at: u64) -> Result<(), Error> {
         if charged_at == 0 {
             return Ok(());
         }
+        if charged_at & fallback::LOCAL != 0 {
+            return self.give_back_locally(checks, charged_at & !fallback::LOCAL);
+        }
         let prepared = self.prepare(checks)?;
         let groups = self.groups(&prepared);
-        let calls = groups.iter().map(|group| {
-            self.call(
-                &self.inner.scripts,
-                &prepared,
-                group,
-                None,
-                Some(charged_at),
-            )
-        });
-        futures_util::future::try_join_all(calls).await?;
+        let charged: Vec<(usize, u64)> = (0..groups.len()).map(|g| (g, charged_at)).collect();
+        self.refund_groups(&self.inner.scripts, &prepared, &groups, &charged, None)
+            .await;
         Ok(())
     }
 
@@ -569,7 +809,7 @@ impl RedisStore {
     }
 
     /// Validates the checks and builds their keys.
-    fn prepare<'a>(&'a self, checks: &[Check<'_>]) -> Result<Vec<Prepared<'a>>, Error> {
+    fn prepare(&self, checks: &[Check<'_>]) -> Result<Vec<Prepared>, Error> {
         let inner = &*self.inner;
         checks
             .iter()
@@ -600,7 +840,7 @@ impl RedisStore {
                         rule.algorithm(),
                         check.key,
                     ),
-                    params: &inner.params[check.rule.0],
+                    params: inner.params[check.rule.0],
                     cost: check.cost,
                     capacity,
                 })
@@ -608,218 +848,71 @@ impl RedisStore {
             .collect()
     }
 
-    async fn run(
-        &self,
-        scripts: &Scripts,
-        prepared: &[Prepared<'_>],
-        now: Option<u64>,
-    ) -> Result<Verdict, Error> {
-        let groups = self.groups(prepared);
-        let calls = groups
-            .iter()
-            .map(|group| self.call(scripts, prepared, group, now, None));
-        let replies = futures_util::future::try_join_all(calls).await?;
-
-        let mut decisions = vec![None; prepared.len()];
-        let allowed = replies.iter().all(|r| r.allowed);
-        let mut refunds = Vec::new();
-        for (group, reply) in groups.iter().zip(&replies) {
-            if !allowed && reply.allowed {
-                refunds.push(self.call(scripts, prepared, group, now, Some(reply.now)));
-            }
-            for (&i, d) in group.iter().zip(&reply.decisions) {
-                decisions[i] = Some(*d);
-            }
-        }
-        // Give back what the admitting groups took; their decisions become
-        // their state as it now stands.
-        for refunded in futures_util::future::try_join_all(refunds).await? {
-            for (&i, d) in refunded.group.iter().zip(&refunded.decisions) {
-                decisions[i] = Some(*d);
-            }
-        }
-        let decisions = decisions
-            .into_iter()
-            .map(|d| d.ok_or_else(|| Error::Reply("a check got no decision".into())))
-            .collect::<Result<_, _>>()?;
-        let decided_at = replies.first().map_or(0, |r| r.now);
-        Ok(Verdict {
-            allowed,
-            decisions,
-            decided_at,
-        })
-    }
-
     /// The checks grouped into script calls: all in one on a standalone
     /// server, one per slot on a cluster.
-    fn groups(&self, prepared: &[Prepared<'_>]) -> Vec<Vec<usize>> {
+    fn groups(&self, prepared: &[Prepared]) -> Vec<Group> {
         match self.connection {
-            Connection::Standalone(_) => vec![(0..prepared.len()).collect()],
+            Connection::Standalone(_) => vec![Group {
+                slot: 0,
+                checks: (0..prepared.len()).collect(),
+            }],
             Connection::Cluster(_) => {
-                let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+                let mut groups: Vec<Group> = Vec::new();
                 for (i, p) in prepared.iter().enumerate() {
                     let slot = cluster::slot(p.key.as_bytes());
-                    match by_slot.iter_mut().find(|(s, _)| *s == slot) {
-                        Some((_, group)) => group.push(i),
-                        None => by_slot.push((slot, vec![i])),
+                    match groups.iter_mut().find(|g| g.slot == slot) {
+                        Some(group) => group.checks.push(i),
+                        None => groups.push(Group {
+                            slot,
+                            checks: vec![i],
+                        }),
                     }
                 }
-                by_slot.into_iter().map(|(_, group)| group).collect()
+                groups
             }
         }
     }
-
-    /// One script call for the checks in `group` (all in one slot): the
-    /// single-check script of the check's algorithm when it decides one
-    /// check, else the general script.
-    async fn call<'g>(
-        &self,
-        scripts: &Scripts,
-        prepared: &[Prepared<'_>],
-        group: &'g [usize],
-        now: Option<u64>,
-        refund_of: Option<u64>,
-    ) -> Result<Reply<'g>, Error> {
-        let family = single_family(prepared, group, refund_of);
-        let mut invocation = match family {
-            Some(family) => scripts.single[family].prepare_invoke(),
-            None => scripts.general.prepare_invoke(),
-        };
-        assemble(prepared, group, now, refund_of, family, &mut invocation);
-        bump(&self.inner.counters.redis_calls);
-        let timeout = self.inner.options.timeout;
-        let reply: Vec<i64> = match &self.connection {
-            Connection::Standalone(c) => {
-                let mut c = c.clone();
-                tokio::time::timeout(timeout, invocation.invoke_async(&mut c)).await
-            }
-            Connection::Cluster(c) => {
-                let mut c = c.clone();
-                tokio::time::timeout(timeout, invocation.invoke_async(&mut c)).await
-            }
-        }
-        .map_err(|_| Error::Timeout(timeout))??;
-        let (allowed, now, decisions) = script::decode(&reply, group.len())?;
-        Ok(Reply {
-            group,
-            allowed,
-            now,
-            decisions,
-        })
-    }
 }
 
-/// Which single-check script decides `group`: the one of its check's
-/// algorithm when it is one check and not a refund; `None` for the general
-/// script.
-fn single_family(
-    prepared: &[Prepared<'_>],
-    group: &[usize],
-    refund_of: Option<u64>,
-) -> Option<usize> {
-    match group {
-        &[i] if refund_of.is_none() => Some(script::family(prepared[i].params)),
-        _ => None,
-    }
+/// A request that Redis could not decide: the error, and the groups
+/// (index, time of charge) that answered and charged.
+struct Failed {
+    error: Error,
+    charged: Vec<(usize, u64)>,
 }
 
-/// Where [`assemble`] puts a script call's keys and arguments: the call
-/// itself, or its text for [`RedisStore::script_call`].
-trait CallArgs {
-    fn key(&mut self, key: &str);
-    fn number(&mut self, n: u64);
-    fn text(&mut self, s: &str);
-}
-
-impl CallArgs for redis::ScriptInvocation<'_> {
-    fn key(&mut self, key: &str) {
-        redis::ScriptInvocation::key(self, key);
+/// Whether `error` means Redis did not answer (down, slow, failing over),
+/// which opens the breaker; a data error (a key of another type, a corrupt
+/// state, an unexpected reply) concerns one request, not the store.
+fn is_outage(error: &Error) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    match error {
+        Error::Timeout(_) | Error::Unavailable => true,
+        Error::Redis(e) => match e.kind() {
+            ErrorKind::Server(kind) => matches!(
+                kind,
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            ),
+            // A script running past its time limit holds the whole server.
+            ErrorKind::Extension => e.code() == Some("BUSY"),
+            ErrorKind::Io
+            | ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::Parse
+            | ErrorKind::AuthenticationFailed => true,
+            _ => false,
+        },
+        Error::Check(_) | Error::Rule { .. } | Error::Reply(_) => false,
     }
-    fn number(&mut self, n: u64) {
-        self.arg(n);
-    }
-    fn text(&mut self, s: &str) {
-        self.arg(s);
-    }
-}
-
-impl CallArgs for ScriptCall {
-    fn key(&mut self, key: &str) {
-        self.keys.push(key.to_string());
-    }
-    fn number(&mut self, n: u64) {
-        self.args.push(n.to_string());
-    }
-    fn text(&mut self, s: &str) {
-        self.args.push(s.to_string());
-    }
-}
-
-/// The keys and arguments of the script call for `group`: for a
-/// single-check script (`family`), the parameters its algorithm reads, the
-/// cost and (only the test build sends one) the time; for the general
-/// script, the time or "", the refund's time or "", then each check's
-/// algorithm, five parameters and cost.
-fn assemble(
-    prepared: &[Prepared<'_>],
-    group: &[usize],
-    now: Option<u64>,
-    refund_of: Option<u64>,
-    family: Option<usize>,
-    out: &mut impl CallArgs,
-) {
-    if family.is_some() {
-        let p = &prepared[group[0]];
-        out.key(&p.key);
-        script::single_args(p.params)
-            .iter()
-            .for_each(|&v| out.number(v));
-        out.number(p.cost);
-        // Only the test build's scripts read it; only it sends one.
-        if let Some(t) = now {
-            out.number(t);
-        }
-        return;
-    }
-    match now {
-        Some(t) => out.number(t),
-        None => out.text(""),
-    }
-    match refund_of {
-        Some(t) => out.number(t),
-        None => out.text(""),
-    }
-    for &i in group {
-        let p = &prepared[i];
-        out.key(&p.key);
-        p.params.iter().for_each(|&v| out.number(v));
-        out.number(p.cost);
-    }
-}
-
-/// A script call as the store makes it: see [`RedisStore::script_call`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScriptCall {
-    /// The script's Lua source (the store runs it by its SHA1).
-    pub source: String,
-    /// The keys (`KEYS`).
-    pub keys: Vec<String>,
-    /// The arguments (`ARGV`).
-    pub args: Vec<String>,
 }
 
 /// The Redis Cluster slot of a key (CRC16 of its hash tag, mod 16384), as
 /// `CLUSTER KEYSLOT` computes it.
 pub fn slot(key: &[u8]) -> u16 {
     cluster::slot(key)
-}
-
-/// What one script call answered.
-struct Reply<'g> {
-    group: &'g [usize],
-    allowed: bool,
-    now: u64,
-    decisions: Vec<spillway::Decision>,
 }
 
 impl Store for RedisStore {

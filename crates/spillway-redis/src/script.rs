@@ -128,6 +128,13 @@ pub(crate) fn single_source(family: usize, time_override: bool) -> String {
 /// Lua numbers are doubles: every intermediate value must stay below 2^53.
 const EXACT: u128 = 1 << 53;
 
+/// The largest limit of a sliding log on Redis. The log keeps one entry per
+/// admitted request (those of one microsecond merged), and a check walks
+/// every entry that expired since the last one, inside one script, while
+/// Redis serves nobody else: 10,000 entries take about 10 to 20 ms (more
+/// on a loaded machine), once per window at most.
+pub const MAX_SLIDING_LOG_LIMIT: u32 = 10_000;
+
 /// The seven numbers a check sends, less the cost: algorithm, p1..p5.
 pub(crate) type Params = [u64; 6];
 
@@ -173,6 +180,13 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
     };
     match algorithm {
         AnyAlgorithm::FixedWindow(_) => windowed(1, false),
+        AnyAlgorithm::SlidingLog(_) if quota.limit().get() > MAX_SLIDING_LOG_LIMIT => {
+            Err(too_large(
+                "a sliding log on Redis takes a limit of 10,000 at most (it keeps an entry \
+                 per admitted request, and one script walks what expired while Redis waits); \
+                 use a sliding window for a larger limit",
+            ))
+        }
         AnyAlgorithm::SlidingLog(_) => windowed(2, false),
         AnyAlgorithm::SlidingWindow(_) => windowed(3, true),
         AnyAlgorithm::TokenBucket(_) => bucket(4, 0, 0),
@@ -275,12 +289,29 @@ mod tests {
         let big = Quota::new(std::num::NonZeroU32::new(1_000_000).expect("nonzero"), day)
             .expect("a quota");
         assert!(params("fw", &FixedWindow::new(big).into()).is_ok());
-        assert!(params("sl", &SlidingLog::new(big).into()).is_ok());
+        let log =
+            Quota::new(std::num::NonZeroU32::new(10_000).expect("nonzero"), day).expect("a quota");
+        assert!(params("sl", &SlidingLog::new(log).into()).is_ok());
         let refused = params("sw", &SlidingWindow::new(big).into()).expect_err("too large");
         assert!(refused.to_string().contains("sw"), "{refused}");
         let small =
             Quota::new(std::num::NonZeroU32::new(50_000).expect("nonzero"), day).expect("a quota");
         assert!(params("sw", &SlidingWindow::new(small).into()).is_ok());
+    }
+
+    #[test]
+    fn a_sliding_log_takes_a_limit_of_ten_thousand_at_most() {
+        use spillway::Quota;
+        use spillway::algorithm::SlidingLog;
+        let of = |n| {
+            let quota = Quota::per_minute(std::num::NonZeroU32::new(n).expect("nonzero"));
+            params("logins", &SlidingLog::new(quota).into())
+        };
+        assert!(of(MAX_SLIDING_LOG_LIMIT).is_ok());
+        let refused = of(MAX_SLIDING_LOG_LIMIT + 1).expect_err("too large");
+        let text = refused.to_string();
+        assert!(text.contains("logins") && text.contains("10,000"), "{text}");
+        assert!(text.contains("sliding window"), "{text}");
     }
 
     #[test]

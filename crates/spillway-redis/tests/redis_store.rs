@@ -818,14 +818,24 @@ async fn windows_of_a_million_a_day_count_exactly() {
         return;
     };
     // limit x window is 8.64e16 µs, past 2^53: only the sliding window's
-    // weighting needs that product exact, so these two are accepted.
+    // weighting needs that product exact, so the fixed window is accepted.
+    // The sliding log's limit is bounded by its walk instead (10,000).
     let day = Duration::from_secs(86_400);
     let rules = vec![
         Rule::new("fw", FixedWindow::new(per(1_000_000, day))),
         Rule::new("log", SlidingLog::new(per(1_000_000, day))),
     ];
+    let refused = RedisStore::connect(
+        Topology::Standalone(server.url()),
+        rules.clone(),
+        RedisOptions::default(),
+    )
+    .await
+    .expect_err("a sliding log of a million is refused");
+    assert!(refused.to_string().contains("`log`"), "{refused}");
+    let rules = vec![rules[0].clone()];
     let s = store(&server, rules, RedisOptions::default()).await;
-    for rule in [RuleId(0), RuleId(1)] {
+    for rule in [RuleId(0)] {
         let check = |cost| {
             [Check {
                 rule,
@@ -1003,4 +1013,247 @@ async fn a_changed_limit_keeps_every_keys_count() {
         assert!(!denied.allowed, "10 used of 3");
         assert_eq!(denied.decisions[0].remaining, 0);
     }
+}
+
+/// How many fields the hash at `key` holds (a sliding log's entries, plus
+/// its three header fields).
+fn hash_len(server: &RedisServer, key: &str) -> u64 {
+    let reply = server.command(&format!("HLEN {key}"));
+    reply.trim().trim_start_matches(':').parse().unwrap()
+}
+
+/// A denial and a peek save the entries they dropped: the next check does
+/// not walk them again (before, only an admitted charge deleted them, so an
+/// attacker kept denied made every check rescan the whole expired log).
+#[tokio::test]
+async fn a_sliding_logs_denials_and_peeks_delete_what_expired() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let second = Duration::from_secs(1);
+    let rules = vec![Rule::new("log", SlidingLog::new(per(10, second)))];
+    let s = store(&server, rules, RedisOptions::default()).await;
+    let key = "spillway:{log:k}:sl";
+    let at = |cost| {
+        [Check {
+            rule: RuleId(0),
+            key: "k",
+            cost,
+        }]
+    };
+    let t0 = 1_700_000_000_000_000u64;
+    // Ten entries, 1 ms apart: the log is full.
+    for i in 0..10 {
+        assert!(s.check_at(&at(1), t0 + i * 1000).await.unwrap().allowed);
+    }
+    assert_eq!(hash_len(&server, key), 3 + 10);
+    // Four have left the window; a cost of 5 does not fit in the 4 free.
+    let denied = s.check_at(&at(5), t0 + 1_003_500).await.unwrap();
+    assert!(!denied.allowed);
+    assert_eq!(denied.decisions[0].remaining, 4);
+    assert_eq!(hash_len(&server, key), 3 + 6, "the denial deleted the four");
+    // A peek deletes what expired since.
+    let peek = s.check_at(&at(0), t0 + 1_005_500).await.unwrap();
+    assert_eq!(peek.decisions[0].remaining, 6);
+    assert_eq!(hash_len(&server, key), 3 + 4, "the peek deleted two more");
+    // The general script (two checks, one denying) saves them too.
+    let two = [
+        Check {
+            rule: RuleId(0),
+            key: "k",
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(0),
+            key: "other",
+            cost: 11,
+        },
+    ];
+    assert!(s.check_at(&two, t0 + 1_007_500).await.is_err(), "11 > 10");
+    let two = [two[0], Check { cost: 10, ..two[1] }];
+    let a = s.check_at(&two, t0 + 1_007_500).await.unwrap();
+    assert!(a.allowed);
+    let b = s.check_at(&two, t0 + 1_008_500).await.unwrap();
+    assert!(!b.allowed, "`other` is full");
+    // Entries 6 and 7 left at the admission, 8 at the denial: 9 and the
+    // one charged at 1.0075 s are left.
+    assert_eq!(hash_len(&server, key), 3 + 2, "the denial deleted entry 8");
+}
+
+/// Redis Cluster: one node that does not answer cannot turn another node's
+/// denial into an admission (before, its error reached the failure policy,
+/// and fail_open admitted a request that the limit denied).
+#[tokio::test]
+async fn a_denial_wins_over_a_node_that_does_not_answer() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let (s, wide, narrow) = two_node_store(&cluster).await;
+    let request = [
+        Check {
+            rule: RuleId(0),
+            key: &wide,
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(1),
+            key: &narrow,
+            cost: 1,
+        },
+    ];
+    assert!(s.check(&request).await.unwrap().allowed);
+    // The node of `wide` stops answering for a second.
+    pause_owner(&cluster, "wide", &wide);
+    let denied = s.check(&request).await.expect("a denial, not an error");
+    assert!(!denied.allowed, "narrow is at its limit");
+    assert!(!denied.decisions[1].allowed);
+}
+
+/// The breakers are per slot: while one node does not answer, the keys of
+/// the others are still decided by Redis (before, one failure marked the
+/// whole store down, and fail_open admitted every key).
+#[tokio::test]
+async fn one_silent_node_leaves_the_others_keys_exact() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let (s, wide, narrow) = two_node_store(&cluster).await;
+    let on = |rule, key| {
+        [Check {
+            rule: RuleId(rule),
+            key,
+            cost: 1,
+        }]
+    };
+    assert!(s.check(&on(1, &narrow)).await.unwrap().allowed);
+    assert!(!s.check(&on(1, &narrow)).await.unwrap().allowed);
+    pause_owner(&cluster, "wide", &wide);
+    // The silent node's key fails open after the timeout...
+    assert!(s.check(&on(0, &wide)).await.unwrap().allowed);
+    assert_eq!(s.stats().fail_open, 1);
+    assert!(!s.is_healthy());
+    assert_eq!(s.open_breakers(), 1);
+    // ... and the other node's key is still denied by Redis.
+    let calls = s.stats().redis_calls;
+    assert!(!s.check(&on(1, &narrow)).await.unwrap().allowed);
+    assert_eq!(s.stats().redis_calls, calls + 1);
+    assert_eq!(s.stats().fail_open, 1);
+}
+
+/// A store on `cluster` with rules `wide` (10 an hour) and `narrow` (1 an
+/// hour), and a key for each whose slots two different nodes own.
+async fn two_node_store(cluster: &RedisCluster) -> (RedisStore, String, String) {
+    let hour = Duration::from_secs(3600);
+    let rules = vec![
+        Rule::new("wide", FixedWindow::new(per(10, hour))),
+        Rule::new("narrow", FixedWindow::new(per(1, hour))),
+    ];
+    let options = RedisOptions {
+        deny_cache_entries: 0,
+        ..RedisOptions::default()
+    };
+    let s = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
+        .await
+        .unwrap();
+    let owner = |rule: &str, key: &str| {
+        owner_of(
+            cluster,
+            spillway_redis::slot(format!("{rule}:{key}").as_bytes()),
+        )
+        .1
+    };
+    let wide = "user-1".to_string();
+    let narrow = (0..)
+        .map(|i| format!("ip-{i}"))
+        .find(|k| owner("narrow", k) != owner("wide", &wide))
+        .unwrap();
+    (s, wide, narrow)
+}
+
+/// Makes the node that owns `rule`'s `key` hold every command for a
+/// second (CLIENT PAUSE): a hang, not a refusal.
+fn pause_owner(cluster: &RedisCluster, rule: &str, key: &str) {
+    let port = owner_of(
+        cluster,
+        spillway_redis::slot(format!("{rule}:{key}").as_bytes()),
+    )
+    .1;
+    let node = cluster.nodes().iter().find(|n| n.port() == port).unwrap();
+    assert!(node.command("CLIENT PAUSE 1000 ALL").starts_with("+OK"));
+}
+
+/// A data error (here a key of another type) fails its own request by the
+/// policy and leaves the store up: the other keys are still decided by
+/// Redis (before, it marked the whole store down for the retry interval).
+#[tokio::test]
+async fn a_data_error_fails_one_request_not_the_store() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rules = vec![Rule::new(
+        "r",
+        FixedWindow::new(per(1, Duration::from_secs(3600))),
+    )];
+    let options = RedisOptions {
+        deny_cache_entries: 0,
+        ..RedisOptions::default()
+    };
+    let s = store(&server, rules, options).await;
+    assert!(s.check(&one("full")).await.unwrap().allowed);
+    assert!(!s.check(&one("full")).await.unwrap().allowed);
+    let reply = server.command("RPUSH spillway:{r:broken}:fwi:3600000000 x");
+    assert!(reply.starts_with(':'), "{reply}");
+    // fail_open, the default: the broken key's request is admitted.
+    assert!(s.check(&one("broken")).await.unwrap().allowed);
+    assert_eq!(s.stats().data_errors, 1);
+    assert!(s.is_healthy());
+    let calls = s.stats().redis_calls;
+    assert!(!s.check(&one("full")).await.unwrap().allowed);
+    assert_eq!(s.stats().redis_calls, calls + 1, "Redis decided it");
+}
+
+/// The local fallback's charges are given back to the fallback, not to
+/// Redis, which never saw them; a cost above an instance's share is
+/// denied, not a bad request; and a limit below the instance count cannot
+/// be shared.
+#[tokio::test]
+async fn the_local_fallback_refunds_its_own_charges() {
+    if RedisServer::start().is_none() {
+        return;
+    }
+    let (mut server, s) = outage(OnError::Local { instances: nz(2) }).await;
+    server.kill();
+    let first = s.check(&one("k")).await.unwrap();
+    assert!(first.allowed);
+    assert!(s.check(&one("k")).await.unwrap().allowed);
+    assert!(!s.check(&one("k")).await.unwrap().allowed, "2 of 4 each");
+    s.refund(&one("k"), first.decided_at).await.unwrap();
+    assert!(
+        s.check(&one("k")).await.unwrap().allowed,
+        "given back locally"
+    );
+    let three = [Check {
+        rule: RuleId(0),
+        key: "j",
+        cost: 3,
+    }];
+    let beyond = s.check(&three).await.expect("a denial, not an error");
+    assert!(!beyond.allowed);
+    assert_eq!(beyond.decisions[0].limit, 2);
+    assert!(beyond.decisions[0].retry_after.is_some());
+
+    let refused = RedisStore::connect(
+        Topology::Standalone(server.url()),
+        vec![Rule::new(
+            "few",
+            FixedWindow::new(per(2, Duration::from_secs(60))),
+        )],
+        RedisOptions {
+            on_error: OnError::Local { instances: nz(3) },
+            ..RedisOptions::default()
+        },
+    )
+    .await
+    .expect_err("2 cannot be shared by 3");
+    assert!(refused.to_string().contains("few"), "{refused}");
 }

@@ -230,6 +230,9 @@ impl Metrics {
             r.fail_open += s.fail_open;
             r.local += s.local;
             r.deny_cache_hits += s.deny_cache_hits;
+            r.refunds += s.refunds;
+            r.refund_errors += s.refund_errors;
+            r.data_errors += s.data_errors;
         }
     }
 
@@ -309,6 +312,9 @@ impl StoreSnapshot {
             stats.fail_open += s.fail_open;
             stats.local += s.local;
             stats.deny_cache_hits += s.deny_cache_hits;
+            stats.refunds += s.refunds;
+            stats.refund_errors += s.refund_errors;
+            stats.data_errors += s.data_errors;
             healthy = redis.is_healthy();
         }
         let keys = match store.memory() {
@@ -355,6 +361,21 @@ impl Collector for StoreSnapshot {
                 "spillway_redis_deny_cache_hits",
                 "Requests denied from the local deny cache, without a round trip.",
                 self.stats.deny_cache_hits,
+            ),
+            (
+                "spillway_redis_refunds",
+                "Charges given back in Redis (a cluster request another node denied, a shaped request whose client left).",
+                self.stats.refunds,
+            ),
+            (
+                "spillway_redis_refund_errors",
+                "Refunds that failed every attempt: their charges stay until their window frees them.",
+                self.stats.refund_errors,
+            ),
+            (
+                "spillway_redis_data_errors",
+                "Redis calls that failed on a data error (a key of another type, a corrupt state); the store stays up.",
+                self.stats.data_errors,
             ),
         ];
         for (name, help, value) in counters {

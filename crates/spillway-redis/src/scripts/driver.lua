@@ -5,7 +5,9 @@
 -- ARGV[1]: the time in µs, or "" to read the server's clock (the store
 --          sends "" always; only the test build can send a time).
 -- ARGV[2]: "" to decide; or, to give back charges admitted at that time
---          (µs, as this script reported it), the time of the charges.
+--          (µs, as this script reported it), the time of the charges. A
+--          refund then has one more key, last: its receipt, which makes a
+--          refund sent again (after a lost answer) give nothing back twice.
 -- then 7 numbers per check: algorithm, p1..p5, cost.
 -- The reply: admitted (0/1), the time, then the six numbers of each
 -- check's decision.
@@ -23,6 +25,7 @@ else
 end
 
 local n = #KEYS
+if ARGV[2] ~= '' then n = n - 1 end
 
 -- Check i's algorithm (by its number, script.rs::params), its cost and its
 -- parameters: only those the algorithm reads are converted.
@@ -81,11 +84,14 @@ end
 if ARGV[2] ~= '' then
   -- Refund: another part of the request (on another cluster node) denied.
   local charged_at = ARGV[2] + 0
-  for i = 1, n do
-    if costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-      local state = run(i, 'load', nil, 0, now)
-      run(i, 'refund', state, costs[i], charged_at)
-      save_of(i, state)
+  -- The receipt outlives any retry of the refund (a few timeouts).
+  if redis.call('SET', KEYS[n + 1], 1, 'NX', 'PX', 60000) then
+    for i = 1, n do
+      if costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+        local state = run(i, 'load', nil, 0, now)
+        run(i, 'refund', state, costs[i], charged_at)
+        save_of(i, state)
+      end
     end
   end
   -- Report each key's state as it now stands.
@@ -110,17 +116,23 @@ if reply[1] == 1 then
   local written = {}
   for i = 1, n do
     local key = KEYS[i]
-    if not written[key] and costs[i] > 0 then
+    if not written[key] and (costs[i] > 0 or run(i, 'dirty', states[key], 0, now)) then
       written[key] = true
       save_of(i, states[key])
     end
   end
 else
   -- Nothing is charged: the admitting checks (peeks included, which may
-  -- have seen a charge of this request) report their state as it stands.
+  -- have seen a charge of this request) report their state as it stands,
+  -- and what a sliding log dropped is saved, from a state read afresh
+  -- (the one decided on may hold this request's charge).
   for i = 1, n do
-    if reply[6 * i - 3] == 1 then
-      put(reply, i, run(i, 'check', run(i, 'load', nil, 0, now), 0, now))
+    local admitted = reply[6 * i - 3] == 1
+    if admitted or algos[i] == sliding_log then
+      local fresh = run(i, 'load', nil, 0, now)
+      local a, limit, remaining, reset_after, retry_after, delay = run(i, 'check', fresh, 0, now)
+      if admitted then put(reply, i, a, limit, remaining, reset_after, retry_after, delay) end
+      if run(i, 'dirty', fresh, 0, now) then save_of(i, fresh) end
     end
   end
 end

@@ -26,7 +26,9 @@ end
 local state = ALGORITHM('load', key, nil, 0, now, PARAMS)
 local allowed, limit, remaining, reset_after, retry_after, delay =
   ALGORITHM('check', key, state, cost, now, PARAMS)
-if allowed == 1 and cost > 0 then
+-- An admitted charge is saved; so is a check that only dropped expired
+-- state (the sliding log's 'dirty': other algorithms answer nil).
+if (allowed == 1 and cost > 0) or ALGORITHM('dirty', key, state, 0, now, PARAMS) then
   local idle_at = ALGORITHM('idle_at', key, state, 0, now, PARAMS)
   if idle_at <= now then
     redis.call('DEL', key)

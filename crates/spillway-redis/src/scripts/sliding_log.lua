@@ -13,56 +13,77 @@ local function sliding_log(op, key, s, cost, now, limit, w)
     return string.format('%.0f', x)
   end
 
+  -- Entry `seq`'s time and cost, read with the next ones (up to BATCH in
+  -- one HMGET): the walks that read many (expiry, the retry time) go
+  -- forward. Kept in two tables of numbers (s.at, s.c), not a table per
+  -- entry: a walk of thousands of entries would spend its time in Lua's
+  -- allocator and collector.
+  local BATCH = 64
   local function log_entry(s, seq)
-    local e = s.cache[seq]
-    if not e then
-      local v = redis.call('HGET', s.key, 'e' .. int(seq))
-      local at, c = string.match(v or '', '^(%d+):(%d+)$')
-      if not at then
-        error('spillway: corrupt sliding log entry ' .. int(seq) .. ' in ' .. s.key)
+    local at = s.at[seq]
+    if not at then
+      local last = math.min(seq + BATCH - 1, s.n - 1)
+      local fields = {}
+      for q = seq, last do fields[#fields + 1] = 'e' .. int(q) end
+      local values = redis.call('HMGET', s.key, unpack(fields))
+      for j = 1, #fields do
+        local q = seq + j - 1
+        if not s.at[q] then
+          local a, c = string.match(values[j] or '', '^(%d+):(%d+)$')
+          if a then
+            s.at[q], s.c[q] = a + 0, c + 0
+          elseif q == seq then
+            error('spillway: corrupt sliding log entry ' .. int(seq) .. ' in ' .. s.key)
+          end
+        end
       end
-      e = { at + 0, c + 0 }
-      s.cache[seq] = e
+      at = s.at[seq]
     end
-    return e
+    return at, s.c[seq]
   end
 
   if op == 'load' then
     local v = redis.call('HMGET', key, 't', 'h', 'n')
     return { key = key, t = (v[1] or 0) + 0, h = (v[2] or 0) + 0, n = (v[3] or 0) + 0,
-             cache = {}, dropped = {}, dirty = {} }
+             at = {}, c = {}, dropped = {}, dirty = {} }
   elseif op == 'save' then
-    for _, seq in ipairs(s.dropped) do redis.call('HDEL', key, 'e' .. int(seq)) end
+    -- The dropped entries, a thousand fields per HDEL.
+    local dropped = s.dropped
+    for first = 1, #dropped, 1000 do
+      local fields = {}
+      for j = first, math.min(first + 999, #dropped) do
+        fields[#fields + 1] = 'e' .. int(dropped[j])
+      end
+      redis.call('HDEL', key, unpack(fields))
+    end
     for seq in pairs(s.dirty) do
-      local e = s.cache[seq]
-      redis.call('HSET', key, 'e' .. int(seq), int(e[1]) .. ':' .. int(e[2]))
+      redis.call('HSET', key, 'e' .. int(seq), int(s.at[seq]) .. ':' .. int(s.c[seq]))
     end
     redis.call('HSET', key, 't', s.t, 'h', s.h, 'n', s.n)
     redis.call('PEXPIRE', key, cost) -- `cost` is the time to live, in ms
   elseif op == 'check' then
     -- Drop the entries that left the window (now - w, now].
     while s.h < s.n do
-      local e = log_entry(s, s.h)
-      if e[1] + w > now then break end
-      s.t = s.t - e[2]
+      local at, c = log_entry(s, s.h)
+      if at + w > now then break end
+      s.t = s.t - c
       table.insert(s.dropped, s.h)
       s.dirty[s.h] = nil
       s.h = s.h + 1
     end
     local function reset_after()
       if s.h == s.n then return 0 end
-      return math.max(log_entry(s, s.n - 1)[1] + w - now, 0)
+      return math.max(log_entry(s, s.n - 1) + w - now, 0)
     end
     if s.t + cost <= limit then
       if cost > 0 then
-        local newest = s.h < s.n and log_entry(s, s.n - 1)
-        if newest and newest[1] >= now then
+        if s.h < s.n and log_entry(s, s.n - 1) >= now then
           -- Same microsecond, or time went backwards: charge the newest
           -- entry, which expires no earlier than `now` would.
-          newest[2] = newest[2] + cost
+          s.c[s.n - 1] = s.c[s.n - 1] + cost
           s.dirty[s.n - 1] = true
         else
-          s.cache[s.n] = { now, cost }
+          s.at[s.n], s.c[s.n] = now, cost
           s.dirty[s.n] = true
           s.n = s.n + 1
         end
@@ -72,43 +93,48 @@ local function sliding_log(op, key, s, cost, now, limit, w)
     end
     local left, retry_at = s.t, now
     for seq = s.h, s.n - 1 do
-      local e = log_entry(s, seq)
-      left = left - e[2]
+      local at, c = log_entry(s, seq)
+      left = left - c
       if left + cost <= limit then
-        retry_at = e[1] + w
+        retry_at = at + w
         break
       end
     end
     return 0, limit, limit - s.t, reset_after(), math.max(retry_at - now, 0), 0
+  elseif op == 'dirty' then
+    -- Whether a check dropped entries that a save should delete, though
+    -- it charged nothing: a denial or a peek saves them, so that the next
+    -- check does not walk them again.
+    return #s.dropped > 0
   elseif op == 'idle_at' then
     if s.h == s.n then return 0 end
-    return log_entry(s, s.n - 1)[1] + w
+    return log_entry(s, s.n - 1) + w
   elseif op == 'refund' then
     -- `now` is the time of the charge. It is in the entry stamped with
     -- it, or (if time went backwards when it was made) in the oldest later one.
     local at, found = now, nil
     for seq = s.n - 1, s.h, -1 do
-      if log_entry(s, seq)[1] == at then found = seq break end
+      if log_entry(s, seq) == at then found = seq break end
     end
     if not found then
       for seq = s.h, s.n - 1 do
-        if log_entry(s, seq)[1] > at then found = seq break end
+        if log_entry(s, seq) > at then found = seq break end
       end
     end
     if not found then return end
-    local e = log_entry(s, found)
-    local taken = math.min(cost, e[2])
-    e[2] = e[2] - taken
+    local _, c = log_entry(s, found)
+    local taken = math.min(cost, c)
+    s.c[found] = c - taken
     s.t = s.t - taken
     s.dirty[found] = true
     -- An emptied entry stays as a zero-cost placeholder unless it is the
     -- oldest or newest, so sequence numbers stay contiguous.
-    while s.h < s.n and log_entry(s, s.h)[2] == 0 do
+    while s.h < s.n and select(2, log_entry(s, s.h)) == 0 do
       table.insert(s.dropped, s.h)
       s.dirty[s.h] = nil
       s.h = s.h + 1
     end
-    while s.h < s.n and log_entry(s, s.n - 1)[2] == 0 do
+    while s.h < s.n and select(2, log_entry(s, s.n - 1)) == 0 do
       s.n = s.n - 1
       table.insert(s.dropped, s.n)
       s.dirty[s.n] = nil

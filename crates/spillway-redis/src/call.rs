@@ -1,0 +1,315 @@
+//! One script call: its keys and arguments, how it is sent (on a cluster,
+//! following redirections itself, so that nothing that may have run is
+//! sent twice), and its reply.
+
+use std::time::Duration;
+
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use spillway::Decision;
+
+use crate::{Connection, Error, RedisStore, Scripts, bump, script};
+
+/// One check, ready to send.
+#[derive(Debug, Clone)]
+pub(crate) struct Prepared {
+    pub(crate) key: String,
+    pub(crate) params: script::Params,
+    pub(crate) cost: u64,
+    pub(crate) capacity: u64,
+}
+
+/// The checks of one script call: all of a request's on a standalone
+/// server, those of one slot on a cluster.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    /// The slot (0 on a standalone server): the breaker it answers to.
+    pub(crate) slot: u16,
+    /// The checks, by index in the request.
+    pub(crate) checks: Vec<usize>,
+}
+
+/// What one script call answered.
+pub(crate) struct Reply {
+    pub(crate) allowed: bool,
+    pub(crate) now: u64,
+    pub(crate) decisions: Vec<Decision>,
+}
+
+/// A refund's time of charge and its receipt key (see `driver.lua`).
+#[derive(Clone, Copy)]
+pub(crate) struct Refund<'a> {
+    pub(crate) charged_at: u64,
+    pub(crate) receipt: &'a str,
+}
+
+impl RedisStore {
+    /// One script call for the checks in `group` (all in one slot): the
+    /// single-check script of the check's algorithm when it decides one
+    /// check, else the general script.
+    pub(crate) async fn call(
+        &self,
+        scripts: &Scripts,
+        prepared: &[Prepared],
+        group: &Group,
+        now: Option<u64>,
+        refund: Option<Refund<'_>>,
+    ) -> Result<Reply, Error> {
+        let family = single_family(prepared, &group.checks, refund);
+        let script = match family {
+            Some(family) => &scripts.single[family],
+            None => &scripts.general,
+        };
+        let mut invocation = script.prepare_invoke();
+        assemble(
+            prepared,
+            &group.checks,
+            now,
+            refund,
+            family,
+            &mut invocation,
+        );
+        bump(&self.inner.counters.redis_calls);
+        let timeout = self.inner.options.timeout;
+        let reply: Vec<i64> = match &self.connection {
+            Connection::Standalone(c) => {
+                let mut c = c.clone();
+                tokio::time::timeout(timeout, invocation.invoke_async(&mut c)).await
+            }
+            Connection::Cluster(c) => {
+                let eval = || {
+                    let mut call = ScriptCall {
+                        source: scripts.source(family).to_string(),
+                        keys: Vec::new(),
+                        args: Vec::new(),
+                    };
+                    assemble(prepared, &group.checks, now, refund, family, &mut call);
+                    call.eval()
+                };
+                let sent = invoke_on_cluster(c.clone(), &invocation, eval);
+                tokio::time::timeout(timeout, sent).await
+            }
+        }
+        .map_err(|_| Error::Timeout(timeout))??;
+        let (allowed, now, decisions) = script::decode(&reply, group.checks.len())?;
+        Ok(Reply {
+            allowed,
+            now,
+            decisions,
+        })
+    }
+}
+
+/// How many times a call may be sent again after the cluster said it did
+/// not run it (a redirection, a slot being moved, a failover under way).
+const RESENDS: u32 = 4;
+
+/// Runs a script on the cluster, sending it again only when a node
+/// answered that it did not run it: MOVED and ASK (to the node they name),
+/// TRYAGAIN, CLUSTERDOWN, MASTERDOWN, LOADING and READONLY (after a short
+/// wait). The client itself is built with no retries: it would also send a
+/// script again after a lost connection or a timeout, when the script may
+/// have run, and charge the request twice.
+async fn invoke_on_cluster(
+    mut connection: ClusterConnection,
+    invocation: &redis::ScriptInvocation<'_>,
+    eval: impl Fn() -> redis::Cmd,
+) -> RedisResult<Vec<i64>> {
+    let mut redirect: Option<(String, u16, bool)> = None;
+    let mut resends = 0;
+    loop {
+        let result = match &redirect {
+            None => invocation.invoke_async(&mut connection).await,
+            Some((host, port, asking)) => {
+                let route = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                if *asking {
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("ASKING");
+                    pipe.add_command(eval());
+                    connection
+                        .route_pipeline(pipe, 1, 1, route)
+                        .await
+                        .and_then(|mut values| match values.pop() {
+                            Some(value) => Ok(redis::from_redis_value(value)?),
+                            None => Err(no_reply()),
+                        })
+                } else {
+                    connection
+                        .route_command(eval(), RoutingInfo::SingleNode(route))
+                        .await
+                        .and_then(|value| Ok(redis::from_redis_value(value)?))
+                }
+            }
+        };
+        let error = match result {
+            Ok(reply) => return Ok(reply),
+            Err(error) if resends < RESENDS => error,
+            Err(error) => return Err(error),
+        };
+        resends += 1;
+        redirect = match error.kind() {
+            ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)) => {
+                let Some((host, port)) = error.redirect_node().and_then(|(a, _)| split_host(a))
+                else {
+                    return Err(error);
+                };
+                Some((host, port, kind == ServerErrorKind::Ask))
+            }
+            ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly,
+            ) => {
+                tokio::time::sleep(Duration::from_millis(2 << resends)).await;
+                None
+            }
+            _ => return Err(error),
+        };
+    }
+}
+
+fn no_reply() -> RedisError {
+    RedisError::from((ErrorKind::Client, "no reply to the script after ASKING"))
+}
+
+/// `host:port` (the host may be an IPv6 address).
+fn split_host(address: &str) -> Option<(String, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_string(), port.parse().ok()?))
+}
+
+/// Which single-check script decides `group`: the one of its check's
+/// algorithm when it is one check and not a refund; `None` for the general
+/// script.
+pub(crate) fn single_family(
+    prepared: &[Prepared],
+    group: &[usize],
+    refund: Option<Refund<'_>>,
+) -> Option<usize> {
+    match group {
+        &[i] if refund.is_none() => Some(script::family(&prepared[i].params)),
+        _ => None,
+    }
+}
+
+/// Where [`assemble`] puts a script call's keys and arguments: the call
+/// itself, or its text for [`RedisStore::script_call`].
+pub(crate) trait CallArgs {
+    fn key(&mut self, key: &str);
+    fn number(&mut self, n: u64);
+    fn text(&mut self, s: &str);
+}
+
+impl CallArgs for redis::ScriptInvocation<'_> {
+    fn key(&mut self, key: &str) {
+        redis::ScriptInvocation::key(self, key);
+    }
+    fn number(&mut self, n: u64) {
+        self.arg(n);
+    }
+    fn text(&mut self, s: &str) {
+        self.arg(s);
+    }
+}
+
+impl CallArgs for ScriptCall {
+    fn key(&mut self, key: &str) {
+        self.keys.push(key.to_string());
+    }
+    fn number(&mut self, n: u64) {
+        self.args.push(n.to_string());
+    }
+    fn text(&mut self, s: &str) {
+        self.args.push(s.to_string());
+    }
+}
+
+/// The keys and arguments of the script call for `group`: for a
+/// single-check script (`family`), the parameters its algorithm reads, the
+/// cost and (only the test build sends one) the time; for the general
+/// script, the time or "", the refund's time or "", then each check's
+/// algorithm, five parameters and cost, and a refund's receipt key last.
+pub(crate) fn assemble(
+    prepared: &[Prepared],
+    group: &[usize],
+    now: Option<u64>,
+    refund: Option<Refund<'_>>,
+    family: Option<usize>,
+    out: &mut impl CallArgs,
+) {
+    if family.is_some() {
+        let p = &prepared[group[0]];
+        out.key(&p.key);
+        script::single_args(&p.params)
+            .iter()
+            .for_each(|&v| out.number(v));
+        out.number(p.cost);
+        // Only the test build's scripts read it; only it sends one.
+        if let Some(t) = now {
+            out.number(t);
+        }
+        return;
+    }
+    match now {
+        Some(t) => out.number(t),
+        None => out.text(""),
+    }
+    match refund {
+        Some(r) => out.number(r.charged_at),
+        None => out.text(""),
+    }
+    for &i in group {
+        let p = &prepared[i];
+        out.key(&p.key);
+        p.params.iter().for_each(|&v| out.number(v));
+        out.number(p.cost);
+    }
+    if let Some(r) = refund {
+        out.key(r.receipt);
+    }
+}
+
+/// A script call as the store makes it: see [`RedisStore::script_call`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptCall {
+    /// The script's Lua source (the store runs it by its SHA1).
+    pub source: String,
+    /// The keys (`KEYS`).
+    pub keys: Vec<String>,
+    /// The arguments (`ARGV`).
+    pub args: Vec<String>,
+}
+
+impl ScriptCall {
+    /// The call as one EVAL command.
+    fn eval(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&self.source)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redirect_addresses_split_at_the_last_colon() {
+        assert_eq!(
+            split_host("127.0.0.1:7000"),
+            Some(("127.0.0.1".into(), 7000))
+        );
+        assert_eq!(split_host("[::1]:7001"), Some(("::1".into(), 7001)));
+        assert_eq!(split_host("nowhere"), None);
+    }
+}

@@ -1,0 +1,138 @@
+//! The failure policy, rule by rule, while Redis cannot answer.
+
+use spillway::store::{Check, Store, Verdict};
+use spillway::{Algorithm, Decision};
+
+use crate::call::Prepared;
+use crate::{Error, OnError, RedisStore, bump, unknown};
+
+/// Set in the `decided_at` of a verdict the local fallback decided, so that
+/// its refund goes to the fallback: Redis never saw those charges. (Times
+/// in µs since 1970 stay far below it.)
+pub(crate) const LOCAL: u64 = 1 << 63;
+
+impl RedisStore {
+    fn policy(&self, check: &Check<'_>) -> OnError {
+        self.inner
+            .on_error
+            .get(check.rule.0)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn is_local(&self, check: &Check<'_>) -> bool {
+        matches!(self.policy(check), OnError::Local { .. })
+    }
+
+    /// Applies the failure policy of each check's rule when Redis cannot
+    /// answer: refused if any fails closed; otherwise the `local` checks are
+    /// decided in memory (all or none, as one request) and the others admit.
+    /// A cost above an instance's share of a `local` rule can never fit
+    /// while Redis is away: denied, to be tried again after the retry
+    /// interval.
+    pub(crate) fn fall_back(
+        &self,
+        checks: &[Check<'_>],
+        prepared: &[Prepared],
+        error: Error,
+    ) -> Result<Verdict, Error> {
+        let inner = &*self.inner;
+        if checks.iter().any(|c| self.policy(c) == OnError::FailClosed) {
+            return Err(error);
+        }
+        let local_checks: Vec<Check<'_>> = checks
+            .iter()
+            .copied()
+            .filter(|c| self.is_local(c))
+            .collect();
+        let local = match (&inner.local, local_checks.is_empty()) {
+            (Some(local), false) => {
+                bump(&inner.counters.local);
+                if let Some(verdict) = self.beyond_share(local, checks, prepared) {
+                    return Ok(verdict);
+                }
+                Some(local.check_now(&local_checks)?)
+            }
+            _ => None,
+        };
+        if local_checks.len() < checks.len() {
+            bump(&inner.counters.fail_open);
+        }
+        let mut from_local = local.iter().flat_map(|v| v.decisions.iter().copied());
+        let decisions = checks
+            .iter()
+            .zip(prepared)
+            .map(|(c, p)| {
+                if self.is_local(c) {
+                    from_local.next().unwrap_or_else(|| unknown(p.capacity))
+                } else {
+                    unknown(p.capacity)
+                }
+            })
+            .collect();
+        Ok(Verdict {
+            allowed: local.as_ref().is_none_or(|v| v.allowed),
+            decisions,
+            decided_at: local
+                .as_ref()
+                .filter(|v| v.allowed)
+                .map_or(0, |v| v.decided_at | LOCAL),
+        })
+    }
+
+    /// A denial if a `local` check costs more than its share's capacity.
+    fn beyond_share(
+        &self,
+        local: &spillway::store::MemoryStore,
+        checks: &[Check<'_>],
+        prepared: &[Prepared],
+    ) -> Option<Verdict> {
+        let share = |c: &Check<'_>| local.rules()[c.rule.0].algorithm().capacity();
+        let over = checks
+            .iter()
+            .position(|c| self.is_local(c) && c.cost > share(c))?;
+        let retry_after = self.inner.options.retry_interval;
+        let decisions = checks
+            .iter()
+            .zip(prepared)
+            .enumerate()
+            .map(|(i, (c, p))| {
+                if i == over {
+                    Decision {
+                        allowed: false,
+                        limit: share(c),
+                        remaining: 0,
+                        reset_after: retry_after,
+                        retry_after: Some(retry_after),
+                        delay: std::time::Duration::ZERO,
+                    }
+                } else {
+                    unknown(p.capacity)
+                }
+            })
+            .collect();
+        Some(Verdict {
+            allowed: false,
+            decisions,
+            decided_at: 0,
+        })
+    }
+
+    /// Gives back, in the local fallback, what it charged at `charged_at`.
+    pub(crate) fn give_back_locally(
+        &self,
+        checks: &[Check<'_>],
+        charged_at: u64,
+    ) -> Result<(), Error> {
+        let Some(local) = &self.inner.local else {
+            return Ok(());
+        };
+        let local_checks: Vec<Check<'_>> = checks
+            .iter()
+            .copied()
+            .filter(|c| self.is_local(c))
+            .collect();
+        local.refund_at(&local_checks, charged_at)?;
+        Ok(())
+    }
+}
