@@ -193,6 +193,12 @@ pub struct Figures {
     /// answered in it (a script that ran after its caller gave up on it, or
     /// ran twice).
     pub phantom: u64,
+    /// Answers that Redis did not decide (undecided, local, 503, none).
+    pub not_redis: u64,
+    /// Over twice the limit: the sum over keys and windows of what was
+    /// admitted beyond twice the limit (`local`'s bound: the limit from
+    /// Redis and the instances' shares from the fallback).
+    pub over_twice: u64,
     /// Admitted undecided (fail_open).
     pub open_admitted: u64,
     /// Decided in memory (local).
@@ -376,7 +382,10 @@ pub fn run(scenario: Scenario) -> Option<Report> {
     if !report.too_busy() {
         return Some(report);
     }
-    println!("FAULT {}: the machine lagged too much; measuring again", scenario.name);
+    println!(
+        "FAULT {}: the machine lagged too much; measuring again",
+        scenario.name
+    );
     runtime.block_on(run_async(scenario, plan))
 }
 
@@ -535,17 +544,15 @@ async fn inject(
             }
         }
         (Backend::Cluster { cluster, .. }, Injected::KillMaster) => {
-            let master = tokio::task::block_in_place(|| {
-                cluster.master_of(&hash_tag("closed", "k0"))
-            })
-            .expect("a master holds the key");
+            let master =
+                tokio::task::block_in_place(|| cluster.master_of(&hash_tag("closed", "k0")))
+                    .expect("a master holds the key");
             cluster.nodes_mut()[master].kill();
         }
         (Backend::Cluster { cluster, proxies }, Injected::StallOneMaster) => {
-            let master = tokio::task::block_in_place(|| {
-                cluster.master_of(&hash_tag("closed", "k0"))
-            })
-            .expect("a master holds the key");
+            let master =
+                tokio::task::block_in_place(|| cluster.master_of(&hash_tag("closed", "k0")))
+                    .expect("a master holds the key");
             proxies[master].set(Fault::Stall);
             tokio::time::sleep(length).await;
             proxies[master].set(Fault::None);
@@ -731,6 +738,8 @@ fn figures(records: &[&Record], targets: &[Target], windows: &Windows, plan: &Pl
         let limit = targets[*target].limit;
         let span = windows.span(*w, window_ms);
         f.over_limit += cell.admitted.saturating_sub(limit);
+        f.over_twice += cell.admitted.saturating_sub(2 * limit);
+        f.not_redis += cell.not_redis;
         f.redis_over += cell.redis_admitted.saturating_sub(limit);
         f.phantom += cell.highest_count.saturating_sub(cell.redis_admitted);
         for n in cell.local_admitted.values() {
@@ -900,6 +909,12 @@ impl Report {
             if f.slow > 0 {
                 fail("no answer is slower than the store timeout plus the margin");
             }
+            if f.phantom > f.not_redis {
+                fail(
+                    "a script is never sent twice: Redis charges no more requests than it \
+                     answered, and those whose answer it did not give",
+                );
+            }
             if f.redis_over > 0 && !redis_may_lose {
                 fail("Redis never admits over the limit in a window");
             }
@@ -928,6 +943,12 @@ impl Report {
                     }
                     if f.local_over > 0 {
                         fail("local admits at most limit/instances per instance per window");
+                    }
+                    if f.over_twice > 0 && !redis_may_lose {
+                        fail(
+                            "local admits at most twice the limit in a window (Redis's \
+                             limit and the instances' shares)",
+                        );
                     }
                     if f.unavailable + f.other_5xx > 0 {
                         fail("local answers no 5xx");
