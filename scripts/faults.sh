@@ -75,9 +75,10 @@ awk '
 } | tee "$out/table.md"
 
 echo
-grep -E '^FAULT [^ ]+ (on|keys)' "$out/output.txt" || true
+grep -E '^FAULT [^ ]+ (on|keys) ' "$out/output.txt" || true
 echo
-grep -E '^test .* (ok|FAILED|ignored)' "$out/output.txt" || true
+sed -n '/^failures:$/,/^test result/p' "$out/output.txt" | grep -E '^    [a-z_0-9]+$' | sed 's/^ */FAILED: /' | sort -u || true
+grep -E '^test result:' "$out/output.txt" || true
 if [[ $status != 0 ]]; then
     echo
     echo "some scenarios broke a promise (details in $out/output.txt):"

@@ -107,11 +107,11 @@ impl Plan {
             after: Duration::from_secs(5).max(fault),
         };
         assert!(
-            plan.instances >= 2 && plan.limit / plan.instances as u64 >= 1,
-            "the harness tells local decisions by their limit: at least 2 instances, \
-             and a limit of at least one per instance"
+            plan.instances >= 2 && plan.limit >= plan.instances as u64,
+            "the harness tells local decisions by their limit (an instance's share, \
+             below the limit): SPILLWAY_FAULT_INSTANCES must be 2 or more, and \
+             SPILLWAY_FAULT_LIMIT at least as many"
         );
-        assert!(plan.limit % plan.instances as u64 == 0 || plan.limit > plan.instances as u64);
         plan
     }
 
@@ -621,7 +621,6 @@ struct Cell {
     redis_admitted: u64,
     highest_count: u64,
     local_admitted: HashMap<usize, u64>,
-    undecided: u64,
     not_redis: u64,
 }
 
@@ -679,12 +678,8 @@ fn figures(records: &[&Record], targets: &[Target], windows: &Windows, plan: &Pl
                 if *source != Source::Redis {
                     cell.not_redis += 1;
                 }
-                match source {
-                    Source::Local => f.local_answers += 1,
-                    Source::FailOpen => {
-                        cell.undecided += 1;
-                    }
-                    Source::Redis => {}
+                if *source == Source::Local {
+                    f.local_answers += 1;
                 }
                 if *allowed {
                     f.admitted += 1;
@@ -838,6 +833,8 @@ impl Report {
     /// Prints one line per rule, starting `FAULT`, for `scripts/faults.sh`.
     pub fn print(&self) {
         let p = &self.plan;
+        // Its own line, after libtest's "test NAME ... ".
+        println!();
         println!(
             "FAULT {} on {:?}: {} instances, {} keys per rule, {} clients per key at {}/s, \
              limit {} per {} ms; fault at {:.2}s..{:.2}s; shed {}; probes p50 {:.1}ms \
