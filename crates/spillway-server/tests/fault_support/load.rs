@@ -27,10 +27,15 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 pub struct Target {
     /// The rule's index in the run's rules.
     pub rule: usize,
-    /// The rule's name.
+    /// The rule's name (for a pair, the first rule's: its decision is
+    /// the one counted).
     pub rule_name: String,
-    /// The key, as sent.
+    /// The key, as the store names it (for a pair, the key both rules
+    /// build from the request).
     pub key: String,
+    /// The body of its `POST /v1/check`: a rule check, or a request
+    /// description that several rules match.
+    pub body: String,
     /// The rule's limit per window.
     pub limit: u64,
     /// Each instance's share of it while deciding locally.
@@ -279,7 +284,7 @@ impl Client1 {
 
     async fn one(&self, target: usize, instance: usize) {
         let t = &self.targets[target];
-        let body = serde_json::json!({"rule": t.rule_name, "key": t.key}).to_string();
+        let body = t.body.clone();
         let req = Request::builder()
             .method(Method::POST)
             .uri(format!("http://{}/v1/check", self.instances[instance]))
@@ -324,7 +329,12 @@ fn classify(t: &Target, body: &[u8], received_unix_ms: f64) -> Outcome {
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return Outcome::Odd(String::from_utf8_lossy(body).into_owned());
     };
+    // The target's rule answers first (the rules are reported in the
+    // configuration's order).
     let rule = &v["rules"][0];
+    if rule["rule"].as_str() != Some(t.rule_name.as_str()) {
+        return Outcome::Odd(v.to_string());
+    }
     let (Some(allowed), Some(limit), Some(remaining), Some(reset)) = (
         v["allowed"].as_bool(),
         rule["limit"].as_u64(),

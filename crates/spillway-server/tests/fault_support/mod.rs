@@ -52,8 +52,16 @@ pub const WINDOW: Duration = Duration::from_secs(1);
 /// over (`cluster-node-timeout`).
 pub const NODE_TIMEOUT_MS: u32 = 1000;
 
-/// The rules' failure policies, one rule each.
-pub const POLICIES: [&str; 3] = ["fail_closed", "local", "fail_open"];
+/// The rules' failure policies, one rule each, and a fourth: a request
+/// that two `fail_open` rules match, `pair-a` (the limit) and `pair-b`
+/// (a limit it never reaches), keyed alike but in different slots. Its
+/// figures count `pair-a`'s decisions: when `pair-b`'s node cannot answer,
+/// `pair-a`'s denial must still win.
+pub const POLICIES: [&str; 4] = ["fail_closed", "local", "fail_open", "fail_open"];
+/// The names of the four groups' rules (the pair's by its first rule).
+pub const RULES: [&str; 4] = ["closed", "local", "open", "pair-a"];
+/// The header the pair's rules are keyed by.
+const PAIR_HEADER: &str = "x-pair";
 
 /// Runs one scenario at a time: they measure time, and two at once on a
 /// small machine would measure each other.
@@ -209,8 +217,9 @@ pub struct Figures {
     pub other_5xx: u64,
     /// Answers of another status, 200s that fit no source, no answers.
     pub broken: u64,
-    /// Answers later than the store timeout plus [`SLOW_MARGIN`], beyond
-    /// the lag of the instance's control probes at the same time.
+    /// Answers later than the store timeout plus [`SLOW_MARGIN`] plus the
+    /// control probes' 99th percentile, beyond the lag of the instance's
+    /// probes at the same time.
     pub slow: u64,
     /// Answers that late, explained by the lag of the probes.
     pub slow_lagged: u64,
@@ -248,7 +257,7 @@ pub struct Report {
     pub scenario: Scenario,
     /// Its plan.
     pub plan: Plan,
-    /// One per rule, in [`POLICIES`]' order.
+    /// One per group of [`RULES`], in its order.
     pub rules: Vec<Figures>,
     /// Per target key, its figures (rule, key, figures), for scenarios
     /// that look at some keys only.
@@ -281,26 +290,32 @@ fn config_text(urls: &[String], plan: &Plan) -> String {
         STORE_TIMEOUT.as_millis(),
         plan.instances
     );
-    for policy in POLICIES {
+    for (name, policy) in RULES.iter().zip(POLICIES).take(3) {
+        // Keyed by IP, which the pair's requests do not give: those rules
+        // do not apply to them.
         let _ = write!(
             text,
-            "\n[[rules]]\nname = \"{}\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\n\
+            "\n[[rules]]\nname = \"{name}\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\n\
              limit = {}\nwindow = \"{}ms\"\non_error = \"{policy}\"\n",
-            rule_name(policy),
             plan.limit,
+            WINDOW.as_millis()
+        );
+    }
+    for (name, limit) in [("pair-a", plan.limit), ("pair-b", plan.limit * 1000)] {
+        let _ = write!(
+            text,
+            "\n[[rules]]\nname = \"{name}\"\nmatch = {{ path = \"/pair\" }}\n\
+             key = [\"header:{PAIR_HEADER}\"]\nfallback = []\nalgorithm = \"fixed_window\"\n\
+             limit = {limit}\nwindow = \"{}ms\"\non_error = \"fail_open\"\n",
             WINDOW.as_millis()
         );
     }
     text
 }
 
-/// A policy's rule: `closed`, `local` or `open`.
-pub fn rule_name(policy: &str) -> &'static str {
-    match policy {
-        "fail_closed" => "closed",
-        "local" => "local",
-        _ => "open",
-    }
+/// The key the pair's rules build from a request whose header is `value`.
+fn pair_key(value: &str) -> String {
+    format!("header:{PAIR_HEADER}={value}")
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -362,9 +377,43 @@ impl Backend {
     }
 }
 
-/// The Redis hash tag of a rule's key (which slot, so which master, holds it).
+/// The Redis hash tag of a rule's key (which slot, so which master, holds
+/// it), escaped as the store escapes names and keys.
 fn hash_tag(rule: &str, key: &str) -> String {
-    format!("{{{rule}:{key}}}")
+    let escape = |s: &str| {
+        s.replace('%', "%25")
+            .replace(':', "%3A")
+            .replace('{', "%7B")
+            .replace('}', "%7D")
+    };
+    format!("{{{}:{}}}", escape(rule), escape(key))
+}
+
+/// The full Redis key of a rule's fixed-window state.
+fn redis_key(rule: &str, key: &str) -> String {
+    format!(
+        "spillway:{}:fwi:{}",
+        hash_tag(rule, key),
+        WINDOW.as_micros()
+    )
+}
+
+/// Values of the pair's header whose `pair-a` key is held by another
+/// master than `faulty`, and `pair-b` key by `faulty` (any values on a
+/// standalone server).
+fn pair_values(cluster: Option<&RedisCluster>, faulty: Option<usize>, n: usize) -> Vec<String> {
+    let candidates = (0..10_000).map(|i| format!("p{i}"));
+    match (cluster, faulty) {
+        (Some(cluster), Some(faulty)) => candidates
+            .filter(|v| {
+                let a = cluster.master_of(&hash_tag("pair-a", &pair_key(v)));
+                let b = cluster.master_of(&hash_tag("pair-b", &pair_key(v)));
+                a.is_some() && a != Some(faulty) && b == Some(faulty)
+            })
+            .take(n)
+            .collect(),
+        _ => candidates.take(n).collect(),
+    }
 }
 
 /// Runs `scenario` and measures it; `None` if Redis is not installed (and
@@ -402,31 +451,58 @@ async fn run_async(scenario: Scenario, plan: Plan) -> Option<Report> {
     let instances: Vec<Instance> = started.await.expect("the instances start");
     let addrs: Vec<_> = instances.iter().map(|i| i.addr).collect();
 
+    // The master of the first key: the one the cluster's faults hit.
+    let faulty = match &backend {
+        Backend::Cluster { cluster, .. } => Some(
+            cluster
+                .master_of(&hash_tag(RULES[0], "k0"))
+                .expect("a master holds the key"),
+        ),
+        Backend::Standalone { .. } => None,
+    };
+    let cluster = match &backend {
+        Backend::Cluster { cluster, .. } => Some(cluster),
+        Backend::Standalone { .. } => None,
+    };
     let mut targets = Vec::new();
-    for (rule, policy) in POLICIES.iter().enumerate() {
+    for (rule, name) in RULES.iter().enumerate().take(3) {
         for k in 0..plan.keys {
+            let key = format!("k{k}");
             targets.push(Target {
                 rule,
-                rule_name: rule_name(policy).to_string(),
-                key: format!("k{k}"),
+                rule_name: name.to_string(),
+                body: serde_json::json!({"rule": name, "key": key}).to_string(),
+                key,
                 limit: plan.limit,
                 share: plan.share(),
                 window_ms: WINDOW.as_millis() as u64,
             });
         }
     }
-    let faulty_keys = match &backend {
-        Backend::Cluster { cluster, .. } => {
-            let master = cluster
-                .master_of(&hash_tag(&targets[0].rule_name, &targets[0].key))
-                .expect("a master holds the key");
+    for value in pair_values(cluster, faulty, plan.keys) {
+        targets.push(Target {
+            rule: 3,
+            rule_name: RULES[3].to_string(),
+            key: pair_key(&value),
+            body: serde_json::json!({"path": "/pair", "headers": {PAIR_HEADER: value}}).to_string(),
+            limit: plan.limit,
+            share: plan.share(),
+            window_ms: WINDOW.as_millis() as u64,
+        });
+    }
+    let faulty_keys = match (cluster, faulty) {
+        (Some(cluster), Some(master)) => {
+            let pair = targets.iter().find(|t| t.rule == 3).expect("a pair key");
+            // The keys are named as the harness thinks: one request, and
+            // its state is where it was looked for.
+            verify_pair_key(addrs[0], &pair.body, &pair.key, cluster).await;
             targets
                 .iter()
                 .filter(|t| cluster.master_of(&hash_tag(&t.rule_name, &t.key)) == Some(master))
                 .map(|t| format!("{}:{}", t.rule_name, t.key))
                 .collect()
         }
-        Backend::Standalone { .. } => Vec::new(),
+        _ => Vec::new(),
     };
 
     let generator = Generator::start(&addrs, &targets, plan.load);
@@ -459,15 +535,16 @@ async fn run_async(scenario: Scenario, plan: Plan) -> Option<Report> {
         fault_at,
         recovery_bound: scenario.recovery_bound,
         probes,
+        probe_p99: probe_latency.1,
     };
-    let rules = (0..POLICIES.len())
+    let rules = (0..RULES.len())
         .map(|rule| {
             let mine: Vec<&Record> = records
                 .iter()
                 .filter(|r| targets[r.target].rule == rule)
                 .collect();
             let mut f = figures(&mine, &targets, &windows, &plan);
-            f.rule = rule_name(POLICIES[rule]).to_string();
+            f.rule = RULES[rule].to_string();
             f.policy = POLICIES[rule];
             f
         })
@@ -495,6 +572,45 @@ async fn run_async(scenario: Scenario, plan: Plan) -> Option<Report> {
     };
     report.print();
     Some(report)
+}
+
+/// Sends the pair's request once and checks that both rules' states are
+/// on the masters the harness chose them for.
+async fn verify_pair_key(
+    addr: std::net::SocketAddr,
+    body: &str,
+    key: &str,
+    cluster: &RedisCluster,
+) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("an instance");
+    let request = format!(
+        "POST /v1/check HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+        .await
+        .expect("write");
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer)
+        .await
+        .expect("read");
+    assert!(answer.contains(&format!("\"key\":\"{key}\"")), "{answer}");
+    for rule in ["pair-a", "pair-b"] {
+        let name = redis_key(rule, key);
+        let master = cluster
+            .master_of(&hash_tag(rule, key))
+            .expect("a master holds it");
+        let found = tokio::task::block_in_place(|| {
+            cluster.nodes()[master].command(&format!("EXISTS {name}"))
+        });
+        assert!(
+            found.starts_with(":1"),
+            "{name} is not on node {master} ({found}): the harness names keys unlike the store"
+        );
+    }
 }
 
 /// Injects the fault, waits for its length, ends it; returns when it ended.
@@ -570,6 +686,8 @@ struct Windows {
     recovery_bound: Duration,
     // Sorted by when they were sent.
     probes: Vec<Probe>,
+    // The probes' 99th percentile: how much the machine lags at any time.
+    probe_p99: Duration,
 }
 
 impl Windows {
@@ -644,7 +762,10 @@ fn figures(records: &[&Record], targets: &[Target], windows: &Windows, plan: &Pl
     };
     let mut cells: BTreeMap<(i64, usize), Cell> = BTreeMap::new();
     let window_ms = WINDOW.as_millis() as u64;
-    let slow = STORE_TIMEOUT + SLOW_MARGIN;
+    // Lags add up along a request's way (the client, the instance, Redis,
+    // the proxy), while a probe sees one at a time: the machine's usual
+    // lag is allowed on top of the one seen at the time.
+    let slow = STORE_TIMEOUT + SLOW_MARGIN + windows.probe_p99;
     let mut latencies: Vec<Duration> = Vec::with_capacity(records.len());
     for r in records {
         latencies.push(r.latency);
