@@ -50,9 +50,9 @@ const PAUSED: Scenario = Scenario {
 };
 
 const SLOWED: Scenario = Scenario {
-    name: "latency-20ms",
+    name: "latency-10ms",
     topology: Topology::Standalone,
-    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(20))),
+    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(10))),
     recovery_bound: STANDALONE,
 };
 
@@ -106,9 +106,9 @@ const CLUSTER_FLAKY: Scenario = Scenario {
 };
 
 const CLUSTER_SLOWED: Scenario = Scenario {
-    name: "cluster-latency-20ms",
+    name: "cluster-latency-10ms",
     topology: Topology::Cluster,
-    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(20))),
+    injected: Injected::Proxy(Fault::Latency(Duration::from_millis(10))),
     recovery_bound: STANDALONE,
 };
 
@@ -191,7 +191,7 @@ fn latency_below_the_store_timeout() {
         // own lag spoiled).
         assert_eq!(f.fault_inexact, 0, "{}", f.line());
         // The latency was there: Redis answers took two proxy crossings.
-        assert!(f.max >= Duration::from_millis(40), "{}", f.line());
+        assert!(f.max >= Duration::from_millis(20), "{}", f.line());
     }
     report.assert_holds(false);
 }
@@ -229,7 +229,7 @@ fn cluster_latency_below_the_store_timeout() {
     };
     for f in &report.rules {
         assert_eq!(f.fault_inexact, 0, "{}", f.line());
-        assert!(f.max >= Duration::from_millis(40), "{}", f.line());
+        assert!(f.max >= Duration::from_millis(20), "{}", f.line());
     }
     report.assert_holds(false);
 }
