@@ -41,7 +41,7 @@ for extra in faults lifecycle shutdown reload_load long_run flood; do
     fi
 done
 
-declare -A binary
+declare -A binary=()
 for suite in "${suites[@]}"; do
     crate=${suite%%:*}
     test=${suite#*:}
@@ -74,7 +74,8 @@ if [[ "$busy" == 1 ]]; then
     done
 fi
 
-declare -A failures
+declare -A failures=()
+passed=0
 started=$(date +%s)
 for round in $(seq "$rounds"); do
     for suite in "${suites[@]}"; do
@@ -82,6 +83,7 @@ for round in $(seq "$rounds"); do
         log="$out/round-$round-${suite/:/-}.log"
         # Run from the crate's directory, as cargo test does.
         if (cd "crates/$crate" && "${binary[$suite]}" >"$OLDPWD/$log" 2>&1); then
+            passed=$((passed + $(grep -oE '^test result: ok\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')))
             rm -f "$log"
         else
             for name in $(grep -E '^test .* FAILED$' "$log" | awk '{print $2}'); do
@@ -96,7 +98,7 @@ for round in $(seq "$rounds"); do
 done
 
 echo
-echo "$rounds rounds of ${#suites[@]} suites, busy loops: $busy, $(($(date +%s) - started)) s"
+echo "$rounds rounds of ${#suites[@]} suites, busy loops: $busy, $(($(date +%s) - started)) s, $passed test runs passed"
 if [[ ${#failures[@]} -eq 0 ]]; then
     echo "no test failed"
     exit 0

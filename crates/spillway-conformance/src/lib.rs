@@ -32,6 +32,7 @@
 //! assert!(report.cases > 0);
 //! ```
 
+pub mod hostile;
 pub mod redis_server;
 pub mod runner;
 pub mod vectors;

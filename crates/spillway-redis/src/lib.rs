@@ -422,7 +422,7 @@ impl RedisStore {
         let prepared = self.prepare(checks)?;
         let groups = self.groups(&prepared);
         let results = self
-            .run(&self.inner.test_scripts, &prepared, &groups, Some(now))
+            .run(&self.inner.test_scripts, &prepared, &groups, &[], Some(now))
             .await;
         self.settle(
             &self.inner.test_scripts,
@@ -494,16 +494,23 @@ impl RedisStore {
         }
         let groups = self.groups(&prepared);
         // Held until the answer is in, so that one request at a time
-        // probes a half-open breaker.
+        // probes a half-open breaker. A group whose breaker is open is not
+        // asked, but the others are: a denial from any of them wins.
         let mut probes = Vec::new();
-        for group in &groups {
+        let mut open = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
             match inner.breakers.gate(group.slot, now) {
                 Gate::Closed => {}
                 Gate::Probe(probe) => probes.push(probe),
-                Gate::Open => return self.fall_back(checks, &prepared, Error::Unavailable),
+                Gate::Open => open.push(g),
             }
         }
-        let results = self.run(&inner.scripts, &prepared, &groups, None).await;
+        if open.len() == groups.len() {
+            return self.fall_back(checks, &prepared, Error::Unavailable);
+        }
+        let results = self
+            .run(&inner.scripts, &prepared, &groups, &open, None)
+            .await;
         let settled = self
             .settle(&inner.scripts, &prepared, &groups, results, None)
             .await;
@@ -533,17 +540,22 @@ impl RedisStore {
         }
     }
 
-    /// Each group's script call, all at once.
+    /// Each group's script call, all at once, but those of the groups in
+    /// `open` (their breaker open), which are [`Error::Unavailable`].
     async fn run(
         &self,
         scripts: &Scripts,
         prepared: &[Prepared],
         groups: &[Group],
+        open: &[usize],
         now: Option<u64>,
     ) -> Vec<Result<Reply, Error>> {
-        let calls = groups
-            .iter()
-            .map(|group| self.call(scripts, prepared, group, now, None));
+        let calls = groups.iter().enumerate().map(|(g, group)| async move {
+            if open.contains(&g) {
+                return Err(Error::Unavailable);
+            }
+            self.call(scripts, prepared, group, now, None).await
+        });
         futures_util::future::join_all(calls).await
     }
 
@@ -566,6 +578,8 @@ impl RedisStore {
         for (group, result) in groups.iter().zip(&results) {
             match result {
                 Ok(_) => inner.breakers.answered(group.slot),
+                // Not asked: its breaker is open (only the gate says so).
+                Err(Error::Unavailable) => {}
                 Err(error) => {
                     bump(&inner.counters.redis_errors);
                     if is_outage(error) {
@@ -872,6 +886,13 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// Whether the Redis store can run `rule`: its arithmetic exact in Lua, a
+/// sliding log's limit within [`MAX_SLIDING_LOG_LIMIT`]. The same check as
+/// [`RedisStore::connect`] makes, for a configuration to make first.
+pub fn check_rule(rule: &Rule) -> Result<(), Error> {
+    script::params(rule.name(), rule.algorithm()).map(|_| ())
 }
 
 /// A request that Redis could not decide: the error, and the groups

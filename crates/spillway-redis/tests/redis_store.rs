@@ -1107,6 +1107,18 @@ async fn a_denial_wins_over_a_node_that_does_not_answer() {
     let denied = s.check(&request).await.expect("a denial, not an error");
     assert!(!denied.allowed, "narrow is at its limit");
     assert!(!denied.decisions[1].allowed);
+    // Now `wide`'s breaker is open: its node is not asked, `narrow`'s is,
+    // and its denial still wins.
+    assert_eq!(s.open_breakers(), 1);
+    let calls = s.stats().redis_calls;
+    let denied = s.check(&request).await.expect("a denial, not an error");
+    assert!(!denied.allowed, "narrow is still at its limit");
+    assert_eq!(
+        s.stats().redis_calls,
+        calls + 1,
+        "only narrow's node was asked"
+    );
+    assert_eq!(s.stats().fail_open, 0);
 }
 
 /// The breakers are per slot: while one node does not answer, the keys of
@@ -1256,4 +1268,35 @@ async fn the_local_fallback_refunds_its_own_charges() {
     .await
     .expect_err("2 cannot be shared by 3");
     assert!(refused.to_string().contains("few"), "{refused}");
+}
+
+/// A sliding log's refund of a charge that already left the window gives
+/// nothing back (before, it took the cost from the next entry, another
+/// request's charge, handing that request's unit out again).
+#[tokio::test]
+async fn a_refund_after_the_charge_expired_takes_nothing_from_newer_ones() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let window = Duration::from_millis(300);
+    let rules = vec![Rule::new("log", SlidingLog::new(per(2, window)))];
+    let options = RedisOptions {
+        deny_cache_entries: 0,
+        ..RedisOptions::default()
+    };
+    let s = store(&server, rules, options).await;
+    let first = s.check(&one("k")).await.unwrap();
+    assert!(first.allowed);
+    // Redis's clock is this machine's: past the window, the first charge
+    // has left it, whatever the load.
+    tokio::time::sleep(window + Duration::from_millis(50)).await;
+    assert!(s.check(&one("k")).await.unwrap().allowed);
+    s.refund(&one("k"), first.decided_at).await.unwrap();
+    let peek = [Check {
+        rule: RuleId(0),
+        key: "k",
+        cost: 0,
+    }];
+    let left = s.check(&peek).await.unwrap().decisions[0].remaining;
+    assert_eq!(left, 1, "the second charge still counts");
 }

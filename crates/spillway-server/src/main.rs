@@ -276,6 +276,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         head_timeout: config.server.head_timeout,
         idle_timeout: config.server.idle_timeout,
         max_connections: config.server.max_connections.get(),
+        drain_timeout: config.server.drain_timeout,
         ..ProxyOptions::default()
     };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;

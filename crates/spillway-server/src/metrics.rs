@@ -297,6 +297,8 @@ impl Observer for DecisionObserver {
 struct StoreSnapshot {
     stats: Stats,
     healthy: bool,
+    // On Redis only.
+    open_breakers: Option<usize>,
     // (store rule name, keys held), in memory only.
     keys: Vec<(String, usize)>,
 }
@@ -305,7 +307,9 @@ impl StoreSnapshot {
     fn of(store: &AnyStore, retired: Stats) -> Self {
         let mut stats = retired;
         let mut healthy = true;
+        let mut open_breakers = None;
         if let Some(redis) = store.redis() {
+            open_breakers = Some(redis.open_breakers());
             let s = redis.stats();
             stats.redis_calls += s.redis_calls;
             stats.redis_errors += s.redis_errors;
@@ -329,6 +333,7 @@ impl StoreSnapshot {
         Self {
             stats,
             healthy,
+            open_breakers,
             keys,
         }
     }
@@ -391,6 +396,16 @@ impl Collector for StoreSnapshot {
             healthy.metric_type(),
         )?;
         healthy.encode(metric)?;
+        if let Some(open) = self.open_breakers {
+            let gauge = ConstGauge::new(i64::try_from(open).unwrap_or(i64::MAX));
+            let metric = encoder.encode_descriptor(
+                "spillway_redis_open_breakers",
+                "Redis breakers open or half open: slots (on a cluster) whose calls failed to answer within the retry interval.",
+                None,
+                gauge.metric_type(),
+            )?;
+            gauge.encode(metric)?;
+        }
         if !self.keys.is_empty() {
             let mut metric = encoder.encode_descriptor(
                 "spillway_store_keys",

@@ -57,6 +57,10 @@ impl Loaded {
         let overrides = previous.map(|p| p.overrides.clone()).unwrap_or_default();
         let mut rules = config.policy.store_rules();
         rules.extend(overrides.iter().copied().map(override_rule));
+        // The same Redis with the same options: the same connection, so
+        // that a reload costs no reconnection (and its first calls no
+        // wait on a new one, past the store timeout under load).
+        let same_store = previous.is_some_and(|p| p.config.store == config.store);
         let inner = match (&config.store.kind, previous.map(|p| &p.store().inner)) {
             (StoreKind::Memory, Some(StoreImpl::Memory(old))) => {
                 StoreImpl::Memory(Arc::new(old.reconfigure(rules)))
@@ -65,9 +69,13 @@ impl Loaded {
                 let options = MemoryOptions {
                     max_keys: config.store.max_keys,
                     on_full: config.store.on_full,
+                    max_memory: config.store.max_memory,
                     ..MemoryOptions::default()
                 };
                 StoreImpl::Memory(Arc::new(MemoryStore::new(rules, options)))
+            }
+            (StoreKind::Redis(_), Some(StoreImpl::Redis(old))) if same_store => {
+                StoreImpl::Redis(old.with_rules(rules)?)
             }
             (StoreKind::Redis(topology), _) => {
                 let options = RedisOptions {

@@ -130,6 +130,7 @@ async fn the_api_works_on_redis() {
         Some(1.0)
     );
     assert_eq!(http.metric("spillway_store_healthy").await, Some(1.0));
+    assert_eq!(http.metric("spillway_redis_open_breakers").await, Some(0.0));
     assert!(
         http.metric("spillway_store_call_duration_seconds_count")
             .await
@@ -271,6 +272,11 @@ async fn fail_open_and_local_stay_ready_while_redis_is_down() {
         assert_eq!(a.json()["redis_healthy"], false, "{policy}");
         assert_eq!(a.json()["on_error"], policy);
         assert_eq!(http.metric("spillway_store_healthy").await, Some(0.0));
+        assert_eq!(
+            http.metric("spillway_redis_open_breakers").await,
+            Some(1.0),
+            "one standalone server, one breaker"
+        );
         let series = if policy == "fail_open" {
             "spillway_store_fail_open_total"
         } else {

@@ -49,7 +49,10 @@ pub fn render(
         message: e.to_string(),
     };
     let key = busiest_key(scenario, panels);
-    let span = (scenario.start, scenario.end.max(scenario.start + 1));
+    // At least 1 µs wide, even for a trace whose every row is at the end
+    // of time (u64::MAX).
+    let start = scenario.start.min(Micros::MAX - 1);
+    let span = (start, scenario.end.max(start + 1));
     let lines: Vec<(Vec<u64>, Vec<u64>)> = panels
         .iter()
         .map(|p| {

@@ -171,7 +171,13 @@ pub fn max_in_window(sorted: &[(Micros, u64)], window: Micros) -> u64 {
     let (mut best, mut sum, mut first) = (0, 0, 0);
     for &(t, cost) in sorted {
         sum += cost;
-        while sorted[first].0.saturating_add(window) <= t {
+        // Past the end of time (`ts + W` over u64::MAX) an entry never
+        // leaves: saturating there would drop the entry just added.
+        while sorted[first]
+            .0
+            .checked_add(window)
+            .is_some_and(|end| end <= t)
+        {
             sum -= sorted[first].1;
             first += 1;
         }
@@ -191,7 +197,7 @@ struct ExactWindow {
 impl ExactWindow {
     fn fits(&mut self, now: Micros, cost: u64, limit: u64, window: Micros) -> bool {
         while let Some(&(at, c)) = self.entries.front() {
-            if at.saturating_add(window) > now {
+            if at.checked_add(window).is_none_or(|end| end > now) {
                 break;
             }
             self.total -= c;

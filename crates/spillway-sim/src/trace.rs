@@ -44,7 +44,14 @@ pub fn read_trace(reader: impl BufRead) -> Result<Scenario, TraceError> {
     let mut seen_row = false;
     for (i, line) in reader.lines().enumerate() {
         let line_no = i + 1;
-        let line = line?;
+        let line = line.map_err(|e| match e.kind() {
+            // A byte that is not UTF-8: where it is.
+            std::io::ErrorKind::InvalidData => TraceError::Row {
+                line: line_no,
+                message: "the line is not UTF-8 text".into(),
+            },
+            _ => e.into(),
+        })?;
         let row = line.trim();
         if row.is_empty() || row.starts_with('#') {
             continue;

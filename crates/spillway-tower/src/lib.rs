@@ -18,7 +18,7 @@
 //! - `shadow` rules only report, `degrade` rules mark the request as
 //!   [`Limited`]; a leaky bucket in shape mode holds the request for its
 //!   delay (a timer, never a busy wait) and gives its slot back if the client
-//!   leaves;
+//!   leaves, or if the server stops meanwhile ([`Draining`]: then a 503);
 //! - a store that cannot decide gives a 503 (fail-closed) or whatever its
 //!   failure policy says; never a 500;
 //! - a rule that counts by IP, on a request without the peer's address (an
@@ -57,7 +57,7 @@ pub use headers::{HeaderOptions, RateLimitFields, ResetFormat};
 pub use key::{ClientAddr, Clients, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, UserId};
 pub use layer::RateLimitLayer;
 pub use rules::{Action, BodyFormat, Cost, Glob, HttpRule, MissingClientAddr, Policy};
-pub use service::{Limited, RateLimit, RequestCost, X_SPILLWAY_LIMITED};
+pub use service::{Draining, Limited, RateLimit, RequestCost, X_SPILLWAY_LIMITED};
 
 // The crate's README (its crates.io page) is compiled and run as doc tests.
 #[doc = include_str!("../README.md")]

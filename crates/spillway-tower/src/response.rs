@@ -93,6 +93,23 @@ pub(crate) fn unavailable<B>() -> Response<ResponseBody<B>> {
     res
 }
 
+/// A 503 for a shaped request whose server stopped before its turn,
+/// retrying in `retry_secs` (when its turn would have come); for a gRPC
+/// request, `UNAVAILABLE` with the same `Retry-After`.
+pub(crate) fn stopping<B>(retry_secs: u64, grpc: bool) -> Response<ResponseBody<B>> {
+    let mut res = if grpc {
+        grpc_status(14, "the server is stopping; try again")
+    } else {
+        problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The server is stopping before this request's turn; try again.",
+        )
+    };
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry_secs));
+    res
+}
+
 /// What a 500 for a request without the client's address says: what is
 /// missing, and how to fix it.
 pub(crate) fn missing_client_addr_detail(rule: &str) -> String {

@@ -37,6 +37,50 @@ pub struct Limited {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestCost(pub u64);
 
+/// A request extension, set by a server that can stop: once its watch
+/// turns true (the server is stopping), a request still held for its
+/// shaping turn is not held any longer. It is answered `503 Service
+/// Unavailable` at once, with `Retry-After` the rest of its wait (whole
+/// seconds, rounded up: when its turn would have come), it never reaches
+/// the inner service, and its charges are given back, so that the client's
+/// retry (on another instance, or this one restarted) is charged once.
+///
+/// Why not admit it early: the queue would reach the service behind as one
+/// burst, at the moment a deploy already strains it, which is what shaping
+/// exists to prevent. Why not keep it until its turn: a bucket's queue can
+/// hold requests for minutes, and a stopping server must end.
+///
+/// ```
+/// use spillway_tower::Draining;
+///
+/// let (stop, stopping) = tokio::sync::watch::channel(false);
+/// let draining = Draining::new(stopping);
+/// assert!(!draining.is_stopping());
+/// stop.send(true).unwrap();
+/// assert!(draining.is_stopping());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Draining(tokio::sync::watch::Receiver<bool>);
+
+impl Draining {
+    /// Follows `stopping`: true once the server stops (or its sender is
+    /// gone).
+    pub fn new(stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self(stopping)
+    }
+
+    /// Whether the server is stopping.
+    pub fn is_stopping(&self) -> bool {
+        *self.0.borrow() || self.0.has_changed().is_err()
+    }
+
+    /// Returns once the server is stopping.
+    async fn stopped(mut self) {
+        // An error: the sender is gone, the server with it.
+        let _ = self.0.wait_for(|&stop| stop).await;
+    }
+}
+
 /// Applies the rate limits, then calls the inner service `S`. See
 /// [`RateLimitLayer`](crate::RateLimitLayer).
 pub struct RateLimit<S, St> {
@@ -255,6 +299,7 @@ where
         }
         Outcome::Admitted { delay, limited, .. } => (delay, limited),
     };
+    let grpc = grpc();
     let limited_header = mark_limited(&mut parts, limited);
     let owner = Arc::clone(engine);
     let finish = move |res: Response<ResBody>| {
@@ -267,7 +312,8 @@ where
         res
     };
     // Shaping: hold the request until its turn. If the client goes away
-    // meanwhile, the charges are given back.
+    // meanwhile, or the server stops (see `Draining`), the charges are given
+    // back.
     if !delay.is_zero()
         && let Some(held) = held
     {
@@ -275,8 +321,22 @@ where
             engine: engine.clone(),
             held: Some(held),
         };
+        let draining = parts.extensions.get::<Draining>().cloned();
         return Box::pin(async move {
-            tokio::time::sleep(delay).await;
+            let turn = tokio::time::Instant::now() + delay;
+            if let Some(draining) = draining {
+                tokio::select! {
+                    () = tokio::time::sleep_until(turn) => {}
+                    () = draining.stopped() => {
+                        drop(guard);
+                        let left = turn.saturating_duration_since(tokio::time::Instant::now());
+                        let retry = left.as_micros().div_ceil(1_000_000).max(1) as u64;
+                        return Ok(response::stopping(retry, grpc));
+                    }
+                }
+            } else {
+                tokio::time::sleep_until(turn).await;
+            }
             guard.disarm();
             Ok(finish(inner.call(Request::from_parts(parts, body)).await?))
         });

@@ -23,7 +23,7 @@ use std::process::Command;
 use spillway::Algorithm;
 use spillway::algorithm::{FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
 use spillway::clock::MonotonicClock;
-use spillway::store::{MemoryOptions, RateLimiter};
+use spillway::store::{MemoryOptions, RateLimiter, SharedState};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 use common::{LIMIT, Subject, Visit, each_subject, key, ours, token_bucket};
@@ -190,10 +190,14 @@ fn per_key(bytes: isize, keys: usize) -> f64 {
 }
 
 fn sizes() {
-    fn entry<A: Algorithm>(name: &str) {
-        println!("  {name:<22} {:>3} bytes", size_of::<(u64, A::State)>());
+    fn entry<A: Algorithm>(name: &str)
+    where
+        A::State: SharedState,
+    {
+        let cell = size_of::<(u64, <A::State as SharedState>::Cell)>();
+        println!("  {name:<22} {cell:>3} bytes");
     }
-    println!("Size of one table entry, (u64 key, state):");
+    println!("Size of one table entry, (u64 key, state as the table holds it):");
     entry::<TokenBucket>("token_bucket");
     entry::<LeakyBucket>("leaky_bucket");
     entry::<FixedWindow>("fixed_window");

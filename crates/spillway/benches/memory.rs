@@ -151,6 +151,19 @@ fn client(i: u64) -> String {
 }
 
 fn string_keys(c: &mut Criterion) {
+    // One hot key, hammered from both threads: the service's store against
+    // governor.
+    let hot = || vec![client(0); ACCESSES];
+    bench_config(c, "memory_store", "1/str", &[1, 2], 1, || {
+        let store = common::memory_store(1);
+        prefill(&store, std::iter::once(client(0)), Prefill::Live);
+        (store, hot())
+    });
+    bench_config(c, "governor", "1/str", &[1, 2], 1, || {
+        let theirs = common::governor::<String>();
+        prefill(&theirs, std::iter::once(client(0)), Prefill::Live);
+        (theirs, hot())
+    });
     for (label, n) in KEY_COUNTS.into_iter().filter(|&(_, n)| n > 1) {
         let id = format!("{label}/str");
         let visits = || order(n).map(client).take(ACCESSES).collect::<Vec<_>>();

@@ -4,7 +4,8 @@
 //! Each line gives the median of the per-pair ratios and their quartiles.
 //!
 //! Run with `cargo bench -p spillway --bench paired`, optionally with
-//! filters (`-- 10k`). Under `cargo test` it only runs each pair once, on
+//! filters (`-- 10k`, `-- hot`: a section runs only if a filter starts with
+//! its label, `1`, `10k`, `1M` or `hot`). Under `cargo test` it only runs each pair once, on
 //! tiny slices.
 
 mod common;
@@ -16,8 +17,8 @@ use spillway::algorithm::FixedWindow;
 use common::{LIMIT, Subject, access, key, ours, run_threads, token_bucket, window_quota};
 
 /// Checks per second of `ops` checks over `threads` threads.
-fn rate<S: Subject<Key = u64>>(subject: &S, access: &[u64], threads: usize, ops: u64) -> f64 {
-    let parts: Vec<(&[u64], usize)> = (0..threads)
+fn rate<S: Subject>(subject: &S, access: &[S::Key], threads: usize, ops: u64) -> f64 {
+    let parts: Vec<(&[S::Key], usize)> = (0..threads)
         .map(|t| (access, t * (access.len() / threads)))
         .collect();
     ops as f64 / run_threads(subject, &parts, ops).as_secs_f64()
@@ -70,8 +71,15 @@ impl Pairs {
 }
 
 impl Pairs {
+    /// Whether any pair of the section `label` may be selected: sections
+    /// are skipped (their limiters not even filled) unless a filter starts
+    /// with their label, or there is no filter.
+    fn wants(&self, label: &str) -> bool {
+        self.filters.is_empty() || self.filters.iter().any(|f| f.starts_with(label))
+    }
+
     /// Two threads against one on the same limiter.
-    fn scaling<S: Subject<Key = u64>>(&self, name: &str, subject: &S, visits: &[u64]) {
+    fn scaling<S: Subject>(&self, name: &str, subject: &S, visits: &[S::Key]) {
         self.pair(
             &format!("{name} 2 threads / 1 thread"),
             |ops| rate(subject, visits, 2, ops),
@@ -128,6 +136,9 @@ fn main() {
         |n| rate(&control, &few, 1, n),
     );
     for (label, n) in [("1", 1usize), ("10k", 10_000), ("1M", 1_000_000)] {
+        if !pairs.wants(label) {
+            continue;
+        }
         let visits = access(n);
         let tb = ours::<_, u64>(token_bucket(), n);
         let fw = ours::<_, u64>(FixedWindow::new(window_quota()), n);
@@ -153,4 +164,36 @@ fn main() {
         pairs.scaling(&format!("{label}: fixed_window"), &fw, &visits);
         pairs.scaling(&format!("{label}: governor"), &gov, &visits);
     }
+    if pairs.wants("hot") {
+        hot_key(&pairs);
+    }
+}
+
+/// One string key hammered from every thread (an attacker on every core),
+/// through the service's store, against governor with `String` keys.
+fn hot_key(pairs: &Pairs) {
+    let key = String::from("client-000000");
+    let visits = vec![key.clone(); 1 << 10];
+    let store = common::memory_store(1);
+    let gov = common::governor::<String>();
+    store.charge(&key, LIMIT / 2);
+    gov.charge(&key, LIMIT / 2);
+    for threads in [1, 2] {
+        pairs.pair(
+            &format!("hot/str/{threads}t: memory_store / governor"),
+            |ops| rate(&store, &visits, threads, ops),
+            |ops| rate(&gov, &visits, threads, ops),
+        );
+    }
+    // The same key through one limiter, without the store's rules and
+    // verdicts: what the store adds.
+    let limiter = ours::<_, compact_str::CompactString>(token_bucket(), 1);
+    limiter.charge(&key, LIMIT / 2);
+    pairs.pair(
+        "hot/str/1t: memory_store / limiter",
+        |ops| rate(&store, &visits, 1, ops),
+        |ops| rate(&limiter, &visits, 1, ops),
+    );
+    pairs.scaling("hot/str: memory_store", &store, &visits);
+    pairs.scaling("hot/str: governor", &gov, &visits);
 }

@@ -111,6 +111,65 @@ fn token_bucket_admits_exactly_its_burst_when_the_clock_stands_still() {
     }
 }
 
+/// Every algorithm of the service's store, with a rate that decides in
+/// place (a whole number of µs a unit) and, for the buckets, one that does
+/// not (3 a second: the fraction moves on every check).
+fn hot_key_algorithms(limit: u32) -> Vec<(&'static str, AnyAlgorithm)> {
+    let q = per_hour(limit);
+    let thirds = Quota::per_second(nz(3));
+    vec![
+        ("fixed_window", FixedWindow::new(q).into()),
+        ("sliding_window", SlidingWindow::new(q).into()),
+        ("sliding_log", SlidingLog::new(q).into()),
+        ("token_bucket", TokenBucket::new(q, nz(limit)).into()),
+        ("leaky_police", LeakyBucket::police(q, nz(limit)).into()),
+        ("leaky_shape", LeakyBucket::shape(q, nz(limit)).into()),
+        (
+            "token_bucket 3/s",
+            TokenBucket::new(thirds, nz(limit)).into(),
+        ),
+        (
+            "leaky_police 3/s",
+            LeakyBucket::police(thirds, nz(limit)).into(),
+        ),
+    ]
+}
+
+#[test]
+fn one_hot_key_is_decided_exactly_from_many_threads_by_every_algorithm() {
+    // Checks of a held key are decided in place (compare-and-swap under
+    // the shard's shared lock) while the window rolls over, the sweep and
+    // the idle key's removal go through the exclusive lock: the totals are
+    // exact whatever the interleaving, in both windows.
+    let limit = 4_000;
+    for (name, algorithm) in hot_key_algorithms(limit) {
+        let clock = FakeClock::new(HOUR_START + 3_599_000_000);
+        let store = MemoryStore::with_clock(
+            vec![Rule::new("r", algorithm)],
+            options(1_000, 4, Duration::from_millis(1)),
+            clock.clone(),
+        );
+        let check = |cost| {
+            let c = Check {
+                rule: RuleId(0),
+                key: "mallory",
+                cost,
+            };
+            store.check_now(&[c]).expect("fits").decisions[0]
+        };
+        for round in 0..2 {
+            let admitted = hammer(4, limit as usize / 2 + 500, |_| check(1).allowed);
+            assert_eq!(admitted, limit as usize, "{name}, round {round}");
+            assert_eq!(check(0).remaining, 0, "{name}, round {round}");
+            // Into the next hour: the windows roll over (the sliding window
+            // still counts the last hour's at full weight, so it waits a
+            // whole hour), the buckets refill.
+            let wait = if name == "sliding_window" { 2 } else { 1 };
+            clock.advance(Duration::from_secs(3_600 * wait));
+        }
+    }
+}
+
 #[test]
 fn mixed_costs_never_overshoot_under_contention() {
     // Costs 1, 2, 3 and 1 from 4 threads on a limit of 1000, 600 requests
@@ -942,5 +1001,86 @@ fn reconfiguring_a_limit_keeps_every_keys_count() {
         check(&other, 0).remaining,
         100,
         "another algorithm starts afresh"
+    );
+}
+
+#[test]
+fn growing_sliding_logs_stay_within_max_memory() {
+    // 500 keys each logging 200 requests would take 1.6 MB of log buffers;
+    // the store may hold 1 MiB in all. Under either policy the bytes it
+    // counts never pass the bound: logs that cannot grow make room by
+    // evicting others (evict) or are denied (deny_new).
+    for on_full in [OnFull::Evict, OnFull::DenyNew] {
+        let clock = FakeClock::new(HOUR_START);
+        let options = MemoryOptions {
+            max_memory: NonZeroUsize::new(1 << 20),
+            on_full,
+            ..options(1_000_000, 4, Duration::from_secs(3_600))
+        };
+        let rule = Rule::new("log", SlidingLog::new(per_hour(1_000)));
+        let store = MemoryStore::with_clock(vec![rule], options, clock.clone());
+        let mut denied = 0;
+        for _ in 0..200 {
+            for k in 0..500 {
+                clock.advance(Duration::from_micros(1));
+                let key = format!("k{k}");
+                let check = Check {
+                    rule: RuleId(0),
+                    key: &key,
+                    cost: 1,
+                };
+                denied += usize::from(!store.check_now(&[check]).expect("fits").allowed);
+            }
+            assert!(
+                store.memory_bytes() <= 1 << 20,
+                "{on_full:?}: {}",
+                store.memory_bytes()
+            );
+        }
+        match on_full {
+            OnFull::Evict => assert!(store.len(RuleId(0)) < 500, "some logs were evicted"),
+            OnFull::DenyNew => assert!(denied > 0, "some requests were denied for room"),
+        }
+    }
+}
+
+#[test]
+fn a_reload_that_adds_rules_brings_the_store_back_within_max_memory() {
+    // One rule fills the whole budget; a reload to three rules cuts its
+    // share to a third. Its table comes back within the share as keys
+    // arrive, and the store within max_memory, the kept counts intact.
+    let clock = FakeClock::new(HOUR_START);
+    let max = 4 << 20;
+    let options = MemoryOptions {
+        max_memory: NonZeroUsize::new(max),
+        ..MemoryOptions::default()
+    };
+    let rule = |name: &str| Rule::new(name, FixedWindow::new(per_hour(10)));
+    let one = MemoryStore::with_clock(vec![rule("a")], options, clock.clone());
+    let check = |store: &MemoryStore<FakeClock>, rule, key: &str| {
+        let c = Check {
+            rule: RuleId(rule),
+            key,
+            cost: 1,
+        };
+        store.check_now(&[c]).expect("fits").decisions[0]
+    };
+    for _ in 0..10 {
+        check(&one, 0, "mallory");
+    }
+    for i in 0..100_000 {
+        check(&one, 0, &format!("k{i}"));
+    }
+    assert!(one.memory_bytes() <= max, "{}", one.memory_bytes());
+    let three = one.reconfigure(vec![rule("a"), rule("b"), rule("c")]);
+    for i in 0..100_000 {
+        for r in 0..3 {
+            check(&three, r, &format!("n{i}"));
+        }
+    }
+    assert!(three.memory_bytes() <= max, "{}", three.memory_bytes());
+    assert!(
+        !check(&three, 0, "mallory").allowed,
+        "mallory kept its count"
     );
 }

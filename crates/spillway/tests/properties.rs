@@ -20,7 +20,7 @@ use spillway::algorithm::{
     SlidingWindow, TokenBucket,
 };
 use spillway::clock::{Clock, FakeClock};
-use spillway::store::{Check, MemoryOptions, MemoryStore, RateLimiter, Rule, RuleId};
+use spillway::store::{Check, MemoryOptions, MemoryStore, RateLimiter, Rule, RuleId, SharedState};
 use spillway::{CostTooLarge, Decision, Error, Quota};
 
 /// Relative to the package root, where `cargo test` runs the tests.
@@ -815,7 +815,10 @@ fn limiter_matches_algorithm<A: Algorithm>(
     start: u64,
     sweep: u64,
     ops: &[(i64, u64, u64)],
-) -> Result<(), TestCaseError> {
+) -> Result<(), TestCaseError>
+where
+    A::State: SharedState,
+{
     let clock = FakeClock::new(start);
     let options = MemoryOptions {
         // Fewer than 128 keys: one shard, so one access sweeps everything.

@@ -89,7 +89,14 @@ if ARGV[2] ~= '' then
     for i = 1, n do
       if costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
         local state = run(i, 'load', nil, 0, now)
-        run(i, 'refund', state, costs[i], charged_at)
+        if algos[i] == sliding_log then
+          -- The log also needs the time now, to tell an expired charge.
+          local o = 5 * i
+          sliding_log('refund', KEYS[i], state, costs[i], charged_at, params[o + 1],
+            params[o + 2], now)
+        else
+          run(i, 'refund', state, costs[i], charged_at)
+        end
         save_of(i, state)
       end
     end

@@ -3,7 +3,8 @@
 -- and one field per entry, "e<seq>" = "<timestamp>:<cost>". Entries are
 -- read lazily: a check that expires nothing reads only the header and the
 -- newest entry.
-local function sliding_log(op, key, s, cost, now, limit, w)
+-- `current`: for a refund only, the time now (`now` is then the charge's).
+local function sliding_log(op, key, s, cost, now, limit, w, current)
   -- An integer as text, for the strings this algorithm builds itself. Lua's
   -- own number-to-string conversion keeps 14 significant digits, which
   -- would round a timestamp in microseconds (16 digits). A number passed
@@ -110,8 +111,11 @@ local function sliding_log(op, key, s, cost, now, limit, w)
     if s.h == s.n then return 0 end
     return log_entry(s, s.n - 1) + w
   elseif op == 'refund' then
-    -- `now` is the time of the charge. It is in the entry stamped with
-    -- it, or (if time went backwards when it was made) in the oldest later one.
+    -- `now` is the time of the charge. A charge that left the window
+    -- counts no more: nothing to give back (and the entries left are
+    -- other requests'). Else it is in the entry stamped with it, or (if
+    -- time went backwards when it was made) in the oldest later one.
+    if current and now + w <= current then return end
     local at, found = now, nil
     for seq = s.n - 1, s.h, -1 do
       if log_entry(s, seq) == at then found = seq break end

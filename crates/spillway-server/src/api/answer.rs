@@ -101,6 +101,15 @@ pub(super) async fn not_found() -> Response {
     )
 }
 
+/// A known endpoint asked with a method it does not take: a 405 like any
+/// other error, problem+json (the router adds `Allow`).
+pub(super) async fn method_not_allowed() -> Response {
+    problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "This endpoint does not take this method: see the `Allow` header and /openapi.json.",
+    )
+}
+
 /// Durations are reported in whole milliseconds, rounded up: a client that
 /// waits that long is never early.
 pub(super) fn ms(d: Duration) -> u64 {

@@ -74,6 +74,7 @@ pub(crate) fn routes(state: State) -> Router {
             "/rules/{rule}/keys/{*key}",
             get(admin::key).delete(admin::reset),
         )
+        .method_not_allowed_fallback(answer::method_not_allowed)
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             admin::authorize,
@@ -84,6 +85,7 @@ pub(crate) fn routes(state: State) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .route("/openapi.json", get(health::openapi))
+        .method_not_allowed_fallback(answer::method_not_allowed)
         .nest("/admin", admin)
         .fallback(answer::not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -37,6 +37,7 @@ pub(crate) async fn serve(
         max_connections: http1::within_file_limit(server.max_connections.get()),
         open: Some(open),
         refused: Some(refused),
+        drain_timeout: server.drain_timeout,
     };
     let settings = Settings {
         timeouts,

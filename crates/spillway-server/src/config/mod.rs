@@ -177,6 +177,10 @@ pub struct ServerConfig {
     /// The most client connections open at once; one more is answered 503
     /// and closed at once.
     pub max_connections: NonZeroUsize,
+    /// The longest a stopping server waits for its requests in flight
+    /// (SIGTERM to exit): past it, the connections still open are closed
+    /// and the process exits, so that a stuck client cannot hold it.
+    pub drain_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -192,6 +196,10 @@ impl ServerConfig {
     /// under the 65,536 file descriptors a service is commonly given
     /// (systemd's `LimitNOFILE`), each connection taking one.
     pub const MAX_CONNECTIONS: NonZeroUsize = NonZeroUsize::new(10_000).expect("nonzero");
+    /// The default of [`drain_timeout`](Self::drain_timeout): under the
+    /// 30 s a supervisor commonly waits before SIGKILL (Kubernetes'
+    /// `terminationGracePeriodSeconds`).
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 }
 
 /// `[envoy]`'s bounds on one `ShouldRateLimit` call, refused whole
@@ -249,6 +257,9 @@ pub struct StoreConfig {
     pub max_keys: NonZeroUsize,
     /// What a full in-memory table does with a new key.
     pub on_full: OnFull,
+    /// The most bytes the in-memory store holds, all rules together
+    /// (`MemoryOptions::max_memory`), if bounded.
+    pub max_memory: Option<NonZeroUsize>,
 }
 
 /// Where the counters live.
@@ -303,6 +314,7 @@ struct RawServer {
     write_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<u64>>,
+    drain_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -315,6 +327,16 @@ struct RawStore {
     instances: Option<NonZeroU32>,
     max_keys: Option<NonZeroUsize>,
     on_full: Option<Spanned<String>>,
+    max_memory: Option<Spanned<RawSize>>,
+}
+
+/// A size in bytes: a number, or a string with a unit (`"64MiB"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawSize {
+    Bytes(i64),
+    Fraction(f64),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -513,15 +535,89 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{s}` is too long"))
 }
 
+/// Parses a size in bytes: an integer and an optional unit, `B`, `KiB`,
+/// `MiB`, `GiB` (powers of 1024) or `KB`, `MB`, `GB` (powers of 1000), in
+/// any case, with or without a space (`64MiB`, `512 MB`, `1048576`).
+///
+/// ```
+/// use spillway_server::config::parse_size;
+/// assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+/// assert_eq!(parse_size("1 gb"), Ok(1_000_000_000));
+/// assert!(parse_size("64 MiB of RAM").is_err());
+/// ```
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let bad = || format!("`{s}` is not a size like 64MiB, 512MB or 1GiB");
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let unit: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(unit)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// The least `[store] max_memory`: below it a shard's share could not hold
+/// a few long keys.
+const MIN_MAX_MEMORY: u64 = 1 << 20;
+
+/// `[store] max_memory`.
+fn max_memory_of(
+    raw: &RawStore,
+    kind: &StoreKind,
+    lines: &Text<'_>,
+) -> Result<Option<NonZeroUsize>, ConfigError> {
+    let Some(v) = &raw.max_memory else {
+        return Ok(None);
+    };
+    let field = "store.max_memory";
+    let bytes = match v.get_ref() {
+        RawSize::Bytes(n) => u64::try_from(*n)
+            .map_err(|_| lines.err(v, field, format!("{n} is not a size: at least 1MiB")))?,
+        RawSize::Fraction(x) => {
+            return Err(lines.err(
+                v,
+                field,
+                format!("{x} is not a whole number of bytes: write \"64MiB\""),
+            ));
+        }
+        RawSize::Text(t) => parse_size(t).map_err(|m| lines.err(v, field, m))?,
+    };
+    if bytes < MIN_MAX_MEMORY {
+        return Err(lines.err(
+            v,
+            field,
+            format!("{bytes} bytes is too little: at least 1MiB"),
+        ));
+    }
+    if matches!(kind, StoreKind::Redis(_)) {
+        return Err(lines.err(
+            v,
+            field,
+            "bounds the in-memory store; with kind = \"redis\" the counters are in Redis",
+        ));
+    }
+    let bytes = usize::try_from(bytes).map_err(|_| lines.err(v, field, "too large"))?;
+    Ok(NonZeroUsize::new(bytes))
+}
+
 impl Config {
     /// Reads and validates a configuration file (and the descriptor file
     /// it names, relative to its directory).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let text = read_text(path).map_err(|(line, message)| ConfigError {
             file: None,
-            line: None,
+            line,
             field: path.display().to_string(),
-            message: format!("cannot read: {e}"),
+            message,
         })?;
         Self::parse_in(&text, path.parent().unwrap_or(Path::new("")))
     }
@@ -537,14 +633,51 @@ impl Config {
     pub fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| Text(text).line(s.start));
+            let message = match e.message().trim() {
+                // The TOML parser says nothing of a character it refuses
+                // outright (a control character, a bare CR).
+                "" => unexpected_at(text, e.span().map(|s| s.start)),
+                m => m.to_string(),
+            };
             ConfigError {
                 file: None,
                 line,
                 field: "(file)".into(),
-                message: e.message().to_string(),
+                message,
             }
         })?;
         convert(raw, &Text(text), dir)
+    }
+}
+
+/// A file's text. `Err` is the line of its first byte that is not UTF-8
+/// (when it could be read) and what is wrong.
+fn read_text(path: &Path) -> Result<String, (Option<usize>, String)> {
+    let bytes = std::fs::read(path).map_err(|e| (None, format!("cannot read: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        let byte = e.as_bytes()[at];
+        (
+            Some(line),
+            format!("byte {byte:#04x} (at offset {at}) is not UTF-8 text"),
+        )
+    })
+}
+
+/// What the parser stopped at, byte `at` of `text`: the character, or the
+/// end of the file.
+fn unexpected_at(text: &str, at: Option<usize>) -> String {
+    match at
+        .and_then(|at| text.get(at..))
+        .and_then(|rest| rest.chars().next())
+    {
+        Some(c) if c.is_control() => format!(
+            "unexpected control character U+{:04X} (TOML allows only tab, and newline between lines)",
+            u32::from(c)
+        ),
+        Some(c) => format!("unexpected character `{c}`"),
+        None => "unexpected end of file".to_string(),
     }
 }
 
@@ -567,6 +700,9 @@ fn convert(raw: RawConfig, lines: &Text<'_>, dir: &Path) -> Result<Config, Confi
             policy = policy.api_key_tier(key.clone(), tier.clone());
         }
     }
+    if matches!(store.kind, StoreKind::Redis(_)) {
+        redis_rules(&raw, &policy, &store, lines)?;
+    }
     Ok(Config {
         proxy: convert_proxy(&raw.proxy, lines)?,
         server,
@@ -577,6 +713,52 @@ fn convert(raw: RawConfig, lines: &Text<'_>, dir: &Path) -> Result<Config, Confi
         descriptor_tree,
         envoy_limits,
     })
+}
+
+/// Each store rule as the Redis store can run it: one it refuses (a limit
+/// it cannot decide exactly, or quickly, or share among the instances of a
+/// `local` failure policy) is an error at its rule's `limit`.
+fn redis_rules(
+    raw: &RawConfig,
+    policy: &Policy,
+    store: &StoreConfig,
+    lines: &Text<'_>,
+) -> Result<(), ConfigError> {
+    for rule in policy.store_rules() {
+        let on_error = store
+            .rule_on_error
+            .get(rule.name())
+            .copied()
+            .unwrap_or(store.on_error);
+        let limit = spillway::Algorithm::quota(rule.algorithm()).limit();
+        let message = match (spillway_redis::check_rule(&rule), on_error) {
+            (Err(error), _) => format!("on Redis, {error}"),
+            (Ok(()), OnError::Local { instances }) if limit < instances => format!(
+                "`{}`: a limit of {limit} cannot be shared by {instances} instances \
+                 (on_error = \"local\" gives each instance limit / instances); \
+                 use fail_closed or fail_open for this rule",
+                rule.name()
+            ),
+            (Ok(()), _) => continue,
+        };
+        // A tier's store rule is `rule@tier`.
+        let base = rule.name().split('@').next().unwrap_or_default();
+        let found = raw
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.get_ref().name.get_ref().trim() == base);
+        return Err(match found {
+            Some((i, r)) => lines.err(&r.get_ref().limit, format!("rules[{i}].limit"), message),
+            None => ConfigError {
+                file: None,
+                line: None,
+                field: "rules".into(),
+                message,
+            },
+        });
+    }
+    Ok(())
 }
 
 /// `[server]`.
@@ -640,6 +822,12 @@ fn convert_server(raw: &RawServer, lines: &Text<'_>) -> Result<ServerConfig, Con
                     lines.err(n, "server.max_connections", "must be between 1 and 1000000")
                 })?,
         },
+        drain_timeout: timeout(
+            &raw.drain_timeout,
+            "server.drain_timeout",
+            ServerConfig::DRAIN_TIMEOUT,
+            lines,
+        )?,
     })
 }
 
@@ -1081,12 +1269,19 @@ fn descriptor_file(
     lines: &Text<'_>,
 ) -> Result<descriptors::DescriptorFile, ConfigError> {
     let resolved = descriptors::resolve(path.get_ref(), dir);
-    let text = std::fs::read_to_string(&resolved).map_err(|e| {
-        lines.err(
+    let text = read_text(&resolved).map_err(|(line, message)| match line {
+        // Read, but not text: where, in that file.
+        Some(line) => ConfigError {
+            file: Some(resolved.clone()),
+            line: Some(line),
+            field: "(file)".into(),
+            message,
+        },
+        None => lines.err(
             path,
             "envoy.descriptors_file",
-            format!("cannot read `{}`: {e}", resolved.display()),
-        )
+            format!("`{}`: {message}", resolved.display()),
+        ),
     })?;
     let file = descriptors::DescriptorFile::parse(&text, &resolved, rules.len())?;
     if let Some(domain) = domain
@@ -1215,6 +1410,7 @@ fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, Config
         Some(v) => on_error_of(v, "store.on_error", raw, lines)?,
     };
     let kind = store_kind(raw, lines)?;
+    let max_memory = max_memory_of(raw, &kind, lines)?;
     let on_full = match &raw.on_full {
         None => OnFull::Evict,
         Some(v) => match v.get_ref().as_str() {
@@ -1235,6 +1431,7 @@ fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, Config
         on_error,
         rule_on_error: BTreeMap::new(),
         on_full,
+        max_memory,
         max_keys: raw
             .max_keys
             .unwrap_or(NonZeroUsize::new(1_000_000).expect("nonzero")),
@@ -1469,6 +1666,28 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_redis_cannot_run_is_an_error_at_its_limit() {
+        let log = "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\n\n\
+                   [[rules]]\nname = \"logins\"\nalgorithm = \"sliding_log\"\n\
+                   limit = 20000\nwindow = \"1h\"\n";
+        let e = error(log);
+        assert_eq!((e.line, e.field.as_str()), (Some(8), "rules[0].limit"));
+        assert!(
+            e.message.contains("10,000") && e.message.contains("`logins`"),
+            "{e}"
+        );
+        // In memory, the same rule is fine; on Redis, within the bound too.
+        assert!(Config::parse(&log.replace("kind = \"redis\"", "kind = \"memory\"")).is_ok());
+        assert!(Config::parse(&log.replace("20000", "10000")).is_ok());
+        let shared = log
+            .replace("20000", "2")
+            .replace("url =", "instances = 3\non_error = \"local\"\nurl =");
+        let e = error(&shared);
+        assert_eq!((e.line, e.field.as_str()), (Some(10), "rules[0].limit"));
+        assert!(e.message.contains("cannot be shared by 3"), "{e}");
+    }
+
+    #[test]
     fn the_429_body_can_be_the_drafts_quota_exceeded_problem() {
         let body = |text: &str| Config::parse(text).unwrap().policy.body_format();
         assert_eq!(body(RULE), BodyFormat::Problem);
@@ -1550,6 +1769,42 @@ mod tests {
         let e = error("[store]\nmax_keys = 10\non_full = \"refuse\"\n");
         assert_eq!((e.line, e.field.as_str()), (Some(3), "store.on_full"));
         assert!(e.message.contains("deny_new"), "{e}");
+    }
+
+    #[test]
+    fn max_memory_is_a_size_in_bytes() {
+        let max = |text: &str| {
+            Config::parse(text)
+                .unwrap()
+                .store
+                .max_memory
+                .map(|m| m.get())
+        };
+        assert_eq!(max(RULE), None);
+        assert_eq!(max("[store]\nmax_memory = \"64MiB\"\n"), Some(64 << 20));
+        assert_eq!(max("[store]\nmax_memory = \"100 MB\"\n"), Some(100_000_000));
+        assert_eq!(max("[store]\nmax_memory = 2097152\n"), Some(2 << 20));
+        for (text, says) in [
+            ("[store]\n\nmax_memory = \"64 potatoes\"\n", "not a size"),
+            ("[store]\n\nmax_memory = \"512KiB\"\n", "at least 1MiB"),
+            ("[store]\n\nmax_memory = \"99999999999GiB\"\n", "too large"),
+            ("[store]\n\nmax_memory = -5\n", "not a size"),
+            ("[store]\n\nmax_memory = 1.5\n", "whole number"),
+        ] {
+            let e = error(text);
+            assert_eq!(e.field.as_str(), "store.max_memory", "{text}: {e}");
+            assert_eq!(e.line, Some(3), "{text}: {e}");
+            assert!(e.to_string().contains(says), "{text}: {e}");
+        }
+        let e = error(
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1\"\nmax_memory = \"64MiB\"\n",
+        );
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(4), "store.max_memory"),
+            "{e}"
+        );
+        assert!(e.message.contains("in-memory"), "{e}");
     }
 
     #[test]

@@ -35,10 +35,41 @@ pub mod pb {
 pub use pb::envoy::service::ratelimit::v3 as rls;
 
 /// Serves `ShouldRateLimit` on `listener` until `shutdown` resolves; calls
-/// in flight then finish before it returns. Each call is held to `[envoy]
-/// max_descriptors` and `max_entries` (and a message size to match) and to
-/// its `grpc-timeout`, counted from its arrival: see `docs/envoy.md`.
+/// in flight then finish before it returns, for at most `[server]
+/// drain_timeout` (the calls still open then are dropped with their
+/// connections). Each call is held to `[envoy] max_descriptors` and
+/// `max_entries` (and a message size to match) and to its `grpc-timeout`,
+/// counted from its arrival: see `docs/envoy.md`.
 pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Live>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let drain = shared.current().config.server.drain_timeout;
+    let (stopped, stopping) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopped.send(());
+    };
+    let served = serve_until(listener, shared, shutdown);
+    tokio::pin!(served);
+    tokio::select! {
+        result = served.as_mut() => return result,
+        _ = stopping => {}
+    }
+    match tokio::time::timeout(drain, served).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(
+                "the gRPC drain took longer than {drain:?}: closing the calls still open"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// [`serve`] without the bound on its drain.
+async fn serve_until(
     listener: tokio::net::TcpListener,
     shared: Arc<Live>,
     shutdown: impl Future<Output = ()> + Send + 'static,

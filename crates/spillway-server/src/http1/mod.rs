@@ -46,6 +46,13 @@ pub(crate) const CHUNK: usize = 16 * 1024;
 /// [`Client::linger`]).
 const LINGER: Duration = Duration::from_secs(5);
 const LINGER_BYTES: usize = 16 * 1024 * 1024;
+/// How long a stopping server lingers (see [`linger`]): a request that
+/// crossed its FIN arrives within a round trip; a client that takes longer
+/// to close is not waited for.
+const STOP_LINGER: Duration = Duration::from_secs(1);
+/// How long a stopping server waits for its requests in flight unless told
+/// otherwise ([`Accepting::drain_timeout`]).
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 /// The HTTP/2 connection preface a prior-knowledge client starts with.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -74,6 +81,9 @@ pub(crate) struct Accepting {
     /// `/metrics`.
     pub(crate) open: Option<Gauge>,
     pub(crate) refused: Option<Counter>,
+    /// The longest the server waits, once stopping, for its connections to
+    /// finish; then the ones still open are closed.
+    pub(crate) drain_timeout: Duration,
 }
 
 impl Default for Accepting {
@@ -82,6 +92,7 @@ impl Default for Accepting {
             max_connections: MAX_CONNECTIONS,
             open: None,
             refused: None,
+            drain_timeout: DRAIN_TIMEOUT,
         }
     }
 }
@@ -120,8 +131,11 @@ static REFUSED: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
 
 /// Accepts connections until `shutdown` resolves, serving each in a task of
 /// its own (`serve`), at most `accepting.max_connections` at once; then
-/// waits for the connections to finish (each ends once its request in
-/// flight is answered).
+/// accepts the connections already waiting in the listener's backlog (the
+/// kernel would reset them), closes the listener and waits for the
+/// connections to finish (each ends once its request in flight is
+/// answered), at most `accepting.drain_timeout`: the ones still open then
+/// are closed.
 pub(crate) async fn serve_connections_with<F>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
@@ -132,9 +146,12 @@ pub(crate) async fn serve_connections_with<F>(
 {
     let (closing, closing_seen) = watch::channel(false);
     let (alive, mut all_done) = mpsc::channel::<()>(1);
+    // Turned true when the drain has taken too long: every connection's
+    // task then ends at once.
+    let (abort, aborted) = watch::channel(false);
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(accepting.max_connections));
     let mut shutdown = std::pin::pin!(shutdown);
-    while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
+    let mut start = |stream: TcpStream, peer: SocketAddr| {
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             // Accepted, told and closed at once: no task, no wait. The
             // client has sent nothing yet (or its bytes are dropped), so
@@ -144,7 +161,7 @@ pub(crate) async fn serve_connections_with<F>(
                 refused.inc();
             }
             let _ = stream.try_write(&REFUSED);
-            continue;
+            return;
         };
         if let Some(open) = &accepting.open {
             open.inc();
@@ -157,13 +174,65 @@ pub(crate) async fn serve_connections_with<F>(
                 open: accepting.open.clone(),
             },
         };
-        tokio::spawn(serve(stream, peer, life));
+        let served = serve(stream, peer, life);
+        let mut aborted = aborted.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = served => {}
+                _ = aborted.wait_for(|&abort| abort) => {}
+            }
+        });
+    };
+    while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
+        start(stream, peer);
+    }
+    let _ = closing.send(true);
+    // Connections the kernel completed before the listener closes would be
+    // reset with it: they are served (told to close after one request).
+    for (stream, peer) in backlog(&listener) {
+        start(stream, peer);
     }
     drop(listener);
-    let _ = closing.send(true);
     drop(alive);
     // Every connection holds a sender: this ends when the last one is done.
-    let _ = all_done.recv().await;
+    let drain = accepting.drain_timeout;
+    if tokio::time::timeout(drain, all_done.recv()).await.is_err() {
+        let open = accepting.max_connections - slots.available_permits();
+        tracing::warn!(
+            open,
+            "the drain took longer than {drain:?}: closing the connections still open"
+        );
+        let _ = abort.send(true);
+        let _ = all_done.recv().await;
+    }
+}
+
+/// The connections waiting in `listener`'s backlog, accepted without
+/// waiting (past tokio's readiness, which may not have seen them yet).
+fn backlog(listener: &TcpListener) -> Vec<(TcpStream, SocketAddr)> {
+    let socket = socket2::SockRef::from(listener);
+    let mut waiting = Vec::new();
+    while let Ok((conn, peer)) = socket.accept() {
+        let Some(peer) = peer.as_socket() else {
+            continue;
+        };
+        let stream = std::net::TcpStream::from(conn);
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        if let Ok(stream) = TcpStream::from_std(stream) {
+            waiting.push((stream, peer));
+        }
+    }
+    waiting
+}
+
+/// Whether `stream` has bytes waiting to be read (a syscall, not tokio's
+/// readiness, which may lag behind): a stopping server answers a request
+/// that has arrived rather than closing on it.
+pub(crate) fn has_arrived(stream: &TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    matches!(socket2::SockRef::from(stream).peek(&mut byte), Ok(n) if n > 0)
 }
 
 /// The next connection, or `None` once `shutdown` has resolved.
@@ -326,6 +395,12 @@ impl Client {
             if n == H2_PREFACE.len() {
                 return Ok(true);
             }
+            // Stopping: what has arrived is read (a request is answered);
+            // nothing, and the connection is done.
+            let stop_when_closing = !self.is_closing();
+            if !stop_when_closing && !has_arrived(&self.stream) {
+                return Ok(false);
+            }
             // The connection's deadline, set when it was accepted: the
             // preface is due whole within the head timeout, however it is
             // dripped.
@@ -339,7 +414,8 @@ impl Client {
                         "the client sent no request in time",
                     ));
                 }
-                () = self.closing.wait() => return Ok(false),
+                // Looked at again above: a request may have come with it.
+                () = self.closing.wait(), if stop_when_closing => continue,
             };
             match read {
                 Ok(0) => return Ok(false),
@@ -372,9 +448,12 @@ impl Client {
                 return Ok(None);
             }
             let idle = self.buf.is_empty();
-            if idle && self.is_closing() {
+            // Stopping: a request that has arrived is answered (and the
+            // connection closed after it); none, and the connection closes.
+            if idle && self.is_closing() && !has_arrived(&self.stream) {
                 return Ok(None);
             }
+            let stop_when_idle = idle && !self.is_closing();
             self.buf.reserve(4 * 1024);
             let read = tokio::select! {
                 biased;
@@ -391,7 +470,8 @@ impl Client {
                     }
                     return Ok(None);
                 }
-                () = self.closing.wait(), if idle => return Ok(None),
+                // Looked at again above: a request may have come with it.
+                () = self.closing.wait(), if stop_when_idle => continue,
             };
             if read == 0 {
                 return Ok(None);
@@ -528,10 +608,12 @@ impl Client {
 }
 
 /// Closes `stream` without losing the last response: after its FIN, what
-/// the client still sends (the rest of a refused upload, say) is read and
-/// dropped for a while, as a close with unread data would reset the
-/// connection, and the client might lose the response. A stopping server
-/// does not wait for it.
+/// the client still sends (the rest of a refused upload, say, or a request
+/// that crossed the FIN of a stopping server) is read and dropped until the
+/// client closes too, for a while, as a close with unread data would reset
+/// the connection, and the client might lose the response (or see a reset
+/// where it should see the end of the connection). A stopping server waits
+/// [`STOP_LINGER`] at most.
 pub(crate) async fn linger(
     stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     closing: &mut Closing,
@@ -541,17 +623,21 @@ pub(crate) async fn linger(
     }
     let mut buf = vec![0; CHUNK];
     let mut dropped = 0;
-    let draining = async {
+    let mut draining = std::pin::pin!(async {
         while dropped < LINGER_BYTES {
             match stream.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => dropped += n,
             }
         }
+    });
+    let stop_linger = async {
+        closing.wait().await;
+        tokio::time::sleep(STOP_LINGER).await;
     };
     tokio::select! {
-        _ = tokio::time::timeout(LINGER, draining) => {}
-        () = closing.wait() => {}
+        _ = tokio::time::timeout(LINGER, draining.as_mut()) => {}
+        () = stop_linger => {}
     }
 }
 
@@ -812,6 +898,12 @@ impl Closing {
     /// Whether the server is stopping.
     pub(crate) fn is_closing(&self) -> bool {
         self.closed || *self.closing.borrow()
+    }
+
+    /// The signal itself, for what waits on it elsewhere (a shaped
+    /// request's turn).
+    pub(crate) fn receiver(&self) -> watch::Receiver<bool> {
+        self.closing.clone()
     }
 
     /// Polls for the server stopping (as [`wait`](Self::wait)).

@@ -250,8 +250,8 @@ impl<S: Site> Conn<S> {
         let Some(body) = self.read_body(line.framing, line.expects_continue).await? else {
             return Ok(false);
         };
-        let reply = Reply {
-            keep_alive: line.keep_alive && !self.client.is_closing(),
+        let mut reply = Reply {
+            keep_alive: line.keep_alive,
             version: line.version,
             head_only: line.method == Method::HEAD,
         };
@@ -277,6 +277,9 @@ impl<S: Site> Conn<S> {
                 more: &more,
                 ..Whole::new(answer.status(), &no_headers, answer.body())
             };
+            // Whether the server is stopping is asked once the answer is
+            // ready: one that stopped meanwhile says it closes.
+            reply.keep_alive &= !self.client.is_closing();
             self.client.respond(&res, reply).await?;
             return Ok(reply.keep_alive);
         }
@@ -306,6 +309,7 @@ impl<S: Site> Conn<S> {
                 res.len = len;
             }
         }
+        reply.keep_alive &= !self.client.is_closing();
         self.client.respond(&res, reply).await?;
         Ok(reply.keep_alive)
     }

@@ -152,6 +152,12 @@ pub struct ProxyOptions {
     /// and closed. Default 10,000, `[server] max_connections` in the
     /// binary (lowered to what the process may open).
     pub max_connections: usize,
+    /// The longest a stopping proxy waits for its requests in flight; past
+    /// it, the connections still open are closed. Requests held for their
+    /// shaping turn are not waited for: they are answered 503 at once (see
+    /// `docs/proxy.md`). Default 20 s, `[server] drain_timeout` in the
+    /// binary.
+    pub drain_timeout: Duration,
 }
 
 impl Default for ProxyOptions {
@@ -166,6 +172,7 @@ impl Default for ProxyOptions {
             head_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
+            drain_timeout: crate::http1::DRAIN_TIMEOUT,
         }
     }
 }

@@ -18,6 +18,7 @@
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
@@ -26,7 +27,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use spillway_tower::ClientAddr;
+use spillway_tower::{ClientAddr, Draining};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -61,8 +62,10 @@ pub(crate) async fn serve<C: Connector>(
     match client.sniff().await {
         Ok(true) => {
             let proxy = relay.proxy.clone();
+            let draining = Draining::new(client.closing.receiver());
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(ClientAddr(peer));
+                req.extensions_mut().insert(draining.clone());
                 proxy.clone().oneshot(req)
             });
             http1::serve_h2(client, service).await;
@@ -97,9 +100,19 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         ..proxy.forward.clone()
     });
     let shared = proxy.shared.clone();
+    let draining = Draining::new(closing.receiver());
+    // Whether a request is being served (from its head to its response's),
+    // for what the connection does when the server stops.
+    let serving = Arc::new(AtomicBool::new(false));
+    let busy = serving.clone();
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(ClientAddr(peer));
-        limit(&shared, Forward::clone(&forward), req)
+        req.extensions_mut().insert(draining.clone());
+        WhileServing {
+            served: limit(&shared, Forward::clone(&forward), req),
+            _serving: Serving::new(&busy),
+            draining: draining.clone(),
+        }
     });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -120,8 +133,18 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         }
         ups.retain_mut(|up| up.as_mut().poll(cx).is_pending());
         if !stopping && closing.poll_wait(cx).is_ready() {
-            // The request in flight is answered; then the connection closes.
             stopping = true;
+            // Between requests, hyper would close at once, even on a
+            // request that has arrived unread: it is polled first, so that
+            // it reads that request, and answers it before it closes.
+            if !serving.load(Ordering::Relaxed) {
+                let polled = conn.poll_without_shutdown(cx);
+                if polled.is_ready() {
+                    return polled;
+                }
+            }
+            // The request in flight is answered (`Connection: close`);
+            // then the connection closes.
             Pin::new(&mut conn).graceful_shutdown();
         }
         conn.poll_without_shutdown(cx)
@@ -133,6 +156,51 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     drop(ups);
     let mut io = conn.into_parts().io.into_inner().inner;
     http1::linger(&mut io, &mut closing).await;
+}
+
+/// Marks a connection's request as being served while alive.
+struct Serving(Arc<AtomicBool>);
+
+impl Serving {
+    fn new(flag: &Arc<AtomicBool>) -> Self {
+        flag.store(true, Ordering::Relaxed);
+        Self(flag.clone())
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A request's answer, marked [`Serving`] until it is ready; made once
+/// the server is stopping, it says `Connection: close` (hyper then closes
+/// after it), even if hyper was not told to stop before it was ready.
+struct WhileServing<F> {
+    served: F,
+    _serving: Serving,
+    draining: Draining,
+}
+
+impl<F, B, E> Future for WhileServing<F>
+where
+    F: Future<Output = Result<Response<B>, E>> + Unpin,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let mut answered = std::task::ready!(Pin::new(&mut self.served).poll(cx));
+        if let Ok(res) = &mut answered
+            && self.draining.is_stopping()
+        {
+            res.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        Poll::Ready(answered)
+    }
 }
 
 /// One client connection's upstream connection, kept between its requests

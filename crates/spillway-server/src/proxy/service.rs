@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use spillway_tower::{ClientAddr, ResponseBody};
+use spillway_tower::{ClientAddr, Draining, ResponseBody};
 use tokio::net::TcpListener;
 use tower::{Layer, Service, ServiceExt};
 
@@ -139,14 +139,18 @@ impl<C: Connector> Proxy<C> {
         // connection for ever.
         http.http1().timer(TokioTimer::new());
         let graceful = GracefulShutdown::new();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let draining = Draining::new(stopping);
         let mut shutdown = pin!(shutdown);
         while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "could not set TCP_NODELAY");
             }
             let proxy = self.clone();
+            let draining = draining.clone();
             let service = service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(ClientAddr(peer));
+                req.extensions_mut().insert(draining.clone());
                 proxy.clone().oneshot(req)
             });
             let connection = graceful.watch(
@@ -160,7 +164,16 @@ impl<C: Connector> Proxy<C> {
             });
         }
         drop(listener);
-        graceful.shutdown().await;
+        let _ = stop.send(true);
+        let drain = self.options.drain_timeout;
+        if tokio::time::timeout(drain, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the drain took longer than {drain:?}: closing the connections still open"
+            );
+        }
         Ok(())
     }
 
@@ -172,6 +185,7 @@ impl<C: Connector> Proxy<C> {
     ) -> std::io::Result<()> {
         let accepting = http1::Accepting {
             max_connections: crate::http1::within_file_limit(self.options.max_connections),
+            drain_timeout: self.options.drain_timeout,
             ..http1::Accepting::default()
         };
         let relay = Arc::new(Relay {

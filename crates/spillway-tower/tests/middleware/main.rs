@@ -17,6 +17,7 @@ mod denied;
 mod headers;
 mod keys;
 mod layer;
+mod parsed_headers;
 mod rules;
 mod shaping;
 mod store_errors;

@@ -169,3 +169,57 @@ async fn a_request_dropped_while_queued_gives_its_slot_back() {
             .all(|t| *t - t0 <= slot)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_is_answered_503_when_the_server_stops_and_gives_its_slot_back() {
+    let queue = 3;
+    let (app, served, interval) = shaped(10, nz(queue));
+    let t0 = Instant::now();
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let draining = spillway_tower::Draining::new(stopping);
+    let start_draining = |app: &Router| -> Pending {
+        let mut request = req("/", "192.0.2.1")
+            .body(Body::empty())
+            .expect("a request");
+        request.extensions_mut().insert(draining.clone());
+        let app = app.clone();
+        Box::pin(async move { app.oneshot(request).await.expect("infallible") })
+    };
+    let mut first = start_draining(&app);
+    assert_eq!(ready(&mut first).status(), StatusCode::OK);
+    let mut held: Vec<Pending> = (1..queue).map(|_| start_draining(&app)).collect();
+    for fut in &mut held {
+        assert!(poll(fut).is_pending(), "decided, and held");
+    }
+    // A little of the first wait passes; then the server stops.
+    tokio::time::advance(interval / 4).await;
+    stop.send(true).expect("a receiver");
+    for (i, fut) in held.iter_mut().enumerate() {
+        let res = ready(fut);
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // The rest of its wait, rounded up to a whole second.
+        let left = interval * (i as u32 + 1) - interval / 4;
+        assert_eq!(
+            header_u64(&res, "retry-after"),
+            left.as_micros().div_ceil(1_000_000).max(1) as u64
+        );
+    }
+    drop(held);
+    tokio::task::yield_now().await;
+    assert_eq!(
+        served.lock().expect("not poisoned").len(),
+        1,
+        "the queued requests never reached the service"
+    );
+    // Their slots were given back: the next two take the turns they had
+    // (one and two intervals after the first), not later ones.
+    let mut again: Vec<Pending> = (1..queue).map(|_| start(&app)).collect();
+    for fut in &mut again {
+        assert!(poll(fut).is_pending(), "queued again, not denied");
+    }
+    for (i, fut) in again.iter_mut().enumerate() {
+        let turn = t0 + interval * (i as u32 + 1);
+        tokio::time::advance(turn - Instant::now()).await;
+        assert_eq!(ready(fut).status(), StatusCode::OK, "the turn {}", i + 1);
+    }
+}

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use spillway::algorithm::{FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
 use spillway::clock::MonotonicClock;
-use spillway::store::{Check, MemoryOptions, MemoryStore, RateLimiter, Rule, RuleId};
+use spillway::store::{Check, MemoryOptions, MemoryStore, RateLimiter, Rule, RuleId, SharedState};
 use spillway::{Algorithm, Quota};
 
 /// What every subject allows. A key must stay live for the whole run, or
@@ -66,7 +66,10 @@ pub(crate) fn options(keys: usize) -> MemoryOptions {
 }
 
 /// One of our limiters, on the monotonic clock, sized for `keys` keys.
-pub(crate) fn ours<A: Algorithm, K: Hash + Eq>(algorithm: A, keys: usize) -> RateLimiter<A, K> {
+pub(crate) fn ours<A: Algorithm, K: Hash + Eq>(algorithm: A, keys: usize) -> RateLimiter<A, K>
+where
+    A::State: SharedState,
+{
     RateLimiter::with_options(algorithm, MonotonicClock::new(), options(keys))
 }
 
@@ -161,7 +164,10 @@ pub(crate) trait Subject: Sync {
 /// the service does).
 macro_rules! limiter_subject {
     ($k:ty, $bench_key:ty, |$key:ident| $query:expr) => {
-        impl<A: Algorithm> Subject for RateLimiter<A, $k> {
+        impl<A: Algorithm> Subject for RateLimiter<A, $k>
+        where
+            A::State: SharedState,
+        {
             type Key = $bench_key;
 
             fn check(&self, $key: &$bench_key) -> bool {

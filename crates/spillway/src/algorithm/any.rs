@@ -303,6 +303,7 @@ impl Algorithm for AnyAlgorithm {
         }
     }
 
+    #[inline]
     fn idle_at(&self, state: &AnyState) -> Micros {
         match (self, state) {
             (Self::FixedWindow(a), AnyState::FixedWindow(s)) => a.idle_at(s),

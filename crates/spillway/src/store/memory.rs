@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use compact_str::CompactString;
 
+use super::cell::SharedState;
 use super::table::{ShardGuard, Table};
 use super::{Check, KeyRef, Rule, Store, Verdict};
 use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState};
@@ -86,6 +87,48 @@ pub struct MemoryOptions {
     pub sweep_interval: Duration,
     /// What a full table does with a new key.
     pub on_full: OnFull,
+    /// The most bytes the store holds, all its rules together, if set.
+    ///
+    /// What counts: every rule's hash table as allocated (its slots, each a
+    /// key of up to 24 bytes held inline and the algorithm's state, and a
+    /// control byte per slot), the text of keys longer than 24 bytes (their
+    /// capacity), and the buffers of sliding logs (16 bytes an entry). Not
+    /// counted: the allocator's own overhead per allocation, and a fixed
+    /// few kilobytes per rule (the shards' locks); with
+    /// [`RateLimiter`], keys that own memory themselves (a `String`'s text)
+    /// beyond their slot.
+    ///
+    /// Each rule gets an even share, and each shard of its table a share of
+    /// that: a shard's table may grow to three quarters of its share, and
+    /// what keys and logs own on the heap fills the rest. A new key, or a
+    /// check that would grow a log's buffer, that does not fit makes room
+    /// as [`on_full`](Self::on_full) says (evicting the keys closest to
+    /// fresh), and is denied when none can go. `max_keys` still bounds the
+    /// keys. [`MemoryStore::reconfigure`] divides the bytes again among the
+    /// new rules: a kept rule whose share shrank evicts down to it, and
+    /// rebuilds its table smaller, when its next new key arrives.
+    ///
+    /// ```
+    /// use std::num::{NonZeroU32, NonZeroUsize};
+    /// use spillway::algorithm::FixedWindow;
+    /// use spillway::clock::FakeClock;
+    /// use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId};
+    /// use spillway::Quota;
+    ///
+    /// let options = MemoryOptions {
+    ///     max_memory: NonZeroUsize::new(1 << 20),
+    ///     ..MemoryOptions::default()
+    /// };
+    /// let rule = Rule::new("per-ip", FixedWindow::new(Quota::per_minute(NonZeroU32::new(5).unwrap())));
+    /// let store = MemoryStore::with_clock(vec![rule], options, FakeClock::new(0));
+    /// for i in 0..20_000 {
+    ///     let key = format!("a key long enough to live on the heap: {i}");
+    ///     store.check_now(&[Check { rule: RuleId(0), key: &key, cost: 1 }]).unwrap();
+    /// }
+    /// assert!(store.memory_bytes() <= 1 << 20);
+    /// assert!(store.len(RuleId(0)) < 20_000);
+    /// ```
+    pub max_memory: Option<NonZeroUsize>,
 }
 
 impl Default for MemoryOptions {
@@ -97,20 +140,48 @@ impl Default for MemoryOptions {
             shards: NonZeroUsize::new(64).expect("nonzero"),
             sweep_interval: Duration::from_secs(1),
             on_full: OnFull::Evict,
+            max_memory: None,
         }
     }
 }
 
 impl MemoryOptions {
-    fn table<K: Hash + Eq, S>(&self) -> Table<K, S> {
+    /// A table for one of `rules` rules sharing `max_memory`, whose keys
+    /// own `key_heap` bytes on the heap.
+    fn table<K: Hash + Eq, S: SharedState>(
+        &self,
+        rules: usize,
+        key_heap: fn(&K) -> usize,
+    ) -> Table<K, S> {
         let sweep = u64::try_from(self.sweep_interval.as_micros()).unwrap_or(u64::MAX);
         Table::new(
             self.max_keys.get(),
             self.shards.get(),
             sweep.max(1),
             self.on_full,
+            self.share(rules),
+            key_heap,
         )
     }
+
+    /// One of `rules` rules' share of `max_memory`.
+    fn share(&self, rules: usize) -> Option<usize> {
+        self.max_memory.map(|m| m.get() / rules.max(1))
+    }
+}
+
+/// The heap bytes of a key of the memory store: none when it is held inline.
+fn compact_heap(key: &CompactString) -> usize {
+    if key.is_heap_allocated() {
+        key.capacity()
+    } else {
+        0
+    }
+}
+
+/// A key type whose heap bytes a [`RateLimiter`] does not know.
+fn unknown_heap<K>(_: &K) -> usize {
+    0
 }
 
 /// One algorithm applied to keys of any type, in memory.
@@ -137,20 +208,32 @@ impl MemoryOptions {
 /// clock.advance(Duration::from_secs(60));
 /// assert!(per_ip.check("10.0.0.1", 1).unwrap().allowed);
 /// ```
-pub struct RateLimiter<A: Algorithm, K = String, C = MonotonicClock> {
+pub struct RateLimiter<A: Algorithm, K = String, C = MonotonicClock>
+where
+    A::State: SharedState,
+{
     algorithm: A,
+    // Whether checks of a held key are decided in place, under the shard's
+    // shared lock (`SharedState::decides_in_place`).
+    in_place: bool,
     table: Table<K, A::State>,
     clock: C,
 }
 
-impl<A: Algorithm, K: Hash + Eq> RateLimiter<A, K, MonotonicClock> {
+impl<A: Algorithm, K: Hash + Eq> RateLimiter<A, K, MonotonicClock>
+where
+    A::State: SharedState,
+{
     /// A limiter on the monotonic clock with the default options.
     pub fn new(algorithm: A) -> Self {
         Self::with_clock(algorithm, MonotonicClock::new())
     }
 }
 
-impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
+impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C>
+where
+    A::State: SharedState,
+{
     /// A limiter on `clock` with the default options.
     pub fn with_clock(algorithm: A, clock: C) -> Self {
         Self::with_options(algorithm, clock, MemoryOptions::default())
@@ -159,8 +242,9 @@ impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
     /// A limiter on `clock` with `options`.
     pub fn with_options(algorithm: A, clock: C, options: MemoryOptions) -> Self {
         Self {
+            in_place: A::State::decides_in_place(&algorithm),
             algorithm,
-            table: options.table(),
+            table: options.table(1, unknown_heap),
             clock,
         }
     }
@@ -181,9 +265,8 @@ impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
         Q: Hash + Eq + KeyRef<K> + ?Sized,
     {
         let hash = self.table.hash(key);
-        self.table
-            .lock(self.table.shard_of(hash))
-            .check(&self.algorithm, key, hash, cost, now)
+        let alg = &self.algorithm;
+        self.table.check(alg, self.in_place, key, hash, cost, now)
     }
 
     /// Forgets `key`, as if it had never been seen. Returns whether it was held.
@@ -216,9 +299,18 @@ impl<A: Algorithm, K: Hash + Eq, C: Clock> RateLimiter<A, K, C> {
     pub fn table_bytes(&self) -> usize {
         self.table.allocation_size()
     }
+
+    /// The bytes [`MemoryOptions::max_memory`] counts: the table, and with
+    /// `max_memory` set, the states' heap bytes (a sliding log's buffer).
+    pub fn memory_bytes(&self) -> usize {
+        self.table.memory_bytes()
+    }
 }
 
-impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C> {
+impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C>
+where
+    A::State: SharedState,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
             .field("algorithm", &self.algorithm)
@@ -264,6 +356,8 @@ impl<A: Algorithm, K, C: fmt::Debug> fmt::Debug for RateLimiter<A, K, C> {
 /// ```
 pub struct MemoryStore<C = MonotonicClock> {
     rules: Vec<Rule>,
+    // Per rule: whether checks of a held key are decided in place.
+    in_place: Vec<bool>,
     // Shared with the stores `reconfigure` makes, so counters survive a
     // configuration reload.
     tables: Vec<Arc<Table<CompactString, AnyState>>>,
@@ -281,8 +375,13 @@ impl MemoryStore<MonotonicClock> {
 impl<C: Clock> MemoryStore<C> {
     /// A store for `rules` on `clock`.
     pub fn with_clock(rules: Vec<Rule>, options: MemoryOptions, clock: C) -> Self {
-        let tables = rules.iter().map(|_| Arc::new(options.table())).collect();
+        let n = rules.len();
+        let tables = rules
+            .iter()
+            .map(|_| Arc::new(options.table(n, compact_heap)))
+            .collect();
         Self {
+            in_place: in_place(&rules),
             rules,
             tables,
             options,
@@ -330,12 +429,17 @@ impl<C: Clock> MemoryStore<C> {
                     })
                 });
                 kept.map_or_else(
-                    || Arc::new(self.options.table()),
-                    |i| self.tables[i].clone(),
+                    || Arc::new(self.options.table(rules.len(), compact_heap)),
+                    |i| {
+                        // Its share of the bytes as the rules now divide them.
+                        self.tables[i].set_budget(self.options.share(rules.len()));
+                        self.tables[i].clone()
+                    },
                 )
             })
             .collect();
         Self {
+            in_place: in_place(&rules),
             rules,
             tables,
             options: self.options,
@@ -359,9 +463,9 @@ impl<C: Clock> MemoryStore<C> {
             })?;
             let table = &self.tables[check.rule.0];
             let hash = table.hash(check.key);
+            let in_place = self.in_place[check.rule.0];
             let decision = table
-                .lock(table.shard_of(hash))
-                .check(rule.algorithm(), check.key, hash, check.cost, now)
+                .check(rule.algorithm(), in_place, check.key, hash, check.cost, now)
                 .map_err(|source| Error::CostTooLarge { index: 0, source })?;
             return Ok(Verdict {
                 allowed: decision.allowed,
@@ -459,6 +563,20 @@ impl<C: Clock> MemoryStore<C> {
         self.tables.get(rule.0).map_or(0, |t| t.len())
     }
 
+    /// The most keys `rule` can hold: [`MemoryOptions::max_keys`], or fewer
+    /// where [`MemoryOptions::max_memory`] leaves room for fewer (counting
+    /// keys of up to 24 bytes).
+    pub fn capacity(&self, rule: super::RuleId) -> usize {
+        self.tables.get(rule.0).map_or(0, |t| t.capacity())
+    }
+
+    /// The bytes [`MemoryOptions::max_memory`] counts, every rule together:
+    /// the tables as allocated, and, with `max_memory` set, the text of
+    /// long keys and the sliding logs' buffers.
+    pub fn memory_bytes(&self) -> usize {
+        self.tables.iter().map(|t| t.memory_bytes()).sum()
+    }
+
     /// Checks every rule id and cost before anything is charged.
     fn validate(&self, checks: &[Check<'_>]) -> Result<Vec<&AnyAlgorithm>, Error> {
         checks
@@ -484,6 +602,14 @@ impl<C: Clock> MemoryStore<C> {
             })
             .collect()
     }
+}
+
+/// For each rule, whether its checks are decided in place.
+fn in_place(rules: &[Rule]) -> Vec<bool> {
+    rules
+        .iter()
+        .map(|r| AnyState::decides_in_place(r.algorithm()))
+        .collect()
 }
 
 impl<C: Clock> Store for MemoryStore<C> {

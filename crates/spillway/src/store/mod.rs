@@ -23,13 +23,26 @@
 //!   is denied (a denial with a `retry_after`, not an error). No used key is
 //!   ever handed a fresh quota, and new keys are turned away while the table
 //!   is full of used ones.
+//!
+//! [`MemoryOptions::max_memory`] bounds the whole store in bytes as well:
+//! the tables, the text of keys too long to be held inline, and the
+//! sliding logs' buffers (see its docs for exactly what counts).
+//!
+//! Checks of one key from many threads do not queue on a lock: a key the
+//! table holds is decided in place, by compare-and-swap of the one word of
+//! its state an ordinary check changes, under its shard's shared lock
+//! ([`SharedState`]). The decisions are exactly those of one thread at a
+//! time; what changes more than that word (a window rolling over, a key
+//! forgotten, a sliding log) takes the shard's lock exclusively.
 
+mod cell;
 mod memory;
 mod table;
 
 use std::future::Future;
 use std::sync::Arc;
 
+pub use cell::{AnyCell, SharedState, Words};
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 
 use crate::algorithm::AnyAlgorithm;

@@ -1,10 +1,16 @@
 //! The in-memory store's storage: a sharded hash table with a hard bound on
 //! its size and automatic forgetting of idle keys.
 //!
-//! Each shard is a `hashbrown` table behind its own mutex (padded to a cache
-//! line so two cores never contend on a neighbour's lock). A key's shard is
-//! chosen by bits of its hash that the table itself does not use, so both
-//! levels spread evenly.
+//! Each shard is a `hashbrown` table behind its own reader-writer lock
+//! (padded to a cache line so two cores never contend on a neighbour's
+//! lock). A key's shard is chosen by bits of its hash that the table itself
+//! does not use, so both levels spread evenly.
+//!
+//! A check of a key the shard holds takes the lock shared and decides on
+//! the key's state in place (see `cell.rs`): checks of one hot key from
+//! every core go on together. Whatever changes the table (a key arriving
+//! or forgotten, a sweep, an eviction, a request of several rules) takes
+//! the lock exclusively.
 //!
 //! Forgetting and eviction:
 //! - a key whose state is back to fresh (`idle_at <= now`) is dropped when it
@@ -37,7 +43,7 @@ use std::hash::{BuildHasher, Hash};
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::algorithm::Algorithm;
 use crate::clock::Micros;
@@ -45,6 +51,7 @@ use crate::decision::Decision;
 use crate::error::CostTooLarge;
 
 use super::KeyRef;
+use super::cell::SharedState;
 use super::memory::OnFull;
 
 /// How many keys a full shard looks at to choose one to evict.
@@ -58,25 +65,115 @@ const MAX_PROBES: usize = 8 * EVICTION_SAMPLE;
 /// The smallest share of `max_keys` a shard gets before we use fewer shards.
 const MIN_KEYS_PER_SHARD: usize = 64;
 
+/// The smallest share of a byte budget a shard gets before we use fewer
+/// shards: room for a few hundred keys and their long texts.
+const MIN_BYTES_PER_SHARD: usize = 64 * 1024;
+
+/// How many keys an insertion may evict to bring its shard back within its
+/// bounds (after a budget was lowered, or for a long key's bytes).
+const MAX_EVICTIONS: usize = 16;
+
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
 // Padded so that two cores never contend on a neighbouring shard's lock.
-type LockedShard<K, S> = CachePadded<Mutex<Shard<K, S>>>;
+type LockedShard<K, S> = CachePadded<RwLock<Shard<K, S>>>;
 
-pub(crate) struct Table<K, S> {
+pub(crate) struct Table<K, S: SharedState> {
     shards: Box<[LockedShard<K, S>]>,
     hasher: Hasher,
     sweep_interval: Micros,
     on_full: OnFull,
+    // The bytes a key owns on the heap, beyond its slot.
+    key_heap: fn(&K) -> usize,
+    // Whether there is a byte budget, so that heap bytes are counted.
+    metered: bool,
+    max_keys: usize,
 }
 
-pub(crate) struct Shard<K, S> {
-    entries: HashTable<(K, S)>,
-    // This shard's share of `max_keys`: the hard bound.
+pub(crate) struct Shard<K, S: SharedState> {
+    entries: HashTable<(K, S::Cell)>,
+    // This shard's share of `max_keys` (or fewer, for the byte budget): the
+    // hard bound on its keys.
     cap: usize,
+    // The heap bytes its keys and states own, counted when metered.
+    heap: usize,
+    // What the byte budget leaves for them (`usize::MAX` without one).
+    heap_budget: usize,
+    // The bytes the table may take (`usize::MAX` without a budget): a
+    // table larger than that (its budget was cut by a reload that added
+    // rules) is rebuilt smaller once its keys fit.
+    table_limit: usize,
     next_sweep: Micros,
     // The state of the PRNG that picks the eviction sample.
     rng: u64,
+}
+
+/// What a byte budget allows one shard: at most `cap` keys, whose table at
+/// its largest takes at most three quarters of the shard's bytes, and the
+/// rest for what keys and states own on the heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ShardBudget {
+    cap: usize,
+    heap: usize,
+    table: usize,
+}
+
+/// The bytes a table sized for `keys` entries of `E` allocates.
+fn table_bytes<E>(keys: usize) -> usize {
+    HashTable::<E>::with_capacity(keys).allocation_size()
+}
+
+/// The budget of a shard of `bytes` bytes that may hold up to `keys` keys.
+fn shard_budget<E>(keys: usize, bytes: usize) -> ShardBudget {
+    let slots = bytes / 4 * 3;
+    // The most keys whose table fits in `slots` (a table's size only
+    // grows with the keys it is sized for).
+    let (mut lo, mut hi) = (0usize, keys);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if table_bytes::<E>(mid) <= slots {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    // Room to spare under the table's fill limit: evictions leave
+    // tombstones that use it up, and the table is rebuilt when it is gone
+    // (so once per sixteenth of the keys at most, not on every key).
+    let cap = (lo - lo / 16).max(1);
+    let table = table_bytes::<E>(cap);
+    ShardBudget {
+        cap,
+        heap: bytes.saturating_sub(table),
+        table,
+    }
+}
+
+/// How many shards share `bytes`, starting from `shards`: as many more as
+/// it takes for each shard's table, whose slots grow in powers of two, to
+/// fill the three quarters of its share it may use (with shares just
+/// under a doubling, the tables would stop at half that). Fewer when the
+/// shares would drop under [`MIN_BYTES_PER_SHARD`].
+fn dense_budget_shards<E>(bytes: usize, shards: usize) -> usize {
+    let n = shards.min((bytes / MIN_BYTES_PER_SHARD).max(1));
+    let slots = bytes / n / 4 * 3;
+    // The largest table a shard's share holds, then as many shards of it
+    // as the bytes allow.
+    let mut keys = 1usize;
+    while table_bytes::<E>(keys * 2) <= slots {
+        keys *= 2;
+    }
+    let table = table_bytes::<E>(keys).max(1);
+    (bytes / 4 * 3 / table).clamp(n, 2 * n)
+}
+
+/// How many of a table's slots hashbrown fills before it grows.
+fn full_capacity(buckets: usize) -> usize {
+    if buckets < 8 {
+        buckets.saturating_sub(1)
+    } else {
+        buckets / 8 * 7
+    }
 }
 
 /// splitmix64: cheap, and every output bit depends on every state bit.
@@ -89,56 +186,124 @@ fn next_random(state: &mut u64) -> u64 {
 }
 
 /// At least `shards` shards, as many more as it takes for a full shard's
-/// table to be full too: a `hashbrown` table of 2^k slots holds at most
-/// 7/8 of them before it doubles, so a share of `max_keys` just above that
-/// would leave a full store's tables half empty. A store at its bound, the
-/// memory an operator provisions for, is then dense.
+/// table to be full too, but never to the last slot: a `hashbrown` table
+/// of 2^k slots holds at most 7/8 of them before it doubles, so a share of
+/// `max_keys` just above that would leave a full store's tables half
+/// empty, and a share of exactly that would leave no room for the
+/// tombstones evictions leave: the table would be rebuilt on nearly every
+/// new key (measured: 3 million keys through 64 shards of 14,336 took
+/// 205 s, against 3 s with 14,000). A store at its bound, the memory an
+/// operator provisions for, is then dense, with a 32nd of its slots to
+/// spare.
 fn dense_shard_count(max_keys: usize, shards: usize) -> usize {
     let share = max_keys.div_ceil(shards);
-    if share < 4096 {
-        // Small stores: the memory is not worth more shards.
-        return shards;
-    }
     // The table a full shard needs, and how full it would be.
     let buckets = (share * 8).div_ceil(7).next_power_of_two();
-    let holds = buckets / 8 * 7;
-    if share * 4 >= holds * 3 {
-        return shards;
+    let holds = full_capacity(buckets);
+    if share >= 4096 && share * 4 < holds * 3 {
+        // Under 3/4 full (large stores: small ones are not worth more
+        // shards): use shards of the half-size table's capacity.
+        return max_keys.div_ceil(roomy(holds / 2)).max(shards);
     }
-    // Under 3/4 full: use shards of the half-size table's capacity.
-    max_keys.div_ceil(holds / 2).max(shards)
+    if share > roomy(holds) {
+        return max_keys.div_ceil(roomy(holds)).max(shards);
+    }
+    shards
 }
 
-impl<K: Hash + Eq, S> Table<K, S> {
+/// Of a table that holds `holds` keys, how many a shard may keep: a 32nd
+/// less, the room evictions' tombstones use up before a rebuild.
+fn roomy(holds: usize) -> usize {
+    holds - holds / 32
+}
+
+impl<K: Hash + Eq, S: SharedState> Table<K, S> {
+    /// A table of at most `max_keys` keys in about `shards` shards and, if
+    /// `max_bytes` is given, at most that many bytes (see
+    /// `MemoryOptions::max_memory` for what counts). `key_heap` tells what
+    /// a key owns on the heap.
     pub(crate) fn new(
         max_keys: usize,
         shards: usize,
         sweep_interval: Micros,
         on_full: OnFull,
+        max_bytes: Option<usize>,
+        key_heap: fn(&K) -> usize,
     ) -> Self {
         let max_keys = max_keys.max(1);
-        let n = dense_shard_count(
+        let mut n = dense_shard_count(
             max_keys,
             shards.clamp(1, (max_keys / MIN_KEYS_PER_SHARD).max(1)),
         );
+        if let Some(bytes) = max_bytes {
+            n = dense_budget_shards::<(K, S::Cell)>(bytes, n);
+        }
         let hasher = Hasher::default();
         let shards = (0..n)
             .map(|i| {
-                let cap = max_keys / n + usize::from(i < max_keys % n);
-                CachePadded::new(Mutex::new(Shard {
+                CachePadded::new(RwLock::new(Shard {
                     entries: HashTable::new(),
-                    cap,
+                    cap: 0,
+                    heap: 0,
+                    heap_budget: usize::MAX,
+                    table_limit: usize::MAX,
                     next_sweep: 0,
                     // Seeded from the hasher's per-process random keys.
                     rng: hasher.hash_one(i),
                 }))
             })
             .collect();
-        Self {
+        let table = Self {
             shards,
             hasher,
             sweep_interval,
             on_full,
+            key_heap,
+            metered: max_bytes.is_some(),
+            max_keys,
+        };
+        table.set_budget(max_bytes);
+        if max_bytes.is_some() {
+            // Within a byte budget the tables are made at their full size
+            // at once: growing by doubling would leave each smaller table
+            // behind in the allocator (about as much again, measured),
+            // and a table's untouched pages take no memory until keys fill
+            // them.
+            for shard in table.shards.iter() {
+                let mut shard = shard.write();
+                shard.entries = HashTable::with_capacity(shard.cap);
+            }
+        }
+        table
+    }
+
+    /// Gives every shard its share of `max_keys` and of `max_bytes` (a
+    /// reload that changes how many rules share the store's bytes). A
+    /// shard now over its share evicts down to it as keys arrive.
+    pub(crate) fn set_budget(&self, max_bytes: Option<usize>) {
+        let n = self.shards.len();
+        let max_keys = self.max_keys;
+        // Shares differ by at most one key and one byte: one budget search.
+        // The shards themselves (their locks, padded) come off the top.
+        let fixed = std::mem::size_of_val(&*self.shards);
+        let budget = max_bytes.map(|b| {
+            shard_budget::<(K, S::Cell)>(max_keys.div_ceil(n), b.saturating_sub(fixed) / n)
+        });
+        for (i, shard) in self.shards.iter().enumerate() {
+            let mut shard = shard.write();
+            let keys = max_keys / n + usize::from(i < max_keys % n);
+            match budget {
+                Some(b) => {
+                    shard.cap = keys.min(b.cap);
+                    shard.heap_budget = b.heap;
+                    shard.table_limit = b.table;
+                }
+                None => {
+                    shard.cap = keys;
+                    shard.heap_budget = usize::MAX;
+                    shard.table_limit = usize::MAX;
+                }
+            }
         }
     }
 
@@ -153,16 +318,83 @@ impl<K: Hash + Eq, S> Table<K, S> {
         ((bits * self.shards.len() as u64) >> 32) as usize
     }
 
+    /// Locks `shard` exclusively.
     pub(crate) fn lock(&self, shard: usize) -> ShardGuard<'_, K, S> {
         ShardGuard {
-            shard: self.shards[shard].lock(),
+            shard: self.shards[shard].write(),
             table: self,
         }
     }
 
+    /// Decides on `key`: in place under the shard's shared lock if the
+    /// shard holds it (threads on one hot key go on together), else under
+    /// the exclusive lock. `in_place` says whether the algorithm's checks
+    /// can be decided in place at all ([`SharedState::decides_in_place`]).
+    pub(crate) fn check<A, Q>(
+        &self,
+        alg: &A,
+        in_place: bool,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+        S: Default,
+    {
+        let shard = self.shard_of(hash);
+        if in_place && let Some(decided) = self.check_shared(shard, alg, key, hash, cost, now) {
+            return decided;
+        }
+        self.lock(shard).check(alg, key, hash, cost, now)
+    }
+
+    /// Decides on `key` under its shard's shared lock, if the shard holds it
+    /// and the decision changes nothing but its state. `None`, having
+    /// changed nothing, when the exclusive path must decide: the key is not
+    /// held, the shard is due for a sweep, the state cannot be updated in
+    /// place, or a check that charged nothing leaves the key idle (so that
+    /// it goes).
+    pub(crate) fn check_shared<A, Q>(
+        &self,
+        shard: usize,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+    ) -> Option<Result<Decision, CostTooLarge>>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let shard = self.shards[shard].read();
+        if now >= shard.next_sweep {
+            return None;
+        }
+        let (_, cell) = shard.entries.find(hash, |e| e.0.borrow() == key)?;
+        S::decide(cell, alg, cost, now)
+    }
+
     /// Keys held now.
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().entries.len()).sum()
+        self.shards.iter().map(|s| s.read().entries.len()).sum()
+    }
+
+    /// The bytes `MemoryOptions::max_memory` counts: every shard's table as
+    /// allocated, and, when metered, what keys and states own on the heap.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let heap: usize = self.shards.iter().map(|s| s.read().heap).sum();
+        self.allocation_size() + heap
+    }
+
+    /// The most keys this table holds (its shards' bounds together).
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.read().cap).sum()
     }
 
     /// Bytes allocated by the shards' tables (not counting memory a key or
@@ -171,19 +403,19 @@ impl<K: Hash + Eq, S> Table<K, S> {
         let tables: usize = self
             .shards
             .iter()
-            .map(|s| s.lock().entries.allocation_size())
+            .map(|s| s.read().entries.allocation_size())
             .sum();
         tables + std::mem::size_of_val(&*self.shards)
     }
 }
 
 /// A locked shard, with what it needs to rehash and sweep.
-pub(crate) struct ShardGuard<'a, K, S> {
-    shard: MutexGuard<'a, Shard<K, S>>,
+pub(crate) struct ShardGuard<'a, K, S: SharedState> {
+    shard: RwLockWriteGuard<'a, Shard<K, S>>,
     table: &'a Table<K, S>,
 }
 
-impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
+impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
     /// Decides on `key` (whose hash is `hash`), inserting it if the request
     /// is admitted and leaves state behind.
     pub(crate) fn check<A, Q>(
@@ -247,48 +479,172 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         if now >= self.shard.next_sweep {
             self.sweep(alg, now);
         }
+        let metered = self.table.metered;
+        if metered && let Err(denied) = self.make_heap_room(alg, key, hash, cost, now) {
+            return Ok((denied, R::default()));
+        }
+        let key_heap = self.table.key_heap;
         let hasher = &self.table.hasher;
-        let entries = &mut self.shard.entries;
-        if let Some(entry) = entries.find_mut(hash, |e| e.0.borrow() == key) {
-            let (decision, out) = decide(&mut entry.1)?;
+        let shard = &mut *self.shard;
+        if let Some(entry) = shard.entries.find_mut(hash, |e| e.0.borrow() == key) {
+            let before = if metered { S::heap_bytes(&entry.1) } else { 0 };
+            let (decided, idle_at) = S::with_mut(&mut entry.1, |s| (decide(s), alg.idle_at(s)));
+            if metered {
+                shard.heap = shard.heap + S::heap_bytes(&entry.1) - before;
+            }
+            let (decision, out) = decided?;
             // A charged state is never idle; anything else may now be, and
             // then it goes (a second lookup, off the common path).
             let charged = decision.allowed && cost > 0;
             if !charged
-                && alg.idle_at(&entry.1) <= now
-                && let Ok(entry) = entries.find_entry(hash, |e| e.0.borrow() == key)
+                && idle_at <= now
+                && let Ok(entry) = shard.entries.find_entry(hash, |e| e.0.borrow() == key)
             {
-                entry.remove();
+                let ((k, cell), _) = entry.remove();
+                if metered {
+                    shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+                }
             }
             return Ok((decision, out));
         }
         let mut state = S::default();
         let (decision, out) = decide(&mut state)?;
         if alg.idle_at(&state) > now {
-            if entries.len() >= self.shard.cap
-                && let Err(denied) = self.make_room(alg, now, &decision)
-            {
+            let owned = key.to_key();
+            let cell = state.into_cell();
+            let needs = if metered {
+                key_heap(&owned) + S::heap_bytes(&cell)
+            } else {
+                0
+            };
+            if let Err(denied) = self.make_room_for(alg, now, &decision, needs) {
                 // Nothing was stored, so nothing was charged.
                 return Ok((denied, R::default()));
             }
-            // Evictions leave tombstones that use up the table's room; at
-            // the bound, rebuild the table at its size rather than let it
-            // double for a key that fits (once per few dozen evictions).
-            let cap = self.shard.cap;
-            let entries = &mut self.shard.entries;
-            if entries.len() + 1 >= cap && entries.capacity() <= entries.len() {
-                let mut fresh = HashTable::with_capacity(cap);
+            let shard = &mut *self.shard;
+            // Evictions leave tombstones that use up the table's room.
+            // Once the table has the slots its bound needs, rebuild it at
+            // that size rather than let it double for a key that fits.
+            let entries = &mut shard.entries;
+            let tombstoned = entries.capacity() <= entries.len()
+                && full_capacity(entries.num_buckets()) >= shard.cap;
+            // A table left larger than its budget (a reload cut it) is made
+            // smaller as soon as its keys fit.
+            if tombstoned || entries.allocation_size() > shard.table_limit {
+                let mut fresh = HashTable::with_capacity(shard.cap);
                 for e in entries.drain() {
                     let h = hasher.hash_one(&e.0);
                     fresh.insert_unique(h, e, |e| hasher.hash_one(&e.0));
                 }
                 *entries = fresh;
             }
-            self.shard
+            shard.heap += needs;
+            shard
                 .entries
-                .insert_unique(hash, (key.to_key(), state), |e| hasher.hash_one(&e.0));
+                .insert_unique(hash, (owned, cell), |e| hasher.hash_one(&e.0));
         }
         Ok((decision, out))
+    }
+
+    /// With a byte budget: makes sure that the check about to run on `key`
+    /// cannot take its shard's heap past its share (a held log whose buffer
+    /// would double), evicting other keys as [`make_room`](Self::make_room)
+    /// chooses them; a denial, deciding nothing, when they cannot go.
+    fn make_heap_room<A, Q>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        cost: u64,
+        now: Micros,
+    ) -> Result<(), Decision>
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if cost == 0 {
+            return Ok(());
+        }
+        let shard = &mut *self.shard;
+        let Some(entry) = shard.entries.find_mut(hash, |e| e.0.borrow() == key) else {
+            return Ok(());
+        };
+        let growth = S::heap_growth(&entry.1);
+        if growth == 0 || shard.heap.saturating_add(growth) <= shard.heap_budget {
+            return Ok(());
+        }
+        // What the key would be told, were it denied for lack of room.
+        let peek = S::with_mut(&mut entry.1, |s| alg.check(s, 0, now));
+        let limit = peek.map_or(alg.capacity(), |d| d.limit);
+        let me = Decision {
+            allowed: true,
+            limit,
+            remaining: 0,
+            reset_after: std::time::Duration::ZERO,
+            retry_after: None,
+            delay: std::time::Duration::ZERO,
+        };
+        for _ in 0..MAX_EVICTIONS {
+            if self.shard.heap.saturating_add(growth) <= self.shard.heap_budget {
+                return Ok(());
+            }
+            self.make_room(alg, now, &me, true, Some(hash))?;
+        }
+        if self.shard.heap.saturating_add(growth) <= self.shard.heap_budget {
+            Ok(())
+        } else {
+            Err(self.no_room(&me, now))
+        }
+    }
+
+    /// Makes room for a new key whose first request decided `newcomer` and
+    /// that owns `needs` bytes on the heap: a slot under the shard's bound
+    /// on keys, and, with a byte budget, the bytes under its heap share.
+    fn make_room_for<A: Algorithm<State = S>>(
+        &mut self,
+        alg: &A,
+        now: Micros,
+        newcomer: &Decision,
+        needs: usize,
+    ) -> Result<(), Decision> {
+        // As many as it takes: more than one only after a reload cut the
+        // shard's bound, and then the shard comes back within it at once.
+        let over = self.shard.entries.len().saturating_sub(self.shard.cap);
+        for _ in 0..over + MAX_EVICTIONS {
+            if self.shard.entries.len() < self.shard.cap {
+                break;
+            }
+            self.make_room(alg, now, newcomer, false, None)?;
+        }
+        for _ in 0..MAX_EVICTIONS {
+            if self.shard.heap.saturating_add(needs) <= self.shard.heap_budget {
+                break;
+            }
+            self.make_room(alg, now, newcomer, true, None)?;
+        }
+        let shard = &self.shard;
+        if shard.entries.len() < shard.cap && shard.heap.saturating_add(needs) <= shard.heap_budget
+        {
+            Ok(())
+        } else {
+            Err(self.no_room(newcomer, now))
+        }
+    }
+
+    /// The denial of a key that found no room.
+    fn no_room(&self, newcomer: &Decision, now: Micros) -> Decision {
+        let _ = now;
+        // Room depends on other keys: ask again in a second.
+        let wait = std::time::Duration::from_secs(1);
+        Decision {
+            allowed: false,
+            limit: newcomer.limit,
+            remaining: 0,
+            reset_after: wait,
+            retry_after: Some(wait),
+            delay: std::time::Duration::ZERO,
+        }
     }
 
     /// Takes back a charge of `key` that [`check_undoable`](Self::check_undoable)
@@ -300,25 +656,43 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + KeyRef<K> + ?Sized,
     {
-        let hasher = &self.table.hasher;
-        match self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+        let (hasher, key_heap, metered) =
+            (&self.table.hasher, self.table.key_heap, self.table.metered);
+        let shard = &mut *self.shard;
+        match shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
             Ok(mut entry) => {
-                alg.undo(&mut entry.get_mut().1, undo);
-                if alg.idle_at(&entry.get().1) <= now {
-                    entry.remove();
+                let cell = &mut entry.get_mut().1;
+                let before = if metered { S::heap_bytes(cell) } else { 0 };
+                let idle_at = S::with_mut(cell, |s| {
+                    alg.undo(s, undo);
+                    alg.idle_at(s)
+                });
+                if metered {
+                    shard.heap = shard.heap + S::heap_bytes(cell) - before;
+                }
+                if idle_at <= now {
+                    let ((k, cell), _) = entry.remove();
+                    if metered {
+                        shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+                    }
                 }
             }
             // A later check of the same request evicted the key. An undo
             // that holds the whole state before the charge puts it back, so
             // the denied request leaves no trace; one that holds only the
-            // charge (a sliding log) leaves the key forgotten.
+            // charge (a sliding log) leaves the key forgotten. (The key was
+            // in the table before this request, so its bytes fit.)
             Err(absent) => {
                 let mut state = S::default();
                 alg.undo(&mut state, undo);
                 if alg.idle_at(&state) > now {
+                    let (owned, cell) = (key.to_key(), state.into_cell());
+                    if metered {
+                        shard.heap += key_heap(&owned) + S::heap_bytes(&cell);
+                    }
                     absent
                         .into_table()
-                        .insert_unique(hash, (key.to_key(), state), |e| hasher.hash_one(&e.0));
+                        .insert_unique(hash, (owned, cell), |e| hasher.hash_one(&e.0));
                 }
             }
         }
@@ -337,10 +711,23 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if let Ok(mut entry) = self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
-            alg.refund(&mut entry.get_mut().1, cost, charged_at);
-            if alg.idle_at(&entry.get().1) <= charged_at {
-                entry.remove();
+        let (key_heap, metered) = (self.table.key_heap, self.table.metered);
+        let shard = &mut *self.shard;
+        if let Ok(mut entry) = shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+            let cell = &mut entry.get_mut().1;
+            let before = if metered { S::heap_bytes(cell) } else { 0 };
+            let idle_at = S::with_mut(cell, |s| {
+                alg.refund(s, cost, charged_at);
+                alg.idle_at(s)
+            });
+            if metered {
+                shard.heap = shard.heap + S::heap_bytes(cell) - before;
+            }
+            if idle_at <= charged_at {
+                let ((k, cell), _) = entry.remove();
+                if metered {
+                    shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+                }
             }
         }
     }
@@ -351,9 +738,14 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        match self.shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
+        let (key_heap, metered) = (self.table.key_heap, self.table.metered);
+        let shard = &mut *self.shard;
+        match shard.entries.find_entry(hash, |e| e.0.borrow() == key) {
             Ok(entry) => {
-                entry.remove();
+                let ((k, cell), _) = entry.remove();
+                if metered {
+                    shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+                }
                 true
             }
             Err(_) => false,
@@ -362,11 +754,22 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
 
     /// Drops every idle key, and gives memory back when most are gone.
     fn sweep<A: Algorithm<State = S>>(&mut self, alg: &A, now: Micros) {
+        let (key_heap, metered) = (self.table.key_heap, self.table.metered);
         let shard = &mut *self.shard;
         shard.next_sweep = now.saturating_add(self.table.sweep_interval);
-        shard.entries.retain(|e| alg.idle_at(&e.1) > now);
+        let heap = &mut shard.heap;
+        shard.entries.retain(|e| {
+            let keep = S::with_mut(&mut e.1, |s| alg.idle_at(s)) > now;
+            if !keep && metered {
+                *heap -= key_heap(&e.0) + S::heap_bytes(&e.1);
+            }
+            keep
+        });
         let len = shard.entries.len();
-        if len * 4 < shard.entries.capacity() {
+        // Within a byte budget a table keeps its size (made at once, and
+        // counted as allocated); otherwise memory goes back when most keys
+        // are gone.
+        if !metered && len * 4 < shard.entries.capacity() {
             let hasher = &self.table.hasher;
             shard.entries.shrink_to(len * 2, |e| hasher.hash_one(&e.0));
         }
@@ -378,31 +781,50 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
     /// that forgetting it grants the least. Under [`OnFull::DenyNew`] it
     /// goes only if it is idle or has more remaining than the newcomer has
     /// left; otherwise the newcomer is denied: the denial is the error.
+    /// With `heap_only` the sample is of keys that own heap bytes (room for
+    /// bytes rather than a slot), and a key whose hash is `spare` is never
+    /// taken (the one that needs the room).
     fn make_room<A: Algorithm<State = S>>(
         &mut self,
         alg: &A,
         now: Micros,
         newcomer: &Decision,
+        heap_only: bool,
+        spare: Option<u64>,
     ) -> Result<(), Decision> {
         let deny_new = self.table.on_full == OnFull::DenyNew;
+        let (hasher, key_heap) = (&self.table.hasher, self.table.key_heap);
         let shard = &mut *self.shard;
         let entries = &mut shard.entries;
         let buckets = entries.num_buckets() as u64;
+        // Keys that own heap bytes may be rare: look harder for them.
+        let probes = if heap_only {
+            4 * MAX_PROBES
+        } else {
+            MAX_PROBES
+        };
+        let eligible = |e: &(K, S::Cell)| {
+            (!heap_only || key_heap(&e.0) + S::heap_bytes(&e.1) > 0)
+                && spare.is_none_or(|h| hasher.hash_one(&e.0) != h)
+        };
         let mut sample = [0usize; EVICTION_SAMPLE];
         let mut sampled = 0;
-        for _ in 0..MAX_PROBES {
+        for _ in 0..probes {
             if sampled == EVICTION_SAMPLE || buckets == 0 {
                 break;
             }
             let index = (next_random(&mut shard.rng) % buckets) as usize;
-            if entries.get_bucket(index).is_some() {
+            if entries.get_bucket(index).is_some_and(eligible) {
                 sample[sampled] = index;
                 sampled += 1;
             }
         }
         if sampled == 0 {
             // A table this sparse is tiny: look at its first keys.
-            for index in entries.iter_buckets().take(EVICTION_SAMPLE) {
+            let first = entries
+                .iter_buckets()
+                .filter(|&i| entries.get_bucket(i).is_some_and(eligible));
+            for index in first.take(EVICTION_SAMPLE).collect::<Vec<_>>() {
                 sample[sampled] = index;
                 sampled += 1;
             }
@@ -416,8 +838,10 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
                 continue;
             };
             // A peek changes nothing but may drop expired log entries.
-            let remaining = alg.check(&mut entry.1, 0, now).map_or(0, |d| d.remaining);
-            let idle_at = alg.idle_at(&entry.1);
+            let (remaining, idle_at) = S::with_mut(&mut entry.1, |s| {
+                let remaining = alg.check(s, 0, now).map_or(0, |d| d.remaining);
+                (remaining, alg.idle_at(s))
+            });
             soonest_idle = soonest_idle.min(idle_at);
             let key = (remaining, Reverse(idle_at));
             let fresher = |(r, i, _): (u64, Micros, usize)| key > (r, Reverse(i));
@@ -426,7 +850,7 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
             }
         }
         let Some((remaining, idle_at, index)) = best else {
-            return Ok(());
+            return Err(self.no_room(newcomer, now));
         };
         if deny_new && idle_at > now && remaining <= newcomer.remaining {
             // Every sampled key is at least as used as the newcomer would be:
@@ -442,7 +866,10 @@ impl<K: Hash + Eq, S: Default> ShardGuard<'_, K, S> {
             });
         }
         if let Ok(entry) = entries.get_bucket_entry(index) {
-            entry.remove();
+            let ((k, cell), _) = entry.remove();
+            if self.table.metered {
+                shard.heap -= key_heap(&k) + S::heap_bytes(&cell);
+            }
         }
         Ok(())
     }
@@ -455,15 +882,18 @@ mod tests {
     #[test]
     fn a_full_store_fills_its_tables() {
         // 1M over 64 shards would be 15 625 a shard: just past 7/8 of
-        // 16 384, doubling every table. 70 shards of at most 14 286 fit.
-        assert_eq!(dense_shard_count(1_000_000, 64), 70);
-        assert!(1_000_000usize.div_ceil(70) <= 16_384 * 7 / 8);
-        // Already dense: unchanged.
-        assert_eq!(dense_shard_count(64 * 14_336, 64), 64);
+        // 16 384, doubling every table. 73 shards of at most 13 699 fit,
+        // with a 32nd of the room to spare.
+        assert_eq!(dense_shard_count(1_000_000, 64), 73);
+        assert!(1_000_000usize.div_ceil(73) <= roomy(16_384 * 7 / 8));
+        // Exactly full tables would have no room for tombstones.
+        assert_eq!(dense_shard_count(64 * 14_336, 64), 67);
+        assert_eq!(dense_shard_count(64 * 13_000, 64), 64);
         assert_eq!(dense_shard_count(100, 1), 1);
         assert_eq!(dense_shard_count(127, 1), 1);
-        let table: Table<u64, u64> = Table::new(1_000_000, 64, 1, OnFull::Evict);
-        assert_eq!(table.shards.len(), 70);
+        let table: Table<u64, crate::algorithm::fixed_window::FixedWindowState> =
+            Table::new(1_000_000, 64, 1, OnFull::Evict, None, |_| 0);
+        assert_eq!(table.shards.len(), 73);
     }
 
     #[test]
@@ -475,7 +905,7 @@ mod tests {
 
         let big = NonZeroU32::new(1_000_000).expect("nonzero");
         let alg = TokenBucket::new(Quota::per_second(big), big);
-        let table: Table<u64, Tat> = Table::new(300_000, 64, u64::MAX, OnFull::Evict);
+        let table: Table<u64, Tat> = Table::new(300_000, 64, u64::MAX, OnFull::Evict, None, |_| 0);
         // A third more keys than the bound: every shard fills, then evicts
         // (leaving tombstones) for every further key.
         let mut x = 1u64;
@@ -491,9 +921,10 @@ mod tests {
         }
         let held = table.len();
         assert!(held <= 300_000 && held > 290_000, "{held}");
-        // 24-byte entries and a control byte, 7/8 full: under 29 bytes a key.
+        // 24-byte entries and a control byte, 7/8 full less a 32nd:
+        // under 30 bytes a key.
         let per_key = table.allocation_size() as f64 / held as f64;
-        assert!(per_key < 29.5, "{per_key:.1} bytes a key");
+        assert!(per_key < 30.0, "{per_key:.1} bytes a key");
     }
 
     #[test]
@@ -505,7 +936,8 @@ mod tests {
 
         let alg = FixedWindow::new(Quota::per_second(NonZeroU32::new(5).expect("nonzero")));
         // One key at most: charging a second evicts the first.
-        let table: Table<u64, FixedWindowState> = Table::new(1, 1, u64::MAX, OnFull::Evict);
+        let table: Table<u64, FixedWindowState> =
+            Table::new(1, 1, u64::MAX, OnFull::Evict, None, |_| 0);
         let (h1, h2) = (table.hash(&1), table.hash(&2));
         let mut shard = table.lock(0);
         shard.check(&alg, &1, h1, 2, 0).expect("fits");
@@ -528,7 +960,8 @@ mod tests {
 
         let alg = FixedWindow::new(Quota::per_second(NonZeroU32::new(100).expect("nonzero")));
         // One shard of 100 keys, each charged once.
-        let table: Table<u64, FixedWindowState> = Table::new(100, 1, u64::MAX, OnFull::Evict);
+        let table: Table<u64, FixedWindowState> =
+            Table::new(100, 1, u64::MAX, OnFull::Evict, None, |_| 0);
         let mut shard = table.lock(0);
         for key in 0..100u64 {
             let h = table.hash(&key);
@@ -561,7 +994,7 @@ mod tests {
         }
     }
 
-    fn table_len<K, S>(shard: &ShardGuard<'_, K, S>) -> usize {
+    fn table_len<K, S: SharedState>(shard: &ShardGuard<'_, K, S>) -> usize {
         shard.shard.entries.len()
     }
 }
