@@ -1,5 +1,6 @@
-//! Real `redis-server` processes for tests: standalone or a 3-master
-//! cluster, on free loopback ports, stopped when dropped.
+//! Real `redis-server` processes for tests: standalone, a 3-master
+//! cluster, or 3 masters with a replica each, on free loopback ports,
+//! stopped when dropped.
 //!
 //! When `redis-server` is not installed, [`RedisServer::start`] says so
 //! loudly on stderr and returns `None`, so the test can skip; with
@@ -18,6 +19,9 @@ pub struct RedisServer {
     dir: PathBuf,
     child: Option<Child>,
     cluster: bool,
+    // More `redis-server` arguments (a cluster's announced port, its node
+    // timeout), given on every launch, restarts included.
+    extra: Vec<String>,
 }
 
 fn redis_missing(what: &str) -> bool {
@@ -68,6 +72,10 @@ impl RedisServer {
     }
 
     fn spawn(port: u16, cluster: bool) -> Self {
+        Self::spawn_with(port, cluster, Vec::new())
+    }
+
+    fn spawn_with(port: u16, cluster: bool, extra: Vec<String>) -> Self {
         let dir =
             std::env::temp_dir().join(format!("spillway-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
@@ -76,6 +84,7 @@ impl RedisServer {
             dir,
             child: None,
             cluster,
+            extra,
         };
         server.launch();
         server
@@ -100,6 +109,8 @@ impl RedisServer {
             ]);
             cmd.args(["--cluster-node-timeout", "2000"]);
         }
+        // Later arguments win: a cluster's own node timeout replaces 2000.
+        cmd.args(&self.extra);
         self.child = Some(cmd.spawn().expect("redis-server starts"));
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -138,6 +149,38 @@ impl RedisServer {
         self.launch();
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether it runs (it has not been killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Stops the process with SIGSTOP: it keeps its connections open and
+    /// answers nothing, as a hung server does (a refusal would be quicker
+    /// to notice). [`resume`](Self::resume) lets it go on.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets a [`pause`](Self::pause)d process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.pid().expect("the server runs");
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name} {pid} failed");
+    }
+
     /// Sends one inline command (for example `SCRIPT FLUSH`) and returns the
     /// raw RESP reply.
     pub fn command(&self, cmd: &str) -> String {
@@ -147,6 +190,7 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // A paused process dies of SIGKILL all the same.
         self.kill();
         std::fs::remove_dir_all(&self.dir).ok();
     }
@@ -194,6 +238,85 @@ impl RedisCluster {
         panic!("the cluster did not reach cluster_state:ok within 20 s");
     }
 
+    /// Starts 3 masters with a replica each (6 nodes) on `ports` (from
+    /// [`free_ports`]), joins them, and waits until every replica has
+    /// copied its master; or `None` as for [`RedisServer::start`].
+    ///
+    /// `announced`, when given, holds the port each node tells clients and
+    /// the other nodes to use for it (`cluster-announce-port`; its bus
+    /// port stays its own port + 10000): for example a proxy in front of
+    /// it. Those ports must accept connections before this is called, since
+    /// replicas reach their masters there. `node_timeout_ms` is
+    /// `cluster-node-timeout`: how long a master may be unreachable before
+    /// its replica takes over. Slots whose master is down do not stop the
+    /// others (`cluster-require-full-coverage no`).
+    pub fn start_with_replicas(
+        ports: &[u16],
+        announced: Option<&[u16]>,
+        node_timeout_ms: u32,
+    ) -> Option<Self> {
+        assert_eq!(ports.len(), 6, "3 masters and 3 replicas");
+        if let Some(a) = announced {
+            assert_eq!(a.len(), ports.len(), "one announced port per node");
+        }
+        if redis_missing("redis-server") || redis_missing("redis-cli") {
+            return None;
+        }
+        let nodes: Vec<RedisServer> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| {
+                let mut extra = vec![
+                    "--cluster-node-timeout".to_string(),
+                    node_timeout_ms.to_string(),
+                    "--cluster-require-full-coverage".to_string(),
+                    "no".to_string(),
+                ];
+                if let Some(announced) = announced {
+                    extra.extend([
+                        "--cluster-announce-ip".to_string(),
+                        "127.0.0.1".to_string(),
+                        "--cluster-announce-port".to_string(),
+                        announced[i].to_string(),
+                        "--cluster-announce-bus-port".to_string(),
+                        (u32::from(port) + 10000).to_string(),
+                    ]);
+                }
+                RedisServer::spawn_with(port, true, extra)
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli runs");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let ok = cluster.nodes.iter().all(|n| {
+                let info = n.command("CLUSTER INFO");
+                let replication = n.command("INFO replication");
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_known_nodes:6")
+                    && (replication.contains("role:master")
+                        || replication.contains("master_link_status:up"))
+            });
+            if ok && cluster.masters().len() == 3 {
+                return Some(cluster);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the replicated cluster was not ready within 30 s");
+    }
+
     /// `redis://127.0.0.1:PORT/` for every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
@@ -203,4 +326,47 @@ impl RedisCluster {
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
+
+    /// The nodes, to kill, pause or restart one.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
+    /// The indexes (in [`nodes`](Self::nodes)) of the running nodes that
+    /// say they are masters (`ROLE`).
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.nodes[i].is_running() && self.nodes[i].command("ROLE").contains("master")
+            })
+            .collect()
+    }
+
+    /// The index of the running master that holds `key`'s slot: the one
+    /// that answers `EXISTS key` rather than redirecting it.
+    pub fn master_of(&self, key: &str) -> Option<usize> {
+        self.masters().into_iter().find(|&i| {
+            // A master answers a key it does not own with a redirection.
+            let reply = self.nodes[i].command(&format!("EXISTS {key}"));
+            reply.starts_with(':')
+        })
+    }
+}
+
+/// `n` free loopback ports, distinct (each found by binding port 0). A
+/// cluster node also uses its port + 10000 for its bus: ports above 55535
+/// are skipped.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let mut ports: Vec<u16> = Vec::with_capacity(n);
+    // Held until all are found, so that no port is handed out twice.
+    let mut held = Vec::with_capacity(n);
+    while ports.len() < n {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let port = listener.local_addr().expect("an address").port();
+        if port <= 55535 && !ports.contains(&port) {
+            ports.push(port);
+        }
+        held.push(listener);
+    }
+    ports
 }
