@@ -528,12 +528,28 @@ impl RedisStore {
                 Ok(verdict)
             }
             Err(failed) => {
-                let verdict = self.fall_back(checks, &prepared, failed.error);
-                if !failed.charged.is_empty() && !matches!(&verdict, Ok(v) if v.allowed) {
+                let mut verdict = self.fall_back(checks, &prepared, failed.error);
+                match &mut verdict {
+                    // What the groups that answered decided is known: it
+                    // is reported, not an unknown full quota.
+                    Ok(v) if v.allowed => {
+                        for &(i, d) in &failed.decided {
+                            v.decisions[i] = d;
+                        }
+                    }
                     // Refused after all: what the groups that answered
                     // charged goes back.
-                    self.refund_groups(&inner.scripts, &prepared, &groups, &failed.charged, None)
+                    _ if !failed.charged.is_empty() => {
+                        self.refund_groups(
+                            &inner.scripts,
+                            &prepared,
+                            &groups,
+                            &failed.charged,
+                            None,
+                        )
                         .await;
+                    }
+                    _ => {}
                 }
                 verdict
             }
@@ -626,7 +642,16 @@ impl RedisStore {
                 }
             }
         } else if let Some(error) = first_error {
-            return Err(Failed { error, charged });
+            let decided = decisions
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| Some((i, (*d)?)))
+                .collect();
+            return Err(Failed {
+                error,
+                charged,
+                decided,
+            });
         }
         let decisions = decisions
             .into_iter()
@@ -906,6 +931,8 @@ pub fn check_rule(rule: &Rule) -> Result<(), Error> {
 struct Failed {
     error: Error,
     charged: Vec<(usize, u64)>,
+    // The decisions of the checks whose groups answered (all admitting).
+    decided: Vec<(usize, Decision)>,
 }
 
 /// Whether `error` means Redis did not answer (down, slow, failing over),

@@ -1353,3 +1353,46 @@ async fn a_refund_sent_again_with_its_receipt_gives_back_once() {
     );
     assert_eq!(after.decisions[1].remaining, 9);
 }
+
+/// While one node does not answer, an admitted request reports what the
+/// nodes that answered decided, not an unknown full quota.
+#[tokio::test]
+async fn an_admission_reports_what_the_answering_node_decided() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let (s, wide, narrow) = two_node_store(&cluster).await;
+    let request = [
+        Check {
+            rule: RuleId(0),
+            key: &wide,
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(1),
+            key: &narrow,
+            cost: 1,
+        },
+    ];
+    // The general script loaded first: on NOSCRIPT the client loads it on
+    // every master, the paused one too, which would hold both calls.
+    let peek = [
+        Check {
+            cost: 0,
+            ..request[0]
+        },
+        Check {
+            cost: 0,
+            ..request[1]
+        },
+    ];
+    assert!(s.check(&peek).await.unwrap().allowed);
+    pause_owner(&cluster, "wide", &wide);
+    let admitted = s.check(&request).await.expect("fail_open admits");
+    assert!(admitted.allowed);
+    assert_eq!(admitted.decisions[0].remaining, 10, "wide: unknown");
+    assert_eq!(
+        admitted.decisions[1].remaining, 0,
+        "narrow: Redis charged it"
+    );
+}
