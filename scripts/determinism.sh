@@ -7,6 +7,7 @@
 #   ROUNDS=20 bash scripts/determinism.sh          # the default: 20 rounds
 #   BUSY=0 ROUNDS=3 bash scripts/determinism.sh    # without the busy loops
 #   EXCLUDE="faults" bash scripts/determinism.sh   # without those suites
+#   ONLY="faults" bash scripts/determinism.sh      # only those suites
 #
 # A round takes about 20 s without the fault harness, whose 11 scenarios
 # add about 2.5 minutes (20 rounds: about 55 minutes).
@@ -54,6 +55,21 @@ if [[ -n "${EXCLUDE:-}" ]]; then
         fi
     done
     suites=("${kept[@]}")
+fi
+
+# Only the suites named (the part after the colon), if any are.
+if [[ -n "${ONLY:-}" ]]; then
+    kept=()
+    for suite in "${suites[@]}"; do
+        if [[ " $ONLY " == *" ${suite#*:} "* ]]; then
+            kept+=("$suite")
+        fi
+    done
+    suites=("${kept[@]}")
+fi
+if [[ ${#suites[@]} -eq 0 ]]; then
+    echo "no suite left to run" >&2
+    exit 1
 fi
 
 declare -A binary=()

@@ -1,9 +1,12 @@
 //! How the in-memory store holds one key's state so that threads deciding
 //! on the same key at once need not take its shard's lock exclusively.
 //!
-//! A check of a key the table already holds takes the shard's lock shared,
-//! finds the key, and decides on its state in place
-//! ([`SharedState::decide`]). Every other thread checking a key of the same
+//! A check of a key the table already holds takes the shard's lock
+//! exclusively if it is free, and decides on the state with plain loads and
+//! stores ([`SharedState::decide_mut`]): one atomic operation fewer than
+//! the shared path, for the common case of nobody else on the shard. If the
+//! lock is taken, the check takes it shared, finds the key, and decides on
+//! its state in place ([`SharedState::decide`]). Every other thread checking a key of the same
 //! shard, the same key included, goes on at the same time: they meet only on
 //! the one word they both change. Everything that changes the table itself
 //! (a new key, an idle key forgotten, a sweep, an eviction, a request of
@@ -97,6 +100,19 @@ pub trait SharedState: Sized {
         cost: u64,
         now: Micros,
     ) -> Option<Result<Decision, CostTooLarge>>;
+
+    /// [`decide`](Self::decide) with the only access to the cell there is
+    /// (the shard is locked exclusively), so with plain loads and stores
+    /// rather than atomic operations; `None` in the same cases, having
+    /// changed nothing. By default, `decide` itself.
+    fn decide_mut<A: Algorithm<State = Self>>(
+        cell: &mut Self::Cell,
+        alg: &A,
+        cost: u64,
+        now: Micros,
+    ) -> Option<Result<Decision, CostTooLarge>> {
+        Self::decide(cell, alg, cost, now)
+    }
 
     /// Whether [`decide`](Self::decide) can decide `alg`'s ordinary checks
     /// at all, asked once when a store is built: a store does not try it
@@ -196,6 +212,21 @@ impl<const N: usize, const HOT: usize> Words<N, HOT> {
         }
     }
 
+    /// [`SharedState::decide_mut`] for a state of these words: as
+    /// [`decide`](Self::decide), without atomic operations.
+    #[inline(always)]
+    fn decide_mut<S: AsWords<N>, A: Algorithm<State = S>>(
+        &mut self,
+        alg: &A,
+        cost: u64,
+        now: Micros,
+    ) -> Option<Result<Decision, CostTooLarge>> {
+        let mut state = S::from_words(self.get_mut());
+        let out = settle(alg, &mut state, cost, now)?;
+        self.set_mut(state.to_words());
+        Some(out)
+    }
+
     /// [`SharedState::decide`] for a state of these words.
     #[inline(always)]
     fn decide<S: AsWords<N>, A: Algorithm<State = S>>(
@@ -293,6 +324,16 @@ macro_rules! shared_in_words {
                 now: Micros,
             ) -> Option<Result<Decision, CostTooLarge>> {
                 cell.decide(alg, cost, now)
+            }
+
+            #[inline(always)]
+            fn decide_mut<A: Algorithm<State = Self>>(
+                cell: &mut $words,
+                alg: &A,
+                cost: u64,
+                now: Micros,
+            ) -> Option<Result<Decision, CostTooLarge>> {
+                cell.decide_mut(alg, cost, now)
             }
 
             fn decides_in_place<A: Algorithm<State = Self>>($alg: &A) -> bool {
@@ -449,6 +490,25 @@ impl SharedState for AnyState {
         }
     }
 
+    #[inline(always)]
+    fn decide_mut<A: Algorithm<State = Self>>(
+        cell: &mut AnyCell,
+        alg: &A,
+        cost: u64,
+        now: Micros,
+    ) -> Option<Result<Decision, CostTooLarge>> {
+        let any = (alg as &dyn Any).downcast_ref::<AnyAlgorithm>()?;
+        match (any, cell) {
+            (AnyAlgorithm::TokenBucket(a), AnyCell::Bucket(w)) => w.decide_mut(a, cost, now),
+            (AnyAlgorithm::LeakyBucket(a), AnyCell::Bucket(w)) => w.decide_mut(a, cost, now),
+            (AnyAlgorithm::FixedWindow(a), AnyCell::FixedWindow(w)) => w.decide_mut(a, cost, now),
+            (AnyAlgorithm::SlidingWindow(a), AnyCell::SlidingWindow(w)) => {
+                w.decide_mut(a, cost, now)
+            }
+            _ => None,
+        }
+    }
+
     fn decides_in_place<A: Algorithm<State = Self>>(alg: &A) -> bool {
         match (alg as &dyn Any).downcast_ref::<AnyAlgorithm>() {
             Some(AnyAlgorithm::TokenBucket(a)) => whole_units(a),
@@ -528,6 +588,25 @@ mod tests {
         let thirds = TokenBucket::new(Quota::per_second(nz(3)), nz(3));
         assert!(!any(thirds.into()));
         assert!(!TokenBucketState::decides_in_place(&thirds));
+    }
+
+    #[test]
+    fn deciding_with_the_only_access_matches_deciding_shared() {
+        // The same checks on two copies of a state: one by compare-and-swap,
+        // one with plain stores; every answer and the end state agree.
+        let tb = AnyAlgorithm::from(TokenBucket::new(Quota::per_second(nz(10)), nz(10)));
+        let mut state = AnyState::Fresh;
+        tb.check(&mut state, 1, 0).expect("fits");
+        let shared = state.clone().into_cell();
+        let mut only = state.into_cell();
+        for (cost, now) in [(3, 1_000), (9, 2_000), (0, 3_000), (2, 150_000), (0, 2_000_000)] {
+            assert_eq!(
+                AnyState::decide(&shared, &tb, cost, now),
+                AnyState::decide_mut(&mut only, &tb, cost, now),
+                "cost {cost} at {now}"
+            );
+        }
+        assert_eq!(format!("{shared:?}"), format!("{only:?}"));
     }
 
     #[test]

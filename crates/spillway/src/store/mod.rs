@@ -29,9 +29,10 @@
 //! sliding logs' buffers (see its docs for exactly what counts).
 //!
 //! Checks of one key from many threads do not queue on a lock: a key the
-//! table holds is decided in place, by compare-and-swap of the one word of
-//! its state an ordinary check changes, under its shard's shared lock
-//! ([`SharedState`]). The decisions are exactly those of one thread at a
+//! table holds is decided in place ([`SharedState`]), with plain loads and
+//! stores when its shard's lock is free to take exclusively, else by
+//! compare-and-swap of the one word of its state an ordinary check
+//! changes, under the shard's shared lock. The decisions are exactly those of one thread at a
 //! time; what changes more than that word (a window rolling over, a key
 //! forgotten, a sliding log) takes the shard's lock exclusively.
 

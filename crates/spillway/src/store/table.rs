@@ -346,8 +346,26 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
         S: Default,
     {
         let shard = self.shard_of(hash);
-        if in_place && let Some(decided) = self.check_shared(shard, alg, key, hash, cost, now) {
-            return decided;
+        if in_place {
+            // Uncontended, the exclusive lock decides with plain loads and
+            // stores: one atomic operation fewer than the shared lock and a
+            // compare-and-swap. Contended, threads go on together shared.
+            if let Some(mut locked) = self.shards[shard].try_write() {
+                if now < locked.next_sweep
+                    && let Some((_, cell)) = locked.entries.find_mut(hash, |e| e.0.borrow() == key)
+                    && let Some(decided) = S::decide_mut(cell, alg, cost, now)
+                {
+                    return decided;
+                }
+                let mut guard = ShardGuard {
+                    shard: locked,
+                    table: self,
+                };
+                return guard.check(alg, key, hash, cost, now);
+            }
+            if let Some(decided) = self.check_shared(shard, alg, key, hash, cost, now) {
+                return decided;
+            }
         }
         self.lock(shard).check(alg, key, hash, cost, now)
     }
