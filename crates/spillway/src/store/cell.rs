@@ -599,7 +599,13 @@ mod tests {
         tb.check(&mut state, 1, 0).expect("fits");
         let shared = state.clone().into_cell();
         let mut only = state.into_cell();
-        for (cost, now) in [(3, 1_000), (9, 2_000), (0, 3_000), (2, 150_000), (0, 2_000_000)] {
+        for (cost, now) in [
+            (3, 1_000),
+            (9, 2_000),
+            (0, 3_000),
+            (2, 150_000),
+            (0, 2_000_000),
+        ] {
             assert_eq!(
                 AnyState::decide(&shared, &tb, cost, now),
                 AnyState::decide_mut(&mut only, &tb, cost, now),
