@@ -314,7 +314,35 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("the replicated cluster was not ready within 30 s");
+        // What each node says, for the next one who reads this failure.
+        let states: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                let info = n.command("CLUSTER INFO");
+                let replication = n.command("INFO replication");
+                let pick = |text: &str, field: &str| {
+                    text.lines()
+                        .find(|l| l.starts_with(field))
+                        .unwrap_or(field)
+                        .trim()
+                        .to_string()
+                };
+                format!(
+                    ":{} {} {} {} {}",
+                    n.port,
+                    pick(&info, "cluster_state"),
+                    pick(&info, "cluster_known_nodes"),
+                    pick(&replication, "role"),
+                    pick(&replication, "master_link_status"),
+                )
+            })
+            .collect();
+        panic!(
+            "the replicated cluster was not ready within 30 s ({} masters): {}",
+            cluster.masters().len(),
+            states.join("; ")
+        );
     }
 
     /// `redis://127.0.0.1:PORT/` for every node.
