@@ -6,10 +6,12 @@
 //! loudly on stderr and returns `None`, so the test can skip; with
 //! `SPILLWAY_REQUIRE_REDIS=1` (as CI sets) it panics instead.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A `redis-server` this process started. Killed on drop.
@@ -45,10 +47,7 @@ fn redis_missing(what: &str) -> bool {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    free_ports(1)[0]
 }
 
 /// Sends one inline command and returns the raw reply.
@@ -98,6 +97,9 @@ impl RedisServer {
             .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(&self.dir)
+            // Its warnings, for a failure to show (see `log_tail`).
+            .arg("--logfile")
+            .arg(self.dir.join("redis.log"))
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if self.cluster {
@@ -120,9 +122,17 @@ impl RedisServer {
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!(
-            "redis-server on port {} did not answer PING within 10 s",
-            self.port
+            "redis-server on port {} did not answer PING within 10 s; its log ends: {}",
+            self.port,
+            self.log_tail()
         );
+    }
+
+    /// The last lines of the server's log (warnings and worse).
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
     }
 
     /// The port it listens on (127.0.0.1).
@@ -279,7 +289,7 @@ impl RedisCluster {
                         "--cluster-announce-port".to_string(),
                         announced[i].to_string(),
                         "--cluster-announce-bus-port".to_string(),
-                        (u32::from(port) + 10000).to_string(),
+                        (u32::from(port) + u32::from(BUS_OFFSET)).to_string(),
                     ]);
                 }
                 RedisServer::spawn_with(port, true, extra)
@@ -329,12 +339,13 @@ impl RedisCluster {
                         .to_string()
                 };
                 format!(
-                    ":{} {} {} {} {}",
+                    ":{} {} {} {} {} (log: {})",
                     n.port,
                     pick(&info, "cluster_state"),
                     pick(&info, "cluster_known_nodes"),
                     pick(&replication, "role"),
                     pick(&replication, "master_link_status"),
+                    n.log_tail(),
                 )
             })
             .collect();
@@ -381,20 +392,71 @@ impl RedisCluster {
     }
 }
 
-/// `n` free loopback ports, distinct (each found by binding port 0). A
-/// cluster node also uses its port + 10000 for its bus: ports above 55535
-/// are skipped.
+/// `n` free loopback ports, distinct, each with its cluster bus port (its
+/// port + 10000) free too, and both below the kernel's ephemeral range.
+///
+/// Below that range, because a port found by binding port 0 and then let go
+/// can be taken by anything else that binds port 0 or connects out before
+/// redis-server binds it (a proxy, a client's socket, another test): the
+/// server then fails to start, or a node of a cluster cannot bind its bus.
+/// Nothing takes a port there without asking for it by number. No port is
+/// handed out twice in one process, so a server restarted on its port keeps
+/// it.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let mut ports: Vec<u16> = Vec::with_capacity(n);
-    // Held until all are found, so that no port is handed out twice.
-    let mut held = Vec::with_capacity(n);
-    while ports.len() < n {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-        let port = listener.local_addr().expect("an address").port();
-        if port <= 55535 && !ports.contains(&port) {
-            ports.push(port);
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    const LOWEST: u16 = 10240;
+    let highest = ephemeral_start().saturating_sub(BUS_OFFSET);
+    assert!(
+        highest > LOWEST,
+        "no room below the ephemeral ports for a server and its bus port"
+    );
+    let span = highest - LOWEST;
+    // Where to start looking: another process doing the same seldom starts
+    // at the same place.
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ports = Vec::with_capacity(n);
+    // Held until all are found, so that no other process takes them in
+    // the meantime either.
+    let mut held = Vec::with_capacity(2 * n);
+    for i in 0..u32::from(span) {
+        if ports.len() == n {
+            break;
         }
-        held.push(listener);
+        let offset = u16::try_from((seed.wrapping_add(i)) % u32::from(span)).unwrap_or(0);
+        let port = LOWEST + offset;
+        if given.contains(&port) {
+            continue;
+        }
+        let (Ok(server), Ok(bus)) = (
+            TcpListener::bind(("127.0.0.1", port)),
+            TcpListener::bind(("127.0.0.1", port + BUS_OFFSET)),
+        ) else {
+            continue;
+        };
+        held.extend([server, bus]);
+        given.insert(port);
+        ports.push(port);
     }
+    assert_eq!(
+        ports.len(),
+        n,
+        "{n} free loopback ports below the ephemeral range"
+    );
     ports
+}
+
+/// How far above a cluster node's port its bus port is.
+const BUS_OFFSET: u16 = 10000;
+
+/// The first port of the kernel's ephemeral range (Linux's default, 32768,
+/// where it cannot be read).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
 }
