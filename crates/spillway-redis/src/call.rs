@@ -1,12 +1,6 @@
 //! One script call: its keys and arguments, how it is sent (on a cluster,
-//! following redirections itself, so that nothing that may have run is
-//! sent twice), and its reply.
+//! by the store's own routing: see `cluster.rs`), and its reply.
 
-use std::time::Duration;
-
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use spillway::Decision;
 
 use crate::{Connection, Error, RedisStore, Scripts, bump, script};
@@ -87,8 +81,7 @@ impl RedisStore {
                     assemble(prepared, &group.checks, now, refund, family, &mut call);
                     call.eval()
                 };
-                let sent = invoke_on_cluster(c.clone(), &invocation, eval);
-                tokio::time::timeout(timeout, sent).await
+                tokio::time::timeout(timeout, c.run(group.slot, Some(&invocation), eval)).await
             }
         }
         .map_err(|_| Error::Timeout(timeout))??;
@@ -99,90 +92,6 @@ impl RedisStore {
             decisions,
         })
     }
-}
-
-/// How many times a call may be sent again after the cluster said it did
-/// not run it (a redirection, a slot being moved, a failover under way).
-const RESENDS: u32 = 4;
-
-/// Runs a script on the cluster, sending it again only when a node
-/// answered that it did not run it: MOVED and ASK (to the node they name),
-/// TRYAGAIN, CLUSTERDOWN, MASTERDOWN, LOADING and READONLY (after a short
-/// wait). The client itself is built with no retries: it would also send a
-/// script again after a lost connection or a timeout, when the script may
-/// have run, and charge the request twice.
-async fn invoke_on_cluster(
-    mut connection: ClusterConnection,
-    invocation: &redis::ScriptInvocation<'_>,
-    eval: impl Fn() -> redis::Cmd,
-) -> RedisResult<Vec<i64>> {
-    let mut redirect: Option<(String, u16, bool)> = None;
-    let mut resends = 0;
-    loop {
-        let result = match &redirect {
-            None => invocation.invoke_async(&mut connection).await,
-            Some((host, port, asking)) => {
-                let route = SingleNodeRoutingInfo::ByAddress {
-                    host: host.clone(),
-                    port: *port,
-                };
-                if *asking {
-                    let mut pipe = redis::pipe();
-                    pipe.cmd("ASKING");
-                    pipe.add_command(eval());
-                    connection
-                        .route_pipeline(pipe, 1, 1, route)
-                        .await
-                        .and_then(|mut values| match values.pop() {
-                            Some(value) => Ok(redis::from_redis_value(value)?),
-                            None => Err(no_reply()),
-                        })
-                } else {
-                    connection
-                        .route_command(eval(), RoutingInfo::SingleNode(route))
-                        .await
-                        .and_then(|value| Ok(redis::from_redis_value(value)?))
-                }
-            }
-        };
-        let error = match result {
-            Ok(reply) => return Ok(reply),
-            Err(error) if resends < RESENDS => error,
-            Err(error) => return Err(error),
-        };
-        resends += 1;
-        redirect = match error.kind() {
-            ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)) => {
-                let Some((host, port)) = error.redirect_node().and_then(|(a, _)| split_host(a))
-                else {
-                    return Err(error);
-                };
-                Some((host, port, kind == ServerErrorKind::Ask))
-            }
-            ErrorKind::Server(
-                ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::BusyLoading
-                | ServerErrorKind::ReadOnly,
-            ) => {
-                tokio::time::sleep(Duration::from_millis(2 << resends)).await;
-                None
-            }
-            _ => return Err(error),
-        };
-    }
-}
-
-fn no_reply() -> RedisError {
-    RedisError::from((ErrorKind::Client, "no reply to the script after ASKING"))
-}
-
-/// `host:port` (the host may be an IPv6 address).
-fn split_host(address: &str) -> Option<(String, u16)> {
-    let (host, port) = address.rsplit_once(':')?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    Some((host.to_string(), port.parse().ok()?))
 }
 
 /// Which single-check script decides `group`: the one of its check's
@@ -296,20 +205,5 @@ impl ScriptCall {
             .arg(&self.keys)
             .arg(&self.args);
         cmd
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redirect_addresses_split_at_the_last_colon() {
-        assert_eq!(
-            split_host("127.0.0.1:7000"),
-            Some(("127.0.0.1".into(), 7000))
-        );
-        assert_eq!(split_host("[::1]:7001"), Some(("::1".into(), 7001)));
-        assert_eq!(split_host("nowhere"), None);
     }
 }

@@ -1,5 +1,400 @@
-//! Redis Cluster's key-to-slot mapping, so a request's checks can be grouped
-//! into one script call per slot (a script may only touch keys of one slot).
+//! Redis Cluster: the key-to-slot mapping, so a request's checks can be
+//! grouped into one script call per slot (a script may only touch keys of
+//! one slot), and the store's own routing of those calls.
+//!
+//! The store routes its calls itself, rather than through redis-rs's
+//! cluster client, so that one node's trouble stays that node's. That
+//! client runs every request through one task, which stops sending to any
+//! node while it rebuilds its slot map, and rebuilds it holding a lock
+//! that every request needs: while a master was failing over, calls to the
+//! healthy masters waited past the store's timeout (the fault harness's
+//! `cluster_master_killed` found it). Here each node has its own
+//! connection (redis-rs's [`ConnectionManager`], which reconnects by
+//! itself and never sends a command twice), the slot map is swapped
+//! whole, and a new one is fetched in the background: no call waits for
+//! another node, or for a refresh.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{
+    ConnectionAddr, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
+    RedisResult, ServerErrorKind, Value,
+};
+use tokio::time::Instant;
+
+/// The number of slots of a Redis Cluster.
+const SLOTS: usize = 16384;
+
+/// How many times a call may be sent again after the cluster said it did
+/// not run it (a redirection, a slot being moved, a failover under way).
+const RESENDS: u32 = 4;
+
+/// The least time between two fetches of the slot map: errors during a
+/// failover ask for one on every call.
+const REFRESH_GAP: Duration = Duration::from_millis(100);
+
+/// A node's address: host and port.
+type Addr = (String, u16);
+
+/// Which master serves each slot.
+struct SlotMap {
+    /// The masters.
+    nodes: Vec<Addr>,
+    /// For each slot, its master's index in `nodes`; [`NONE`] if none.
+    owners: Box<[u16]>,
+}
+
+/// No master serves the slot.
+const NONE: u16 = u16::MAX;
+
+impl SlotMap {
+    fn master(&self, slot: u16) -> Option<&Addr> {
+        match self.owners[usize::from(slot)] {
+            NONE => None,
+            i => self.nodes.get(usize::from(i)),
+        }
+    }
+
+    /// The map after a MOVED: `slot` served by `addr`.
+    fn moved(&self, slot: u16, addr: &Addr) -> Self {
+        let mut nodes = self.nodes.clone();
+        let index = match nodes.iter().position(|n| n == addr) {
+            Some(i) => i,
+            None => {
+                nodes.push(addr.clone());
+                nodes.len() - 1
+            }
+        };
+        let mut owners = self.owners.clone();
+        // At most SLOTS masters, far below NONE.
+        owners[usize::from(slot)] = u16::try_from(index).unwrap_or(NONE);
+        Self { nodes, owners }
+    }
+
+    /// The map in a `CLUSTER SLOTS` reply from `asked` (whose host stands
+    /// in for a master announced with an empty one); `None` if the reply
+    /// is not one, or names no master.
+    fn parse(reply: &Value, asked: &str) -> Option<Self> {
+        let Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut nodes: Vec<Addr> = Vec::new();
+        let mut owners = vec![NONE; SLOTS].into_boxed_slice();
+        for range in ranges {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let [start, end, master, ..] = fields.as_slice() else {
+                return None;
+            };
+            let (Value::Int(start), Value::Int(end), Value::Array(master)) = (start, end, master)
+            else {
+                return None;
+            };
+            let [host, Value::Int(port), ..] = master.as_slice() else {
+                return None;
+            };
+            let host = match text(host)? {
+                "" => asked,
+                // An endpoint the node does not know: no usable master.
+                "?" => continue,
+                host => host,
+            };
+            let addr = (host.to_string(), u16::try_from(*port).ok()?);
+            let (start, end) = (usize::try_from(*start).ok()?, usize::try_from(*end).ok()?);
+            if start > end || end >= SLOTS {
+                return None;
+            }
+            let index = match nodes.iter().position(|n| *n == addr) {
+                Some(i) => i,
+                None => {
+                    nodes.push(addr);
+                    nodes.len() - 1
+                }
+            };
+            owners[start..=end].fill(u16::try_from(index).ok()?);
+        }
+        (!nodes.is_empty()).then_some(Self { nodes, owners })
+    }
+}
+
+fn text(value: &Value) -> Option<&str> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
+        Value::VerbatimString { text, .. } => Some(text),
+        _ => None,
+    }
+}
+
+/// A Redis Cluster, as the store talks to it. Cloning it shares it.
+#[derive(Clone)]
+pub(crate) struct Cluster {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The first node's URL, whose settings (user, password, protocol)
+    /// every node's connection takes.
+    template: ConnectionInfo,
+    /// The nodes the store was given, asked for the map when the known
+    /// masters cannot answer.
+    seeds: Vec<Addr>,
+    config: ConnectionManagerConfig,
+    /// How long a fetch of the slot map may wait for one node.
+    ask_within: Duration,
+    map: RwLock<Arc<SlotMap>>,
+    connections: Mutex<HashMap<Addr, ConnectionManager>>,
+    refreshing: AtomicBool,
+    last_refresh: Mutex<Option<Instant>>,
+}
+
+impl Cluster {
+    /// Reaches the cluster through `urls` (some of its nodes) and fetches
+    /// its slot map, waiting at most `within` for each node asked.
+    pub(crate) async fn connect(
+        urls: Vec<String>,
+        config: ConnectionManagerConfig,
+        within: Duration,
+    ) -> RedisResult<Self> {
+        let infos = urls
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect::<RedisResult<Vec<_>>>()?;
+        let seeds = infos
+            .iter()
+            .map(|info| match info.addr() {
+                ConnectionAddr::Tcp(host, port) => Ok((host.clone(), *port)),
+                _ => Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "a cluster node's URL must be redis://host:port",
+                ))),
+            })
+            .collect::<RedisResult<Vec<_>>>()?;
+        let template = infos.into_iter().next().ok_or_else(|| {
+            RedisError::from((ErrorKind::InvalidClientConfig, "no cluster node given"))
+        })?;
+        let cluster = Self {
+            shared: Arc::new(Shared {
+                template,
+                seeds,
+                config,
+                ask_within: within,
+                map: RwLock::new(Arc::new(SlotMap {
+                    nodes: Vec::new(),
+                    owners: vec![NONE; SLOTS].into_boxed_slice(),
+                })),
+                connections: Mutex::new(HashMap::new()),
+                refreshing: AtomicBool::new(false),
+                last_refresh: Mutex::new(None),
+            }),
+        };
+        cluster.shared.refresh().await?;
+        Ok(cluster)
+    }
+
+    /// Runs `script` (or `command`, when there is no script or it must be
+    /// sent with ASKING) on the master of `slot`, sending it again only
+    /// when a node answered that it did not run it: MOVED and ASK (to the
+    /// node they name), TRYAGAIN, CLUSTERDOWN, MASTERDOWN, LOADING and
+    /// READONLY (after a short wait). A lost connection or a timeout is
+    /// never followed by a second send: the script may have run.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        slot: u16,
+        script: Option<&redis::ScriptInvocation<'_>>,
+        command: impl Fn() -> redis::Cmd,
+    ) -> RedisResult<T> {
+        let shared = &self.shared;
+        let mut redirect: Option<(Addr, bool)> = None;
+        let mut resends = 0;
+        loop {
+            let (addr, asking) = match redirect.take() {
+                Some(target) => target,
+                None => match shared.map.read().master(slot) {
+                    Some(addr) => (addr.clone(), false),
+                    None => {
+                        shared.clone().refresh_soon();
+                        return Err(RedisError::from((
+                            ErrorKind::ClusterConnectionNotFound,
+                            "no master serves the slot",
+                            format!("slot {slot}"),
+                        )));
+                    }
+                },
+            };
+            let mut connection = shared.connection(&addr)?;
+            let result = if asking {
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING").ignore();
+                pipe.add_command(command());
+                pipe.query_async::<(T,)>(&mut connection)
+                    .await
+                    .map(|(reply,)| reply)
+            } else if let Some(script) = script {
+                script.invoke_async(&mut connection).await
+            } else {
+                command().query_async(&mut connection).await
+            };
+            let error = match result {
+                Ok(reply) => return Ok(reply),
+                Err(error) => error,
+            };
+            let kind = error.kind();
+            let retry = match kind {
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+                    match error.redirect_node().and_then(|(a, _)| split_host(a)) {
+                        Some(target) => {
+                            let moved = kind == ErrorKind::Server(ServerErrorKind::Moved);
+                            if moved {
+                                shared.moved(slot, &target);
+                            }
+                            redirect = Some((target, !moved));
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                ErrorKind::Server(
+                    ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::ReadOnly,
+                ) => {
+                    if kind != ErrorKind::Server(ServerErrorKind::TryAgain) {
+                        shared.clone().refresh_soon();
+                    }
+                    if resends < RESENDS {
+                        tokio::time::sleep(Duration::from_millis(2 << resends)).await;
+                    }
+                    true
+                }
+                _ => {
+                    if error.is_io_error() || error.is_timeout() || error.is_connection_dropped() {
+                        shared.clone().refresh_soon();
+                    }
+                    false
+                }
+            };
+            if !retry || resends >= RESENDS {
+                return Err(error);
+            }
+            resends += 1;
+        }
+    }
+}
+
+impl Shared {
+    /// The connection to `addr`, made (without waiting for it) if there is
+    /// none yet.
+    fn connection(&self, addr: &Addr) -> RedisResult<ConnectionManager> {
+        let mut connections = self.connections.lock();
+        if let Some(c) = connections.get(addr) {
+            return Ok(c.clone());
+        }
+        let info = self
+            .template
+            .clone()
+            .set_addr(ConnectionAddr::Tcp(addr.0.clone(), addr.1));
+        let client = redis::Client::open(info)?;
+        let made = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
+        connections.insert(addr.clone(), made.clone());
+        Ok(made)
+    }
+
+    /// The map after a MOVED to `addr` for `slot`, at once; a fetch of the
+    /// whole map soon.
+    fn moved(self: &Arc<Self>, slot: u16, addr: &Addr) {
+        {
+            let mut map = self.map.write();
+            let next = map.moved(slot, addr);
+            *map = Arc::new(next);
+        }
+        self.clone().refresh_soon();
+    }
+
+    /// Fetches the slot map in the background, unless a fetch is under
+    /// way; at most one per [`REFRESH_GAP`].
+    fn refresh_soon(self: Arc<Self>) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(async move {
+            let last = *self.last_refresh.lock();
+            if let Some(last) = last {
+                tokio::time::sleep_until(last + REFRESH_GAP).await;
+            }
+            // A failed fetch is tried again on the next error.
+            let _ = self.refresh().await;
+            self.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Asks the known masters, then the seeds, for the slot map, and puts
+    /// in the first one answered. Connections to nodes no longer in it are
+    /// dropped.
+    async fn refresh(&self) -> RedisResult<()> {
+        *self.last_refresh.lock() = Some(Instant::now());
+        let mut candidates = self.map.read().nodes.clone();
+        for seed in &self.seeds {
+            if !candidates.contains(seed) {
+                candidates.push(seed.clone());
+            }
+        }
+        let mut last_error = None;
+        for addr in candidates {
+            let mut connection = match self.connection(&addr) {
+                Ok(c) => c,
+                Err(e) => {
+                    last_error = Some(e);
+                    continue;
+                }
+            };
+            let asked = tokio::time::timeout(
+                self.ask_within,
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut connection),
+            )
+            .await;
+            let reply = match asked {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(e)) => {
+                    last_error = Some(e);
+                    continue;
+                }
+                Err(_) => {
+                    last_error = Some(RedisError::from((
+                        ErrorKind::Io,
+                        "no answer to CLUSTER SLOTS in time",
+                    )));
+                    continue;
+                }
+            };
+            let Some(map) = SlotMap::parse(&reply, &addr.0) else {
+                last_error = Some(RedisError::from((
+                    ErrorKind::Parse,
+                    "CLUSTER SLOTS answered no slot map",
+                )));
+                continue;
+            };
+            self.connections
+                .lock()
+                .retain(|a, _| map.nodes.contains(a) || self.seeds.contains(a));
+            *self.map.write() = Arc::new(map);
+            return Ok(());
+        }
+        Err(last_error.unwrap_or_else(|| {
+            RedisError::from((ErrorKind::ClusterConnectionNotFound, "no node to ask"))
+        }))
+    }
+}
 
 /// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, mod 16384.
 pub(crate) fn slot(key: &[u8]) -> u16 {
@@ -32,6 +427,13 @@ fn crc16(data: &[u8]) -> u16 {
     crc
 }
 
+/// `host:port` (the host may be an IPv6 address).
+fn split_host(address: &str) -> Option<Addr> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_string(), port.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +447,15 @@ mod tests {
         assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
         // An empty tag is not a tag.
         assert_eq!(slot(b"{}foo"), crc16(b"{}foo") % 16384);
+    }
+
+    #[test]
+    fn redirect_addresses_split_at_the_last_colon() {
+        assert_eq!(
+            split_host("127.0.0.1:7000"),
+            Some(("127.0.0.1".into(), 7000))
+        );
+        assert_eq!(split_host("[::1]:7001"), Some(("::1".into(), 7001)));
+        assert_eq!(split_host("nowhere"), None);
     }
 }

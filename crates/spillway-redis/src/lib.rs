@@ -27,8 +27,6 @@ pub use call::ScriptCall;
 pub use script::MAX_SLIDING_LOG_LIMIT;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use spillway::store::{Check, Rule, Store, Verdict};
 use spillway::{Algorithm, CostTooLarge};
 
@@ -182,7 +180,7 @@ pub enum Topology {
 #[derive(Clone)]
 enum Connection {
     Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(cluster::Cluster),
 }
 
 /// A [`Store`] on Redis or Redis Cluster.
@@ -326,6 +324,17 @@ impl Scripts {
     }
 }
 
+/// How the store connects to a server (each node, on a cluster): each
+/// attempt within `timeout`, one reconnection attempt after a failure, and
+/// no command ever sent twice.
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(100))
+}
+
 /// A decision for a check whose state is unknown (Redis did not answer, or
 /// the deny cache answered for another rule): its limit, nothing known used.
 fn unknown(capacity: u64) -> Decision {
@@ -359,33 +368,24 @@ impl RedisStore {
         let connection = match topology {
             Topology::Standalone(url) => {
                 let client = redis::Client::open(url)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_millis(100));
                 let manager = tokio::time::timeout(
                     connect_within,
-                    client.get_connection_manager_with_config(config),
+                    client.get_connection_manager_with_config(manager_config(timeout)),
                 )
                 .await
                 .map_err(|_| Error::Timeout(connect_within))??;
                 Connection::Standalone(manager)
             }
             Topology::Cluster(nodes) => {
-                // No retries: the client would send a script again after a
-                // lost connection or a timeout, when it may have run. The
-                // store follows redirections itself (call.rs).
-                let client = ClusterClientBuilder::new(nodes)
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(0)
-                    .build()?;
-                let connection =
-                    tokio::time::timeout(connect_within, client.get_async_connection())
-                        .await
-                        .map_err(|_| Error::Timeout(connect_within))??;
-                Connection::Cluster(connection)
+                // Each node's connection is a connection manager as above;
+                // the store routes calls to them itself (cluster.rs).
+                let cluster = tokio::time::timeout(
+                    connect_within,
+                    cluster::Cluster::connect(nodes, manager_config(timeout), timeout),
+                )
+                .await
+                .map_err(|_| Error::Timeout(connect_within))??;
+                Connection::Cluster(cluster)
             }
         };
         Ok(Self {
@@ -833,11 +833,16 @@ impl RedisStore {
         }
         let mut cmd = redis::cmd("DEL");
         cmd.arg(&key);
-        let deleted: i64 = self.query(&cmd).await?;
+        let deleted: i64 = self.query(&key, &cmd).await?;
         Ok(deleted > 0)
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
+    /// `cmd`, a command on `key` alone, on the node that holds `key`.
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, Error> {
         let timeout = self.inner.options.timeout;
         match &self.connection {
             Connection::Standalone(c) => {
@@ -845,8 +850,8 @@ impl RedisStore {
                 tokio::time::timeout(timeout, cmd.query_async(&mut c)).await
             }
             Connection::Cluster(c) => {
-                let mut c = c.clone();
-                tokio::time::timeout(timeout, cmd.query_async(&mut c)).await
+                let slot = cluster::slot(key.as_bytes());
+                tokio::time::timeout(timeout, c.run(slot, None, || cmd.clone())).await
             }
         }
         .map_err(|_| Error::Timeout(timeout))?

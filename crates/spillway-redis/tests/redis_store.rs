@@ -812,6 +812,95 @@ async fn cluster_follows_ask_and_moved_while_a_slot_migrates() {
     assert_eq!(s.stats().redis_errors, 0);
 }
 
+/// One master stalls (CLIENT PAUSE: commands held, not refused) while the
+/// slot map changes (a slot moves between the two other masters): the
+/// calls to the other masters are still answered by Redis, in time.
+/// redis-rs's cluster client holds every request while it rebuilds its
+/// slot map after a MOVED, and rebuilding pings every node, the stalled
+/// one too: before the store routed its own calls, the checks here waited
+/// past the timeout and failed open.
+#[tokio::test]
+async fn a_stalled_master_holds_no_call_to_the_others_while_a_slot_moves() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let hour = Duration::from_secs(3600);
+    let rules = vec![Rule::new("r", FixedWindow::new(per(1000, hour)))];
+    let timeout = Duration::from_millis(200);
+    let options = RedisOptions {
+        timeout,
+        deny_cache_entries: 0,
+        ..RedisOptions::default()
+    };
+    let s = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
+        .await
+        .unwrap();
+    let slot_of = |key: &str| spillway_redis::slot(format!("r:{key}").as_bytes());
+    let port_of = |key: &str| owner_of(&cluster, slot_of(key)).1;
+    let node = |port: u16| cluster.nodes().iter().find(|n| n.port() == port).unwrap();
+    // A key on each master (stalled, second, third), and one more on the
+    // second master, in a slot of its own, that moves to the third.
+    let mut keys: Vec<String> = Vec::new();
+    for i in 0.. {
+        let key = format!("k{i}");
+        if keys.iter().all(|k| port_of(k) != port_of(&key)) {
+            keys.push(key);
+        }
+        if keys.len() == 3 {
+            break;
+        }
+    }
+    let moving = (0..)
+        .map(|i| format!("m{i}"))
+        .find(|m| port_of(m) == port_of(&keys[1]) && slot_of(m) != slot_of(&keys[1]))
+        .unwrap();
+    for key in &keys {
+        assert!(s.check(&one(key)).await.unwrap().allowed);
+    }
+    let (stalled, second, third) = (
+        node(port_of(&keys[0])),
+        node(port_of(&keys[1])),
+        node(port_of(&keys[2])),
+    );
+    let third_id = third
+        .command("CLUSTER MYID")
+        .lines()
+        .nth(1)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(stalled.command("CLIENT PAUSE 3000 ALL").starts_with("+OK"));
+    for n in [third, second] {
+        let reply = n.command(&format!(
+            "CLUSTER SETSLOT {} NODE {third_id}",
+            slot_of(&moving)
+        ));
+        assert!(reply.starts_with("+OK"), "{reply}");
+    }
+    let before = s.stats();
+    // The moved key: a MOVED from the second master, followed to the third.
+    let d = s.check(&one(&moving)).await.unwrap();
+    assert_eq!(d.decisions[0].remaining, 999, "decided by Redis");
+    // Then the healthy masters' keys, for a second: each decided by Redis.
+    for round in 0..25 {
+        for (key, remaining) in [(&keys[1], 998 - round), (&keys[2], 998 - round)] {
+            let sent = Instant::now();
+            let d = s.check(&one(key)).await.unwrap();
+            assert!(
+                sent.elapsed() < timeout,
+                "round {round}: {:?}",
+                sent.elapsed()
+            );
+            assert_eq!(d.decisions[0].remaining, remaining, "round {round}");
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let after = s.stats();
+    assert_eq!(after.fail_open, before.fail_open);
+    assert_eq!(after.redis_errors, before.redis_errors);
+    stalled.command("CLIENT UNPAUSE");
+}
+
 #[tokio::test]
 async fn windows_of_a_million_a_day_count_exactly() {
     let Some(server) = RedisServer::start() else {
