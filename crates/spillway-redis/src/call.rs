@@ -81,7 +81,8 @@ impl RedisStore {
                     assemble(prepared, &group.checks, now, refund, family, &mut call);
                     call.eval()
                 };
-                tokio::time::timeout(timeout, c.run(group.slot, Some(&invocation), eval)).await
+                c.run_within(timeout, group.slot, Some(&invocation), eval)
+                    .await
             }
         }
         .map_err(|_| Error::Timeout(timeout))??;

@@ -198,13 +198,32 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// [`run`](Self::run) within `within`. A call with no answer in time
+    /// asks for a new slot map, as a connection's own timeout does: a
+    /// master that hangs rather than refuses (stopped, cut off) is failed
+    /// over by the cluster, and no node redirects the calls still sent to
+    /// it.
+    pub(crate) async fn run_within<T: FromRedisValue>(
+        &self,
+        within: Duration,
+        slot: u16,
+        script: Option<&redis::ScriptInvocation<'_>>,
+        command: impl Fn() -> redis::Cmd,
+    ) -> Result<RedisResult<T>, tokio::time::error::Elapsed> {
+        let answered = tokio::time::timeout(within, self.run(slot, script, command)).await;
+        if answered.is_err() {
+            self.shared.clone().refresh_soon();
+        }
+        answered
+    }
+
     /// Runs `script` (or `command`, when there is no script or it must be
     /// sent with ASKING) on the master of `slot`, sending it again only
     /// when a node answered that it did not run it: MOVED and ASK (to the
     /// node they name), TRYAGAIN, CLUSTERDOWN, MASTERDOWN, LOADING and
     /// READONLY (after a short wait). A lost connection or a timeout is
     /// never followed by a second send: the script may have run.
-    pub(crate) async fn run<T: FromRedisValue>(
+    async fn run<T: FromRedisValue>(
         &self,
         slot: u16,
         script: Option<&redis::ScriptInvocation<'_>>,

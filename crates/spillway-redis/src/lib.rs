@@ -851,7 +851,7 @@ impl RedisStore {
             }
             Connection::Cluster(c) => {
                 let slot = cluster::slot(key.as_bytes());
-                tokio::time::timeout(timeout, c.run(slot, None, || cmd.clone())).await
+                c.run_within(timeout, slot, None, || cmd.clone()).await
             }
         }
         .map_err(|_| Error::Timeout(timeout))?

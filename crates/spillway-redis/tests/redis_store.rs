@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use spillway::Quota;
 use spillway::algorithm::{AnyAlgorithm, FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
 use spillway::store::{Check, Rule, RuleId, Store};
-use spillway_conformance::redis_server::{RedisCluster, RedisServer};
+use spillway_conformance::redis_server::{RedisCluster, RedisServer, free_ports};
 use spillway_redis::{Error, OnError, RedisOptions, RedisStore, Topology};
 
 fn nz(n: u32) -> NonZeroU32 {
@@ -899,6 +899,56 @@ async fn a_stalled_master_holds_no_call_to_the_others_while_a_slot_moves() {
     assert_eq!(after.fail_open, before.fail_open);
     assert_eq!(after.redis_errors, before.redis_errors);
     stalled.command("CLIENT UNPAUSE");
+}
+
+/// A master that hangs (SIGSTOP: it neither answers nor refuses) is
+/// failed over by the cluster to its replica. The store's calls to it only
+/// time out, and no node redirects them: a timeout must send the store for
+/// a new slot map, or it waits on the hung master for good.
+#[tokio::test]
+async fn a_hung_master_is_left_for_its_promoted_replica() {
+    let Some(cluster) = RedisCluster::start_with_replicas(&free_ports(6), None, 1000) else {
+        return;
+    };
+    let hour = Duration::from_secs(3600);
+    let rules = vec![Rule::new("r", FixedWindow::new(per(1000, hour)))];
+    let options = RedisOptions {
+        timeout: Duration::from_millis(100),
+        deny_cache_entries: 0,
+        ..RedisOptions::default()
+    };
+    let s = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.check(&one("k")).await.unwrap().decisions[0].remaining,
+        999
+    );
+    let master = cluster
+        .master_of("spillway:{r:k}:fwi:3600000000")
+        .expect("a master holds the key");
+    // The replica has copied the charge before its master hangs.
+    let acked = cluster.nodes()[master].command("WAIT 1 5000");
+    assert!(acked.starts_with(":1"), "{acked}");
+    cluster.nodes()[master].pause();
+    let paused = Instant::now();
+    // Decided by Redis again (fail_open's answers know of no charge).
+    loop {
+        let d = s.check(&one("k")).await.unwrap();
+        if d.decisions[0].remaining < 999 {
+            break;
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(15),
+            "still not decided by Redis {:?} after the master hung",
+            paused.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "decided by the promoted replica {:?} after the master hung",
+        paused.elapsed()
+    );
 }
 
 #[tokio::test]
