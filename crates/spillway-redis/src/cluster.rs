@@ -16,9 +16,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use parking_lot::{Mutex, RwLock};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{
@@ -38,6 +40,10 @@ const RESENDS: u32 = 4;
 /// failover ask for one on every call.
 const REFRESH_GAP: Duration = Duration::from_millis(100);
 
+/// How many nodes a fetch of the slot map asks at once: a majority of
+/// them agreeing ends it.
+const ASKED: usize = 7;
+
 /// A node's address: host and port.
 type Addr = (String, u16);
 
@@ -53,6 +59,14 @@ struct SlotMap {
 const NONE: u16 = u16::MAX;
 
 impl SlotMap {
+    /// Whether both maps give every slot the same master.
+    fn same_as(&self, other: &Self) -> bool {
+        (0..SLOTS).all(|slot| {
+            let slot = u16::try_from(slot).unwrap_or(u16::MAX);
+            self.master(slot) == other.master(slot)
+        })
+    }
+
     fn master(&self, slot: u16) -> Option<&Addr> {
         match self.owners[usize::from(slot)] {
             NONE => None,
@@ -99,7 +113,12 @@ impl SlotMap {
             let [host, Value::Int(port), ..] = master.as_slice() else {
                 return None;
             };
-            let host = match text(host)? {
+            let host = match host {
+                // An endpoint announced as unknown: the node asked.
+                Value::Nil => asked,
+                host => text(host)?,
+            };
+            let host = match host {
                 "" => asked,
                 // An endpoint the node does not know: no usable master.
                 "?" => continue,
@@ -152,11 +171,24 @@ struct Shared {
     connections: Mutex<HashMap<Addr, ConnectionManager>>,
     refreshing: AtomicBool,
     last_refresh: Mutex<Option<Instant>>,
+    /// Fetches so far: where the next one starts in the list of nodes to
+    /// ask, when there are more than [`ASKED`].
+    fetches: AtomicUsize,
+}
+
+/// Clears the flag of a fetch under way when the fetch ends, however it
+/// ends (a runtime shut down drops it).
+struct Fetching<'a>(&'a AtomicBool);
+
+impl Drop for Fetching<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl Cluster {
     /// Reaches the cluster through `urls` (some of its nodes) and fetches
-    /// its slot map, waiting at most `within` for each node asked.
+    /// its slot map, within `within` (and so does every later fetch).
     pub(crate) async fn connect(
         urls: Vec<String>,
         config: ConnectionManagerConfig,
@@ -192,6 +224,7 @@ impl Cluster {
                 connections: Mutex::new(HashMap::new()),
                 refreshing: AtomicBool::new(false),
                 last_refresh: Mutex::new(None),
+                fetches: AtomicUsize::new(0),
             }),
         };
         cluster.shared.refresh().await?;
@@ -269,6 +302,12 @@ impl Cluster {
                 ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
                     match error.redirect_node().and_then(|(a, _)| split_host(a)) {
                         Some(target) => {
+                            // `MOVED 3999 :6381`: the node that answered
+                            // does not know its peer's host; its own.
+                            let target = match target.0.is_empty() {
+                                true => (addr.0.clone(), target.1),
+                                false => target,
+                            };
                             let moved = kind == ErrorKind::Server(ServerErrorKind::Moved);
                             if moved {
                                 shared.moved(slot, &target);
@@ -294,10 +333,18 @@ impl Cluster {
                     }
                     true
                 }
+                ErrorKind::Server(_) | ErrorKind::Extension => false,
+                ErrorKind::Io => {
+                    shared.clone().refresh_soon();
+                    false
+                }
                 _ => {
-                    if error.is_io_error() || error.is_timeout() || error.is_connection_dropped() {
-                        shared.clone().refresh_soon();
-                    }
+                    // Not a server's answer nor a lost connection (which
+                    // the connection manager repairs itself): an error of
+                    // the connection's own set-up (AUTH refused, say),
+                    // which it would give every call from now on.
+                    shared.forget(&addr);
+                    shared.clone().refresh_soon();
                     false
                 }
             };
@@ -327,9 +374,18 @@ impl Shared {
         Ok(made)
     }
 
+    /// Drops the connection to `addr`: the next call makes a new one.
+    fn forget(&self, addr: &Addr) {
+        self.connections.lock().remove(addr);
+    }
+
     /// The map after a MOVED to `addr` for `slot`, at once; a fetch of the
     /// whole map soon.
     fn moved(self: &Arc<Self>, slot: u16, addr: &Addr) {
+        if self.map.read().master(slot) == Some(addr) {
+            // Another call put it in already.
+            return;
+        }
         {
             let mut map = self.map.write();
             let next = map.moved(slot, addr);
@@ -345,73 +401,97 @@ impl Shared {
             return;
         }
         tokio::spawn(async move {
+            let _fetching = Fetching(&self.refreshing);
             let last = *self.last_refresh.lock();
             if let Some(last) = last {
                 tokio::time::sleep_until(last + REFRESH_GAP).await;
             }
             // A failed fetch is tried again on the next error.
             let _ = self.refresh().await;
-            self.refreshing.store(false, Ordering::Release);
         });
     }
 
-    /// Asks the known masters, then the seeds, for the slot map, and puts
-    /// in the first one answered. Connections to nodes no longer in it are
-    /// dropped.
+    /// Asks the known masters and the seeds (at most [`ASKED`] of them,
+    /// taken in turn) for the slot map, all at once, and puts in the map a
+    /// majority of them agree on, or, at the deadline, the map most of
+    /// those that answered gave. Not the first answer: a master cut off
+    /// from the rest of the cluster still answers, with the map from
+    /// before its replica took over. Connections to nodes no longer in the
+    /// map are dropped.
     async fn refresh(&self) -> RedisResult<()> {
         *self.last_refresh.lock() = Some(Instant::now());
+        let deadline = Instant::now() + self.ask_within;
         let mut candidates = self.map.read().nodes.clone();
         for seed in &self.seeds {
             if !candidates.contains(seed) {
                 candidates.push(seed.clone());
             }
         }
+        if candidates.len() > ASKED {
+            let start = self.fetches.fetch_add(1, Ordering::Relaxed) % candidates.len();
+            candidates.rotate_left(start);
+            candidates.truncate(ASKED);
+        }
+        let majority = candidates.len() / 2 + 1;
+        let mut asks: FuturesUnordered<_> = candidates
+            .iter()
+            .map(|addr| self.ask_for_map(addr))
+            .collect();
+        // Each map answered, and how many nodes answered it.
+        let mut views: Vec<(SlotMap, usize)> = Vec::new();
         let mut last_error = None;
-        for addr in candidates {
-            let mut connection = match self.connection(&addr) {
-                Ok(c) => c,
+        while let Ok(Some(answer)) = tokio::time::timeout_at(deadline, asks.next()).await {
+            let map = match answer {
+                Ok(map) => map,
                 Err(e) => {
                     last_error = Some(e);
                     continue;
                 }
             };
-            let asked = tokio::time::timeout(
-                self.ask_within,
-                redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async::<Value>(&mut connection),
-            )
-            .await;
-            let reply = match asked {
-                Ok(Ok(reply)) => reply,
-                Ok(Err(e)) => {
-                    last_error = Some(e);
-                    continue;
+            let votes = match views.iter_mut().find(|(view, _)| view.same_as(&map)) {
+                Some((_, votes)) => {
+                    *votes += 1;
+                    *votes
                 }
-                Err(_) => {
-                    last_error = Some(RedisError::from((
-                        ErrorKind::Io,
-                        "no answer to CLUSTER SLOTS in time",
-                    )));
-                    continue;
+                None => {
+                    views.push((map, 1));
+                    1
                 }
             };
-            let Some(map) = SlotMap::parse(&reply, &addr.0) else {
-                last_error = Some(RedisError::from((
-                    ErrorKind::Parse,
-                    "CLUSTER SLOTS answered no slot map",
-                )));
-                continue;
-            };
-            self.connections
-                .lock()
-                .retain(|a, _| map.nodes.contains(a) || self.seeds.contains(a));
-            *self.map.write() = Arc::new(map);
-            return Ok(());
+            if votes >= majority {
+                break;
+            }
         }
-        Err(last_error.unwrap_or_else(|| {
-            RedisError::from((ErrorKind::ClusterConnectionNotFound, "no node to ask"))
-        }))
+        drop(asks);
+        // The most answered; of those, the first.
+        let mut best: Option<(SlotMap, usize)> = None;
+        for (view, votes) in views {
+            if best.as_ref().is_none_or(|(_, most)| votes > *most) {
+                best = Some((view, votes));
+            }
+        }
+        let Some((map, _)) = best else {
+            return Err(last_error.unwrap_or_else(|| {
+                RedisError::from((ErrorKind::Io, "no node answered CLUSTER SLOTS in time"))
+            }));
+        };
+        self.connections
+            .lock()
+            .retain(|a, _| map.nodes.contains(a) || self.seeds.contains(a));
+        *self.map.write() = Arc::new(map);
+        Ok(())
+    }
+
+    /// The slot map as `addr` sees it.
+    async fn ask_for_map(&self, addr: &Addr) -> RedisResult<SlotMap> {
+        let mut connection = self.connection(addr)?;
+        let reply: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut connection)
+            .await?;
+        SlotMap::parse(&reply, &addr.0).ok_or_else(|| {
+            RedisError::from((ErrorKind::Parse, "CLUSTER SLOTS answered no slot map"))
+        })
     }
 }
 
@@ -468,6 +548,56 @@ mod tests {
         assert_eq!(slot(b"{}foo"), crc16(b"{}foo") % 16384);
     }
 
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn range(start: i64, end: i64, host: Value, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![host, Value::Int(port), bulk("id")]),
+        ])
+    }
+
+    #[test]
+    fn slot_maps_read_what_cluster_slots_answers() {
+        let reply = Value::Array(vec![
+            range(0, 5460, bulk("10.0.0.1"), 7000),
+            // Announced as unknown, or empty: the node asked.
+            range(5461, 10922, Value::Nil, 7001),
+            range(10923, 16000, bulk(""), 7002),
+            // No usable endpoint: those slots have no master.
+            range(16001, 16383, bulk("?"), 7003),
+        ]);
+        let map = SlotMap::parse(&reply, "asked").expect("a map");
+        assert_eq!(map.master(0), Some(&("10.0.0.1".into(), 7000)));
+        assert_eq!(map.master(5461), Some(&("asked".into(), 7001)));
+        assert_eq!(map.master(16000), Some(&("asked".into(), 7002)));
+        assert_eq!(map.master(16383), None);
+        assert!(map.same_as(&SlotMap::parse(&reply, "asked").unwrap()));
+        assert!(!map.same_as(&map.moved(0, &("10.0.0.2".into(), 7000))));
+    }
+
+    #[test]
+    fn a_reply_that_is_no_slot_map_is_refused() {
+        let host = || bulk("h");
+        for reply in [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Int(0)]),
+            Value::Array(vec![range(10, 5, host(), 1)]),
+            Value::Array(vec![range(0, 16384, host(), 1)]),
+            Value::Array(vec![range(-1, 5, host(), 1)]),
+            Value::Array(vec![range(0, 5, host(), 70000)]),
+            Value::Array(vec![range(0, 5, Value::Int(3), 1)]),
+            Value::Array(vec![range(0, 5, bulk("?"), 1)]),
+        ] {
+            assert!(SlotMap::parse(&reply, "asked").is_none(), "{reply:?}");
+        }
+    }
+
     #[test]
     fn redirect_addresses_split_at_the_last_colon() {
         assert_eq!(
@@ -476,5 +606,6 @@ mod tests {
         );
         assert_eq!(split_host("[::1]:7001"), Some(("::1".into(), 7001)));
         assert_eq!(split_host("nowhere"), None);
+        assert_eq!(split_host(":7002"), Some(("".into(), 7002)));
     }
 }

@@ -379,12 +379,10 @@ impl RedisStore {
             Topology::Cluster(nodes) => {
                 // Each node's connection is a connection manager as above;
                 // the store routes calls to them itself (cluster.rs).
-                let cluster = tokio::time::timeout(
-                    connect_within,
-                    cluster::Cluster::connect(nodes, manager_config(timeout), timeout),
-                )
-                .await
-                .map_err(|_| Error::Timeout(connect_within))??;
+                // Its fetch of the slot map ends within `connect_within`.
+                let cluster =
+                    cluster::Cluster::connect(nodes, manager_config(timeout), connect_within)
+                        .await?;
                 Connection::Cluster(cluster)
             }
         };
@@ -955,6 +953,10 @@ fn is_outage(error: &Error) -> bool {
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::ReadOnly
+                    // Still redirected after every resend: the cluster
+                    // cannot say where the key is.
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
             ),
             // A script running past its time limit holds the whole server.
             ErrorKind::Extension => e.code() == Some("BUSY"),
