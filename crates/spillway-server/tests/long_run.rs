@@ -107,7 +107,14 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 async fn long_run(name: &str, process: Process, load: Load, keys_series: Option<&str>) {
     let settings = Settings::from_env();
     let pid = process.child.id();
-    let baseline_fds = fds(pid);
+    // The fewest descriptors over half a second before the load: a reading
+    // taken at once can count a socket the readiness check left, not yet
+    // closed on a busy machine (then the run "ended" with one fewer).
+    let mut baseline_fds = fds(pid);
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        baseline_fds = baseline_fds.min(fds(pid));
+    }
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let (seen, workers) = load::start(process.addr, load, stopping);
     let started = Instant::now();
@@ -151,7 +158,7 @@ async fn long_run(name: &str, process: Process, load: Load, keys_series: Option<
     // The load's connections closed: the descriptors come back.
     let back = Instant::now() + Duration::from_secs(10);
     let mut final_fds = fds(pid);
-    while final_fds != baseline_fds && Instant::now() < back {
+    while final_fds > baseline_fds && Instant::now() < back {
         tokio::time::sleep(Duration::from_millis(50)).await;
         final_fds = fds(pid);
     }
@@ -194,7 +201,10 @@ async fn long_run(name: &str, process: Process, load: Load, keys_series: Option<
         "{name}: RSS grew {growth:.2} MiB from the second quarter to the last"
     );
     assert!(p99 < settings.p99_ms, "{name}: p99 {p99:.3} ms");
-    assert_eq!(final_fds, baseline_fds, "{name}: descriptors left open");
+    assert!(
+        final_fds <= baseline_fds,
+        "{name}: descriptors left open: {final_fds} after, {baseline_fds} before"
+    );
     if let Some(max) = max_keys {
         assert!(max <= KEYS, "{name}: {max} keys held, {KEYS} in use");
     }
