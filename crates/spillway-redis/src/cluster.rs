@@ -151,6 +151,37 @@ fn text(value: &Value) -> Option<&str> {
     }
 }
 
+/// The slot maps the nodes asked have answered, and how many gave each.
+#[derive(Default)]
+struct Votes(Vec<(SlotMap, usize)>);
+
+impl Votes {
+    /// Counts `map`; how many nodes have given it so far.
+    fn add(&mut self, map: SlotMap) -> usize {
+        match self.0.iter_mut().find(|(view, _)| view.same_as(&map)) {
+            Some((_, votes)) => {
+                *votes += 1;
+                *votes
+            }
+            None => {
+                self.0.push((map, 1));
+                1
+            }
+        }
+    }
+
+    /// The map most nodes gave; of those, the first answered.
+    fn winner(self) -> Option<SlotMap> {
+        let mut best: Option<(SlotMap, usize)> = None;
+        for (view, votes) in self.0 {
+            if best.as_ref().is_none_or(|(_, most)| votes > *most) {
+                best = Some((view, votes));
+            }
+        }
+        best.map(|(map, _)| map)
+    }
+}
+
 /// A Redis Cluster, as the store talks to it. Cloning it shares it.
 #[derive(Clone)]
 pub(crate) struct Cluster {
@@ -438,39 +469,20 @@ impl Shared {
             .map(|addr| self.ask_for_map(addr))
             .collect();
         // Each map answered, and how many nodes answered it.
-        let mut views: Vec<(SlotMap, usize)> = Vec::new();
+        let mut votes = Votes::default();
         let mut last_error = None;
         while let Ok(Some(answer)) = tokio::time::timeout_at(deadline, asks.next()).await {
-            let map = match answer {
-                Ok(map) => map,
-                Err(e) => {
-                    last_error = Some(e);
-                    continue;
+            match answer {
+                Ok(map) => {
+                    if votes.add(map) >= majority {
+                        break;
+                    }
                 }
-            };
-            let votes = match views.iter_mut().find(|(view, _)| view.same_as(&map)) {
-                Some((_, votes)) => {
-                    *votes += 1;
-                    *votes
-                }
-                None => {
-                    views.push((map, 1));
-                    1
-                }
-            };
-            if votes >= majority {
-                break;
+                Err(e) => last_error = Some(e),
             }
         }
         drop(asks);
-        // The most answered; of those, the first.
-        let mut best: Option<(SlotMap, usize)> = None;
-        for (view, votes) in views {
-            if best.as_ref().is_none_or(|(_, most)| votes > *most) {
-                best = Some((view, votes));
-            }
-        }
-        let Some((map, _)) = best else {
+        let Some(map) = votes.winner() else {
             return Err(last_error.unwrap_or_else(|| {
                 RedisError::from((ErrorKind::Io, "no node answered CLUSTER SLOTS in time"))
             }));
@@ -577,6 +589,30 @@ mod tests {
         assert_eq!(map.master(16383), None);
         assert!(map.same_as(&SlotMap::parse(&reply, "asked").unwrap()));
         assert!(!map.same_as(&map.moved(0, &("10.0.0.2".into(), 7000))));
+    }
+
+    #[test]
+    fn the_map_most_nodes_give_wins_not_the_first() {
+        let reply = Value::Array(vec![range(0, 16383, bulk("old"), 7000)]);
+        let stale = SlotMap::parse(&reply, "asked").unwrap();
+        let promoted = || stale.moved(0, &("new".into(), 7001));
+        let mut votes = Votes::default();
+        // A master cut off from the cluster answers first, with its map
+        // from before its replica took over; two other nodes agree.
+        assert_eq!(votes.add(SlotMap::parse(&reply, "asked").unwrap()), 1);
+        assert_eq!(votes.add(promoted()), 1);
+        assert_eq!(votes.add(promoted()), 2);
+        let winner = votes.winner().unwrap();
+        assert_eq!(winner.master(0), Some(&("new".into(), 7001)));
+        // A tie goes to the first answered.
+        let mut votes = Votes::default();
+        votes.add(promoted());
+        votes.add(SlotMap::parse(&reply, "asked").unwrap());
+        assert_eq!(
+            votes.winner().unwrap().master(0),
+            Some(&("new".into(), 7001))
+        );
+        assert!(Votes::default().winner().is_none());
     }
 
     #[test]
