@@ -76,16 +76,18 @@ declare -A binary=()
 for suite in "${suites[@]}"; do
     crate=${suite%%:*}
     test=${suite#*:}
-    path=$(cargo test -p "$crate" --test "$test" --no-run --message-format=json 2>/dev/null |
+    # Cargo's own messages go to a file, shown if the build fails.
+    path=$(cargo test -p "$crate" --test "$test" --no-run --message-format=json 2>"$out/build.log" |
         python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
         print(m["executable"])
-' "$test" | tail -n 1)
+' "$test" | tail -n 1) || path=""
     if [[ -z "$path" ]]; then
-        echo "could not build $suite" >&2
+        echo "could not build $suite:" >&2
+        tail -n 30 "$out/build.log" >&2
         exit 1
     fi
     binary[$suite]=$path
