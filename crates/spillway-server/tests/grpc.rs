@@ -2,6 +2,7 @@
 //! called by a tonic client, on the in-memory store (and a killed Redis for
 //! the failure test).
 
+mod clock_support;
 mod grpc_support;
 
 use std::sync::Arc;
@@ -81,6 +82,7 @@ async fn start(config: &str) -> Server {
 }
 
 async fn start_engine(engine: Loaded) -> Server {
+    clock_support::clear_of_a_minute_boundary();
     let shared = Arc::new(Live::new(engine));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -447,6 +449,7 @@ async fn a_fail_closed_store_that_cannot_answer_is_unavailable() {
 #[tokio::test]
 async fn decisions_over_grpc_are_counted_in_the_metrics() {
     use spillway_server::State;
+    clock_support::clear_of_a_minute_boundary();
     let state = State::new(Config::parse(CONFIG).unwrap()).await.unwrap();
     let shared = state.live.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

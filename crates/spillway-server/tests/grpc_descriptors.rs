@@ -3,6 +3,7 @@
 //! port 0) called by a tonic client; the configuration errors; reload; the
 //! same rules on Redis; `spillway check-config`.
 
+mod clock_support;
 mod grpc_support;
 mod serve_support;
 
@@ -109,23 +110,8 @@ async fn start(dir: &Path) -> Server {
     start_with(state, Some(source)).await
 }
 
-/// Waits, when the wall clock is within 5 s of a minute's end, until the
-/// next minute has begun. The descriptor file's limits are fixed windows
-/// on the server's clock, aligned to the minute (hour, week): a test whose
-/// requests straddled a boundary would see its counts start afresh (a CI
-/// run saw a count of 1 of 3 where the test expected 3 of 3).
-async fn clear_of_a_minute_boundary() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970");
-    let into_minute = now.as_secs_f64() % 60.0;
-    if into_minute > 55.0 {
-        tokio::time::sleep(std::time::Duration::from_secs_f64(60.1 - into_minute)).await;
-    }
-}
-
 async fn start_with(state: State, source: Option<ConfigSource>) -> Server {
-    clear_of_a_minute_boundary().await;
+    clock_support::clear_of_a_minute_boundary();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (http, grpc) = (

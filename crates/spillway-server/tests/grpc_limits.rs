@@ -3,6 +3,7 @@
 //! message, a deadline that has passed. Each is refused before anything is
 //! charged; a call at the bounds is decided as any other.
 
+mod clock_support;
 mod grpc_support;
 
 use std::sync::Arc;
@@ -46,6 +47,7 @@ struct Server {
 }
 
 async fn start(config: &str) -> Server {
+    clock_support::clear_of_a_minute_boundary();
     let config = Config::parse(config).expect("a valid configuration");
     let shared = Arc::new(Live::new(
         Loaded::build(config, None, None).await.expect("an engine"),
@@ -245,6 +247,7 @@ fn with_timeout(call: RateLimitRequest, timeout: &str) -> tonic::Request<RateLim
 /// `DEADLINE_EXCEEDED` and charges nothing; one within it is decided.
 #[tokio::test(start_paused = true)]
 async fn a_call_past_its_deadline_is_not_charged() {
+    clock_support::clear_of_a_minute_boundary();
     let config = Config::parse(CONFIG).expect("a valid configuration");
     let shared = Arc::new(Live::new(
         Loaded::build(config, None, None).await.expect("an engine"),

@@ -1,6 +1,8 @@
 //! `spillway proxy` end to end, on real sockets: a client, the proxy and a
 //! small hyper upstream, all on 127.0.0.1 port 0.
 
+mod clock_support;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -138,6 +140,7 @@ struct Proxy {
 
 impl Proxy {
     async fn start(config: &str, upstream: http::Uri, options: ProxyOptions) -> Self {
+        clock_support::clear_of_a_minute_boundary();
         let shared = Arc::new(Live::new(engine(config, None).await));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("an address");

@@ -9,6 +9,7 @@
 //! whether to keep a connection after an error), the tests accept every
 //! correct choice and pin only what every correct proxy must do.
 
+mod clock_support;
 mod mangle;
 
 use std::io;
@@ -57,6 +58,7 @@ async fn wait_up_to<T>(limit: Option<Duration>, what: &str, step: impl Future<Ou
 
 /// Starts a proxy with `config` in front of `upstream`; returns its address.
 async fn start_proxy(config: &str, upstream: SocketAddr) -> SocketAddr {
+    clock_support::clear_of_a_minute_boundary();
     let config = Config::parse(config).expect("a valid config");
     let engine = Loaded::build(config, None, None).await.expect("an engine");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
