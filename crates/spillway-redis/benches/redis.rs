@@ -211,19 +211,14 @@ fn main() {
     );
 }
 
-/// The fixed window on a 3-master cluster (each check a script call on its
-/// key's master, keys spread over every master): three rounds and their
-/// median. No peer runs here: it is the figure to compare between builds
-/// of the store (its cluster routing), on the same machine.
-fn on_a_cluster(runtime: &tokio::runtime::Runtime, requests: usize) {
-    let Some(cluster) = RedisCluster::start() else {
-        return;
-    };
+/// A store of one fixed window of 1,000,000 an hour (no check is denied)
+/// on `topology`, without the deny cache: every check is a script call.
+fn fixed_window_store(runtime: &tokio::runtime::Runtime, topology: Topology) -> Arc<RedisStore> {
     let big = Quota::new(nz(1_000_000), Duration::from_secs(3600)).expect("valid");
-    let store = Arc::new(
+    Arc::new(
         runtime
             .block_on(RedisStore::connect(
-                Topology::Cluster(cluster.urls()),
+                topology,
                 vec![Rule::new("fixed_window", FixedWindow::new(big))],
                 RedisOptions {
                     timeout: Duration::from_secs(5),
@@ -232,7 +227,18 @@ fn on_a_cluster(runtime: &tokio::runtime::Runtime, requests: usize) {
                 },
             ))
             .expect("connects"),
-    );
+    )
+}
+
+/// The fixed window on a 3-master cluster (each check a script call on its
+/// key's master, keys spread over every master): three rounds and their
+/// median. No peer runs here: it is the figure to compare between builds
+/// of the store (its cluster routing), on the same machine.
+fn on_a_cluster(runtime: &tokio::runtime::Runtime, requests: usize) {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let store = fixed_window_store(runtime, Topology::Cluster(cluster.urls()));
     runtime.block_on(ours(store.clone(), CONCURRENCY * 100, None));
     let mut rates: Vec<f64> = (0..3)
         .map(|_| runtime.block_on(ours(store.clone(), requests, None)))
@@ -299,20 +305,7 @@ fn against_rlflex(
     requests: usize,
     modules: &str,
 ) {
-    let big = Quota::new(nz(1_000_000), Duration::from_secs(3600)).expect("valid");
-    let store = Arc::new(
-        runtime
-            .block_on(RedisStore::connect(
-                Topology::Standalone(server.url()),
-                vec![Rule::new("fixed_window", FixedWindow::new(big))],
-                RedisOptions {
-                    timeout: Duration::from_secs(5),
-                    deny_cache_entries: 0,
-                    ..RedisOptions::default()
-                },
-            ))
-            .expect("connects"),
-    );
+    let store = fixed_window_store(runtime, Topology::Standalone(server.url()));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/rlflex.js");
     let rlflex = || -> f64 {
         let out = Command::new("node")

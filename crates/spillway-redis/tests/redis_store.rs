@@ -25,6 +25,17 @@ async fn store(server: &RedisServer, rules: Vec<Rule>, options: RedisOptions) ->
         .expect("connects")
 }
 
+/// A store of `rules` on `cluster`, given its masters' addresses.
+async fn cluster_store(
+    cluster: &RedisCluster,
+    rules: Vec<Rule>,
+    options: RedisOptions,
+) -> RedisStore {
+    RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
+        .await
+        .expect("connects")
+}
+
 fn one(key: &str) -> [Check<'_>; 1] {
     [Check {
         rule: RuleId(0),
@@ -576,13 +587,7 @@ async fn cluster_gives_back_the_charge_of_a_denied_request() {
         Rule::new("wide", FixedWindow::new(per(10, hour))),
         Rule::new("narrow", FixedWindow::new(per(1, hour))),
     ];
-    let s = RedisStore::connect(
-        Topology::Cluster(cluster.urls()),
-        rules,
-        RedisOptions::default(),
-    )
-    .await
-    .unwrap();
+    let s = cluster_store(&cluster, rules, RedisOptions::default()).await;
     // Find two keys on different slots so the request needs two calls.
     let (a, b) = ("user-1", "ip-2");
     let request = [
@@ -751,13 +756,7 @@ async fn cluster_follows_ask_and_moved_while_a_slot_migrates() {
     };
     let hour = Duration::from_secs(3600);
     let rules = vec![Rule::new("mig", FixedWindow::new(per(10, hour)))];
-    let s = RedisStore::connect(
-        Topology::Cluster(cluster.urls()),
-        rules,
-        RedisOptions::default(),
-    )
-    .await
-    .unwrap();
+    let s = cluster_store(&cluster, rules, RedisOptions::default()).await;
     let redis_key = "spillway:{mig:client}:fwi:3600000000";
     let slot = spillway_redis::slot(redis_key.as_bytes());
     for _ in 0..3 {
@@ -832,9 +831,7 @@ async fn a_stalled_master_holds_no_call_to_the_others_while_a_slot_moves() {
         deny_cache_entries: 0,
         ..RedisOptions::default()
     };
-    let s = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
-        .await
-        .unwrap();
+    let s = cluster_store(&cluster, rules, options).await;
     let slot_of = |key: &str| spillway_redis::slot(format!("r:{key}").as_bytes());
     let port_of = |key: &str| owner_of(&cluster, slot_of(key)).1;
     let node = |port: u16| cluster.nodes().iter().find(|n| n.port() == port).unwrap();
@@ -924,9 +921,7 @@ async fn a_hung_master_is_left_for_its_promoted_replica() {
         deny_cache_entries: 0,
         ..RedisOptions::default()
     };
-    let s = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
-        .await
-        .unwrap();
+    let s = cluster_store(&cluster, rules, options).await;
     assert_eq!(
         s.check(&one("k")).await.unwrap().decisions[0].remaining,
         999
@@ -1326,9 +1321,7 @@ async fn two_node_store(cluster: &RedisCluster) -> (RedisStore, String, String) 
         deny_cache_entries: 0,
         ..RedisOptions::default()
     };
-    let s = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
-        .await
-        .unwrap();
+    let s = cluster_store(cluster, rules, options).await;
     let owner = |rule: &str, key: &str| {
         owner_of(
             cluster,
