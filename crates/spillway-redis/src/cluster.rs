@@ -331,14 +331,8 @@ impl Cluster {
             let kind = error.kind();
             let retry = match kind {
                 ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
-                    match error.redirect_node().and_then(|(a, _)| split_host(a)) {
+                    match redirect_target(&error, &addr) {
                         Some(target) => {
-                            // `MOVED 3999 :6381`: the node that answered
-                            // does not know its peer's host; its own.
-                            let target = match target.0.is_empty() {
-                                true => (addr.0.clone(), target.1),
-                                false => target,
-                            };
                             let moved = kind == ErrorKind::Server(ServerErrorKind::Moved);
                             if moved {
                                 shared.moved(slot, &target);
@@ -349,13 +343,7 @@ impl Cluster {
                         None => false,
                     }
                 }
-                ErrorKind::Server(
-                    ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::BusyLoading
-                    | ServerErrorKind::ReadOnly,
-                ) => {
+                ErrorKind::Server(server) if is_changing(server) => {
                     if kind != ErrorKind::Server(ServerErrorKind::TryAgain) {
                         shared.clone().refresh_soon();
                     }
@@ -507,6 +495,20 @@ impl Shared {
     }
 }
 
+/// Whether a server's error says the cluster is changing under the call (a
+/// failover, a resharding, a node loading its data): the script did not
+/// run, and the same call may succeed in a moment.
+pub(crate) fn is_changing(kind: ServerErrorKind) -> bool {
+    matches!(
+        kind,
+        ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::ReadOnly
+    )
+}
+
 /// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, mod 16384.
 pub(crate) fn slot(key: &[u8]) -> u16 {
     let tagged = key
@@ -539,6 +541,17 @@ fn crc16(data: &[u8]) -> u16 {
 }
 
 /// `host:port` (the host may be an IPv6 address).
+/// Where a MOVED or ASK error sends its call, `sender` being the node that
+/// answered. `MOVED 3999 :6381` names no host: the sender does not know its
+/// peer's, which is then taken to be the sender's own.
+fn redirect_target(error: &RedisError, sender: &Addr) -> Option<Addr> {
+    let (host, port) = split_host(error.redirect_node()?.0)?;
+    match host.is_empty() {
+        true => Some((sender.0.clone(), port)),
+        false => Some((host, port)),
+    }
+}
+
 fn split_host(address: &str) -> Option<Addr> {
     let (host, port) = address.rsplit_once(':')?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -643,5 +656,30 @@ mod tests {
         assert_eq!(split_host("[::1]:7001"), Some(("::1".into(), 7001)));
         assert_eq!(split_host("nowhere"), None);
         assert_eq!(split_host(":7002"), Some(("".into(), 7002)));
+    }
+
+    #[test]
+    fn a_redirect_without_a_host_is_to_the_senders() {
+        let sender: Addr = ("10.0.0.5".into(), 7000);
+        let redirect = |kind, detail: &str| {
+            RedisError::from((ErrorKind::Server(kind), "redirected", detail.to_string()))
+        };
+        let moved = |detail| redirect(ServerErrorKind::Moved, detail);
+        assert_eq!(
+            redirect_target(&moved("3999 :6381"), &sender),
+            Some(("10.0.0.5".into(), 6381))
+        );
+        assert_eq!(
+            redirect_target(&moved("3999 10.0.0.6:6381"), &sender),
+            Some(("10.0.0.6".into(), 6381))
+        );
+        assert_eq!(
+            redirect_target(&redirect(ServerErrorKind::Ask, "12 [::1]:7001"), &sender),
+            Some(("::1".into(), 7001))
+        );
+        // Not a redirect, or one that names no node: nowhere to go.
+        assert_eq!(redirect_target(&moved("3999"), &sender), None);
+        let try_again = redirect(ServerErrorKind::TryAgain, "3999 :6381");
+        assert_eq!(redirect_target(&try_again, &sender), None);
     }
 }

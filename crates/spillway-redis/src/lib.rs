@@ -946,18 +946,12 @@ fn is_outage(error: &Error) -> bool {
     match error {
         Error::Timeout(_) | Error::Unavailable => true,
         Error::Redis(e) => match e.kind() {
-            ErrorKind::Server(kind) => matches!(
-                kind,
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
+            ErrorKind::Server(kind) => {
+                cluster::is_changing(kind)
                     // Still redirected after every resend: the cluster
                     // cannot say where the key is.
-                    | ServerErrorKind::Moved
-                    | ServerErrorKind::Ask
-            ),
+                    || matches!(kind, ServerErrorKind::Moved | ServerErrorKind::Ask)
+            }
             // A script running past its time limit holds the whole server.
             ErrorKind::Extension => e.code() == Some("BUSY"),
             ErrorKind::Io
@@ -1018,5 +1012,51 @@ impl fmt::Debug for RedisStore {
             .field("rules", &self.inner.rules)
             .field("options", &self.inner.options)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+    fn server(kind: ServerErrorKind) -> Error {
+        Error::Redis(RedisError::from((
+            ErrorKind::Server(kind),
+            "from the server",
+            "3999 127.0.0.1:7001".to_string(),
+        )))
+    }
+
+    /// An outage (the failure policy answers) is Redis out of reach or
+    /// the cluster changing under the call, a redirect still given after
+    /// every resend included; an error of the data or the request is
+    /// answered as one, whatever the policy.
+    #[test]
+    fn outages_are_told_from_errors_of_the_data() {
+        for kind in [
+            ServerErrorKind::Moved,
+            ServerErrorKind::Ask,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::MasterDown,
+            ServerErrorKind::BusyLoading,
+            ServerErrorKind::ReadOnly,
+        ] {
+            assert!(is_outage(&server(kind)), "{kind:?}");
+        }
+        for kind in [
+            ServerErrorKind::ResponseError,
+            ServerErrorKind::NoScript,
+            ServerErrorKind::CrossSlot,
+        ] {
+            assert!(!is_outage(&server(kind)), "{kind:?}");
+        }
+        let io = Error::Redis(RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert!(is_outage(&io));
+        assert!(is_outage(&Error::Timeout(Duration::from_millis(100))));
+        assert!(!is_outage(&Error::Reply("?".into())));
     }
 }
