@@ -67,9 +67,9 @@ impl RedisStore {
         bump(&self.inner.counters.redis_calls);
         let timeout = self.inner.options.timeout;
         let reply: Vec<i64> = match &self.connection {
-            Connection::Standalone(c) => {
-                let mut c = c.clone();
-                tokio::time::timeout(timeout, invocation.invoke_async(&mut c)).await
+            Connection::Standalone(node) => {
+                let call = node.run(async |mut c| invocation.invoke_async(&mut c).await);
+                tokio::time::timeout(timeout, call).await
             }
             Connection::Cluster(c) => {
                 let eval = || {

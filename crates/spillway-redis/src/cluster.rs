@@ -29,6 +29,8 @@ use redis::{
 };
 use tokio::time::Instant;
 
+use crate::standalone::{is_setup_error, speaks_resp2};
+
 /// The number of slots of a Redis Cluster.
 const SLOTS: usize = 16384;
 
@@ -208,12 +210,13 @@ struct Shared {
 }
 
 /// Clears the flag of a fetch under way when the fetch ends, however it
-/// ends (a runtime shut down drops it).
-struct Fetching<'a>(&'a AtomicBool);
+/// ends: made before its task is spawned and moved into it, so that a task
+/// dropped before it first ran (a runtime shutting down) clears it too.
+struct Fetching(Arc<Shared>);
 
-impl Drop for Fetching<'_> {
+impl Drop for Fetching {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.refreshing.store(false, Ordering::Release);
     }
 }
 
@@ -242,21 +245,9 @@ impl Cluster {
         let template = infos.into_iter().next().ok_or_else(|| {
             RedisError::from((ErrorKind::InvalidClientConfig, "no cluster node given"))
         })?;
+        speaks_resp2(&template)?;
         let cluster = Self {
-            shared: Arc::new(Shared {
-                template,
-                seeds,
-                config,
-                ask_within: within,
-                map: RwLock::new(Arc::new(SlotMap {
-                    nodes: Vec::new(),
-                    owners: vec![NONE; SLOTS].into_boxed_slice(),
-                })),
-                connections: Mutex::new(HashMap::new()),
-                refreshing: AtomicBool::new(false),
-                last_refresh: Mutex::new(None),
-                fetches: AtomicUsize::new(0),
-            }),
+            shared: Arc::new(Shared::new(template, seeds, config, within)),
         };
         cluster.shared.refresh().await?;
         Ok(cluster)
@@ -340,7 +331,11 @@ impl Cluster {
                             redirect = Some((target, !moved));
                             true
                         }
-                        None => false,
+                        None => {
+                            // A redirect to no node: the map may name one.
+                            shared.clone().refresh_soon();
+                            false
+                        }
                     }
                 }
                 ErrorKind::Server(server) if is_changing(server) => {
@@ -358,10 +353,9 @@ impl Cluster {
                     false
                 }
                 _ => {
-                    // Not a server's answer nor a lost connection (which
-                    // the connection manager repairs itself): an error of
-                    // the connection's own set-up (AUTH refused, say),
-                    // which it would give every call from now on.
+                    // An error of the connection's own set-up (see
+                    // `is_setup_error`): the next call makes a new one.
+                    debug_assert!(is_setup_error(&error));
                     shared.forget(&addr);
                     shared.clone().refresh_soon();
                     false
@@ -393,6 +387,29 @@ impl Shared {
         Ok(made)
     }
 
+    /// A cluster not yet asked for its map, which serves no slot.
+    fn new(
+        template: ConnectionInfo,
+        seeds: Vec<Addr>,
+        config: ConnectionManagerConfig,
+        ask_within: Duration,
+    ) -> Self {
+        Self {
+            template,
+            seeds,
+            config,
+            ask_within,
+            map: RwLock::new(Arc::new(SlotMap {
+                nodes: Vec::new(),
+                owners: vec![NONE; SLOTS].into_boxed_slice(),
+            })),
+            connections: Mutex::new(HashMap::new()),
+            refreshing: AtomicBool::new(false),
+            last_refresh: Mutex::new(None),
+            fetches: AtomicUsize::new(0),
+        }
+    }
+
     /// Drops the connection to `addr`: the next call makes a new one.
     fn forget(&self, addr: &Addr) {
         self.connections.lock().remove(addr);
@@ -419,14 +436,15 @@ impl Shared {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
+        let fetching = Fetching(self);
         tokio::spawn(async move {
-            let _fetching = Fetching(&self.refreshing);
-            let last = *self.last_refresh.lock();
+            let shared = &fetching.0;
+            let last = *shared.last_refresh.lock();
             if let Some(last) = last {
                 tokio::time::sleep_until(last + REFRESH_GAP).await;
             }
             // A failed fetch is tried again on the next error.
-            let _ = self.refresh().await;
+            let _ = shared.refresh().await;
         });
     }
 
@@ -542,13 +560,16 @@ fn crc16(data: &[u8]) -> u16 {
 
 /// `host:port` (the host may be an IPv6 address).
 /// Where a MOVED or ASK error sends its call, `sender` being the node that
-/// answered. `MOVED 3999 :6381` names no host: the sender does not know its
-/// peer's, which is then taken to be the sender's own.
+/// answered; `None` if it names no node to send to. `MOVED 3999 :6381`
+/// names no host: the sender does not know its peer's, which is then taken
+/// to be the sender's own. `MOVED 3999 ?:6381` (a peer announced by a
+/// hostname it has not got) names none at all, as in `CLUSTER SLOTS`.
 fn redirect_target(error: &RedisError, sender: &Addr) -> Option<Addr> {
     let (host, port) = split_host(error.redirect_node()?.0)?;
-    match host.is_empty() {
-        true => Some((sender.0.clone(), port)),
-        false => Some((host, port)),
+    match host.as_str() {
+        "" => Some((sender.0.clone(), port)),
+        "?" => None,
+        _ => Some((host, port)),
     }
 }
 
@@ -658,6 +679,31 @@ mod tests {
         assert_eq!(split_host(":7002"), Some(("".into(), 7002)));
     }
 
+    /// A fetch whose task is dropped before it first runs (its runtime
+    /// shut down) leaves no fetch marked under way: before, the flag was
+    /// cleared only by a task that had started, and a flag left set would
+    /// stop every later fetch.
+    #[test]
+    fn a_fetch_dropped_before_it_ran_leaves_none_under_way() {
+        let template = "redis://127.0.0.1:1".into_connection_info().expect("a URL");
+        let shared = Arc::new(Shared::new(
+            template,
+            vec![("127.0.0.1".into(), 1)],
+            ConnectionManagerConfig::new(),
+            Duration::from_secs(1),
+        ));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        // The spawned fetch is not polled: the future given to block_on is
+        // ready at once, and the runtime is dropped with the task unrun.
+        runtime.block_on(async { shared.clone().refresh_soon() });
+        assert!(shared.refreshing.load(Ordering::Acquire), "under way");
+        drop(runtime);
+        assert!(!shared.refreshing.load(Ordering::Acquire), "cleared");
+    }
+
     #[test]
     fn a_redirect_without_a_host_is_to_the_senders() {
         let sender: Addr = ("10.0.0.5".into(), 7000);
@@ -679,6 +725,7 @@ mod tests {
         );
         // Not a redirect, or one that names no node: nowhere to go.
         assert_eq!(redirect_target(&moved("3999"), &sender), None);
+        assert_eq!(redirect_target(&moved("3999 ?:6381"), &sender), None);
         let try_again = redirect(ServerErrorKind::TryAgain, "3999 :6381");
         assert_eq!(redirect_target(&try_again, &sender), None);
     }

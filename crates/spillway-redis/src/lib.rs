@@ -8,6 +8,7 @@ mod cluster;
 mod deny_cache;
 mod fallback;
 mod script;
+mod standalone;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,7 +27,7 @@ use tokio::time::Instant;
 pub use call::ScriptCall;
 pub use script::MAX_SLIDING_LOG_LIMIT;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use spillway::store::{Check, Rule, Store, Verdict};
 use spillway::{Algorithm, CostTooLarge};
 
@@ -179,7 +180,7 @@ pub enum Topology {
 
 #[derive(Clone)]
 enum Connection {
-    Standalone(ConnectionManager),
+    Standalone(standalone::Standalone),
     Cluster(cluster::Cluster),
 }
 
@@ -367,14 +368,13 @@ impl RedisStore {
         let connect_within = timeout.max(Duration::from_secs(1));
         let connection = match topology {
             Topology::Standalone(url) => {
-                let client = redis::Client::open(url)?;
-                let manager = tokio::time::timeout(
+                let node = tokio::time::timeout(
                     connect_within,
-                    client.get_connection_manager_with_config(manager_config(timeout)),
+                    standalone::Standalone::connect(url, manager_config(timeout)),
                 )
                 .await
                 .map_err(|_| Error::Timeout(connect_within))??;
-                Connection::Standalone(manager)
+                Connection::Standalone(node)
             }
             Topology::Cluster(nodes) => {
                 // Each node's connection is a connection manager as above;
@@ -843,9 +843,9 @@ impl RedisStore {
     ) -> Result<T, Error> {
         let timeout = self.inner.options.timeout;
         match &self.connection {
-            Connection::Standalone(c) => {
-                let mut c = c.clone();
-                tokio::time::timeout(timeout, cmd.query_async(&mut c)).await
+            Connection::Standalone(node) => {
+                let call = node.run(async |mut c| cmd.query_async(&mut c).await);
+                tokio::time::timeout(timeout, call).await
             }
             Connection::Cluster(c) => {
                 let slot = cluster::slot(key.as_bytes());
@@ -952,8 +952,17 @@ fn is_outage(error: &Error) -> bool {
                     // cannot say where the key is.
                     || matches!(kind, ServerErrorKind::Moved | ServerErrorKind::Ask)
             }
-            // A script running past its time limit holds the whole server.
-            ErrorKind::Extension => e.code() == Some("BUSY"),
+            // Codes redis-rs has no kind for. A script running past its
+            // time limit holds the whole server (BUSY); a full Redis under
+            // noeviction (OOM), one without the replicas it must write to
+            // (NOREPLICAS) or one whose last save failed (MISCONF) refuses
+            // every write; a password or ACL that no longer lets the store
+            // in (NOAUTH, NOPERM) refuses every call. None is an error of
+            // one key's data.
+            ErrorKind::Extension => matches!(
+                e.code(),
+                Some("BUSY" | "OOM" | "NOREPLICAS" | "MISCONF" | "NOAUTH" | "NOPERM")
+            ),
             ErrorKind::Io
             | ErrorKind::ClusterConnectionNotFound
             | ErrorKind::Parse
@@ -1028,10 +1037,10 @@ mod tests {
         )))
     }
 
-    /// An outage (the failure policy answers) is Redis out of reach or
-    /// the cluster changing under the call, a redirect still given after
-    /// every resend included; an error of the data or the request is
-    /// answered as one, whatever the policy.
+    /// An outage (the breaker counts it) is Redis out of reach, refusing
+    /// every write, or the cluster changing under the call, a redirect
+    /// still given after every resend included; an error of one key's data
+    /// or of the request is not.
     #[test]
     fn outages_are_told_from_errors_of_the_data() {
         for kind in [
@@ -1056,6 +1065,12 @@ mod tests {
             std::io::ErrorKind::ConnectionReset,
         )));
         assert!(is_outage(&io));
+        let extension =
+            |code: &str| Error::Redis(redis::make_extension_error(code.to_string(), None));
+        for code in ["BUSY", "OOM", "NOREPLICAS", "MISCONF", "NOAUTH", "NOPERM"] {
+            assert!(is_outage(&extension(code)), "{code}");
+        }
+        assert!(!is_outage(&extension("WRONGTYPE")));
         assert!(is_outage(&Error::Timeout(Duration::from_millis(100))));
         assert!(!is_outage(&Error::Reply("?".into())));
     }

@@ -1379,6 +1379,123 @@ async fn a_data_error_fails_one_request_not_the_store() {
     assert_eq!(s.stats().redis_calls, calls + 1, "Redis decided it");
 }
 
+/// A Redis that refuses every write (short of the replicas it must write
+/// to, or full under `noeviction`) is an outage: the breaker opens, the
+/// failure policy answers, and Redis decides again once it takes writes.
+/// Before, its refusals (NOREPLICAS, OOM) were counted as errors of one
+/// key's data: the breaker stayed closed and the store said it was healthy.
+#[tokio::test]
+async fn a_redis_that_refuses_writes_is_an_outage() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rules = vec![Rule::new(
+        "r",
+        FixedWindow::new(per(100, Duration::from_secs(3600))),
+    )];
+    let options = RedisOptions {
+        deny_cache_entries: 0,
+        retry_interval: Duration::from_millis(50),
+        ..RedisOptions::default()
+    };
+    let s = store(&server, rules, options).await;
+    let mut remaining = s.check(&one("k")).await.unwrap().decisions[0].remaining;
+    assert_eq!(remaining, 99);
+    for (refuse, accept) in [
+        (
+            "CONFIG SET min-replicas-to-write 1",
+            "CONFIG SET min-replicas-to-write 0",
+        ),
+        ("CONFIG SET maxmemory 1", "CONFIG SET maxmemory 0"),
+    ] {
+        assert!(server.command(refuse).starts_with("+OK"), "{refuse}");
+        let before = s.stats();
+        // fail_open, the default: admitted, undecided.
+        assert!(s.check(&one("k")).await.unwrap().allowed);
+        let after = s.stats();
+        assert_eq!(after.redis_errors, before.redis_errors + 1, "{refuse}");
+        assert_eq!(after.data_errors, before.data_errors, "{refuse}");
+        assert!(!s.is_healthy(), "{refuse}: the breaker is open");
+        assert!(server.command(accept).starts_with("+OK"), "{accept}");
+        let decided = eventually(Duration::from_secs(5), async || {
+            s.check(&one("k")).await.unwrap().decisions[0].remaining == remaining - 1
+        })
+        .await;
+        assert!(decided && s.is_healthy(), "{accept}: Redis decides again");
+        remaining -= 1;
+    }
+}
+
+/// A connection whose set-up was refused is made again. Here the store's
+/// ACL user gets a new password (a rotation half rolled out) and its
+/// connection is cut: every reconnection is refused, and once the old
+/// password is back, Redis decides again. Before, the connection manager
+/// kept the refused set-up and gave its error to every later call, for as
+/// long as the process ran.
+#[tokio::test]
+async fn a_refused_connection_is_made_again() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let user = "ACL SETUSER limiter on >first ~* &* +@all";
+    assert!(server.command(user).starts_with("+OK"));
+    let url = format!("redis://limiter:first@127.0.0.1:{}", server.port());
+    let rules = vec![Rule::new(
+        "r",
+        FixedWindow::new(per(100, Duration::from_secs(3600))),
+    )];
+    let options = RedisOptions {
+        deny_cache_entries: 0,
+        retry_interval: Duration::from_millis(50),
+        ..RedisOptions::default()
+    };
+    let s = RedisStore::connect(Topology::Standalone(url), rules, options)
+        .await
+        .expect("connects");
+    assert_eq!(s.check(&one("k")).await.unwrap().decisions[0].remaining, 99);
+    let rotated = server.command("ACL SETUSER limiter resetpass >second");
+    assert!(rotated.starts_with("+OK"), "{rotated}");
+    let cut = server.command("CLIENT KILL USER limiter");
+    assert!(cut.starts_with(":1"), "{cut}");
+    // Refused: answered by fail_open, for more than a few retry intervals.
+    let refused = eventually(Duration::from_secs(5), async || {
+        s.check(&one("k")).await.unwrap();
+        s.stats().redis_errors >= 3
+    })
+    .await;
+    assert!(refused && !s.is_healthy());
+    assert!(
+        server
+            .command("ACL SETUSER limiter >first")
+            .starts_with("+OK")
+    );
+    let decided = eventually(Duration::from_secs(5), async || {
+        s.check(&one("k")).await.unwrap().decisions[0].remaining == 98
+    })
+    .await;
+    assert!(decided, "Redis decides again");
+    assert!(s.is_healthy());
+}
+
+/// A URL that asks for RESP3 is refused with a clear error: over RESP3 a
+/// refused set-up cannot be told from a server's answer to a call.
+#[tokio::test]
+async fn a_url_asking_for_resp3_is_refused() {
+    for topology in [
+        Topology::Standalone("redis://127.0.0.1:1/?protocol=resp3".into()),
+        Topology::Cluster(vec!["redis://127.0.0.1:1/?protocol=resp3".into()]),
+    ] {
+        let rules = vec![Rule::new(
+            "r",
+            FixedWindow::new(per(1, Duration::from_secs(1))),
+        )];
+        let error = RedisStore::connect(topology, rules, RedisOptions::default())
+            .await
+            .expect_err("refused");
+        assert!(error.to_string().contains("RESP2"), "{error}");
+    }
+}
+
 /// The local fallback's charges are given back to the fallback, not to
 /// Redis, which never saw them; a cost above an instance's share is
 /// denied, not a bad request; and a limit below the instance count cannot
