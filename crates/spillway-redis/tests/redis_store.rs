@@ -1349,6 +1349,24 @@ fn pause_owner(cluster: &RedisCluster, rule: &str, key: &str) {
     assert!(node.command("CLIENT PAUSE 1000 ALL").starts_with("+OK"));
 }
 
+/// One rule, `r`: a fixed window of `limit` an hour.
+fn hourly(limit: u32) -> Vec<Rule> {
+    vec![Rule::new(
+        "r",
+        FixedWindow::new(per(limit, Duration::from_secs(3600))),
+    )]
+}
+
+/// No deny cache (every check reaches Redis), and a breaker that lets a
+/// probe through every 50 ms: a test of recovery waits little.
+fn quick_retries() -> RedisOptions {
+    RedisOptions {
+        deny_cache_entries: 0,
+        retry_interval: Duration::from_millis(50),
+        ..RedisOptions::default()
+    }
+}
+
 /// A data error (here a key of another type) fails its own request by the
 /// policy and leaves the store up: the other keys are still decided by
 /// Redis (before, it marked the whole store down for the retry interval).
@@ -1357,10 +1375,7 @@ async fn a_data_error_fails_one_request_not_the_store() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let rules = vec![Rule::new(
-        "r",
-        FixedWindow::new(per(1, Duration::from_secs(3600))),
-    )];
+    let rules = hourly(1);
     let options = RedisOptions {
         deny_cache_entries: 0,
         ..RedisOptions::default()
@@ -1389,15 +1404,8 @@ async fn a_redis_that_refuses_writes_is_an_outage() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let rules = vec![Rule::new(
-        "r",
-        FixedWindow::new(per(100, Duration::from_secs(3600))),
-    )];
-    let options = RedisOptions {
-        deny_cache_entries: 0,
-        retry_interval: Duration::from_millis(50),
-        ..RedisOptions::default()
-    };
+    let rules = hourly(100);
+    let options = quick_retries();
     let s = store(&server, rules, options).await;
     let mut remaining = s.check(&one("k")).await.unwrap().decisions[0].remaining;
     assert_eq!(remaining, 99);
@@ -1440,15 +1448,8 @@ async fn a_refused_connection_is_made_again() {
     let user = "ACL SETUSER limiter on >first ~* &* +@all";
     assert!(server.command(user).starts_with("+OK"));
     let url = format!("redis://limiter:first@127.0.0.1:{}", server.port());
-    let rules = vec![Rule::new(
-        "r",
-        FixedWindow::new(per(100, Duration::from_secs(3600))),
-    )];
-    let options = RedisOptions {
-        deny_cache_entries: 0,
-        retry_interval: Duration::from_millis(50),
-        ..RedisOptions::default()
-    };
+    let rules = hourly(100);
+    let options = quick_retries();
     let s = RedisStore::connect(Topology::Standalone(url), rules, options)
         .await
         .expect("connects");
