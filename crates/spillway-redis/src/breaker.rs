@@ -7,8 +7,13 @@
 //! node that is down or slow turns the policy on for its own keys only.
 //! Only a failure to answer trips one: a data error (a key of the wrong
 //! type, a corrupt state) fails that request, never the store.
+//!
+//! The store's own passage between answering and not is logged once each
+//! way: a warning when the first breaker opens, a line when the last one
+//! closes; never one per request.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::fmt::Display;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -22,6 +27,10 @@ pub(crate) struct Breakers {
     epoch: Instant,
     retry_interval: Duration,
     breakers: Box<[Breaker]>,
+    // How many breakers are open or half open: each breaker's passage from
+    // closed to open adds one, and back takes one away (both are swaps, so
+    // the count stays exact under races).
+    open: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -65,6 +74,7 @@ impl Breakers {
             epoch: Instant::now(),
             retry_interval,
             breakers: (0..count).map(|_| Breaker::default()).collect(),
+            open: AtomicUsize::new(0),
         }
     }
 
@@ -96,34 +106,48 @@ impl Breakers {
         }
     }
 
-    /// Redis answered for `slot`: the breaker closes.
+    /// Redis answered for `slot`: the breaker closes. The last breaker to
+    /// close logs that Redis answers again.
     pub(crate) fn answered(&self, slot: u16) {
         let breaker = self.of(slot);
-        if breaker.open_until.load(Ordering::Relaxed) != 0 {
-            breaker.open_until.store(0, Ordering::Release);
+        // A load first: a closed breaker (the usual case) is not written.
+        if breaker.open_until.load(Ordering::Relaxed) != 0
+            && breaker.open_until.swap(0, Ordering::AcqRel) != 0
+            && self.open.fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            tracing::info!(
+                slot,
+                "Redis answers again: every rule is decided by it from now on"
+            );
         }
     }
 
-    /// Redis failed to answer for `slot` at `now`: the breaker opens for the
-    /// retry interval.
-    pub(crate) fn failed(&self, slot: u16, now: Instant) {
+    /// Redis failed to answer for `slot` at `now` (with `error`): the
+    /// breaker opens for the retry interval. The first breaker to open logs
+    /// a warning that the failure policies decide.
+    pub(crate) fn failed(&self, slot: u16, now: Instant, error: &dyn Display) {
         let until = self.millis(now + self.retry_interval);
-        self.of(slot).open_until.store(until, Ordering::Release);
+        if self.of(slot).open_until.swap(until, Ordering::AcqRel) == 0
+            && self.open.fetch_add(1, Ordering::AcqRel) == 0
+        {
+            tracing::warn!(
+                slot,
+                error = %error,
+                retry_interval_ms = self.retry_interval.as_millis(),
+                "Redis does not answer: each rule's failure policy (on_error) decides \
+                 its keys until Redis answers again"
+            );
+        }
     }
 
     /// Whether every breaker is closed.
     pub(crate) fn all_closed(&self) -> bool {
-        self.breakers
-            .iter()
-            .all(|b| b.open_until.load(Ordering::Relaxed) == 0)
+        self.open_count() == 0
     }
 
     /// How many breakers are open or half open.
     pub(crate) fn open_count(&self) -> usize {
-        self.breakers
-            .iter()
-            .filter(|b| b.open_until.load(Ordering::Relaxed) != 0)
-            .count()
+        self.open.load(Ordering::Acquire)
     }
 }
 
@@ -135,7 +159,7 @@ mod tests {
     async fn one_probe_at_a_time_once_the_interval_has_passed() {
         let breakers = Breakers::new(true, Duration::from_millis(250));
         assert!(matches!(breakers.gate(7, Instant::now()), Gate::Closed));
-        breakers.failed(7, Instant::now());
+        breakers.failed(7, Instant::now(), &"down");
         assert!(matches!(breakers.gate(7, Instant::now()), Gate::Open));
         // Another slot (another node's, perhaps) is not concerned.
         assert!(matches!(breakers.gate(8, Instant::now()), Gate::Closed));
@@ -156,12 +180,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failed_probe_opens_it_for_another_interval() {
         let breakers = Breakers::new(false, Duration::from_millis(100));
-        breakers.failed(0, Instant::now());
+        breakers.failed(0, Instant::now(), &"down");
         tokio::time::advance(Duration::from_millis(100)).await;
         let Gate::Probe(probe) = breakers.gate(0, Instant::now()) else {
             panic!("expected a probe");
         };
-        breakers.failed(0, Instant::now());
+        breakers.failed(0, Instant::now(), &"down");
         drop(probe);
         assert!(matches!(breakers.gate(0, Instant::now()), Gate::Open));
         assert_eq!(breakers.open_count(), 1);

@@ -59,15 +59,21 @@ impl RedisStore {
             bump(&inner.counters.fail_open);
         }
         let mut from_local = local.iter().flat_map(|v| v.decisions.iter().copied());
+        let mut undecided = Vec::new();
         let decisions = checks
             .iter()
             .zip(prepared)
-            .map(|(c, p)| {
-                if self.is_local(c) {
-                    from_local.next().unwrap_or_else(|| unknown(p.capacity))
+            .enumerate()
+            .map(|(i, (c, p))| {
+                let decided = if self.is_local(c) {
+                    from_local.next()
                 } else {
+                    None
+                };
+                decided.unwrap_or_else(|| {
+                    undecided.push(i);
                     unknown(p.capacity)
-                }
+                })
             })
             .collect();
         Ok(Verdict {
@@ -77,6 +83,7 @@ impl RedisStore {
                 .as_ref()
                 .filter(|v| v.allowed)
                 .map_or(0, |v| v.decided_at | LOCAL),
+            undecided,
         })
     }
 
@@ -115,6 +122,7 @@ impl RedisStore {
             allowed: false,
             decisions,
             decided_at: 0,
+            undecided: (0..checks.len()).filter(|&i| i != over).collect(),
         })
     }
 

@@ -336,8 +336,31 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(100))
 }
 
-/// A decision for a check whose state is unknown (Redis did not answer, or
-/// the deny cache answered for another rule): its limit, nothing known used.
+/// The decisions of a verdict, a stand-in ([`unknown`]) where Redis gave
+/// none, and the indices of those (the verdict's `undecided`).
+fn stand_in_for_unknown(
+    decisions: Vec<Option<Decision>>,
+    prepared: &[Prepared],
+) -> (Vec<Decision>, Vec<usize>) {
+    let mut undecided = Vec::new();
+    let decisions = decisions
+        .into_iter()
+        .zip(prepared)
+        .enumerate()
+        .map(|(i, (d, p))| {
+            d.unwrap_or_else(|| {
+                undecided.push(i);
+                unknown(p.capacity)
+            })
+        })
+        .collect();
+    (decisions, undecided)
+}
+
+/// A stand-in decision for a check whose state is unknown (Redis did not
+/// answer, or the deny cache answered for another rule): admitted, its
+/// limit, nothing known used. Its verdict lists it as undecided, so that
+/// no one reports it as a quota.
 fn unknown(capacity: u64) -> Decision {
     Decision {
         allowed: true,
@@ -480,6 +503,42 @@ impl RedisStore {
         self.inner.breakers.all_closed()
     }
 
+    /// Asks Redis once, whatever the breakers say, for a peek (cost 0: it
+    /// charges nothing and writes nothing) of `key` under the first rule,
+    /// and says whether it answered. Like a request's call, its answer
+    /// closes the breaker of the key's slot and a failure to answer opens
+    /// it (logging the change of state, if it is one); no failure policy
+    /// is applied. A service probes now and then, so that
+    /// [`is_healthy`](Self::is_healthy) sees a dead Redis, and a Redis
+    /// back again, without waiting for traffic. Without rules there is
+    /// nothing to ask: `Ok`.
+    pub async fn probe(&self, key: &str) -> Result<(), Error> {
+        if self.inner.rules.is_empty() {
+            return Ok(());
+        }
+        let checks = [Check {
+            rule: RuleId(0),
+            key,
+            cost: 0,
+        }];
+        let prepared = self.prepare(&checks)?;
+        let groups = self.groups(&prepared);
+        let group = &groups[0];
+        let inner = &*self.inner;
+        let result = self
+            .call(&inner.scripts, &prepared, group, None, None)
+            .await;
+        match &result {
+            Ok(_) => inner.breakers.answered(group.slot),
+            Err(error) if is_outage(error) => {
+                bump(&inner.counters.redis_errors);
+                inner.breakers.failed(group.slot, Instant::now(), error);
+            }
+            Err(_) => bump(&inner.counters.redis_errors),
+        }
+        result.map(drop)
+    }
+
     /// The production path: the deny cache, the breakers, Redis, then the
     /// failure policy.
     async fn check_with_fallback(&self, checks: &[Check<'_>]) -> Result<Verdict, Error> {
@@ -534,6 +593,8 @@ impl RedisStore {
                         for &(i, d) in &failed.decided {
                             v.decisions[i] = d;
                         }
+                        v.undecided
+                            .retain(|i| !failed.decided.iter().any(|(j, _)| j == i));
                     }
                     // Refused after all: what the groups that answered
                     // charged goes back.
@@ -597,7 +658,7 @@ impl RedisStore {
                 Err(error) => {
                     bump(&inner.counters.redis_errors);
                     if is_outage(error) {
-                        inner.breakers.failed(group.slot, answered_at);
+                        inner.breakers.failed(group.slot, answered_at, error);
                     } else {
                         bump(&inner.counters.data_errors);
                     }
@@ -651,15 +712,12 @@ impl RedisStore {
                 decided,
             });
         }
-        let decisions = decisions
-            .into_iter()
-            .zip(prepared)
-            .map(|(d, p)| d.unwrap_or_else(|| unknown(p.capacity)))
-            .collect();
+        let (decisions, undecided) = stand_in_for_unknown(decisions, prepared);
         Ok(Verdict {
             allowed: !denied,
             decisions,
             decided_at,
+            undecided,
         })
     }
 
@@ -780,15 +838,12 @@ impl RedisStore {
         if denied.iter().all(Option::is_none) {
             return None;
         }
-        let decisions = denied
-            .into_iter()
-            .zip(prepared)
-            .map(|(d, p)| d.unwrap_or_else(|| unknown(p.capacity)))
-            .collect();
+        let (decisions, undecided) = stand_in_for_unknown(denied, prepared);
         Some(Verdict {
             allowed: false,
             decisions,
             decided_at: 0,
+            undecided,
         })
     }
 

@@ -371,9 +371,14 @@ async fn fail_open_admits_while_redis_is_down_and_recovers_within_a_second() {
         return;
     }
     let (mut server, s) = outage(OnError::FailOpen).await;
+    assert!(s.check(&one("k")).await.unwrap().undecided.is_empty());
     server.kill();
     for _ in 0..10 {
-        assert!(s.check(&one("k")).await.unwrap().allowed);
+        let verdict = s.check(&one("k")).await.unwrap();
+        assert!(verdict.allowed);
+        // Admitted by the policy, not decided: no quota to report.
+        assert_eq!(verdict.undecided, [0]);
+        assert_eq!(verdict.most_restrictive(), None);
     }
     assert!(s.stats().fail_open >= 10);
     assert!(!s.is_healthy());
@@ -481,11 +486,13 @@ async fn each_rule_fails_by_its_own_policy() {
     assert!(s.check(&check(&[1])).await.is_err());
     assert!(s.check(&check(&[0, 1])).await.is_err());
     // search decides in memory: 2 of 4 for this instance, with general
-    // admitting beside it.
+    // admitting beside it, undecided.
     let admitted = {
         let mut n = 0;
         for _ in 0..4 {
-            n += usize::from(s.check(&check(&[0, 2])).await.unwrap().allowed);
+            let verdict = s.check(&check(&[0, 2])).await.unwrap();
+            assert_eq!(verdict.undecided, [0], "search is decided, in memory");
+            n += usize::from(verdict.allowed);
         }
         n
     };

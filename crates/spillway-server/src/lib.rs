@@ -19,6 +19,7 @@ pub mod config;
 pub mod envoy;
 mod http1;
 pub mod metrics;
+pub mod probe;
 pub mod proxy;
 pub mod reload;
 mod run;

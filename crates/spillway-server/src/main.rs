@@ -64,6 +64,10 @@ struct ProxyArgs {
     /// `upstream` (the upstream's host:port).
     #[arg(long, default_value = "keep")]
     host_header: spillway_server::proxy::HostHeader,
+    /// Serve /metrics, /healthz, /readyz and the admin API on this address,
+    /// off the proxied port (which forwards every path) [default: none].
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<std::net::SocketAddr>,
 }
 
 fn parse_std_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -277,6 +281,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         idle_timeout: config.server.idle_timeout,
         max_connections: config.server.max_connections.get(),
         drain_timeout: config.server.drain_timeout,
+        bounds: config.proxy_bounds,
         ..ProxyOptions::default()
     };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
@@ -284,14 +289,39 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let admin_listener = match args.admin_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
+            ),
+            None => None,
+        };
         let state = State::new(config)
             .await
             .map_err(|e| format!("the store: {e}"))?;
         let reloader = Reloader::new(state.clone(), source).map_err(|e| e.to_string())?;
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let watcher = tokio::spawn(reloader.watch(async {
-            stop_rx.await.ok();
-        }));
+        // One stop for the reload watcher, the store probe and the admin
+        // listener, once the proxy has drained.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            }
+        };
+        let watcher = tokio::spawn(reloader.watch(stopped()));
+        tokio::spawn(spillway_server::probe::watch_store(
+            state.live.clone(),
+            stopped(),
+        ));
+        let admin = admin_listener.map(|listener| {
+            tokio::spawn(spillway_server::api::serve_admin(
+                listener,
+                state.clone(),
+                stopped(),
+            ))
+        });
         let result = serve_with(
             listener,
             args.upstream,
@@ -301,8 +331,11 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         )
         .await
         .map_err(|e| e.to_string());
-        stop_tx.send(()).ok();
+        stop_tx.send(true).ok();
         watcher.await.ok();
+        if let Some(admin) = admin {
+            admin.await.ok();
+        }
         result
     })
 }

@@ -3,7 +3,7 @@
 //!
 //! | metric | type | labels | what |
 //! | --- | --- | --- | --- |
-//! | `spillway_decisions_total` | counter | `rule`, `outcome` | one per rule per decided request; `outcome` is `allowed`, `rejected`, `shadowed`, `degraded` or `error` |
+//! | `spillway_decisions_total` | counter | `rule`, `outcome` | one per rule per decided request; `outcome` is `allowed`, `rejected`, `shadowed`, `degraded`, `error` or `undecided` (admitted by `fail_open`) |
 //! | `spillway_store_call_duration_seconds` | histogram | | every store call, memory or Redis |
 //! | `spillway_store_errors_total` | counter | `kind` | store calls that returned an error to the service (`timeout`, `redis`, `unavailable`, `reply`, `rule`): requests left undecided |
 //! | `spillway_redis_calls_total` | counter | | script calls sent to Redis |
@@ -59,12 +59,13 @@ struct ResultLabels {
     result: &'static str,
 }
 
-const OUTCOMES: [RuleOutcome; 5] = [
+const OUTCOMES: [RuleOutcome; 6] = [
     RuleOutcome::Allowed,
     RuleOutcome::Rejected,
     RuleOutcome::Shadowed,
     RuleOutcome::Degraded,
     RuleOutcome::Error,
+    RuleOutcome::Undecided,
 ];
 
 /// The label value of an outcome.
@@ -75,6 +76,7 @@ pub fn outcome_name(outcome: RuleOutcome) -> &'static str {
         RuleOutcome::Shadowed => "shadowed",
         RuleOutcome::Degraded => "degraded",
         RuleOutcome::Error => "error",
+        RuleOutcome::Undecided => "undecided",
     }
 }
 
@@ -94,7 +96,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     // The decision counters by rule name, so that counting a decision (on
     // every request) looks a name up instead of building a label set.
-    by_rule: RwLock<HashMap<Box<str>, [Counter; 5]>>,
+    by_rule: RwLock<HashMap<Box<str>, [Counter; OUTCOMES.len()]>>,
     store_latency: Histogram,
     store_errors: Family<KindLabels, Counter>,
     reloads: Family<ResultLabels, Counter>,

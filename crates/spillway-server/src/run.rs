@@ -64,6 +64,7 @@ pub async fn run(
     // SIGHUP from now on reloads instead of ending the process.
     let reloader = Reloader::new(state.clone(), config)?;
     let watcher = tokio::spawn(reloader.watch(stopped()));
+    tokio::spawn(crate::probe::watch_store(state.live.clone(), stopped()));
 
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!("listening on http://{addr}");

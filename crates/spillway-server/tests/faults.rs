@@ -23,7 +23,7 @@ mod fault_support;
 use std::time::Duration;
 
 use fault_support::proxy::Fault;
-use fault_support::{Injected, RULES, Report, Scenario, Topology, run};
+use fault_support::{Injected, RULES, Report, Scenario, Topology, run_checked};
 
 /// The return to exact decisions after a fault of one redis-server (or of
 /// the connections to every node): the breaker's retry interval (250 ms),
@@ -172,44 +172,49 @@ fn assert_a_healthy_nodes_denial_wins(report: &Report) {
 
 #[test]
 fn redis_killed_and_restarted() {
-    let Some(report) = run(KILLED) else { return };
-    assert_the_fault_was_felt(&report);
-    report.assert_holds(false);
+    run_checked(KILLED, |report| {
+        assert_the_fault_was_felt(report);
+        report.assert_holds(false);
+    });
 }
 
 #[test]
 fn redis_paused() {
-    let Some(report) = run(PAUSED) else { return };
-    assert_the_fault_was_felt(&report);
-    report.assert_holds(false);
+    run_checked(PAUSED, |report| {
+        assert_the_fault_was_felt(report);
+        report.assert_holds(false);
+    });
 }
 
 /// Latency under the store timeout changes nothing but the latency.
 #[test]
 fn latency_below_the_store_timeout() {
-    let Some(report) = run(SLOWED) else { return };
-    for f in &report.rules {
-        // Every window exact, the fault's too (but those the machine's
-        // own lag spoiled).
-        assert_eq!(f.fault_inexact, 0, "{}", f.line());
-        // The latency was there: Redis answers took two proxy crossings.
-        assert!(f.max >= Duration::from_millis(20), "{}", f.line());
-    }
-    report.assert_holds(false);
+    run_checked(SLOWED, |report| {
+        for f in &report.rules {
+            // Every window exact, the fault's too (but those the machine's
+            // own lag spoiled).
+            assert_eq!(f.fault_inexact, 0, "{}", f.line());
+            // The latency was there: Redis answers took two proxy crossings.
+            assert!(f.max >= Duration::from_millis(20), "{}", f.line());
+        }
+        report.assert_holds(false);
+    });
 }
 
 #[test]
 fn stalled_connection() {
-    let Some(report) = run(STALLED) else { return };
-    assert_the_fault_was_felt(&report);
-    report.assert_holds(false);
+    run_checked(STALLED, |report| {
+        assert_the_fault_was_felt(report);
+        report.assert_holds(false);
+    });
 }
 
 #[test]
 fn connections_reset() {
-    let Some(report) = run(RESET) else { return };
-    assert_the_fault_was_felt(&report);
-    report.assert_holds(false);
+    run_checked(RESET, |report| {
+        assert_the_fault_was_felt(report);
+        report.assert_holds(false);
+    });
 }
 
 /// The replica takes over; a promoted replica may lack the last charges
@@ -217,51 +222,48 @@ fn connections_reset() {
 /// forbids.
 #[test]
 fn cluster_master_killed() {
-    let Some(report) = run(MASTER_KILLED) else {
-        return;
-    };
-    assert_the_other_masters_stay_exact(&report);
-    assert_a_healthy_nodes_denial_wins(&report);
-    report.assert_holds(true);
+    run_checked(MASTER_KILLED, |report| {
+        assert_the_other_masters_stay_exact(report);
+        assert_a_healthy_nodes_denial_wins(report);
+        report.assert_holds(true);
+    });
 }
 
 #[test]
 fn cluster_latency_below_the_store_timeout() {
-    let Some(report) = run(CLUSTER_SLOWED) else {
-        return;
-    };
-    for f in &report.rules {
-        assert_eq!(f.fault_inexact, 0, "{}", f.line());
-        assert!(f.max >= Duration::from_millis(20), "{}", f.line());
-    }
-    report.assert_holds(false);
+    run_checked(CLUSTER_SLOWED, |report| {
+        for f in &report.rules {
+            assert_eq!(f.fault_inexact, 0, "{}", f.line());
+            assert!(f.max >= Duration::from_millis(20), "{}", f.line());
+        }
+        report.assert_holds(false);
+    });
 }
 
 /// One master stalls: only the keys it holds follow their policy; every
 /// other key is still decided by Redis, exactly.
 #[test]
 fn cluster_one_stalled_master_leaves_the_others_exact() {
-    let Some(report) = run(ONE_MASTER_STALLED) else {
-        return;
-    };
-    assert_the_other_masters_stay_exact(&report);
-    assert_a_healthy_nodes_denial_wins(&report);
-    report.assert_holds(false);
+    run_checked(ONE_MASTER_STALLED, |report| {
+        assert_the_other_masters_stay_exact(report);
+        assert_a_healthy_nodes_denial_wins(report);
+        report.assert_holds(false);
+    });
 }
 
 #[test]
 fn connections_reset_every_100ms() {
-    let Some(report) = run(FLAKY) else { return };
-    report.assert_holds(false);
+    run_checked(FLAKY, |report| {
+        report.assert_holds(false);
+    });
 }
 
 #[test]
 fn cluster_connections_reset() {
-    let Some(report) = run(CLUSTER_RESET) else {
-        return;
-    };
-    assert_the_fault_was_felt(&report);
-    report.assert_holds(false);
+    run_checked(CLUSTER_RESET, |report| {
+        assert_the_fault_was_felt(report);
+        report.assert_holds(false);
+    });
 }
 
 /// Connections reset under scripts in flight: a script whose reply was
@@ -269,8 +271,7 @@ fn cluster_connections_reset() {
 /// more than it answered plus what the failure policy answered.)
 #[test]
 fn cluster_connections_reset_every_100ms() {
-    let Some(report) = run(CLUSTER_FLAKY) else {
-        return;
-    };
-    report.assert_holds(false);
+    run_checked(CLUSTER_FLAKY, |report| {
+        report.assert_holds(false);
+    });
 }

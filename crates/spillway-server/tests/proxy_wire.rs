@@ -1287,9 +1287,31 @@ async fn other_spellings_of_a_limited_path_are_limited_too() {
         "/LOGIN",
         "/Login/",
         "http://spillway.test/login",
+        // Tomcat's `/login`: it strips `;parameters` before dot segments.
+        "/x/..;/login",
+        "/.;/login",
+        "/;x/login",
+        // Node's `new URL()` reads `\` as `/`.
+        "/x/..\\login",
+        "/x\\..\\login",
+        // WSGI servers and Rack decode `%2F` and `%5C`: the proxy forwards
+        // them encoded, and counts them under both readings.
+        "/x%2F..%2Flogin",
+        "/%2Flogin",
+        "/x%5C..%5Clogin",
     ] {
         let response = client.exchange(&post(spelling, b"")).await;
         assert_eq!(response.status, 429, "{spelling}");
+    }
+    // A method override makes a POST elsewhere the application's login
+    // (Express's method-override, Rack, Laravel), and HEAD is GET to
+    // every router: both count against a rule on that method.
+    for request in [
+        "PUT /login HTTP/1.1\r\nHost: spillway.test\r\nX-HTTP-Method-Override: POST\r\nContent-Length: 0\r\n\r\n",
+        "PUT /login?_method=post HTTP/1.1\r\nHost: spillway.test\r\nContent-Length: 0\r\n\r\n",
+    ] {
+        let response = client.exchange(request.as_bytes()).await;
+        assert_eq!(response.status, 429, "{request}");
     }
     // A lower-case `post` is refused, not taken for another method.
     let lower = b"post /login HTTP/1.1\r\nHost: spillway.test\r\nContent-Length: 0\r\n\r\n";
@@ -1316,8 +1338,18 @@ async fn the_upstream_receives_the_normalized_target() {
             "{sent}"
         );
     }
+    // Raw bytes that are not ASCII go on percent-encoded: a strict
+    // upstream could not parse them.
+    let raw = b"GET /caf\xc3\xa9?q=\xc3\xa9 HTTP/1.1\r\nHost: spillway.test\r\n\r\n";
+    let response = client.exchange(raw).await;
+    assert_eq!(response.text(), "upstream got GET /caf%C3%A9?q=%C3%A9");
     let bad = client.exchange(&get("/100%")).await;
     assert_eq!(bad.status, 400);
+    // Starlette serves `/login%0a` as `/login`; no route holds a control.
+    for control in ["/login%0a", "/login%00.json"] {
+        let bad = client.exchange(&get(control)).await;
+        assert_eq!(bad.status, 400, "{control}");
+    }
 }
 
 const ONE_PER_MINUTE_ON_API_HOST: &str = r#"
@@ -1365,10 +1397,17 @@ async fn other_spellings_of_a_limited_host_are_limited_or_refused() {
     // ... and sent on as the Host when it is not.
     let other = on("http://other.example/h", b"api.example.com");
     assert_eq!(client.exchange(&other).await.status, 200);
-    let mut client = Wire::connect(proxy).await;
-    let foreign = on("/h", b"api.ex\xc3\xa4mple.com");
-    if let Some(response) = client.try_exchange(&foreign).await {
-        assert_eq!(response.status, 400);
+    // Express with `trust proxy` serves these two as api.example.com (it
+    // cuts the value at the comma and the colon): they are not hosts.
+    for host in [
+        &b"api.ex\xc3\xa4mple.com"[..],
+        b"api.example.com,x",
+        b"api.example.com:8o",
+    ] {
+        let mut client = Wire::connect(proxy).await;
+        if let Some(response) = client.try_exchange(&on("/h", host)).await {
+            assert_eq!(response.status, 400, "{}", String::from_utf8_lossy(host));
+        }
     }
     let seen = upstream.seen();
     let hosts: Vec<_> = seen
@@ -1376,6 +1415,34 @@ async fn other_spellings_of_a_limited_host_are_limited_or_refused() {
         .map(|s| s.request.headers.all("host").join(","))
         .collect();
     assert_eq!(hosts, ["api.example.com", "other.example"]);
+}
+
+/// Behind a trusted proxy, upstreams route by `X-Forwarded-Host`: a host
+/// rule counts it, and one that is not a host (which Express cuts at the
+/// colon) is refused as a `Host` would be.
+#[tokio::test]
+async fn a_trusted_proxys_forwarded_host_is_counted_or_refused() {
+    let upstream = RawUpstream::echo().await;
+    let config =
+        format!("[clients]\ntrusted_proxies = [\"127.0.0.1\"]\n{ONE_PER_MINUTE_ON_API_HOST}");
+    let proxy = start_proxy(&config, upstream.addr).await;
+    let on = |forwarded: &str| {
+        format!(
+            "GET /h HTTP/1.1\r\nHost: backend.internal\r\nX-Forwarded-Host: {forwarded}\r\n\r\n"
+        )
+        .into_bytes()
+    };
+    let mut client = Wire::connect(proxy).await;
+    assert_eq!(client.exchange(&on("api.example.com")).await.status, 200);
+    assert_eq!(
+        client.exchange(&on("API.example.com:443")).await.status,
+        429
+    );
+    for folded in ["api.example.com:8o", "api.example.com:8o, x.example"] {
+        let mut client = Wire::connect(proxy).await;
+        assert_eq!(client.exchange(&on(folded)).await.status, 400, "{folded}");
+    }
+    assert_eq!(upstream.targets().len(), 1);
 }
 
 const DEGRADE_LOGINS: &str = r#"
@@ -1397,7 +1464,8 @@ async fn the_degrade_marker_can_be_neither_forged_nor_stripped() {
     let upstream = RawUpstream::echo().await;
     let proxy = start_proxy(DEGRADE_LOGINS, upstream.addr).await;
     let mut client = Wire::connect(proxy).await;
-    let forged = b"GET /other HTTP/1.1\r\nHost: spillway.test\r\nX-Spillway-Limited: login\r\n\r\n";
+    // WSGI and CGI upstreams read `X_Spillway_Limited` as the marker too.
+    let forged = b"GET /other HTTP/1.1\r\nHost: spillway.test\r\nX-Spillway-Limited: login\r\nX_Spillway_Limited: login\r\n\r\n";
     assert_eq!(client.exchange(forged).await.status, 200);
     assert_eq!(client.exchange(&get("/login")).await.status, 200);
     let stripped =
@@ -1409,6 +1477,81 @@ async fn the_degrade_marker_can_be_neither_forged_nor_stripped() {
         .map(|s| s.request.headers.all("x-spillway-limited"))
         .collect();
     assert_eq!(marks, [vec![], vec![], vec!["login"]]);
+}
+
+/// What an untrusted client says about itself never reaches the upstream:
+/// `X-Real-IP` and `Forwarded` (which chi's RealIP and Rack 3 believe
+/// first) are written by the proxy with the peer's address, the other
+/// client-address headers are removed, and so are the headers that make
+/// some upstreams route by another path (`X-Original-URL`) and the
+/// underscore spellings that CGI and WSGI fold onto the real ones.
+#[tokio::test]
+async fn a_clients_claims_and_routing_headers_do_not_reach_the_upstream() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    let request = b"GET /t HTTP/1.1\r\nHost: spillway.test\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nTrue-Client-IP: 6.6.6.6\r\nX-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\nX_Forwarded_For: 6.6.6.6\r\nX_Real_IP: 6.6.6.6\r\n\r\n";
+    assert_eq!(client.exchange(request).await.status, 200);
+    let seen = upstream.seen();
+    let headers = &seen[0].request.headers;
+    assert_eq!(headers.all("x-real-ip"), ["127.0.0.1"]);
+    assert_eq!(headers.all("forwarded"), ["for=127.0.0.1;proto=http"]);
+    assert_eq!(headers.list("x-forwarded-for"), ["127.0.0.1"]);
+    for gone in [
+        "true-client-ip",
+        "x-original-url",
+        "x-rewrite-url",
+        "x_forwarded_for",
+        "x_real_ip",
+    ] {
+        assert!(headers.all(gone).is_empty(), "{gone}");
+    }
+}
+
+const TWO_PER_API_KEY: &str = r#"
+[clients]
+api_key = "bearer"
+
+[[rules]]
+name = "per-key"
+key = ["api_key"]
+fallback = []
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+"#;
+
+/// The review's bypass: junk `X-Api-Key` values beside the real bearer
+/// token each got a fresh quota, while the upstream authenticated the real
+/// key. Keyed by the place the upstream reads, the junk changes nothing,
+/// and a token sent twice or unreadable is a 400 that never reaches the
+/// upstream (with `fallback = []` it once skipped the rule).
+#[tokio::test]
+async fn the_key_is_the_credential_the_upstream_authenticates() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(TWO_PER_API_KEY, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    let with = |headers: &str| {
+        format!("GET /api HTTP/1.1\r\nHost: spillway.test\r\n{headers}\r\n").into_bytes()
+    };
+    let mut statuses = Vec::new();
+    for junk in 0..4 {
+        let request = with(&format!(
+            "X-Api-Key: junk-{junk}\r\nAuthorization: Bearer\tREALKEY123\r\n"
+        ));
+        statuses.push(client.exchange(&request).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    for refused in [
+        "Authorization: Bearer A\r\nAuthorization: Bearer B\r\n",
+        "Authorization: Bearer\u{a0}REALKEY123\r\n",
+        "Authorization: Bearer REALKEY123, Bearer OTHER\r\n",
+    ] {
+        let mut client = Wire::connect(proxy).await;
+        let response = client.exchange(&with(refused)).await;
+        assert_eq!(response.status, 400, "{refused:?}");
+    }
+    assert_eq!(upstream.targets().len(), 2);
 }
 
 /// A client that asks for a large response and never reads it once held

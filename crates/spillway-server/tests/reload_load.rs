@@ -93,7 +93,7 @@ async fn reloads_under_load(redis: Option<&RedisServer>) {
 
     // Epoch-aligned windows: the run must not cross the end of one.
     let mut probe = Conn::connect(server.addr).await;
-    let peek = br#"{"rule":"count","key":"probe","cost":0}"#;
+    let peek = br#"{"rule":"count","key":"ip=probe","cost":0}"#;
     let peek = format!(
         "POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{}",
         peek.len(),

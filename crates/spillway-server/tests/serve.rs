@@ -121,7 +121,7 @@ fn header<'a>(a: &'a Answer, name: &str) -> &'a str {
 async fn a_rule_check_admits_then_denies_with_the_headers() {
     let app = app(state().await);
     for remaining in (0..3).rev() {
-        let a = check(&app, json!({"rule": "login", "key": "k1"})).await;
+        let a = check(&app, json!({"rule": "login", "key": "ip=k1"})).await;
         assert_eq!(a.status, StatusCode::OK);
         assert_eq!(a.content_type(), "application/json");
         let v = a.json();
@@ -130,13 +130,13 @@ async fn a_rule_check_admits_then_denies_with_the_headers() {
         assert_eq!(v["denied_by"], Value::Null);
         assert_eq!(v["rules"][0]["remaining"], remaining);
         assert_eq!(v["rules"][0]["limit"], 3);
-        assert_eq!(v["rules"][0]["key"], "k1");
+        assert_eq!(v["rules"][0]["key"], "ip=k1");
         assert_eq!(v["rules"][0]["cost"], 1);
         assert_eq!(header(&a, "x-ratelimit-limit"), "3");
         assert_eq!(header(&a, "x-ratelimit-remaining"), remaining.to_string());
         assert_eq!(header(&a, "ratelimit-policy"), "\"login\";q=3;w=3600");
     }
-    let a = check(&app, json!({"rule": "login", "key": "k1"})).await;
+    let a = check(&app, json!({"rule": "login", "key": "ip=k1"})).await;
     assert_eq!(a.status, StatusCode::OK);
     let v = a.json();
     assert_eq!(v["allowed"], false);
@@ -149,14 +149,14 @@ async fn a_rule_check_admits_then_denies_with_the_headers() {
     assert!(header(&a, "ratelimit").starts_with("\"login\";r=0;t="));
 
     // Another key has its own count; a cost-0 check only peeks.
-    let v = check(&app, json!({"rule": "login", "key": "k2", "cost": 0}))
+    let v = check(&app, json!({"rule": "login", "key": "ip=k2", "cost": 0}))
         .await
         .json();
     assert_eq!(
         (v["allowed"].clone(), v["rules"][0]["remaining"].clone()),
         (json!(true), json!(3))
     );
-    let v = check(&app, json!({"rule": "login", "key": "k2", "cost": 3}))
+    let v = check(&app, json!({"rule": "login", "key": "ip=k2", "cost": 3}))
         .await
         .json();
     assert_eq!(v["rules"][0]["remaining"], 0);
@@ -166,8 +166,8 @@ async fn a_rule_check_admits_then_denies_with_the_headers() {
 async fn a_rule_check_follows_the_rule_action_and_tier() {
     let app = app(state().await);
     // Shadow: reported, let through, not charged.
-    check(&app, json!({"rule": "shadowed", "key": "s"})).await;
-    let v = check(&app, json!({"rule": "shadowed", "key": "s"}))
+    check(&app, json!({"rule": "shadowed", "key": "ip=s"})).await;
+    let v = check(&app, json!({"rule": "shadowed", "key": "ip=s"}))
         .await
         .json();
     assert_eq!(
@@ -178,32 +178,116 @@ async fn a_rule_check_follows_the_rule_action_and_tier() {
     assert_eq!(v["rules"][0]["allowed"], false);
     assert_eq!(v["rules"][0]["action"], "shadow");
     // Degrade: let through, marked as limited.
-    check(&app, json!({"rule": "degraded", "key": "d"})).await;
-    let v = check(&app, json!({"rule": "degraded", "key": "d"}))
+    check(&app, json!({"rule": "degraded", "key": "ip=d"})).await;
+    let v = check(&app, json!({"rule": "degraded", "key": "ip=d"}))
         .await
         .json();
     assert_eq!(v["allowed"], true);
     assert_eq!(v["limited"], json!(["degraded"]));
 
     // The pro tier has its own quota (5) and counters.
-    let v = check(&app, json!({"rule": "per-key", "key": "c", "tier": "pro"}))
-        .await
-        .json();
+    let v = check(
+        &app,
+        json!({"rule": "per-key", "key": "api_key=c", "tier": "pro"}),
+    )
+    .await
+    .json();
     assert_eq!(v["rules"][0]["tier"], "pro");
     assert_eq!(v["rules"][0]["limit"], 5);
     assert_eq!(v["rules"][0]["remaining"], 4);
-    let v = check(&app, json!({"rule": "per-key", "key": "c"}))
+    let v = check(&app, json!({"rule": "per-key", "key": "api_key=c"}))
         .await
         .json();
     assert_eq!(v["rules"][0]["tier"], Value::Null);
     assert_eq!(v["rules"][0]["limit"], 2);
     assert_eq!(v["rules"][0]["remaining"], 1);
     // A known tier the rule has no quota for: the rule's default quota.
-    let v = check(&app, json!({"rule": "login", "key": "c", "tier": "pro"}))
+    let v = check(&app, json!({"rule": "login", "key": "ip=c", "tier": "pro"}))
         .await
         .json();
     assert_eq!(v["rules"][0]["tier"], Value::Null);
     assert_eq!(v["rules"][0]["limit"], 3);
+}
+
+/// The two forms of `/v1/check` count a rule and key in one place: the
+/// rule form resolves the key's tier as a request with that API key gets
+/// it, and a key no request could have is a 400 naming the shape.
+#[tokio::test]
+async fn a_rule_check_counts_where_the_described_request_counts() {
+    let app = app(state().await);
+    let described = json!({"path": "/api/x", "headers": {"x-api-key": "pro-key"}});
+    let v = check(&app, described.clone()).await.json();
+    assert_eq!(
+        (&v["rules"][0]["tier"], &v["rules"][0]["remaining"]),
+        (&json!("pro"), &json!(4))
+    );
+    // The same key by name: the pro tier, and the same counter.
+    let v = check(&app, json!({"rule": "per-key", "key": "api_key=pro-key"}))
+        .await
+        .json();
+    assert_eq!(v["rules"][0]["tier"], "pro", "{v}");
+    assert_eq!(v["rules"][0]["remaining"], 3);
+    let v = check(&app, described).await.json();
+    assert_eq!(v["rules"][0]["remaining"], 2);
+    // A tier the key is not in is refused; its own is taken.
+    let a = check(
+        &app,
+        json!({"rule": "per-key", "key": "api_key=pro-key", "tier": "free"}),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    let v = check(
+        &app,
+        json!({"rule": "per-key", "key": "api_key=pro-key", "tier": "pro"}),
+    )
+    .await
+    .json();
+    assert_eq!(v["rules"][0]["remaining"], 1);
+    // Keys no request under the rule could have.
+    for key in [
+        "pro-key",
+        "ip=203.0.113.7",
+        "api_key=a|ip=b",
+        "api_key=a=b",
+        "API_KEY=pro-key",
+    ] {
+        let a = check(&app, json!({"rule": "per-key", "key": key})).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{key}: {}", a.text());
+        let detail = a.json()["detail"].as_str().unwrap_or("").to_string();
+        assert!(detail.contains("`api_key=VALUE`"), "{key}: {detail}");
+    }
+    // The login rule counts by IP: a fallback-less `ip=` key.
+    let a = check(&app, json!({"rule": "login", "key": "api_key=pro-key"})).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    // An escaped value, and a key hashed for its length, are shapes too.
+    let v = check(&app, json!({"rule": "per-key", "key": "api_key=a%7Cb"}))
+        .await
+        .json();
+    assert_eq!(v["allowed"], true, "{v}");
+    let hashed = format!("sha256:{}", "0".repeat(64));
+    assert_eq!(
+        check(&app, json!({"rule": "per-key", "key": hashed}))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    // The documented opt-out: any key, counted as given.
+    let v = check(
+        &app,
+        json!({"rule": "per-key", "key": "my-own-key", "free_form_key": true}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        (&v["allowed"], &v["rules"][0]["key"]),
+        (&json!(true), &json!("my-own-key"))
+    );
+    let a = check(&app, json!({"path": "/", "free_form_key": true})).await;
+    assert_eq!(
+        a.status,
+        StatusCode::BAD_REQUEST,
+        "a rule check's field only"
+    );
 }
 
 #[tokio::test]
@@ -279,8 +363,46 @@ async fn a_request_description_is_decided_as_the_middleware_decides() {
     assert_eq!(
         v,
         json!({"allowed": true, "status": 200, "denied_by": null,
-        "retry_after_ms": null, "delay_ms": 0, "limited": [], "shadowed": [], "rules": []})
+        "retry_after_ms": null, "delay_ms": 0, "limited": [], "shadowed": [], "undecided": [],
+        "rules": []})
     );
+}
+
+/// One budget, each endpoint its price (the example of docs/server.md):
+/// every request costs 1 of the key's 100, `/reports` 10, a `POST
+/// /exports` 20, in one counter per key.
+#[tokio::test]
+async fn route_costs_charge_one_counter_by_endpoint() {
+    let config = Config::parse(
+        r#"
+[[rules]]
+name = "per-api-key"
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+route_costs = [
+  { path = "/reports/**", cost = 10 },
+  { methods = ["POST"], path = "/exports", cost = 20 },
+]
+"#,
+    )
+    .expect("a valid configuration");
+    let api = app_of(config).await;
+    let ask = |method: &str, path: &str| json!({"method": method, "path": path, "headers": {"x-api-key": "k1"}});
+    let mut left = 100;
+    for (method, path, cost) in [
+        ("GET", "/items", 1),
+        ("GET", "/reports/2026", 10),
+        ("GET", "/Reports;x=1/2026", 10),
+        ("POST", "/exports", 20),
+        ("GET", "/exports", 1),
+    ] {
+        left -= cost;
+        let v = check(&api, ask(method, path)).await.json();
+        assert_eq!(v["rules"][0]["cost"], cost, "{method} {path}: {v}");
+        assert_eq!(v["rules"][0]["remaining"], left, "{method} {path}: {v}");
+    }
 }
 
 #[tokio::test]
@@ -294,23 +416,23 @@ async fn malformed_input_is_a_400_problem_never_a_500() {
         ("neither form", "{}".into()),
         (
             "unknown rule",
-            json!({"rule": "nope", "key": "k"}).to_string(),
+            json!({"rule": "nope", "key": "ip=k"}).to_string(),
         ),
         (
             "negative cost",
-            json!({"rule": "login", "key": "k", "cost": -1}).to_string(),
+            json!({"rule": "login", "key": "ip=k", "cost": -1}).to_string(),
         ),
         (
             "fractional cost",
-            json!({"rule": "login", "key": "k", "cost": 1.5}).to_string(),
+            json!({"rule": "login", "key": "ip=k", "cost": 1.5}).to_string(),
         ),
         (
             "string cost",
-            json!({"rule": "login", "key": "k", "cost": "1"}).to_string(),
+            json!({"rule": "login", "key": "ip=k", "cost": "1"}).to_string(),
         ),
         (
             "cost above capacity",
-            json!({"rule": "login", "key": "k", "cost": 4}).to_string(),
+            json!({"rule": "login", "key": "ip=k", "cost": 4}).to_string(),
         ),
         (
             "key too long",
@@ -320,15 +442,15 @@ async fn malformed_input_is_a_400_problem_never_a_500() {
         ("missing key", json!({"rule": "login"}).to_string()),
         (
             "unknown tier",
-            json!({"rule": "login", "key": "k", "tier": "gold"}).to_string(),
+            json!({"rule": "login", "key": "ip=k", "tier": "gold"}).to_string(),
         ),
         (
             "unknown field",
-            json!({"rule": "login", "key": "k", "colour": 1}).to_string(),
+            json!({"rule": "login", "key": "ip=k", "colour": 1}).to_string(),
         ),
         (
             "both forms",
-            json!({"rule": "login", "key": "k", "path": "/"}).to_string(),
+            json!({"rule": "login", "key": "ip=k", "path": "/"}).to_string(),
         ),
         (
             "bad method",
@@ -357,6 +479,22 @@ async fn malformed_input_is_a_400_problem_never_a_500() {
             "cost header above capacity",
             json!({"path": "/weighted", "ip": "10.0.0.1", "headers": {"x-cost": "11"}}).to_string(),
         ),
+        // A credential sent twice, two that differ, or one unreadable is
+        // refused, never keyed by a guess nor taken for none (the rule has
+        // `fallback = []`).
+        (
+            "two API key lines",
+            json!({"path": "/api/x", "headers": {"x-api-key": ["k1", "k2"]}}).to_string(),
+        ),
+        (
+            "two API keys that differ",
+            json!({"path": "/api/x", "headers": {"x-api-key": "junk", "authorization": "Bearer k1"}})
+                .to_string(),
+        ),
+        (
+            "an unreadable bearer token",
+            json!({"path": "/api/x", "headers": {"authorization": "Bearer a b"}}).to_string(),
+        ),
     ];
     for (what, body) in bad {
         let a = call(&app, Method::POST, "/v1/check", &[], &body).await;
@@ -367,7 +505,11 @@ async fn malformed_input_is_a_400_problem_never_a_500() {
         assert!(!v["detail"].as_str().unwrap_or("").is_empty(), "{what}");
     }
     // The boundary: 1024 bytes is accepted.
-    let a = check(&app, json!({"rule": "login", "key": "k".repeat(1024)})).await;
+    let a = check(
+        &app,
+        json!({"rule": "login", "key": format!("ip={}", "k".repeat(1021))}),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK);
     // Too large a body.
     let huge = format!(
@@ -419,14 +561,18 @@ async fn health_and_readiness_on_memory() {
 async fn metrics_count_decisions_store_latency_and_keys() {
     let app = app(state().await);
     for _ in 0..4 {
-        check(&app, json!({"rule": "login", "key": "m"})).await;
+        check(&app, json!({"rule": "login", "key": "ip=m"})).await;
     }
     check(
         &app,
         json!({"method": "POST", "path": "/login", "ip": "192.0.2.5"}),
     )
     .await;
-    check(&app, json!({"rule": "per-key", "key": "m", "tier": "pro"})).await;
+    check(
+        &app,
+        json!({"rule": "per-key", "key": "api_key=m", "tier": "pro"}),
+    )
+    .await;
     let a = call(&app, Method::GET, "/metrics", &[], "").await;
     assert_eq!(a.status, StatusCode::OK);
     assert!(
@@ -525,18 +671,22 @@ async fn app_of(config: Config) -> Router {
 async fn the_admin_api_reads_and_resets_a_key_under_every_tier() {
     let app = app(state().await);
     let auth = [("authorization", "Bearer s3cret")];
-    check(&app, json!({"rule": "per-key", "key": "a/b c", "cost": 2})).await;
     check(
         &app,
-        json!({"rule": "per-key", "key": "a/b c", "tier": "pro", "cost": 3}),
+        json!({"rule": "per-key", "key": "api_key=a/b c", "cost": 2}),
     )
     .await;
-    let path = "/admin/rules/per-key/keys/a/b%20c";
+    check(
+        &app,
+        json!({"rule": "per-key", "key": "api_key=a/b c", "tier": "pro", "cost": 3}),
+    )
+    .await;
+    let path = "/admin/rules/per-key/keys/api_key=a/b%20c";
     let a = call(&app, Method::GET, path, &auth, "").await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     let v = a.json();
     assert_eq!(v["rule"], "per-key");
-    assert_eq!(v["key"], "a/b c");
+    assert_eq!(v["key"], "api_key=a/b c");
     let quotas = v["quotas"].as_array().expect("quotas");
     assert_eq!(quotas.len(), 2);
     assert_eq!(quotas[0]["store_rule"], "per-key");
@@ -566,14 +716,17 @@ async fn the_admin_api_reads_and_resets_a_key_under_every_tier() {
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(
         a.json(),
-        json!({"rule": "per-key", "key": "a/b c", "reset": ["per-key", "per-key@pro"], "held": true})
+        json!({"rule": "per-key", "key": "api_key=a/b c", "reset": ["per-key", "per-key@pro"], "held": true})
     );
     let v = call(&app, Method::GET, path, &auth, "").await.json();
     assert_eq!(v["quotas"][0]["remaining"], 2);
     assert_eq!(v["quotas"][1]["remaining"], 5);
-    let v = check(&app, json!({"rule": "per-key", "key": "a/b c", "cost": 2}))
-        .await
-        .json();
+    let v = check(
+        &app,
+        json!({"rule": "per-key", "key": "api_key=a/b c", "cost": 2}),
+    )
+    .await
+    .json();
     assert_eq!(v["allowed"], true);
     // Resetting a key nobody holds; an unknown rule.
     let a = call(
@@ -769,7 +922,7 @@ async fn every_documented_path_answers_as_documented() {
             "/v1/check",
             "post",
             "/v1/check",
-            json!({"rule": "login", "key": "doc"}).to_string(),
+            json!({"rule": "login", "key": "ip=doc"}).to_string(),
             vec![],
             200,
         );
@@ -893,7 +1046,7 @@ async fn the_server_answers_on_port_0() {
     assert_eq!(a.json()["status"], 429);
     assert_eq!(a.headers["x-ratelimit-remaining"], "0");
     let a = http
-        .check(json!({"rule": "login", "key": "k", "cost": -2}))
+        .check(json!({"rule": "login", "key": "ip=k", "cost": -2}))
         .await;
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
     assert_eq!(
@@ -935,7 +1088,7 @@ async fn a_changed_file_is_reloaded_keeping_counters_and_a_bad_one_is_refused() 
     let http = service.http.clone();
     for _ in 0..2 {
         assert_eq!(
-            http.check(json!({"rule": "a", "key": "k"})).await.json()["allowed"],
+            http.check(json!({"rule": "a", "key": "ip=k"})).await.json()["allowed"],
             true
         );
     }
@@ -947,10 +1100,10 @@ async fn a_changed_file_is_reloaded_keeping_counters_and_a_bad_one_is_refused() 
     write_atomically(&path, &v2);
     eventually(Duration::from_secs(10), "rule b is served", || {
         let http = http.clone();
-        async move { http.check(json!({"rule": "b", "key": "k"})).await.status == StatusCode::OK }
+        async move { http.check(json!({"rule": "b", "key": "ip=k"})).await.status == StatusCode::OK }
     })
     .await;
-    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    let v = http.check(json!({"rule": "a", "key": "ip=k"})).await.json();
     assert_eq!(v["rules"][0]["remaining"], 2, "the counter survived: {v}");
     assert_eq!(
         http.metric("spillway_config_reloads_total{result=\"ok\"}")
@@ -969,10 +1122,12 @@ async fn a_changed_file_is_reloaded_keeping_counters_and_a_bad_one_is_refused() 
         }
     })
     .await;
-    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    let v = http.check(json!({"rule": "a", "key": "ip=k"})).await.json();
     assert_eq!(v["rules"][0]["remaining"], 1);
     assert_eq!(
-        http.check(json!({"rule": "b", "key": "k2"})).await.status,
+        http.check(json!({"rule": "b", "key": "ip=k2"}))
+            .await
+            .status,
         StatusCode::OK
     );
 
@@ -991,10 +1146,10 @@ async fn a_changed_file_is_reloaded_keeping_counters_and_a_bad_one_is_refused() 
     write_atomically(&path, RELOAD_V1);
     reloader.reload().await.expect("a good file");
     assert_eq!(
-        http.check(json!({"rule": "b", "key": "k"})).await.status,
+        http.check(json!({"rule": "b", "key": "ip=k"})).await.status,
         StatusCode::BAD_REQUEST
     );
-    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    let v = http.check(json!({"rule": "a", "key": "ip=k"})).await.json();
     assert_eq!(v["rules"][0]["remaining"], 0);
     assert_eq!(v["allowed"], true);
 }
@@ -1011,7 +1166,7 @@ async fn a_reload_that_changes_a_limit_keeps_the_counts() {
     let service = Service::start(source.load().expect("valid"), Some(source)).await;
     let http = service.http.clone();
     for _ in 0..4 {
-        let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+        let v = http.check(json!({"rule": "a", "key": "ip=k"})).await.json();
         assert_eq!(v["allowed"], true, "{v}");
     }
     let mut reloader = spillway_server::reload::Reloader::new(
@@ -1021,12 +1176,12 @@ async fn a_reload_that_changes_a_limit_keeps_the_counts() {
     .expect("a reloader");
     write_atomically(&path, &RELOAD_V1.replace("limit = 5", "limit = 10"));
     reloader.reload().await.expect("a good file");
-    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    let v = http.check(json!({"rule": "a", "key": "ip=k"})).await.json();
     assert_eq!(v["rules"][0]["limit"], 10, "{v}");
     assert_eq!(v["rules"][0]["remaining"], 5, "4 used before, 1 now: {v}");
     write_atomically(&path, &RELOAD_V1.replace("limit = 5", "limit = 3"));
     reloader.reload().await.expect("a good file");
-    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    let v = http.check(json!({"rule": "a", "key": "ip=k"})).await.json();
     assert_eq!(v["allowed"], false, "5 used of 3: {v}");
     // A new window starts afresh.
     write_atomically(
@@ -1034,7 +1189,7 @@ async fn a_reload_that_changes_a_limit_keeps_the_counts() {
         &RELOAD_V1.replace("window = \"1h\"", "window = \"2h\""),
     );
     reloader.reload().await.expect("a good file");
-    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    let v = http.check(json!({"rule": "a", "key": "ip=k"})).await.json();
     assert_eq!(v["rules"][0]["remaining"], 4, "{v}");
 }
 
@@ -1058,7 +1213,7 @@ async fn start_slow_request(addr: SocketAddr, body: &str) -> (tokio::net::TcpStr
 async fn shutdown_lets_the_request_in_flight_finish() {
     let mut service = Service::start(config(), None).await;
     let http = service.http.clone();
-    let body = json!({"rule": "login", "key": "slow"}).to_string();
+    let body = json!({"rule": "login", "key": "ip=slow"}).to_string();
     let (mut stream, rest) = start_slow_request(service.addr, &body).await;
     // The slow request is being served (its body is awaited) when the
     // in-flight gauge counts it besides the metrics request itself.

@@ -211,7 +211,7 @@ async fn sighup_reloads_a_bad_config_is_refused_and_sigterm_drains() {
         }
     };
     assert_eq!(
-        http.check(json!({"rule": "a", "key": "k"})).await.status,
+        http.check(json!({"rule": "a", "key": "ip=k"})).await.status,
         StatusCode::OK
     );
 
@@ -223,7 +223,7 @@ async fn sighup_reloads_a_bad_config_is_refused_and_sigterm_drains() {
         async move { reloads("ok").await == Some(1.0) }
     })
     .await;
-    let v = http.check(json!({"rule": "a", "key": "k"})).await.json();
+    let v = http.check(json!({"rule": "a", "key": "ip=k"})).await.json();
     assert_eq!(v["rules"][0]["remaining"], 3, "the counter survived: {v}");
 
     // A bad file is refused with a log line naming field and line.
@@ -234,13 +234,13 @@ async fn sighup_reloads_a_bad_config_is_refused_and_sigterm_drains() {
         "{line}"
     );
     assert_eq!(
-        http.check(json!({"rule": "a", "key": "k"})).await.json()["rules"][0]["remaining"],
+        http.check(json!({"rule": "a", "key": "ip=k"})).await.json()["rules"][0]["remaining"],
         2
     );
 
     // SIGTERM: the request in flight (its body half sent) is answered, then
     // the process exits 0.
-    let body = json!({"rule": "a", "key": "k"}).to_string();
+    let body = json!({"rule": "a", "key": "ip=k"}).to_string();
     let mut stream = tokio::net::TcpStream::connect(server.addr)
         .await
         .expect("connect");
@@ -298,7 +298,7 @@ async fn serve_with_redis_flag_uses_redis() {
     let http = Http::new(server.addr);
     let a = http.get("/readyz").await;
     assert_eq!(a.json()["store"], "redis");
-    let a = http.check(json!({"rule": "login", "key": "k"})).await;
+    let a = http.check(json!({"rule": "login", "key": "ip=k"})).await;
     assert_eq!(a.json()["rules"][0]["remaining"], 4);
     // The count is in Redis.
     let keys = redis.command("DBSIZE");

@@ -124,7 +124,7 @@ impl Conn {
     /// Checks `cost` of `key` under `per-ip`: the answer's `status` (200
     /// or 429) and `remaining`.
     async fn check(&mut self, key: &str, cost: u64) -> (u64, u64) {
-        let body = json!({"rule": "per-ip", "key": key, "cost": cost}).to_string();
+        let body = json!({"rule": "per-ip", "key": format!("ip={key}"), "cost": cost}).to_string();
         let request = format!(
             "POST /v1/check HTTP/1.1\r\nhost: flood\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()

@@ -72,13 +72,15 @@ async fn the_api_works_on_redis() {
     );
 
     for remaining in [1, 0] {
-        let a = http.check(json!({"rule": "per-key", "key": "k"})).await;
+        let a = http
+            .check(json!({"rule": "per-key", "key": "api_key=k"}))
+            .await;
         assert_eq!(a.status, StatusCode::OK);
         assert_eq!(a.json()["rules"][0]["remaining"], remaining);
         assert_eq!(a.headers["x-ratelimit-remaining"], remaining.to_string());
     }
     let v = http
-        .check(json!({"rule": "per-key", "key": "k"}))
+        .check(json!({"rule": "per-key", "key": "api_key=k"}))
         .await
         .json();
     assert_eq!(
@@ -96,13 +98,20 @@ async fn the_api_works_on_redis() {
     assert_eq!(v["rules"][0]["key"], "api_key=pro-key");
     // Cost above capacity: the client's error, even on Redis.
     let a = http
-        .check(json!({"rule": "per-key", "key": "k", "cost": 5}))
+        .check(json!({"rule": "per-key", "key": "api_key=k", "cost": 5}))
         .await;
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
 
     // Admin: read, reset (every tier), read again.
     let auth = [("authorization", "Bearer s3cret")];
-    let admin = |method| http.send(method, "/admin/rules/per-key/keys/k", &auth, Bytes::new());
+    let admin = |method| {
+        http.send(
+            method,
+            "/admin/rules/per-key/keys/api_key=k",
+            &auth,
+            Bytes::new(),
+        )
+    };
     let v = admin(Method::GET).await.json();
     assert_eq!(v["quotas"][0]["remaining"], 0);
     assert_eq!(v["quotas"][1]["store_rule"], "per-key@pro");
@@ -113,7 +122,7 @@ async fn the_api_works_on_redis() {
     assert_eq!(v["quotas"][0]["remaining"], 2);
     // The deny cache forgot it too: admitted at once.
     assert_eq!(
-        http.check(json!({"rule": "per-key", "key": "k"}))
+        http.check(json!({"rule": "per-key", "key": "api_key=k"}))
             .await
             .json()["allowed"],
         true
@@ -201,13 +210,13 @@ async fn fail_closed_answers_503_and_is_not_ready_while_redis_is_down() {
     let service = Service::start(config(&redis.url(), "fail_closed"), None).await;
     let http = &service.http;
     assert_eq!(
-        http.check(json!({"rule": "shared", "key": "k"}))
+        http.check(json!({"rule": "shared", "key": "ip=k"}))
             .await
             .status,
         StatusCode::OK
     );
     redis.kill();
-    let a = http.check(json!({"rule": "shared", "key": "k"})).await;
+    let a = http.check(json!({"rule": "shared", "key": "ip=k"})).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.text());
     assert_eq!(a.content_type(), "application/problem+json");
     assert_eq!(a.headers["retry-after"], "1");
@@ -220,7 +229,7 @@ async fn fail_closed_answers_503_and_is_not_ready_while_redis_is_down() {
     let a = http
         .send(
             Method::DELETE,
-            "/admin/rules/shared/keys/k",
+            "/admin/rules/shared/keys/ip=k",
             &[("authorization", "Bearer s3cret")],
             Bytes::new(),
         )
@@ -247,7 +256,7 @@ async fn fail_closed_answers_503_and_is_not_ready_while_redis_is_down() {
     })
     .await;
     assert_eq!(
-        http.check(json!({"rule": "shared", "key": "k"}))
+        http.check(json!({"rule": "shared", "key": "ip=k"}))
             .await
             .status,
         StatusCode::OK
@@ -264,9 +273,26 @@ async fn fail_open_and_local_stay_ready_while_redis_is_down() {
         let service = Service::start(config(&redis.url(), policy), None).await;
         let http = &service.http;
         redis.kill();
-        let a = http.check(json!({"rule": "shared", "key": "k"})).await;
+        let a = http.check(json!({"rule": "shared", "key": "ip=k"})).await;
         assert_eq!(a.status, StatusCode::OK, "{policy}: {}", a.text());
         assert_eq!(a.json()["allowed"], true);
+        if policy == "fail_open" {
+            // Admitted by the policy: no quota is made up for it.
+            assert_eq!(a.json()["undecided"], json!(["shared"]), "{}", a.text());
+            assert_eq!(a.json()["rules"], json!([]));
+            for name in ["x-ratelimit-remaining", "x-ratelimit-limit", "ratelimit"] {
+                assert!(!a.headers.contains_key(name), "{name}: {:?}", a.headers);
+            }
+            assert!(
+                http.metric("spillway_decisions_total{rule=\"shared\",outcome=\"undecided\"}")
+                    .await
+                    >= Some(1.0)
+            );
+        } else {
+            // Decided in memory, on this instance's share: reported.
+            assert_eq!(a.json()["undecided"], json!([]));
+            assert_eq!(a.json()["rules"][0]["limit"], 50);
+        }
         let a = http.get("/readyz").await;
         assert_eq!(a.status, StatusCode::OK, "{policy}");
         assert_eq!(a.json()["redis_healthy"], false, "{policy}");
@@ -304,14 +330,16 @@ async fn each_rule_fails_by_its_own_policy_while_redis_is_down() {
     let http = &service.http;
     redis.kill();
     for _ in 0..3 {
-        let a = http.check(json!({"rule": "shared", "key": "k"})).await;
+        let a = http.check(json!({"rule": "shared", "key": "ip=k"})).await;
         assert_eq!(a.status, StatusCode::OK, "{}", a.text());
         assert_eq!(a.json()["allowed"], true);
     }
-    let a = http.check(json!({"rule": "per-key", "key": "k"})).await;
+    let a = http
+        .check(json!({"rule": "per-key", "key": "api_key=k"}))
+        .await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.text());
     let a = http
-        .check(json!({"rule": "per-key", "key": "k", "tier": "pro"}))
+        .check(json!({"rule": "per-key", "key": "api_key=k", "tier": "pro"}))
         .await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.text());
     // A request both rules apply to is refused; one only `shared` applies
@@ -336,7 +364,7 @@ async fn a_reload_on_redis_keeps_counters_and_metrics() {
     let service = Service::start(source.load().expect("valid"), Some(source)).await;
     let http = service.http.clone();
     for _ in 0..3 {
-        http.check(json!({"rule": "shared", "key": "k"})).await;
+        http.check(json!({"rule": "shared", "key": "ip=k"})).await;
     }
     let calls = http
         .metric("spillway_redis_calls_total")
@@ -351,11 +379,16 @@ async fn a_reload_on_redis_keeps_counters_and_metrics() {
     );
     eventually(Duration::from_secs(10), "rule `new` is served", || {
         let http = http.clone();
-        async move { http.check(json!({"rule": "new", "key": "k"})).await.status == StatusCode::OK }
+        async move {
+            http.check(json!({"rule": "new", "key": "ip=k"}))
+                .await
+                .status
+                == StatusCode::OK
+        }
     })
     .await;
     let v = http
-        .check(json!({"rule": "shared", "key": "k"}))
+        .check(json!({"rule": "shared", "key": "ip=k"}))
         .await
         .json();
     assert_eq!(v["rules"][0]["remaining"], 46);
@@ -381,7 +414,7 @@ async fn a_reload_on_redis_keeps_counters_and_metrics() {
     )
     .await;
     let v = http
-        .check(json!({"rule": "shared", "key": "k"}))
+        .check(json!({"rule": "shared", "key": "ip=k"}))
         .await
         .json();
     assert_eq!(v["rules"][0]["remaining"], 45);
@@ -397,7 +430,7 @@ async fn shutdown_waits_for_a_request_held_up_by_redis() {
     let http = service.http.clone();
     // Connect (and load the script) first, then stall Redis for 3 s.
     assert_eq!(
-        http.check(json!({"rule": "shared", "key": "k"}))
+        http.check(json!({"rule": "shared", "key": "ip=k"}))
             .await
             .status,
         StatusCode::OK
@@ -406,7 +439,7 @@ async fn shutdown_waits_for_a_request_held_up_by_redis() {
     assert!(paused.starts_with("+OK"), "{paused}");
     let slow = tokio::spawn({
         let http = http.clone();
-        async move { http.check(json!({"rule": "shared", "key": "k"})).await }
+        async move { http.check(json!({"rule": "shared", "key": "ip=k"})).await }
     });
     eventually(Duration::from_secs(10), "the check waits on Redis", || {
         let http = http.clone();

@@ -41,7 +41,7 @@ async fn start(config: &str) -> Service {
 
 /// A check of `key` under rule `three`, with these extra header lines.
 fn check(key: &str, headers: &str) -> Vec<u8> {
-    let body = format!(r#"{{"rule": "three", "key": "{key}"}}"#);
+    let body = format!(r#"{{"rule": "three", "key": "ip={key}"}}"#);
     format!(
         "POST /v1/check HTTP/1.1\r\nHost: s\r\n{headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
@@ -71,7 +71,7 @@ fn body_of(answer: &str) -> Value {
 /// How many checks `key` has left, asked with a token (cost 0 charges
 /// nothing).
 async fn remaining(service: &Service, key: &str) -> u64 {
-    let body = json!({"rule": "three", "key": key, "cost": 0}).to_string();
+    let body = json!({"rule": "three", "key": format!("ip={key}"), "cost": 0}).to_string();
     let answer = service
         .http
         .send(
@@ -145,8 +145,10 @@ async fn a_check_without_a_valid_token_is_refused_on_http2() {
         if let Some(value) = authorization {
             req = req.header("authorization", value);
         }
-        req.body(Full::new(Bytes::from(r#"{"rule": "three", "key": "h2"}"#)))
-            .expect("a request")
+        req.body(Full::new(Bytes::from(
+            r#"{"rule": "three", "key": "ip=h2"}"#,
+        )))
+        .expect("a request")
     };
     for (authorization, status) in [
         (None, StatusCode::UNAUTHORIZED),

@@ -134,7 +134,7 @@ fn post(line: &str, headers: &str, body: &str) -> Vec<u8> {
 }
 
 fn check(key: &str) -> Vec<u8> {
-    let body = format!(r#"{{"rule": "once", "key": "{key}"}}"#);
+    let body = format!(r#"{{"rule": "once", "key": "ip={key}"}}"#);
     post(
         "/v1/check HTTP/1.1",
         "Host: spillway.test\r\nContent-Type: application/json\r\n",
@@ -184,7 +184,7 @@ async fn a_chunked_check_sent_after_100_continue_is_decided() {
     let mut buf = Vec::new();
     let go_on = read_response(&mut stream, &mut buf, false).await;
     assert_eq!(go_on.status, 100, "{go_on:?}");
-    let body = r#"{"rule": "once", "key": "chunked"}"#;
+    let body = r#"{"rule": "once", "key": "ip=chunked"}"#;
     let (a, b) = body.split_at(10);
     let chunked = format!(
         "{:x}\r\n{a}\r\n{:x};ext=1\r\n{b}\r\n0\r\nTrailer: t\r\n\r\n",
@@ -194,7 +194,7 @@ async fn a_chunked_check_sent_after_100_continue_is_decided() {
     stream.write_all(chunked.as_bytes()).await.expect("write");
     let answer = read_response(&mut stream, &mut buf, false).await;
     assert_eq!(answer.status, 200, "{answer:?}");
-    assert_eq!(answer.json()["rules"][0]["key"], "chunked");
+    assert_eq!(answer.json()["rules"][0]["key"], "ip=chunked");
     assert_eq!(answer.json()["allowed"], true);
 }
 
@@ -293,7 +293,7 @@ async fn heads_that_cannot_be_read_safely_are_refused() {
 #[tokio::test]
 async fn http_1_0_closes_unless_the_client_asks_to_keep_it() {
     let service = start().await;
-    let body = r#"{"rule": "once", "key": "old"}"#;
+    let body = r#"{"rule": "once", "key": "ip=old"}"#;
     let request = |connection: &str| post("/v1/check HTTP/1.0", connection, body);
     let mut stream = TcpStream::connect(service.addr).await.expect("connect");
     stream.write_all(&request("")).await.expect("write");
@@ -365,7 +365,7 @@ async fn http2_clients_get_the_same_api() {
             .method(Method::POST)
             .uri(format!("http://{}/v1/check", service.addr))
             .body(Full::new(Bytes::from(format!(
-                r#"{{"rule": "once", "key": "{key}"}}"#
+                r#"{{"rule": "once", "key": "ip={key}"}}"#
             ))))
             .expect("a request")
     };
@@ -447,19 +447,19 @@ async fn an_escaped_key_is_the_same_key_as_the_plain_one() {
     let service = start().await;
     // The escaped form, as raw bytes (a JSON library would write é plainly).
     let mut stream = TcpStream::connect(service.addr).await.expect("connect");
-    let escaped = r#"{"rule": "once", "key": "a\"b\u00e9\n"}"#;
+    let escaped = r#"{"rule": "once", "key": "ip=a\"b\u00e9\n"}"#;
     let request = post("/v1/check HTTP/1.1", "Host: a\r\n", escaped);
     stream.write_all(&request).await.expect("write");
     let mut buf = Vec::new();
     let first = read_response(&mut stream, &mut buf, false).await;
     assert_eq!(first.json()["allowed"], true, "{first:?}");
-    assert_eq!(first.json()["rules"][0]["key"], "a\"bé\n");
+    assert_eq!(first.json()["rules"][0]["key"], "ip=a\"bé\n");
     // The same key, é unescaped (serde_json escapes only the quote and the
     // newline): counted under the same key, so denied.
-    let plain = serde_json::json!({"rule": "once", "key": "a\"bé\n"});
+    let plain = serde_json::json!({"rule": "once", "key": "ip=a\"bé\n"});
     let second = service.http.check(plain).await;
     assert_eq!(second.json()["allowed"], false, "{}", second.text());
-    assert_eq!(second.json()["rules"][0]["key"], "a\"bé\n");
+    assert_eq!(second.json()["rules"][0]["key"], "ip=a\"bé\n");
 }
 
 /// `/v1/check` with a query string is a check; a path that only starts
@@ -467,7 +467,7 @@ async fn an_escaped_key_is_the_same_key_as_the_plain_one() {
 #[tokio::test]
 async fn only_the_check_path_is_a_check_query_or_not() {
     let service = start().await;
-    let body = r#"{"rule": "once", "key": "q"}"#;
+    let body = r#"{"rule": "once", "key": "ip=q"}"#;
     let request = |target: &str| post(&format!("{target} HTTP/1.1"), "Host: a\r\n", body);
     let mut stream = TcpStream::connect(service.addr).await.expect("connect");
     let mut buf = Vec::new();
@@ -509,7 +509,7 @@ async fn mangled_requests_get_4xx_or_an_answer_and_never_hang_or_break_the_serve
 async fn decides_with_nothing_in_flight(service: &Service, key: &str) {
     let answer = service
         .http
-        .check(serde_json::json!({"rule": "once", "key": key}))
+        .check(serde_json::json!({"rule": "once", "key": format!("ip={key}")}))
         .await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(

@@ -39,7 +39,7 @@ use spillway::{Algorithm as _, Decision};
 
 use crate::error::RuleMismatch;
 use crate::headers::{self, Applied, RateLimitFields};
-use crate::key::Identity;
+use crate::key::{Identity, KeyPart};
 use crate::rules::{Action, Cost, MissingClientAddr, Policy};
 
 /// A few of something: requests rarely match more than two rules, and
@@ -59,6 +59,10 @@ pub enum RuleOutcome {
     Degraded,
     /// The store could not decide; the request got its failure answer.
     Error,
+    /// The store could not decide this rule, whose failure policy
+    /// admitted the request (`fail_open`): the request went on uncounted
+    /// by it, and its headers report no quota for it.
+    Undecided,
 }
 
 impl RuleOutcome {
@@ -203,12 +207,16 @@ pub struct Asking {
 pub struct Ruling {
     outcome: Outcome,
     charges: Charges,
-    // Per charge: the store's last decision on it, if it was asked.
+    // Per charge: the store's last decision on it, if it was asked and
+    // decided (not admitted by a failure policy).
     decisions: Small<Option<Decision>>,
     // Per charge: denied whatever the store said (above its capacity).
     over_capacity: Small<bool>,
     // Per charge: denied by its `reject` rule.
     rejecting: Small<bool>,
+    // Per charge: the store could not decide it, and admitted it by its
+    // failure policy.
+    undecided: Small<bool>,
     // The charge that refused the request, if one did.
     rejected_by: Option<usize>,
     // The charges that were charged, and the store's time of the charge.
@@ -225,6 +233,7 @@ impl Ruling {
             decisions: SmallVec::new(),
             over_capacity: SmallVec::new(),
             rejecting: SmallVec::new(),
+            undecided: SmallVec::new(),
             rejected_by: None,
             charged: None,
             reported: None,
@@ -242,9 +251,16 @@ impl Ruling {
     }
 
     /// Charge `i`'s decision: the last the store gave for it, if it was
-    /// asked.
+    /// asked and decided it (see [`is_undecided`](Self::is_undecided)).
     pub fn decision(&self, i: usize) -> Option<&Decision> {
         self.decisions.get(i).and_then(Option::as_ref)
+    }
+
+    /// Whether the store could not decide charge `i`, which its rule's
+    /// failure policy admitted (`fail_open`): it has no decision, and no
+    /// header reports a quota for it.
+    pub fn is_undecided(&self, i: usize) -> bool {
+        self.undecided.get(i).copied().unwrap_or(false)
     }
 
     /// The charge that refused the request, if one did.
@@ -486,6 +502,77 @@ impl<St: Store> Engine<St> {
         Ok(self.charge(index, tier, key, cost))
     }
 
+    /// A charge of the policy rule called `rule` for `key`, as a decision
+    /// API names them (`POST /v1/check`): counted where the middleware
+    /// counts the requests that key comes from.
+    ///
+    /// - The key must be one the rule's key parts (or, when it has one, its
+    ///   fallback) build: `api_key=VALUE` for `key = [api_key]`. Any other
+    ///   key would be counted apart from every request's, in a counter no
+    ///   request meets. `free_form` takes any key, for callers that count
+    ///   keys of their own (or of another front end's, such as Envoy's
+    ///   descriptors); so does a rule made
+    ///   [`by_name_only`](crate::HttpRule::by_name_only).
+    /// - The tier is the one the key's API key (or bearer token) is in, by
+    ///   the policy's table, as for a request with that key; a `tier` that
+    ///   is not that one is refused. A key whose API key is in no tier may
+    ///   be given one (the tier a trusted layer would have set).
+    ///
+    /// The message of a client error otherwise.
+    pub fn charge_for_key(
+        &self,
+        rule: &str,
+        tier: Option<&str>,
+        key: String,
+        cost: u64,
+        free_form: bool,
+    ) -> Result<Charge, String> {
+        let Some(r) = self.policy.rules.iter().find(|r| r.name == rule) else {
+            return Err(format!("Unknown rule `{rule}`."));
+        };
+        // A rule no request matches (Envoy's descriptor file) has keys of
+        // the descriptors' own.
+        if free_form || !r.over_http {
+            return self.charge_named(rule, tier, key, cost);
+        }
+        let by_key = crate::key::values_of(&key, &r.key);
+        let by_fallback = || crate::key::values_of(&key, &r.fallback);
+        let (parts, values) = match (by_key, by_fallback()) {
+            (Some(values), _) => (&r.key, values),
+            (None, Some(values)) => (&r.fallback, values),
+            (None, None) => {
+                let mut expected = format!("`{}`", crate::key::shape_of(&r.key));
+                if !r.fallback.is_empty() && r.fallback != r.key {
+                    expected.push_str(&format!(
+                        " (or, from its fallback, `{}`)",
+                        crate::key::shape_of(&r.fallback)
+                    ));
+                }
+                return Err(format!(
+                    "`key` cannot come from a request under rule `{rule}`, whose keys look like \
+                     {expected}, values escaped (`%` `|` `=` as %25 %7C %3D); \
+                     `\"free_form_key\": true` counts any key."
+                ));
+            }
+        };
+        let resolved = parts
+            .iter()
+            .zip(&values)
+            .find_map(|(part, value)| match part {
+                KeyPart::ApiKey | KeyPart::Credential(_) => self.policy.api_key_tiers.get(value),
+                _ => None,
+            });
+        let tier = match (tier, resolved) {
+            (Some(given), Some(has)) if given != has => {
+                return Err(format!(
+                    "The API key of `key` is in tier `{has}`, not `{given}`."
+                ));
+            }
+            (given, has) => given.or(has.map(String::as_str)),
+        };
+        self.charge_named(rule, tier, key, cost)
+    }
+
     /// A charge of store rule `id`, one of the caller's own after the
     /// policy's (see [`new`](Self::new)): reported under the store rule's
     /// name, and a denial by it rejects. `None` for a rule the store does
@@ -508,16 +595,20 @@ impl<St: Store> Engine<St> {
         let policy = &self.policy;
         let client = Identity::of(parts, &policy.clients);
         let addr_required = missing == MissingClientAddr::Error;
+        // An error only matters to a rule that has tiers.
         let tier = policy.tier_of(&client);
         let mut charges = SmallVec::new();
         for (index, rule) in policy.rules.iter().enumerate() {
             if !rule
-                .matches(parts)
+                .matches(parts, client.peer_trusted)
                 .map_err(|m| Unplanned::BadRequest(m.to_string()))?
             {
                 continue;
             }
-            let Some(key) = rule.key_of(&client, parts) else {
+            let Some(key) = rule
+                .key_of(&client, parts)
+                .map_err(|m| Unplanned::BadRequest(format!("rule `{}`: {m}", rule.name)))?
+            else {
                 // `ip` is `None` only when there is no peer address at all.
                 if addr_required && client.ip.is_none() && rule.needs_ip() {
                     return Err(Unplanned::NoClientAddr(index));
@@ -525,6 +616,14 @@ impl<St: Store> Engine<St> {
                 continue;
             };
             let cost = cost_of(&rule.cost, &client, parts).map_err(Unplanned::BadRequest)?;
+            let tier = match tier {
+                Ok(tier) => tier,
+                Err(_) if rule.tiers.is_empty() => None,
+                Err(m) => {
+                    let m = format!("rule `{}`: {m}", rule.name);
+                    return Err(Unplanned::BadRequest(m));
+                }
+            };
             let quota = rule.quota_index(tier);
             charges.push(Charge {
                 id: RuleId(rule.first_id + quota),
@@ -676,6 +775,7 @@ impl<St: Store> Engine<St> {
 fn cost_of(cost: &Cost, client: &Identity, parts: &Parts) -> Result<u64, String> {
     match cost {
         Cost::Fixed(c) => Ok(*c),
+        Cost::Routes { routes, default } => Ok(Cost::of_routes(routes, *default, parts)),
         Cost::Header { name, default } => match parts.extensions.get::<crate::RequestCost>() {
             Some(crate::RequestCost(c)) => Ok(*c),
             None => match parts.headers.get(name).filter(|_| client.peer_trusted) {
@@ -716,6 +816,7 @@ struct Deciding<'e, St> {
     decisions: Small<Option<Decision>>,
     over_capacity: Small<bool>,
     rejecting: Small<bool>,
+    undecided: Small<bool>,
     rejected_by: Option<usize>,
     denied_softly: Small<usize>,
     charged: Option<(Small<usize>, u64)>,
@@ -743,6 +844,7 @@ impl<'e, St: Store> Deciding<'e, St> {
             decisions: smallvec::smallvec![None; n],
             over_capacity,
             rejecting: smallvec::smallvec![false; n],
+            undecided: smallvec::smallvec![false; n],
             rejected_by: None,
             denied_softly: SmallVec::new(),
             charged: None,
@@ -771,8 +873,12 @@ impl<'e, St: Store> Deciding<'e, St> {
 
     /// Takes the store's answer on what [`ask`](Self::ask) gave.
     fn answer(&mut self, verdict: &Verdict) {
-        for (&i, d) in self.active.iter().zip(&verdict.decisions) {
-            self.decisions[i] = Some(*d);
+        for (j, (&i, d)) in self.active.iter().zip(&verdict.decisions).enumerate() {
+            // A stand-in for a check the store could not decide is no
+            // decision: nothing reports its made-up quota.
+            let decided = verdict.is_decided(j);
+            self.decisions[i] = decided.then_some(*d);
+            self.undecided[i] = !decided;
         }
         if verdict.allowed {
             let charged = std::mem::take(&mut self.active);
@@ -856,6 +962,7 @@ impl<'e, St: Store> Deciding<'e, St> {
                 _ if self.over_capacity[i] => RuleOutcome::Rejected,
                 Some(d) if !d.allowed => RuleOutcome::of_denial(engine.action(charge)),
                 Some(_) => RuleOutcome::Allowed,
+                None if self.undecided[i] => RuleOutcome::Undecided,
                 None => continue,
             };
             engine.observe(charge, outcome, self.decisions[i].as_ref());
@@ -912,6 +1019,7 @@ impl<'e, St: Store> Deciding<'e, St> {
             decisions: self.decisions,
             over_capacity: self.over_capacity,
             rejecting: self.rejecting,
+            undecided: self.undecided,
             rejected_by,
             // Looking charges nothing: there is nothing to give back.
             charged: self.charged.filter(|_| !self.look_only),

@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use http::request::Parts;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sha2::{Digest, Sha256};
 
@@ -46,7 +46,7 @@ pub struct Tier(pub String);
 /// One dimension a rule can count by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum KeyPart {
-    /// The API key: the configured header, or `Authorization: Bearer`.
+    /// The API key, from the places [`Clients::api_key`] names.
     ApiKey,
     /// The client's IP address.
     Ip,
@@ -58,13 +58,241 @@ pub enum KeyPart {
     Route,
     /// The HTTP method.
     Method,
-    /// Any request header, by name.
+    /// Any request header, by name. A header sent on two lines is refused
+    /// (400): upstreams read the first, the last or both joined.
     Header(HeaderName),
+    /// One credential, from one place ([`Credential`]), read as the
+    /// upstream that authenticates it reads it.
+    Credential(Credential),
+}
+
+/// Where a credential comes from: the one place the upstream authenticates
+/// it. A key must be the credential the upstream trusts: keyed by a header
+/// the upstream ignores, a client would send a fresh junk value beside its
+/// real key with every request, and get a fresh quota with each.
+///
+/// A credential is read strictly: sent twice (two lines, or two places that
+/// disagree) or present but unreadable, the request is refused (400), never
+/// taken for a request without one, which a rule with `fallback = []` would
+/// let past.
+///
+/// ```
+/// use spillway_tower::key::Credential;
+///
+/// assert_eq!(Credential::parse("bearer"), Ok(Credential::bearer()));
+/// assert_eq!(Credential::parse("header:x-api-key").unwrap().name(), "header:x-api-key");
+/// assert_eq!(Credential::parse("authorization:Token").unwrap().name(), "authorization:token");
+/// assert!(Credential::parse("cookie").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Credential {
+    /// `Authorization: <scheme> <token>`, the scheme compared without case
+    /// (`bearer`, RFC 6750; `token`, Django REST framework's). Read as
+    /// common parsers read it: the scheme and the token separated by
+    /// spaces or tabs, any number; the token in the token68 alphabet.
+    /// Another scheme is not this credential.
+    Authorization(String),
+    /// A header whose whole value is the credential (`X-Api-Key`): visible
+    /// ASCII, no comma, no space.
+    Header(HeaderName),
+}
+
+impl Credential {
+    /// `Authorization: Bearer`.
+    pub fn bearer() -> Self {
+        Self::Authorization("bearer".into())
+    }
+
+    /// The name used in configuration: `bearer`, `authorization:SCHEME`,
+    /// `header:NAME`.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Authorization(scheme) if scheme == "bearer" => "bearer".into(),
+            Self::Authorization(scheme) => format!("authorization:{scheme}"),
+            Self::Header(h) => format!("header:{h}"),
+        }
+    }
+
+    /// Parses a configuration name (see [`name`](Self::name)).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s == "bearer" {
+            return Ok(Self::bearer());
+        }
+        if let Some(scheme) = s.strip_prefix("authorization:") {
+            let token = !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token {
+                return Err(format!("`{scheme}` is not an authentication scheme"));
+            }
+            return Ok(Self::Authorization(scheme.to_ascii_lowercase()));
+        }
+        if let Some(name) = s.strip_prefix("header:") {
+            return HeaderName::try_from(name)
+                .map(Self::Header)
+                .map_err(|_| format!("`{name}` is not a header name"));
+        }
+        Err(format!(
+            "unknown credential `{s}` (expected bearer, authorization:SCHEME or header:NAME)"
+        ))
+    }
+
+    /// The header it is read from.
+    pub fn header_name(&self) -> HeaderName {
+        match self {
+            Self::Authorization(_) => http::header::AUTHORIZATION,
+            Self::Header(name) => name.clone(),
+        }
+    }
+
+    /// The credential this request carries here: `None` if it carries
+    /// none; an error (a 400's message) if it is sent twice or cannot be
+    /// read.
+    pub(crate) fn read(&self, headers: &HeaderMap) -> Result<Option<String>, String> {
+        match self {
+            Self::Authorization(scheme) => {
+                let Some(value) = one_line(headers, &http::header::AUTHORIZATION)? else {
+                    return Ok(None);
+                };
+                if !value.as_bytes().is_ascii() {
+                    // `Bearer\xa0TOKEN` is the token to parsers that split
+                    // on any white space (JavaScript's `\s`, Python's
+                    // `split()` on Latin-1): unreadable here, not absent.
+                    return Err("`Authorization` must be ASCII".into());
+                }
+                let is_space = |b: &u8| *b == b' ' || *b == b'\t';
+                let mut words = value
+                    .as_bytes()
+                    .split(is_space)
+                    .filter(|word| !word.is_empty());
+                let Some(sent) = words.next() else {
+                    return Ok(None);
+                };
+                if !sent.eq_ignore_ascii_case(scheme.as_bytes()) {
+                    return Ok(None);
+                }
+                // `Bearer` alone carries no credential: the upstream sees
+                // none either.
+                let Some(token) = words.next() else {
+                    return Ok(None);
+                };
+                let canonical = canonical_token(token, scheme);
+                if words.next().is_some()
+                    || !is_token68(token)
+                    || !canonical.bytes().any(|b| b.is_ascii_alphanumeric())
+                {
+                    return Err(format!("`Authorization: {scheme}` must carry one token"));
+                }
+                Ok(Some(canonical))
+            }
+            Self::Header(name) => {
+                let Some(value) = one_line(headers, name)? else {
+                    return Ok(None);
+                };
+                let value = value.as_bytes().trim_ascii();
+                if value.is_empty() {
+                    return Ok(None);
+                }
+                if !value.iter().all(|&b| b.is_ascii_graphic() && b != b',') {
+                    return Err(format!(
+                        "`{name}` must be one credential: visible ASCII, no comma, no space"
+                    ));
+                }
+                Ok(Some(String::from_utf8_lossy(value).into_owned()))
+            }
+        }
+    }
+}
+
+/// A token as the one credential it decodes to. Tokens are base64 more
+/// often than not (Basic credentials, the parts of a JWT), and common
+/// decoders skip what is not in the alphabet and the padding (Python's
+/// `b64decode`, which PyJWT and Werkzeug use; Node's `Buffer`): `dX.Nlcg==`,
+/// `d~XNlcg` and `dXNlcg` are one credential to them, so they are one key
+/// here. In a JWT's parts (kept apart) the two base64 alphabets are one
+/// (`+` is `-`, `/` is `_`), as PyJWT and Node read them; of a Basic
+/// credential only the letters and digits are kept. Two opaque tokens
+/// that differ only in these characters share a key: the error is toward
+/// limiting.
+pub(crate) fn canonical_token(token: &[u8], scheme: &str) -> String {
+    let canonical = |part: &[u8]| -> String {
+        let kept = part.iter().filter_map(|&b| match b {
+            b'+' | b'-' => Some('-'),
+            b'/' | b'_' => Some('_'),
+            b if b.is_ascii_alphanumeric() => Some(char::from(b)),
+            _ => None,
+        });
+        kept.collect()
+    };
+    if scheme == "basic" {
+        // Python's `b64decode` drops `-` and `_` where Node's `Buffer`
+        // reads them as `+` and `/`: only the letters and digits are kept.
+        token
+            .iter()
+            .filter(|b| b.is_ascii_alphanumeric())
+            .map(|&b| char::from(b))
+            .collect()
+    } else {
+        let parts: Vec<String> = token.split(|&b| b == b'.').map(canonical).collect();
+        parts.join(".")
+    }
+}
+
+/// The token68 of RFC 9110 section 11.2: `A-Z a-z 0-9 - . _ ~ + /`, then
+/// any `=`.
+fn is_token68(token: &[u8]) -> bool {
+    let body = token
+        .iter()
+        .rposition(|&b| b != b'=')
+        .map_or(&token[..0], |end| &token[..=end]);
+    !body.is_empty()
+        && body
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b))
+}
+
+/// The value of header `name` when it comes on one line; `None` when it
+/// does not come; an error when it comes on several, which upstreams read
+/// differently (the first, the last, or joined).
+fn one_line<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a HeaderValue>, String> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next();
+    if lines.next().is_some() {
+        return Err(format!("`{name}` is sent more than once"));
+    }
+    Ok(first)
+}
+
+/// The API key: the one value the [`Clients::api_key`] places give. Two
+/// places that both carry one must agree.
+fn api_key(headers: &HeaderMap, places: &[Credential]) -> Result<Option<String>, String> {
+    let mut found: Option<(String, &Credential)> = None;
+    for place in places {
+        let Some(value) = place.read(headers)? else {
+            continue;
+        };
+        match &found {
+            Some((first, at)) if *first != value => {
+                return Err(format!(
+                    "two API keys that differ, in `{}` and `{}`: send the key in one place",
+                    at.name(),
+                    place.name()
+                ));
+            }
+            Some(_) => {}
+            None => found = Some((value, place)),
+        }
+    }
+    Ok(found.map(|(value, _)| value))
 }
 
 impl KeyPart {
     /// The name used in keys and configuration (`api_key`, `ip`, `user`,
-    /// `route`, `method`, `header:NAME`).
+    /// `route`, `method`, `header:NAME`, `bearer`, `authorization:SCHEME`).
     pub fn name(&self) -> String {
         match self {
             Self::ApiKey => "api_key".into(),
@@ -73,6 +301,7 @@ impl KeyPart {
             Self::Route => "route".into(),
             Self::Method => "method".into(),
             Self::Header(h) => format!("header:{h}"),
+            Self::Credential(c) => c.name(),
         }
     }
 
@@ -84,6 +313,8 @@ impl KeyPart {
             "user" => Self::User,
             "route" => Self::Route,
             "method" => Self::Method,
+            "bearer" => Self::Credential(Credential::bearer()),
+            _ if s.starts_with("authorization:") => Self::Credential(Credential::parse(s)?),
             _ => match s.strip_prefix("header:") {
                 Some(name) => Self::Header(
                     HeaderName::try_from(name)
@@ -91,7 +322,7 @@ impl KeyPart {
                 ),
                 None => {
                     return Err(format!(
-                        "unknown key `{s}` (expected api_key, ip, user, route, method or header:NAME)"
+                        "unknown key `{s}` (expected api_key, ip, user, route, method, bearer, authorization:SCHEME or header:NAME)"
                     ));
                 }
             },
@@ -105,8 +336,11 @@ pub struct Clients {
     /// Peers whose `Forwarded` / `X-Forwarded-For` (and user and tier
     /// headers) are believed.
     pub trusted_proxies: Vec<IpNet>,
-    /// The header carrying the API key (besides `Authorization: Bearer`).
-    pub api_key_header: HeaderName,
+    /// Where API keys come from: the places the upstream authenticates
+    /// them, usually one (`[Credential::bearer()]`). The default,
+    /// `X-Api-Key` and `Authorization: Bearer`, takes either; a request
+    /// that carries keys in both that differ is refused (400).
+    pub api_key: Vec<Credential>,
     /// A header carrying the user id, set by a trusted auth proxy.
     pub user_header: Option<HeaderName>,
     /// A header carrying the client's tier, set by a trusted auth proxy.
@@ -175,7 +409,10 @@ impl Default for Clients {
     fn default() -> Self {
         Self {
             trusted_proxies: Vec::new(),
-            api_key_header: HeaderName::from_static("x-api-key"),
+            api_key: vec![
+                Credential::Header(HeaderName::from_static("x-api-key")),
+                Credential::bearer(),
+            ],
             user_header: None,
             tier_header: None,
             forwarded_header: ForwardedHeader::XForwardedFor,
@@ -193,8 +430,10 @@ pub const MAX_KEY_LEN: usize = 200;
 pub(crate) struct Identity {
     // `None` only when the request carries no peer address.
     pub ip: Option<ClientIp>,
-    pub api_key: Option<String>,
-    pub user: Option<String>,
+    // An error (a 400's message) for a key sent twice or unreadable: it
+    // is refused only if a rule that applies counts by it.
+    pub api_key: Result<Option<String>, String>,
+    pub user: Result<Option<String>, String>,
     pub tier: Option<String>,
     // Whether the socket peer is a trusted proxy: its headers are believed.
     pub peer_trusted: bool,
@@ -459,27 +698,21 @@ impl Identity {
         let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies, clients.forwarded_header);
         let ip = ip.map(|ip| by_prefix(ip, clients.ipv6_prefix));
         let headers = &req.headers;
-        let api_key = header_str(headers, &clients.api_key_header).or_else(|| {
-            let auth = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
-            let (scheme, token) = auth.trim().split_once(' ')?;
-            let token = token.trim();
-            (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_string())
-        });
-        let trusted_header = |name: &Option<HeaderName>| {
-            name.as_ref()
-                .filter(|_| peer_trusted)
-                .and_then(|h| header_str(headers, h))
+        let api_key = api_key(headers, &clients.api_key);
+        let trusted_header = |name: &Option<HeaderName>| match name {
+            Some(h) if peer_trusted => header_str(headers, h),
+            _ => Ok(None),
         };
-        let user = req
-            .extensions
-            .get::<UserId>()
-            .map(|u| u.0.clone())
-            .or_else(|| trusted_header(&clients.user_header));
-        let tier = req
-            .extensions
-            .get::<Tier>()
-            .map(|t| t.0.clone())
-            .or_else(|| trusted_header(&clients.tier_header));
+        let user = match req.extensions.get::<UserId>() {
+            Some(u) => Ok(Some(u.0.clone())),
+            None => trusted_header(&clients.user_header),
+        };
+        let tier = match req.extensions.get::<Tier>() {
+            Some(t) => Some(t.0.clone()),
+            // Written by a trusted layer: one sent twice is its bug, and
+            // the tier falls back to the API key's.
+            None => trusted_header(&clients.tier_header).ok().flatten(),
+        };
         Self {
             ip,
             api_key,
@@ -490,8 +723,12 @@ impl Identity {
     }
 }
 
-fn header_str(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
-    let v = headers.get(name)?;
+/// The value of header `name`, trimmed (opaque bytes escaped); `None` if
+/// absent or empty; an error if it comes on several lines.
+fn header_str(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, String> {
+    let Some(v) = one_line(headers, name)? else {
+        return Ok(None);
+    };
     let s = match v.to_str() {
         Ok(s) => s.trim().to_string(),
         // Opaque bytes: keep them, escaped, rather than drop the key.
@@ -500,7 +737,7 @@ fn header_str(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
             s
         }),
     };
-    (!s.is_empty()).then_some(s)
+    Ok((!s.is_empty()).then_some(s))
 }
 
 /// The route template of a request: axum's `MatchedPath` when present.
@@ -514,8 +751,13 @@ pub(crate) fn route(parts: &Parts) -> String {
 
 /// Builds a key from `parts`: `name=value` pairs joined by `|`, values
 /// escaped so that no value can forge another pair. `None` if a part is
-/// missing. Long keys are replaced by `sha256:` and a hash.
-pub(crate) fn build_key(key: &[KeyPart], client: &Identity, parts: &Parts) -> Option<String> {
+/// missing; an error (a 400's message) if one is sent twice or cannot be
+/// read. Long keys are replaced by `sha256:` and a hash.
+pub(crate) fn build_key(
+    key: &[KeyPart],
+    client: &Identity,
+    parts: &Parts,
+) -> Result<Option<String>, String> {
     // Runs on every request: write straight into one string.
     let mut out = String::with_capacity(48);
     for (i, part) in key.iter().enumerate() {
@@ -523,11 +765,24 @@ pub(crate) fn build_key(key: &[KeyPart], client: &Identity, parts: &Parts) -> Op
             out.push('|');
         }
         match part {
-            KeyPart::ApiKey => push_pair(&mut out, "api_key", client.api_key.as_deref()?),
-            KeyPart::User => push_pair(&mut out, "user", client.user.as_deref()?),
+            KeyPart::ApiKey => {
+                let Some(key) = client.api_key.clone()? else {
+                    return Ok(None);
+                };
+                push_pair(&mut out, "api_key", &key);
+            }
+            KeyPart::User => {
+                let Some(user) = client.user.clone()? else {
+                    return Ok(None);
+                };
+                push_pair(&mut out, "user", &user);
+            }
             KeyPart::Ip => {
+                let Some(ip) = client.ip.as_ref() else {
+                    return Ok(None);
+                };
                 out.push_str("ip=");
-                match client.ip.as_ref()? {
+                match ip {
                     ClientIp::Addr(ip) => push_ip(&mut out, *ip),
                     ClientIp::Net(net) => {
                         let _ = write!(out, "{net}");
@@ -548,15 +803,25 @@ pub(crate) fn build_key(key: &[KeyPart], client: &Identity, parts: &Parts) -> Op
             }
             KeyPart::Method => push_pair(&mut out, "method", parts.method.as_str()),
             KeyPart::Header(name) => {
-                let value = header_str(&parts.headers, name)?;
+                let Some(value) = header_str(&parts.headers, name)? else {
+                    return Ok(None);
+                };
                 out.push_str("header:");
                 out.push_str(name.as_str());
                 out.push('=');
                 push_escaped(&mut out, &value);
             }
+            KeyPart::Credential(credential) => {
+                let Some(value) = credential.read(&parts.headers)? else {
+                    return Ok(None);
+                };
+                out.push_str(&credential.name());
+                out.push('=');
+                push_escaped(&mut out, &value);
+            }
         }
     }
-    Some(bounded(out))
+    Ok(Some(bounded(out)))
 }
 
 /// Writes an address as its standard text, which has no separator to
@@ -608,6 +873,50 @@ pub fn key_from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -
         push_escaped(&mut out, value);
     }
     bounded(out)
+}
+
+/// The values of a key that `parts` built, unescaped, in order; `None` if
+/// the key is not of that shape (`api_key=VALUE|ip=VALUE` for `[api_key,
+/// ip]`). A key hashed for its length (`sha256:` and 64 hex digits) has
+/// the shape of any parts, and no values to read: `Some` of none.
+pub(crate) fn values_of(key: &str, parts: &[KeyPart]) -> Option<Vec<String>> {
+    if let Some(hex) = key.strip_prefix("sha256:")
+        && hex.len() == 64
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Some(Vec::new());
+    }
+    let pairs: Vec<&str> = key.split('|').collect();
+    if parts.is_empty() || pairs.len() != parts.len() {
+        return None;
+    }
+    pairs
+        .iter()
+        .zip(parts)
+        .map(|(pair, part)| {
+            let (name, value) = pair.split_once('=')?;
+            (name == part.name() && !value.contains('=')).then(|| unescaped(value))
+        })
+        .collect()
+}
+
+/// What [`push_escaped`] wrote, read back.
+fn unescaped(value: &str) -> String {
+    value
+        .replace("%7C", "|")
+        .replace("%3D", "=")
+        .replace("%25", "%")
+}
+
+/// How keys of `parts` are written, for a message: `api_key=VALUE|ip=VALUE`.
+pub(crate) fn shape_of(parts: &[KeyPart]) -> String {
+    parts
+        .iter()
+        .map(|p| format!("{}=VALUE", p.name()))
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// Appends `value` with the key separators (and `%`) percent-encoded.
@@ -929,7 +1238,7 @@ mod tests {
                 ..Clients::default()
             };
             let client = Identity::of(&parts, &clients);
-            build_key(&[KeyPart::Ip], &client, &parts).unwrap()
+            build_key(&[KeyPart::Ip], &client, &parts).unwrap().unwrap()
         };
         // Two addresses of one /64: one key by default.
         assert_eq!(key("[2001:db8:1:2::1]:1", 64), "ip=2001:db8:1:2::/64");
@@ -947,8 +1256,8 @@ mod tests {
         let parts = req("1.1.1.1:1", &[("x-a", "1|header:x-b=2")]);
         let client = Identity {
             ip: None,
-            api_key: None,
-            user: None,
+            api_key: Ok(None),
+            user: Ok(None),
             tier: None,
             peer_trusted: false,
         };
@@ -957,14 +1266,159 @@ mod tests {
             &client,
             &parts,
         );
-        assert_eq!(key.as_deref(), Some("header:x-a=1%7Cheader:x-b%3D2"));
+        assert_eq!(key, Ok(Some("header:x-a=1%7Cheader:x-b%3D2".into())));
         let parts = req("1.1.1.1:1", &[("x-a", &"y".repeat(10_000))]);
         let key = build_key(
             &[KeyPart::Header(HeaderName::from_static("x-a"))],
             &client,
             &parts,
         )
+        .unwrap()
         .unwrap();
         assert!(key.starts_with("sha256:") && key.len() == 7 + 64);
+    }
+
+    fn api_key_of(
+        places: &[Credential],
+        headers: &[(&str, &str)],
+    ) -> Result<Option<String>, String> {
+        api_key(&req("1.1.1.1:1", headers).headers, places)
+    }
+
+    #[test]
+    fn a_bearer_token_is_read_in_every_spelling_common_parsers_accept() {
+        let bearer = [Credential::bearer()];
+        for spelling in [
+            "Bearer REALKEY123",
+            "bearer REALKEY123",
+            "BEARER   REALKEY123",
+            "Bearer\tREALKEY123",
+            "Bearer \t REALKEY123 ",
+        ] {
+            let key = api_key_of(&bearer, &[("authorization", spelling)]);
+            assert_eq!(key, Ok(Some("REALKEY123".into())), "{spelling:?}");
+        }
+        let token68 = api_key_of(&bearer, &[("authorization", "Bearer a-b._~+/c==")]);
+        assert_eq!(token68, Ok(Some("a-b._-_c".into())));
+        // Another scheme is not a bearer token.
+        assert_eq!(
+            api_key_of(&bearer, &[("authorization", "Basic dTpw")]),
+            Ok(None)
+        );
+        assert_eq!(api_key_of(&bearer, &[]), Ok(None));
+    }
+
+    #[test]
+    fn a_token_is_keyed_as_the_credential_it_decodes_to() {
+        // Python's b64decode (PyJWT, Werkzeug) and Node's Buffer skip what
+        // is not base64 and the padding: each of these is one credential.
+        let basic = [Credential::Authorization("basic".into())];
+        for spelling in [
+            "dXNlcjpwYXNz",
+            "dX.NlcjpwYXNz",
+            "d~XNl-cjp_wYXNz",
+            "dXNlcjpwYXNz====",
+        ] {
+            let key = api_key_of(&basic, &[("authorization", &format!("Basic {spelling}"))]);
+            assert_eq!(key, Ok(Some("dXNlcjpwYXNz".into())), "{spelling}")
+        }
+        let bearer = [Credential::bearer()];
+        let jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln";
+        let canonical = api_key_of(&bearer, &[("authorization", &format!("Bearer {jwt}"))]);
+        for spelling in [
+            format!("{jwt}~~~~"),
+            format!("{jwt}=="),
+            jwt.replacen("c2", "c~2", 1),
+        ] {
+            let key = api_key_of(&bearer, &[("authorization", &format!("Bearer {spelling}"))]);
+            assert_eq!(key, canonical, "{spelling}");
+        }
+        // The parts of a JWT stay apart.
+        let moved = api_key_of(
+            &bearer,
+            &[(
+                "authorization",
+                "Bearer eyJhbGciOiJIUzI1NiJ9eyJzdWIiOiIxIn0.c2ln",
+            )],
+        );
+        assert_ne!(moved, canonical);
+    }
+
+    #[test]
+    fn a_credential_sent_twice_or_unreadable_is_refused_not_missing() {
+        let bearer = [Credential::bearer()];
+        // No token at all is no credential: the upstream sees none either.
+        assert_eq!(
+            api_key_of(&bearer, &[("authorization", "Bearer")]),
+            Ok(None)
+        );
+        assert_eq!(
+            api_key_of(&bearer, &[("authorization", "Bearer ")]),
+            Ok(None)
+        );
+        for unreadable in [
+            "Bearer\u{a0}REALKEY123",
+            "Bearer ~~~",
+            "Bearer a b",
+            "Bearer a,b",
+            "Bearer REAL, Bearer OTHER",
+            "Bearer =abc",
+            "Bearer a\"b",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                http::header::AUTHORIZATION,
+                HeaderValue::from_bytes(unreadable.as_bytes()).unwrap(),
+            );
+            let key = api_key(&headers, &bearer);
+            assert!(key.is_err(), "{unreadable:?}: {key:?}");
+        }
+        let twice = [("authorization", "Bearer A"), ("authorization", "Bearer B")];
+        assert!(api_key_of(&bearer, &twice).is_err());
+        let header = [Credential::Header(HeaderName::from_static("x-api-key"))];
+        assert!(api_key_of(&header, &[("x-api-key", "a"), ("x-api-key", "a")]).is_err());
+        assert!(api_key_of(&header, &[("x-api-key", "REAL, junk")]).is_err());
+        assert!(api_key_of(&header, &[("x-api-key", "REAL junk")]).is_err());
+        assert_eq!(
+            api_key_of(&header, &[("x-api-key", " REAL ")]),
+            Ok(Some("REAL".into()))
+        );
+    }
+
+    #[test]
+    fn a_key_is_read_only_where_the_upstream_authenticates_it() {
+        // The review's bypass: a junk X-Api-Key beside the real bearer
+        // token. Keyed by the bearer token alone, the junk is not read...
+        let bearer = [Credential::bearer()];
+        let both = [
+            ("x-api-key", "junk-1"),
+            ("authorization", "Bearer REALKEY123"),
+        ];
+        assert_eq!(api_key_of(&bearer, &both), Ok(Some("REALKEY123".into())));
+        // ... and where either place is taken (the default), two keys that
+        // differ are refused.
+        let either = Clients::default().api_key;
+        assert!(api_key_of(&either, &both).is_err());
+        let agree = [
+            ("x-api-key", "REALKEY123"),
+            ("authorization", "Bearer REALKEY123"),
+        ];
+        assert_eq!(api_key_of(&either, &agree), Ok(Some("REALKEY123".into())));
+        assert_eq!(
+            api_key_of(&either, &[("x-api-key", "K")]),
+            Ok(Some("K".into()))
+        );
+    }
+
+    #[test]
+    fn a_header_key_sent_twice_is_refused() {
+        let parts = req("1.1.1.1:1", &[("x-tenant", "victim"), ("x-tenant", "x")]);
+        let client = Identity::of(&parts, &Clients::default());
+        let key = build_key(
+            &[KeyPart::Header(HeaderName::from_static("x-tenant"))],
+            &client,
+            &parts,
+        );
+        assert!(key.is_err(), "{key:?}");
     }
 }

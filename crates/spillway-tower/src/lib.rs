@@ -19,6 +19,7 @@
 //!   [`Limited`]; a leaky bucket in shape mode holds the request for its
 //!   delay (a timer, never a busy wait) and gives its slot back if the client
 //!   leaves, or if the server stops meanwhile ([`Draining`]: then a 503);
+//!   a server may cap how many it holds at once ([`HoldCap`]: past it, a 503);
 //! - a store that cannot decide gives a 503 (fail-closed) or whatever its
 //!   failure policy says; never a 500;
 //! - a rule that counts by IP, on a request without the peer's address (an
@@ -39,6 +40,7 @@ pub mod engine;
 mod error;
 mod future;
 pub mod headers;
+pub mod host;
 pub mod key;
 mod layer;
 pub mod problem;
@@ -54,10 +56,17 @@ pub use engine::{
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};
 pub use headers::{HeaderOptions, RateLimitFields, ResetFormat};
-pub use key::{ClientAddr, Clients, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, UserId};
+pub use key::{
+    ClientAddr, Clients, Credential, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, UserId,
+};
 pub use layer::RateLimitLayer;
-pub use rules::{Action, BodyFormat, Cost, Glob, HttpRule, MissingClientAddr, Policy};
-pub use service::{Draining, Limited, RateLimit, RequestCost, X_SPILLWAY_LIMITED};
+pub use rules::{
+    Action, BodyFormat, Cost, Glob, HttpRule, METHOD_OVERRIDES, MissingClientAddr, OtherPaths,
+    Policy, RouteCost,
+};
+pub use service::{
+    Draining, HoldCap, HoldPlace, Limited, RateLimit, RequestCost, X_SPILLWAY_LIMITED,
+};
 
 // The crate's README (its crates.io page) is compiled and run as doc tests.
 #[doc = include_str!("../README.md")]

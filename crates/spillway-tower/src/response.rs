@@ -93,6 +93,27 @@ pub(crate) fn unavailable<B>() -> Response<ResponseBody<B>> {
     res
 }
 
+/// A 503 for a shaped request its server cannot hold (see
+/// [`HoldCap`](crate::HoldCap)), retrying in `retry_secs` (when its turn
+/// would have come); for a gRPC request, `UNAVAILABLE` with the same
+/// `Retry-After`.
+pub(crate) fn too_many_held<B>(retry_secs: u64, grpc: bool) -> Response<ResponseBody<B>> {
+    let mut res = if grpc {
+        grpc_status(
+            14,
+            "too many requests are waiting for their turn; try again",
+        )
+    } else {
+        problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Too many requests are waiting for their turn; try again.",
+        )
+    };
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry_secs));
+    res
+}
+
 /// A 503 for a shaped request whose server stopped before its turn,
 /// retrying in `retry_secs` (when its turn would have come); for a gRPC
 /// request, `UNAVAILABLE` with the same `Retry-After`.

@@ -9,7 +9,9 @@ use http::{HeaderName, Method};
 use spillway::AnyAlgorithm;
 use spillway::store::{Rule, RuleId};
 
+use crate::engine::Small;
 use crate::headers::{HeaderOptions, Presented};
+use crate::host::host_of_authority;
 use crate::key::{self, Clients, Identity, KeyPart};
 
 /// A path or host pattern: `*` matches within one segment, `**` across
@@ -54,16 +56,19 @@ impl Glob {
         if !spelled_otherwise {
             return false;
         }
+        // A Servlet container strips the parameters, then merges the
+        // slashes that leaves: `/;x/login` is its `//login`, `/login`.
         let mut folded = String::with_capacity(path.len());
-        for (i, segment) in path.split('/').enumerate() {
-            if i > 0 {
-                folded.push('/');
-            }
+        for segment in path.split('/').skip(1) {
             let segment = segment.split_once(';').map_or(segment, |(s, _)| s);
+            if segment.is_empty() {
+                continue;
+            }
+            folded.push('/');
             folded.push_str(&segment.to_ascii_lowercase());
         }
-        if folded.len() > 1 && folded.ends_with('/') {
-            folded.pop();
+        if folded.is_empty() {
+            folded.push('/');
         }
         let pattern = self.pattern.to_ascii_lowercase();
         Self {
@@ -100,31 +105,88 @@ impl fmt::Debug for Glob {
     }
 }
 
-/// The host a request names, for host rules: the absolute-form target's,
-/// else the `Host` header's, without a port and without a trailing dot
-/// (`api.example.com.` is `api.example.com`). A `Host` that is not ASCII
-/// is an error: it cannot be compared, and letting it pass would let it
-/// around every host rule.
+/// The host a request names, for host rules: the absolute-form target's
+/// authority, else the `Host` header's, without a port and without a
+/// trailing dot (`api.example.com.` is `api.example.com`). A host that is
+/// not one every router reads alike ([`host_of_authority`]) is an error:
+/// `admin.example.com,x` is `admin.example.com` to some, and letting it
+/// pass would let it around every host rule.
 fn request_host(parts: &Parts) -> Result<Option<&str>, &'static str> {
-    let h = match parts.uri.host() {
-        Some(h) => h,
-        None => {
-            let Some(v) = parts.headers.get(http::header::HOST) else {
-                return Ok(None);
-            };
-            let v = v.to_str().map_err(|_| "the Host header must be ASCII")?;
-            // Drop a port, but not the colons of an IPv6 literal.
-            match v.rsplit_once(':') {
-                Some((h, port))
-                    if port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') =>
-                {
-                    h
-                }
-                _ => v,
-            }
-        }
+    let authority = match parts.uri.authority() {
+        Some(authority) => authority.as_str().as_bytes(),
+        None => match parts.headers.get(http::header::HOST) {
+            Some(host) => host.as_bytes(),
+            None => return Ok(None),
+        },
     };
-    Ok(Some(h.strip_suffix('.').unwrap_or(h)))
+    match host_of_authority(authority) {
+        Some(host) => Ok(Some(host)),
+        None => Err("the Host is not a host name, an IP address or a port"),
+    }
+}
+
+/// A request extension: other paths the application behind may take the
+/// request's path for, set by a front end that forwards the path as it
+/// came but knows routers read it otherwise (`spillway proxy` sets
+/// `/x%2F..%2Flogin`'s `/login`: WSGI servers and Rack decode `%2F`). A path
+/// rule that matches the path or any of these applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OtherPaths(pub Vec<String>);
+
+/// The headers with which frameworks let a request name another method
+/// than its own (Express's method-override, Rack, Symfony, Laravel, many
+/// API gateways): a rule on a method counts the requests that name it so.
+pub const METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
+
+/// A query component as a framework's parser reads it: `%XX` decoded,
+/// `+` a space.
+fn percent_decoded(bytes: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(hi), Some(lo)) => {
+                    out.push(u8::try_from(hi * 16 + lo).expect("two hex digits"));
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Whether a host a trusted proxy in front names in `X-Forwarded-Host`
+/// matches: many upstreams route by it when they trust that proxy
+/// (Express's `req.hostname` takes its first element, others the last), so
+/// a host rule counts a request for which any element matches.
+/// An element that is not a host is an error, as a `Host` that is not
+/// one is: Express cuts `admin.example.com:8o` at the colon.
+fn forwarded_host_matches(host: &Glob, parts: &Parts) -> Result<bool, &'static str> {
+    let elements = parts
+        .headers
+        .get_all("x-forwarded-host")
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|element| !element.is_empty());
+    let mut matched = false;
+    for element in elements {
+        let h = host_of_authority(element)
+            .ok_or("X-Forwarded-Host is not a host name, an IP address or a port")?;
+        matched |= host.matches(h);
+    }
+    Ok(matched)
 }
 
 /// Glob matching, never exponential whatever the pattern.
@@ -201,6 +263,160 @@ pub enum Cost {
         /// The cost when the header is absent or not trusted.
         default: u64,
     },
+    /// By route: the cost of the first of `routes` that the request
+    /// reaches, `default` when it reaches none. One rule, one counter per
+    /// key, and each endpoint its own price inside that budget ("every
+    /// request costs 1 of the key's 100 a minute, `/reports` costs 10").
+    ///
+    /// A route is reached as a rule's `match` is: by the path in any
+    /// spelling some upstream serves it (letter case, a trailing slash,
+    /// `;parameters`), by the other paths a front end says routers read
+    /// ([`OtherPaths`]), by `HEAD` for `GET`, and by a method override. A
+    /// request that can be read as several paths pays, of each reading's
+    /// first route, the dearest: another spelling never buys a cheaper
+    /// route.
+    Routes {
+        /// The table, in order.
+        routes: Vec<RouteCost>,
+        /// The cost of a request that reaches no route.
+        default: u64,
+    },
+}
+
+/// One row of a [`Cost::Routes`] table: requests of these methods (any,
+/// when none is given) to paths that match this pattern cost this much.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteCost {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) path: Glob,
+    pub(crate) cost: u64,
+}
+
+impl RouteCost {
+    /// Requests to paths matching `pattern` (`/reports/**`: see [`Glob`])
+    /// cost `cost`, whatever their method.
+    pub fn new(pattern: impl Into<String>, cost: u64) -> Self {
+        Self {
+            methods: Vec::new(),
+            path: Glob::path(pattern),
+            cost,
+        }
+    }
+
+    /// Only requests of these methods (and `HEAD` for `GET`).
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// The cost.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+impl Cost {
+    /// A request's cost under [`Cost::Routes`]: for each way a router may
+    /// read it (its path, or one of [`OtherPaths`]; its method, one a
+    /// method override names, or, for a `POST`, any method of the table),
+    /// the first route it reaches, or `default`; the dearest of these.
+    pub(crate) fn of_routes(routes: &[RouteCost], default: u64, parts: &Parts) -> u64 {
+        let mut methods: Small<Method> = smallvec::smallvec![parts.method.clone()];
+        methods.extend(
+            named_methods(parts).iter().filter_map(|m| {
+                Method::from_bytes(m.as_str().to_ascii_uppercase().as_bytes()).ok()
+            }),
+        );
+        if parts.method == Method::POST {
+            // Its `_method` may be in its body, unread: any of them.
+            methods.extend(routes.iter().flat_map(|r| r.methods.iter().cloned()));
+        }
+        let first = |path: &str, method: &Method| {
+            routes
+                .iter()
+                .find(|r| r.path.matches_loosely(path) && reaches_methods(&r.methods, method))
+                .map_or(default, |r| r.cost)
+        };
+        let other = parts.extensions.get::<OtherPaths>();
+        let paths = std::iter::once(parts.uri.path()).chain(
+            other
+                .into_iter()
+                .flat_map(|o| o.0.iter().map(String::as_str)),
+        );
+        paths
+            .flat_map(|path| methods.iter().map(move |m| (path, m)))
+            .map(|(path, m)| first(path, m))
+            .max()
+            .unwrap_or(default)
+    }
+}
+
+/// The methods a request names besides its own, by a method override
+/// header or a `_method` in its query (a list's every element: frameworks
+/// take the first, any may be).
+fn named_methods(parts: &Parts) -> Small<Method> {
+    let mut out = Small::new();
+    let mut named = |value: &[u8]| {
+        out.extend(
+            value
+                .split(|&b| b == b',')
+                .filter_map(|name| Method::from_bytes(name.trim_ascii()).ok()),
+        );
+    };
+    for value in METHOD_OVERRIDES
+        .iter()
+        .flat_map(|h| parts.headers.get_all(h))
+    {
+        named(value.as_bytes());
+    }
+    if let Some(query) = parts.uri.query() {
+        for (k, v) in query
+            .split(['&', ';'])
+            .filter_map(|pair| pair.split_once('='))
+        {
+            if percent_decoded(k.as_bytes()) == b"_method" {
+                named(&percent_decoded(v.as_bytes()));
+            }
+        }
+    }
+    out
+}
+
+/// Whether a request of `method` is one of `methods` (any, when empty), or
+/// a `HEAD` for a `GET`, which every framework routes to `GET`'s handler.
+fn reaches_methods(methods: &[Method], method: &Method) -> bool {
+    methods.is_empty()
+        || methods.contains(method)
+        || (method == Method::HEAD && methods.contains(&Method::GET))
+}
+
+/// Whether a request routed as `method` (named in any letter case) reaches
+/// a handler of `methods`: `HEAD` reaches `GET`'s.
+fn has_method(methods: &[Method], method: &Method) -> bool {
+    let is = |m: &Method| {
+        methods
+            .iter()
+            .any(|r| r.as_str().eq_ignore_ascii_case(m.as_str()))
+    };
+    is(method) || (method.as_str().eq_ignore_ascii_case("HEAD") && is(&Method::GET))
+}
+
+/// Whether a request whose own method is not one of `methods` (nor `HEAD`
+/// for `GET`) may be routed as one all the same: by the method a method
+/// override names (`X-HTTP-Method-Override`, `X-HTTP-Method`,
+/// `X-Method-Override`, `_method` in the query), which Express's
+/// method-override, Rack, Symfony and Laravel route by; and, for a `POST`,
+/// any method, since its `_method` may be in its body. Matching errs
+/// toward limiting: a `POST` that asks to be a `DELETE` counts as one (and
+/// as a `POST`).
+fn routed_by_an_override(methods: &[Method], parts: &Parts) -> bool {
+    if parts.method == Method::POST {
+        // Its method may be in its body (`_method=DELETE`: Rack reads a
+        // form, or a body with no type, Laravel JSON too), which is not
+        // read here: it counts as every method on its path.
+        return true;
+    }
+    named_methods(parts).iter().any(|m| has_method(methods, m))
 }
 
 /// One rate limit over HTTP requests.
@@ -214,6 +430,9 @@ pub struct HttpRule {
     pub(crate) path: Option<Glob>,
     // True: the path must match as written (see `exact_path`).
     pub(crate) exact_path: bool,
+    // False: the upstream honours no method override (see
+    // `method_overrides`).
+    pub(crate) method_overrides: bool,
     pub(crate) host: Option<Glob>,
     pub(crate) key: Vec<KeyPart>,
     pub(crate) fallback: Vec<KeyPart>,
@@ -245,6 +464,7 @@ impl HttpRule {
             methods: Vec::new(),
             path: None,
             exact_path: false,
+            method_overrides: true,
             host: None,
             key: vec![KeyPart::Ip],
             fallback: vec![KeyPart::Ip],
@@ -274,6 +494,17 @@ impl HttpRule {
     /// apart.
     pub fn exact_path(mut self) -> Self {
         self.exact_path = true;
+        self
+    }
+
+    /// Whether the rule also counts requests that may be routed as one of
+    /// its methods by a method override (default `true`): one named in
+    /// `X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override` or
+    /// `_method` in the query, and any `POST`, whose `_method` may be in its
+    /// body. `false` is for an upstream that honours none of them: then a
+    /// rule on `GET /login` does not count the login form's `POST`.
+    pub fn method_overrides(mut self, followed: bool) -> Self {
+        self.method_overrides = followed;
         self
     }
 
@@ -372,35 +603,45 @@ impl HttpRule {
         self.action
     }
 
-    /// Whether the rule applies to a request with these parts; an error
-    /// (a 400's message) for a host that cannot be compared.
-    pub(crate) fn matches(&self, parts: &Parts) -> Result<bool, &'static str> {
+    /// Whether the rule applies to a request with these parts, from a peer
+    /// that is a trusted proxy or not; an error (a 400's message) for a
+    /// host that cannot be compared.
+    pub(crate) fn matches(&self, parts: &Parts, peer_trusted: bool) -> Result<bool, &'static str> {
         if !self.over_http {
             return Ok(false);
         }
-        if !self.methods.is_empty() && !self.methods.contains(&parts.method) {
-            return Ok(false);
-        }
+        let by_its_method = reaches_methods(&self.methods, &parts.method);
         if let Some(path) = &self.path {
-            let p = parts.uri.path();
-            let hit = if self.exact_path {
-                path.matches(p)
-            } else {
-                path.matches_loosely(p)
+            let hit = |p: &str| {
+                if self.exact_path {
+                    path.matches(p)
+                } else {
+                    path.matches_loosely(p)
+                }
             };
-            if !hit {
+            let other = parts.extensions.get::<OtherPaths>();
+            if !(hit(parts.uri.path()) || other.is_some_and(|o| o.0.iter().any(|p| hit(p)))) {
                 return Ok(false);
             }
         }
         if let Some(host) = &self.host {
-            let Some(h) = request_host(parts)? else {
-                return Ok(false);
-            };
-            if !host.matches(h) {
+            let asked = request_host(parts)?.is_some_and(|h| host.matches(h));
+            if !(asked || peer_trusted && forwarded_host_matches(host, parts)?) {
                 return Ok(false);
             }
         }
-        Ok(true)
+        // Last, as the dearest test, on the few requests whose method is
+        // not the rule's but whose path and host are.
+        Ok(by_its_method || self.routed_by_an_override(parts))
+    }
+
+    /// Whether a request whose own method is not one of the rule's may be
+    /// routed as one all the same, by a method override (see
+    /// [`routed_by_an_override`]). A rule made with
+    /// [`method_overrides(false)`](HttpRule::method_overrides) counts only
+    /// the request's own method.
+    fn routed_by_an_override(&self, parts: &Parts) -> bool {
+        self.method_overrides && routed_by_an_override(&self.methods, parts)
     }
 
     /// Whether the rule's key, or the fallback it would use, needs the
@@ -409,15 +650,19 @@ impl HttpRule {
         self.key.contains(&KeyPart::Ip) || self.fallback.contains(&KeyPart::Ip)
     }
 
-    /// The key this request is counted under, if the rule applies.
-    pub(crate) fn key_of(&self, client: &Identity, parts: &Parts) -> Option<String> {
-        key::build_key(&self.key, client, parts).or_else(|| {
-            if self.fallback.is_empty() {
-                None
-            } else {
-                key::build_key(&self.fallback, client, parts)
-            }
-        })
+    /// The key this request is counted under, if the rule applies; an
+    /// error (a 400's message) for a key part sent twice or unreadable,
+    /// which is never taken for one that is missing.
+    pub(crate) fn key_of(
+        &self,
+        client: &Identity,
+        parts: &Parts,
+    ) -> Result<Option<String>, String> {
+        match key::build_key(&self.key, client, parts)? {
+            Some(key) => Ok(Some(key)),
+            None if self.fallback.is_empty() => Ok(None),
+            None => key::build_key(&self.fallback, client, parts),
+        }
     }
 }
 
@@ -505,9 +750,15 @@ impl Policy {
         self
     }
 
-    /// Puts `api_key` in `tier`.
+    /// Puts `api_key` in `tier`. A key sent as a token is found in any of
+    /// the spellings that key it ([`Credential`](crate::Credential)).
     pub fn api_key_tier(mut self, api_key: impl Into<String>, tier: impl Into<String>) -> Self {
-        self.api_key_tiers.insert(api_key.into(), tier.into());
+        let (api_key, tier) = (api_key.into(), tier.into());
+        let as_token = key::canonical_token(api_key.as_bytes(), "bearer");
+        if as_token != api_key {
+            self.api_key_tiers.insert(as_token, tier.clone());
+        }
+        self.api_key_tiers.insert(api_key, tier);
         self
     }
 
@@ -521,6 +772,35 @@ impl Policy {
     pub fn body(mut self, body: BodyFormat) -> Self {
         self.body = body;
         self
+    }
+
+    /// The request headers the rules read (for keys, tiers, users and
+    /// costs), besides the forwarding headers: a front end that passes
+    /// headers on must not let another spelling of one reach the upstream
+    /// (CGI and WSGI read `X_Api_Key` as `X-Api-Key`).
+    pub fn headers_read(&self) -> Vec<HeaderName> {
+        let mut names: Vec<HeaderName> = Vec::new();
+        let clients = &self.clients;
+        for place in &clients.api_key {
+            names.push(place.header_name());
+        }
+        names.extend(clients.user_header.iter().cloned());
+        names.extend(clients.tier_header.iter().cloned());
+        for rule in &self.rules {
+            for part in rule.key.iter().chain(&rule.fallback) {
+                match part {
+                    KeyPart::Header(name) => names.push(name.clone()),
+                    KeyPart::Credential(c) => names.push(c.header_name()),
+                    _ => {}
+                }
+            }
+            if let Cost::Header { name, .. } = &rule.cost {
+                names.push(name.clone());
+            }
+        }
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        names
     }
 
     /// How clients are identified (trusted proxies, headers).
@@ -573,15 +853,23 @@ impl Policy {
     }
 
     /// The client's tier: an extension or trusted header, else the API-key
-    /// table.
-    pub(crate) fn tier_of<'a>(&'a self, client: &'a Identity) -> Option<&'a str> {
-        client.tier.as_deref().or_else(|| {
-            client
-                .api_key
+    /// table; an error (a 400's message) when the table would be read and
+    /// the API key was sent twice or cannot be read: a key in a stricter
+    /// tier than the default must not escape it by being sent twice.
+    pub(crate) fn tier_of<'a>(&'a self, client: &'a Identity) -> Result<Option<&'a str>, &'a str> {
+        if let Some(tier) = client.tier.as_deref() {
+            return Ok(Some(tier));
+        }
+        if self.api_key_tiers.is_empty() {
+            return Ok(None);
+        }
+        match &client.api_key {
+            Ok(key) => Ok(key
                 .as_ref()
                 .and_then(|k| self.api_key_tiers.get(k))
-                .map(String::as_str)
-        })
+                .map(String::as_str)),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -619,6 +907,10 @@ mod tests {
             "/Login/",
             "/login;jsessionid=1",
             "/LOGIN;a=b/",
+            // Tomcat strips `;x`, then merges `//`.
+            "/;x/login",
+            "/;/login;",
+            "/login/;x",
         ] {
             assert!(login.matches_loosely(spelling), "{spelling}");
             assert!(!login.matches(spelling), "{spelling}");
@@ -649,9 +941,9 @@ mod tests {
         let exact = HttpRule::new("login", algorithm)
             .path("/login")
             .exact_path();
-        assert_eq!(loose.matches(&parts("/Login/", b"h")), Ok(true));
-        assert_eq!(exact.matches(&parts("/Login/", b"h")), Ok(false));
-        assert_eq!(exact.matches(&parts("/login", b"h")), Ok(true));
+        assert_eq!(loose.matches(&parts("/Login/", b"h"), false), Ok(true));
+        assert_eq!(exact.matches(&parts("/Login/", b"h"), false), Ok(false));
+        assert_eq!(exact.matches(&parts("/login", b"h"), false), Ok(true));
     }
 
     #[test]
@@ -660,15 +952,204 @@ mod tests {
             std::num::NonZeroU32::new(1).unwrap(),
         ));
         let rule = HttpRule::new("api", algorithm).host("api.example.com");
-        assert_eq!(rule.matches(&parts("/", b"api.example.com.")), Ok(true));
-        assert_eq!(rule.matches(&parts("/", b"API.example.com.:443")), Ok(true));
-        assert_eq!(rule.matches(&parts("/", b"other.example")), Ok(false));
+        assert_eq!(
+            rule.matches(&parts("/", b"api.example.com."), false),
+            Ok(true)
+        );
+        assert_eq!(
+            rule.matches(&parts("/", b"API.example.com.:443"), false),
+            Ok(true)
+        );
+        assert_eq!(
+            rule.matches(&parts("/", b"other.example"), false),
+            Ok(false)
+        );
         assert!(
-            rule.matches(&parts("/", b"api.ex\xc3\xa4mple.com"))
+            rule.matches(&parts("/", b"api.ex\xc3\xa4mple.com"), false)
                 .is_err()
         );
         let absolute = parts("http://api.example.com./", b"other.example");
-        assert_eq!(rule.matches(&absolute), Ok(true));
+        assert_eq!(rule.matches(&absolute, false), Ok(true));
+        // Express with `trust proxy` serves both as api.example.com.
+        for folded in [&b"api.example.com,x"[..], b"api.example.com:8o"] {
+            assert!(rule.matches(&parts("/", folded), false).is_err());
+        }
+    }
+
+    #[test]
+    fn a_path_rule_counts_the_other_paths_a_front_end_says_routers_read() {
+        let algorithm = spillway::algorithm::FixedWindow::new(spillway::Quota::per_minute(
+            std::num::NonZeroU32::new(1).unwrap(),
+        ));
+        let rule = HttpRule::new("login", algorithm).path("/login");
+        let mut parts = request(Method::POST, "/x%2F..%2Flogin", &[]);
+        assert_eq!(rule.matches(&parts, false), Ok(false));
+        parts.extensions.insert(OtherPaths(vec!["/login".into()]));
+        assert_eq!(rule.matches(&parts, false), Ok(true));
+        parts.extensions.insert(OtherPaths(vec!["/x/login".into()]));
+        assert_eq!(rule.matches(&parts, false), Ok(false));
+    }
+
+    #[test]
+    fn a_host_rule_counts_the_host_a_trusted_proxy_forwards() {
+        let algorithm = spillway::algorithm::FixedWindow::new(spillway::Quota::per_minute(
+            std::num::NonZeroU32::new(1).unwrap(),
+        ));
+        let rule = HttpRule::new("api", algorithm).host("api.example.com");
+        for forwarded in [
+            "api.example.com",
+            "API.example.com:443",
+            "other.example, api.example.com",
+        ] {
+            let parts = request(
+                Method::GET,
+                "/",
+                &[
+                    ("host", "backend.internal"),
+                    ("x-forwarded-host", forwarded),
+                ],
+            );
+            assert_eq!(rule.matches(&parts, true), Ok(true), "{forwarded}");
+            // Only a trusted proxy's: the proxy replaces a client's.
+            assert_eq!(rule.matches(&parts, false), Ok(false), "{forwarded}");
+        }
+        // One that is not a host is refused, as a `Host` would be.
+        for forwarded in ["api.example.com:8o", "api.example.com,x y"] {
+            let parts = request(
+                Method::GET,
+                "/",
+                &[
+                    ("host", "backend.internal"),
+                    ("x-forwarded-host", forwarded),
+                ],
+            );
+            assert!(rule.matches(&parts, true).is_err(), "{forwarded}");
+        }
+    }
+
+    fn request(method: Method, uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut builder = http::Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    /// The table of the docs' example: reports cost 10, an export 20 (by
+    /// `POST` only), everything else 1, and no spelling or method
+    /// override buys a cheaper row.
+    #[test]
+    fn a_route_costs_its_first_row_in_the_dearest_reading() {
+        let routes = vec![
+            RouteCost::new("/reports/**", 10),
+            RouteCost::new("/exports", 20).methods([Method::POST]),
+            RouteCost::new("/exports", 2).methods([Method::GET]),
+            RouteCost::new("/reports/cheap", 1),
+        ];
+        let cost = |parts: &Parts| Cost::of_routes(&routes, 1, parts);
+        let get = |uri: &str| request(Method::GET, uri, &[]);
+        assert_eq!(cost(&get("/items")), 1, "no row: the default");
+        assert_eq!(cost(&get("/reports")), 10);
+        assert_eq!(cost(&get("/reports/2026/q4")), 10);
+        // The first row wins: the later, cheaper one is never reached.
+        assert_eq!(cost(&get("/reports/cheap")), 10);
+        assert_eq!(cost(&request(Method::POST, "/exports", &[])), 20);
+        assert_eq!(cost(&get("/exports")), 2);
+        assert_eq!(
+            cost(&request(Method::HEAD, "/exports", &[])),
+            2,
+            "HEAD is GET"
+        );
+        assert_eq!(cost(&request(Method::DELETE, "/exports", &[])), 1);
+        // Other spellings of the same route.
+        for uri in ["/REPORTS/x", "/reports;jsessionid=1/x", "/Reports/"] {
+            assert_eq!(cost(&get(uri)), 10, "{uri}");
+        }
+        // A GET that a method override makes a POST pays the POST's row.
+        let overridden = request(
+            Method::GET,
+            "/exports",
+            &[("x-http-method-override", "post")],
+        );
+        assert_eq!(cost(&overridden), 20);
+        assert_eq!(cost(&get("/exports?_method=POST")), 20);
+        // A path a router reads otherwise pays that path's row.
+        let mut parts = get("/x%2F..%2Freports");
+        assert_eq!(cost(&parts), 1);
+        parts.extensions.insert(OtherPaths(vec!["/reports".into()]));
+        assert_eq!(cost(&parts), 10);
+    }
+
+    #[test]
+    fn a_rule_on_a_method_counts_head_and_method_overrides() {
+        let algorithm = spillway::algorithm::FixedWindow::new(spillway::Quota::per_minute(
+            std::num::NonZeroU32::new(1).unwrap(),
+        ));
+        let report = HttpRule::new("report", algorithm)
+            .methods([Method::GET])
+            .path("/report");
+        let report_as = |method: Method, uri: &str, headers: &[(&str, &str)]| {
+            report.matches(&request(method, uri, headers), false)
+        };
+        assert_eq!(report_as(Method::HEAD, "/report", &[]), Ok(true));
+        assert_eq!(report_as(Method::PUT, "/report", &[]), Ok(false));
+        // An override to HEAD is routed to the GET handler.
+        let head = [("x-http-method-override", "HEAD")];
+        assert_eq!(report_as(Method::PUT, "/report", &head), Ok(true));
+        assert_eq!(
+            report_as(Method::PUT, "/report?_method=head", &[]),
+            Ok(true)
+        );
+
+        let delete = HttpRule::new("delete", algorithm)
+            .methods([Method::DELETE])
+            .path("/items/*");
+        let put = |uri: &str, headers: &[(&str, &str)]| {
+            delete.matches(&request(Method::PUT, uri, headers), false)
+        };
+        for header in [
+            "x-http-method-override",
+            "x-http-method",
+            "x-method-override",
+        ] {
+            for value in ["delete", " DELETE ", "DELETE, GET", "delete,"] {
+                assert_eq!(
+                    put("/items/1", &[(header, value)]),
+                    Ok(true),
+                    "{header}: {value}"
+                );
+            }
+            assert_eq!(put("/items/1", &[(header, "PUT")]), Ok(false), "{header}");
+        }
+        assert_eq!(put("/items/1?_method=DELETE", &[]), Ok(true));
+        assert_eq!(put("/items/1?a=1&%5Fmethod=%64elete", &[]), Ok(true));
+        assert_eq!(put("/items/1?_method=PUT", &[]), Ok(false));
+        assert_eq!(put("/items/1?x_method=DELETE", &[]), Ok(false));
+        assert_eq!(put("/items/1", &[]), Ok(false));
+        // The override only adds methods: the path must still match.
+        assert_eq!(put("/other?_method=DELETE", &[]), Ok(false));
+        // A POST's `_method` may be in its body (a form, a body of no type
+        // for Rack, JSON for Laravel), which is not read: a POST counts
+        // against the rules on every method of its path.
+        for content_type in [
+            "application/x-www-form-urlencoded, text/plain",
+            "multipart/mixed; boundary=x",
+            "application/json",
+        ] {
+            let post = request(Method::POST, "/items/1", &[("content-type", content_type)]);
+            assert_eq!(delete.matches(&post, false), Ok(true), "{content_type}");
+        }
+        let post = request(Method::POST, "/items/1", &[]);
+        assert_eq!(delete.matches(&post, false), Ok(true));
+        assert_eq!(
+            delete.matches(&request(Method::POST, "/other", &[]), false),
+            Ok(false)
+        );
+        // Unless the upstream honours no override.
+        let plain = delete.clone().method_overrides(false);
+        assert_eq!(plain.matches(&post, false), Ok(false));
+        let overridden = request(Method::PUT, "/items/1", &[("x-http-method", "DELETE")]);
+        assert_eq!(plain.matches(&overridden, false), Ok(false));
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! answer of its own).
 
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use http::request::Parts;
@@ -78,6 +79,75 @@ impl Draining {
     async fn stopped(mut self) {
         // An error: the sender is gone, the server with it.
         let _ = self.0.wait_for(|&stop| stop).await;
+    }
+}
+
+/// A request extension, set by a server, that caps how many of its
+/// requests are held for their shaping turn (a leaky bucket in shape mode)
+/// at once, all rules, keys and connections together: a bucket's queue
+/// bounds what one key holds, not what all keys hold, and each held
+/// request keeps a connection (an HTTP/2 stream), a task and its buffers.
+/// A request that would be held past the cap is answered `503 Service
+/// Unavailable` at once, with `Retry-After` its wait (whole seconds, rounded
+/// up: when its turn would have come), never reaches the inner service,
+/// and its charges are given back. Clones share the count.
+///
+/// ```
+/// use std::num::NonZeroUsize;
+/// use spillway_tower::HoldCap;
+///
+/// let cap = HoldCap::new(NonZeroUsize::new(2).unwrap());
+/// let (a, b) = (cap.try_hold(), cap.clone().try_hold());
+/// assert!(a.is_some() && b.is_some());
+/// assert_eq!(cap.held(), 2);
+/// assert!(cap.try_hold().is_none(), "a third is not held");
+/// drop(a);
+/// assert!(cap.try_hold().is_some(), "a place came free");
+/// ```
+#[derive(Debug, Clone)]
+pub struct HoldCap(Arc<HoldCount>);
+
+#[derive(Debug)]
+struct HoldCount {
+    held: AtomicUsize,
+    max: usize,
+}
+
+impl HoldCap {
+    /// At most `max` requests held at once.
+    pub fn new(max: NonZeroUsize) -> Self {
+        Self(Arc::new(HoldCount {
+            held: AtomicUsize::new(0),
+            max: max.get(),
+        }))
+    }
+
+    /// How many requests are held now.
+    pub fn held(&self) -> usize {
+        self.0.held.load(Ordering::Acquire)
+    }
+
+    /// A place for one more held request, given back when dropped; none
+    /// past the cap.
+    pub fn try_hold(&self) -> Option<HoldPlace> {
+        let count = &self.0;
+        count
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < count.max).then_some(held + 1)
+            })
+            .ok()?;
+        Some(HoldPlace(self.0.clone()))
+    }
+}
+
+/// A held request's place under a [`HoldCap`], given back when dropped.
+#[derive(Debug)]
+pub struct HoldPlace(Arc<HoldCount>);
+
+impl Drop for HoldPlace {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -313,13 +383,22 @@ where
     };
     // Shaping: hold the request until its turn. If the client goes away
     // meanwhile, or the server stops (see `Draining`), the charges are given
-    // back.
+    // back; so they are if the server holds as many as it may (`HoldCap`).
     if !delay.is_zero()
         && let Some(held) = held
     {
         let guard = GiveBackOnDrop {
             engine: engine.clone(),
             held: Some(held),
+        };
+        let place = match parts.extensions.get::<HoldCap>().map(HoldCap::try_hold) {
+            Some(None) => {
+                drop(guard);
+                let retry = delay.as_micros().div_ceil(1_000_000).max(1) as u64;
+                return answer(response::too_many_held(retry, grpc));
+            }
+            Some(place) => place,
+            None => None,
         };
         let draining = parts.extensions.get::<Draining>().cloned();
         return Box::pin(async move {
@@ -338,6 +417,7 @@ where
                 tokio::time::sleep_until(turn).await;
             }
             guard.disarm();
+            drop(place);
             Ok(finish(inner.call(Request::from_parts(parts, body)).await?))
         });
     }

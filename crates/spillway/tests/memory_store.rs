@@ -1045,6 +1045,43 @@ fn growing_sliding_logs_stay_within_max_memory() {
 }
 
 #[test]
+fn rules_added_one_by_one_stay_within_max_memory() {
+    // Each rule added (as a limit override is, with a key or two) cuts the
+    // others' shares: their tables are made smaller at once, not when a
+    // new key next arrives, which a rule used once never gets.
+    let clock = FakeClock::new(HOUR_START);
+    let max = 64 << 20;
+    let options = MemoryOptions {
+        max_memory: NonZeroUsize::new(max),
+        ..MemoryOptions::default()
+    };
+    let rule = |i: usize| Rule::new(format!("r{i}"), FixedWindow::new(per_hour(10)));
+    let mut store = MemoryStore::with_clock(vec![rule(0)], options, clock.clone());
+    for n in 1..=64 {
+        let c = Check {
+            rule: RuleId(n - 1),
+            key: "a key",
+            cost: 1,
+        };
+        store.check_now(&[c]).expect("fits");
+        assert!(
+            store.memory_bytes() <= max,
+            "{n} rules: {}",
+            store.memory_bytes()
+        );
+        store = store.reconfigure((0..=n).map(rule).collect());
+    }
+    assert!(store.memory_bytes() <= max, "{}", store.memory_bytes());
+    let c = Check {
+        rule: RuleId(0),
+        key: "a key",
+        cost: 1,
+    };
+    let d = store.check_now(&[c]).expect("fits").decisions[0];
+    assert_eq!(d.remaining, 8, "r0 kept its count");
+}
+
+#[test]
 fn a_reload_that_adds_rules_brings_the_store_back_within_max_memory() {
     // One rule fills the whole budget; a reload to three rules cuts its
     // share to a third. Its table comes back within the share as keys

@@ -116,6 +116,11 @@ pub(super) async fn key(
             cost: 0,
         }];
         let d = match engine.store().check(&peek).await {
+            // Its failure policy admitted the peek: nothing is known.
+            Ok(verdict) if !verdict.is_decided(0) => {
+                return unavailable("The store could not answer: its state is unknown.")
+                    .into_response();
+            }
             Ok(verdict) => verdict.decisions[0],
             Err(e) => {
                 return unavailable(format!("The store could not answer: {e}.")).into_response();

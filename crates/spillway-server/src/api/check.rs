@@ -37,6 +37,8 @@ struct CheckBody<'a> {
     #[serde(default, borrow)]
     tier: Option<Cow<'a, str>>,
     #[serde(default)]
+    free_form_key: Option<bool>,
+    #[serde(default)]
     method: Option<String>,
     #[serde(default)]
     path: Option<String>,
@@ -64,6 +66,7 @@ struct RuleCheck<'a> {
     key: Cow<'a, str>,
     cost: Option<serde_json::Number>,
     tier: Option<Cow<'a, str>>,
+    free_form_key: bool,
 }
 
 #[derive(Debug)]
@@ -103,7 +106,7 @@ impl<'a> CheckBody<'a> {
             ]);
             if let Some(field) = other {
                 return Err(format!(
-                    "Invalid rule check: unknown field `{field}`, expected one of `rule`, `key`, `cost`, `tier`."
+                    "Invalid rule check: unknown field `{field}`, expected one of `rule`, `key`, `cost`, `tier`, `free_form_key`."
                 ));
             }
             let key = self.key.ok_or("Invalid rule check: missing field `key`.")?;
@@ -112,6 +115,7 @@ impl<'a> CheckBody<'a> {
                 key,
                 cost: self.cost,
                 tier: self.tier,
+                free_form_key: self.free_form_key.unwrap_or(false),
             }));
         }
         if self.path.is_none() && self.method.is_none() {
@@ -125,6 +129,7 @@ impl<'a> CheckBody<'a> {
             ("key", self.key.is_some()),
             ("cost", self.cost.is_some()),
             ("tier", self.tier.is_some()),
+            ("free_form_key", self.free_form_key.is_some()),
         ]);
         if let Some(field) = other {
             return Err(format!(
@@ -242,8 +247,20 @@ pub(crate) async fn check_answer(state: &State, body: &[u8]) -> Answer {
     }
 }
 
-async fn check_rule(engine: &Loaded, c: RuleCheck<'_>) -> Answer {
-    let engine = engine.layer.engine();
+/// Whether `key` is one Envoy's descriptors with entry keys `names` build
+/// (`remote_address=10.0.0.1`): `name=value` pairs in that order.
+fn is_descriptor_key(key: &str, names: &[String]) -> bool {
+    let pairs: Vec<&str> = key.split('|').collect();
+    !names.is_empty()
+        && pairs.len() == names.len()
+        && pairs.iter().zip(names).all(|(pair, name)| {
+            pair.split_once('=')
+                .is_some_and(|(n, v)| n == name.as_str() && !v.contains('='))
+        })
+}
+
+async fn check_rule(loaded: &Loaded, c: RuleCheck<'_>) -> Answer {
+    let engine = loaded.layer.engine();
     if !engine.policy().rules().iter().any(|r| r.name() == c.rule) {
         return bad_request(format!("Unknown rule `{}`.", c.rule));
     }
@@ -266,7 +283,18 @@ async fn check_rule(engine: &Loaded, c: RuleCheck<'_>) -> Answer {
             c.key.len()
         ));
     }
-    let charge = match engine.charge_named(&c.rule, c.tier.as_deref(), c.key.into_owned(), cost) {
+    // A key of the rule's Envoy descriptor keys is a key of the rule too.
+    let descriptor_keyed = loaded
+        .layer
+        .policy()
+        .rules()
+        .iter()
+        .position(|r| r.name() == c.rule)
+        .and_then(|i| loaded.config.descriptors.get(i))
+        .is_some_and(|names| is_descriptor_key(&c.key, names));
+    let key = c.key.into_owned();
+    let free_form = c.free_form_key || descriptor_keyed;
+    let charge = match engine.charge_for_key(&c.rule, c.tier.as_deref(), key, cost, free_form) {
         Ok(charge) => charge,
         Err(message) => return bad_request(message),
     };
@@ -344,12 +372,19 @@ fn decision_response(engine: &TowerEngine<AnyStore>, ruling: &Ruling) -> Answer 
         }
         decided => DecisionJson::of(decided),
     };
+    // The rules the store could not decide, admitted by their failure
+    // policy: named, with no decision.
+    let charges = ruling.charges();
+    let undecided: smallvec::SmallVec<[&str; 2]> = (0..charges.len())
+        .filter(|&i| ruling.is_undecided(i))
+        .map(|i| engine.rule_name(&charges[i]))
+        .collect();
     Answer {
         status: StatusCode::OK,
         content_type: "application/json",
         fields: engine.fields(ruling),
         other: None,
-        body: json.write(engine.report(ruling)),
+        body: json.write(&undecided, engine.report(ruling)),
     }
 }
 
@@ -406,8 +441,8 @@ impl<'a> DecisionJson<'a> {
         }
     }
 
-    /// The body, with `rules`' decisions.
-    fn write<'r>(&self, rules: impl Iterator<Item = Reported<'r>>) -> Vec<u8> {
+    /// The body, with the `undecided` rules' names and `rules`' decisions.
+    fn write<'r>(&self, undecided: &[&str], rules: impl Iterator<Item = Reported<'r>>) -> Vec<u8> {
         let Self {
             allowed,
             status,
@@ -432,6 +467,8 @@ impl<'a> DecisionJson<'a> {
         out.strs(limited);
         out.raw(",\"shadowed\":");
         out.strs(shadowed);
+        out.raw(",\"undecided\":");
+        out.strs(undecided);
         out.raw(",\"rules\":[");
         for (i, r) in rules.enumerate() {
             let d = r.decision;
@@ -509,13 +546,13 @@ impl Json {
         }
     }
 
-    fn strs(&mut self, all: &[String]) {
+    fn strs(&mut self, all: &[impl AsRef<str>]) {
         self.raw("[");
         for (i, s) in all.iter().enumerate() {
             if i > 0 {
                 self.raw(",");
             }
-            self.str(s);
+            self.str(s.as_ref());
         }
         self.raw("]");
     }
@@ -535,9 +572,10 @@ mod tests {
     /// The JSON of an outcome, as [`decision_response`] writes it.
     fn decision_json<'r>(
         outcome: &Outcome,
+        undecided: &[&str],
         rules: impl IntoIterator<Item = Reported<'r>>,
     ) -> Vec<u8> {
-        DecisionJson::of(outcome).write(rules.into_iter())
+        DecisionJson::of(outcome).write(undecided, rules.into_iter())
     }
 
     /// The hand-written JSON of a decision reads back as the documented
@@ -575,7 +613,7 @@ mod tests {
             rule: "plain".to_string(),
             retry_after: Duration::from_millis(2),
         };
-        let body = decision_json(&rejected, rules);
+        let body = decision_json(&rejected, &[], rules);
         let body: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
         let rule = |name: &str, tier: Option<&str>, key: &str, cost: u64, action: &str| {
             json!({
@@ -586,7 +624,7 @@ mod tests {
         };
         let expected = json!({
             "allowed": false, "status": 429, "denied_by": "plain", "retry_after_ms": 2,
-            "delay_ms": 0, "limited": [], "shadowed": [],
+            "delay_ms": 0, "limited": [], "shadowed": [], "undecided": [],
             "rules": [
                 rule("plain", None, odd, 3, "reject"),
                 rule("second", Some("pro"), "k", 0, "shadow"),
@@ -598,11 +636,12 @@ mod tests {
             limited: vec!["x\"y".to_string(), "z".to_string()],
             shadowed: vec!["w".to_string()],
         };
-        let body = decision_json(&admitted, []);
+        let body = decision_json(&admitted, &["open\"rule"], []);
         let body: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
         let expected = json!({
             "allowed": true, "status": 200, "denied_by": null, "retry_after_ms": null,
-            "delay_ms": 1, "limited": ["x\"y", "z"], "shadowed": ["w"], "rules": [],
+            "delay_ms": 1, "limited": ["x\"y", "z"], "shadowed": ["w"],
+            "undecided": ["open\"rule"], "rules": [],
         });
         assert_eq!(body, expected);
     }

@@ -24,6 +24,20 @@ use crate::state::State;
 
 pub(crate) use site::serve;
 
+/// Serves `/healthz`, `/readyz`, `/metrics`, `/openapi.json` and the admin
+/// API on `listener` (the routes of [`app()`] but `POST /v1/check`), with
+/// the HTTP server and limits of `spillway serve`, until `shutdown`
+/// resolves: `spillway proxy --admin-listen`, whose proxied port forwards
+/// every path to the upstream.
+pub async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    state: State,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    tracing::info!("admin listener on http://{}", listener.local_addr()?);
+    site::serve_admin(listener, state, shutdown).await
+}
+
 /// The OpenAPI 3 description of this API, as served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
 
@@ -69,6 +83,15 @@ pub fn app(state: State) -> Router {
 /// The API's routes without the in-flight count (the HTTP/1.1 server of
 /// `spillway serve` counts a request from its head on, body included).
 pub(crate) fn routes(state: State) -> Router {
+    router(state, true)
+}
+
+/// The admin listener's routes: [`routes`] without `POST /v1/check`.
+pub(crate) fn admin_routes(state: State) -> Router {
+    router(state, false)
+}
+
+fn router(state: State, with_check: bool) -> Router {
     let admin = Router::new()
         .route(
             "/rules/{rule}/keys/{*key}",
@@ -79,8 +102,12 @@ pub(crate) fn routes(state: State) -> Router {
             state.clone(),
             admin::authorize,
         ));
-    Router::new()
-        .route("/v1/check", axum::routing::post(check::check))
+    let router = if with_check {
+        Router::new().route("/v1/check", axum::routing::post(check::check))
+    } else {
+        Router::new()
+    };
+    router
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

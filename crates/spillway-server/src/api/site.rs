@@ -1,6 +1,7 @@
 //! The API as the HTTP/1.1 server's [`Site`]: `POST /v1/check` is answered
 //! straight from its body ([`check_answer`]), everything else by the
-//! router.
+//! router. The admin listener of `spillway proxy` is a site too, of the
+//! router only.
 
 use std::io;
 
@@ -11,7 +12,7 @@ use tokio::net::TcpListener;
 
 use super::answer::Answer;
 use super::check::{check_answer, check_authorized, check_needs_token};
-use super::{MAX_BODY_BYTES, app, routes};
+use super::{MAX_BODY_BYTES, admin_routes, app, routes};
 use crate::http1::serve::{Answered, Settings, Site};
 use crate::http1::{self, Accepting, Timeouts};
 use crate::metrics::InFlight;
@@ -25,6 +26,25 @@ pub(crate) async fn serve(
     state: State,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    let settings = settings(&state);
+    http1::serve::serve(listener, Api { state }, settings, shutdown).await;
+    Ok(())
+}
+
+/// Serves the admin listener's routes ([`admin_routes`]) on `listener`,
+/// as [`serve`] serves the API, until `shutdown` resolves.
+pub(crate) async fn serve_admin(
+    listener: TcpListener,
+    state: State,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let settings = settings(&state);
+    http1::serve::serve(listener, AdminSite { state }, settings, shutdown).await;
+    Ok(())
+}
+
+/// The server's settings, from the configuration's `[server]`.
+fn settings(state: &State) -> Settings {
     let server = state.live.current().config.server.clone();
     let timeouts = Timeouts {
         head: server.head_timeout,
@@ -39,13 +59,11 @@ pub(crate) async fn serve(
         refused: Some(refused),
         drain_timeout: server.drain_timeout,
     };
-    let settings = Settings {
+    Settings {
         timeouts,
         accepting,
         max_body: MAX_BODY_BYTES,
-    };
-    http1::serve::serve(listener, Api { state }, settings, shutdown).await;
-    Ok(())
+    }
 }
 
 /// The API on the state it serves.
@@ -90,6 +108,40 @@ impl Site for Api {
     fn in_flight(&self) -> InFlight {
         self.state.metrics.in_flight()
     }
+}
+
+/// The admin listener: the router for every request.
+struct AdminSite {
+    state: State,
+}
+
+impl Site for AdminSite {
+    type Fast = Answer;
+    type InFlight = ();
+
+    fn answers_fast(&self, _: &Method, _: &[u8]) -> bool {
+        false
+    }
+
+    fn fast_needs_authorization(&self) -> bool {
+        false
+    }
+
+    fn answer_fast(&self, _: Option<&[u8]>, _: Bytes) -> impl Future<Output = Answer> + Send {
+        // Never asked: no request is answered fast.
+        std::future::ready(Answer::problem(StatusCode::NOT_FOUND, "Not found."))
+    }
+
+    fn routes(&self) -> Router {
+        admin_routes(self.state.clone())
+    }
+
+    fn app(&self) -> Router {
+        admin_routes(self.state.clone())
+    }
+
+    // Admin requests are not the traffic `spillway_in_flight` counts.
+    fn in_flight(&self) {}
 }
 
 /// Whether a request target is `/v1/check` (origin form, with or without

@@ -26,8 +26,8 @@ use spillway::algorithm::{
 use spillway::store::OnFull;
 use spillway_redis::{OnError, Topology};
 use spillway_tower::{
-    Action, BodyFormat, Clients, Cost, ForwardedHeader, HeaderOptions, HttpRule, Ipv6Prefix,
-    KeyPart, Policy, ResetFormat,
+    Action, BodyFormat, Clients, Cost, Credential, ForwardedHeader, HeaderOptions, HttpRule,
+    Ipv6Prefix, KeyPart, Policy, ResetFormat, RouteCost,
 };
 use toml::Spanned;
 
@@ -83,6 +83,9 @@ pub struct Config {
     pub proxy: Normalize,
     /// `[envoy] max_descriptors` and `max_entries`.
     pub envoy_limits: EnvoyLimits,
+    /// `[proxy]`: what `spillway proxy`'s clients may hold at once. Read at
+    /// start: a reload does not change it.
+    pub proxy_bounds: ProxyBounds,
 }
 
 /// What to do with `%2F` and `%5C` in a path: whether an encoded slash is
@@ -134,6 +137,13 @@ pub struct Normalize {
     pub merge_slashes: bool,
     /// What to do with `%2F` and `%5C`. Default: keep them.
     pub escaped_slashes: EscapedSlashes,
+    /// Pass on request headers whose names hold `_` (nginx's
+    /// `underscores_in_headers`). Default off: they are dropped, as nginx
+    /// drops them, because CGI and WSGI upstreams read `X_Api_Key` and
+    /// `X-Api-Key` as one header (`HTTP_X_API_KEY`), which the rules do not.
+    /// When on, those that fold onto a header the proxy writes or reads
+    /// (the forwarding headers, the degrade marker) are dropped all the same.
+    pub underscores_in_headers: bool,
 }
 
 impl Default for Normalize {
@@ -142,6 +152,7 @@ impl Default for Normalize {
             path: true,
             merge_slashes: true,
             escaped_slashes: EscapedSlashes::Keep,
+            underscores_in_headers: false,
         }
     }
 }
@@ -240,6 +251,48 @@ impl Default for EnvoyLimits {
     }
 }
 
+/// `[proxy]`'s bounds on what clients may hold at once: HTTP/2 clients
+/// carry many requests on one connection, each of which needs an upstream
+/// connection of its own (the upstream speaks HTTP/1.1), and a shaping
+/// bucket holds its requests for their turn.
+///
+/// ```
+/// use spillway_server::config::ProxyBounds;
+///
+/// let bounds = ProxyBounds::default();
+/// assert!(bounds.http2);
+/// assert_eq!(bounds.http2_max_streams.get(), 100);
+/// assert_eq!(bounds.pool_max_connections.get(), 1_000);
+/// assert_eq!(bounds.max_held.get(), 10_000);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyBounds {
+    /// Whether HTTP/2 clients (prior knowledge) are served at all. Default
+    /// on.
+    pub http2: bool,
+    /// The most requests one HTTP/2 connection may have open at once (sent
+    /// as `SETTINGS_MAX_CONCURRENT_STREAMS`). Default 100.
+    pub http2_max_streams: NonZeroU32,
+    /// The most upstream connections HTTP/2 clients' requests share, all
+    /// clients together. Default 1,000.
+    pub pool_max_connections: NonZeroUsize,
+    /// The most requests held for their shaping turn (leaky bucket, `mode
+    /// = "shape"`) at once, all rules and clients together; one more is
+    /// answered 503. Default 10,000.
+    pub max_held: NonZeroUsize,
+}
+
+impl Default for ProxyBounds {
+    fn default() -> Self {
+        Self {
+            http2: true,
+            http2_max_streams: NonZeroU32::new(100).expect("nonzero"),
+            pool_max_connections: NonZeroUsize::new(1_000).expect("nonzero"),
+            max_held: NonZeroUsize::new(10_000).expect("nonzero"),
+        }
+    }
+}
+
 /// `[store]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreConfig {
@@ -258,9 +311,28 @@ pub struct StoreConfig {
     /// What a full in-memory table does with a new key.
     pub on_full: OnFull,
     /// The most bytes the in-memory store holds, all rules together
-    /// (`MemoryOptions::max_memory`), if bounded.
+    /// (`MemoryOptions::max_memory`): [`DEFAULT_MAX_MEMORY`] unless set;
+    /// none with Redis, or when set to `"none"`.
     pub max_memory: Option<NonZeroUsize>,
 }
+
+/// `[store] max_memory` when the file does not set it, for the in-memory
+/// store: 256 MiB. A flood of distinct keys over every rule then grows the
+/// process by at most about 336 MiB (`max_memory` + 25% + 16 MiB, the
+/// bound docs/server.md states), where `max_keys` alone let each rule
+/// take 50 MB (short keys) to a gigabyte (keys of 1 KiB); at about 100
+/// bytes a key it holds some 2.5 million keys in all, `max_keys` for one
+/// or two rules.
+///
+/// ```
+/// use spillway_server::config::{Config, DEFAULT_MAX_MEMORY};
+///
+/// let config = Config::parse("").unwrap();
+/// assert_eq!(config.store.max_memory, Some(DEFAULT_MAX_MEMORY));
+/// let config = Config::parse("[store]\nmax_memory = \"1GiB\"\n").unwrap();
+/// assert_eq!(config.store.max_memory.unwrap().get(), 1 << 30);
+/// ```
+pub const DEFAULT_MAX_MEMORY: NonZeroUsize = NonZeroUsize::new(256 << 20).expect("nonzero");
 
 /// Where the counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -297,9 +369,14 @@ struct RawConfig {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawProxy {
+    http2: Option<bool>,
+    http2_max_streams: Option<Spanned<u64>>,
+    pool_max_connections: Option<Spanned<u64>>,
+    max_held: Option<Spanned<u64>>,
     normalize_path: Option<bool>,
     merge_slashes: Option<bool>,
     escaped_slashes: Option<Spanned<String>>,
+    underscores_in_headers: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -377,11 +454,20 @@ fn yes() -> bool {
 struct RawClients {
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
+    api_key: Option<Spanned<OneOrMany>>,
     api_key_header: Option<Spanned<String>>,
     user_header: Option<Spanned<String>>,
     tier_header: Option<Spanned<String>>,
     forwarded_header: Option<Spanned<String>>,
     ipv6_prefix: Option<Spanned<i64>>,
+}
+
+/// A setting that takes one value or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -417,6 +503,7 @@ struct RawRule {
     mode: Option<Spanned<String>>,
     delay: Option<Spanned<u64>>,
     cost: Option<Spanned<RawCost>>,
+    route_costs: Option<Spanned<Vec<Spanned<RawRouteCost>>>>,
     action: Option<Spanned<String>>,
     on_error: Option<Spanned<String>>,
     #[serde(default)]
@@ -431,6 +518,7 @@ struct RawMatch {
     methods: Option<Vec<Spanned<String>>>,
     path: Option<String>,
     exact_path: Option<bool>,
+    method_overrides: Option<bool>,
     host: Option<String>,
 }
 
@@ -482,6 +570,15 @@ impl RawQuota {
 enum RawCost {
     Fixed(u64),
     Header(String),
+}
+
+/// One row of a rule's `route_costs`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouteCost {
+    methods: Option<Vec<Spanned<String>>>,
+    path: Spanned<String>,
+    cost: u64,
 }
 
 // ---- conversion --------------------------------------------------------
@@ -576,10 +673,13 @@ fn max_memory_of(
     lines: &Text<'_>,
 ) -> Result<Option<NonZeroUsize>, ConfigError> {
     let Some(v) = &raw.max_memory else {
-        return Ok(None);
+        return Ok(matches!(kind, StoreKind::Memory).then_some(DEFAULT_MAX_MEMORY));
     };
     let field = "store.max_memory";
     let bytes = match v.get_ref() {
+        // Unbounded, as before the default: only `max_keys` bounds the
+        // store (for a host that gives the process the memory anyway).
+        RawSize::Text(t) if t.trim() == "none" => return Ok(None),
         RawSize::Bytes(n) => u64::try_from(*n)
             .map_err(|_| lines.err(v, field, format!("{n} is not a size: at least 1MiB")))?,
         RawSize::Fraction(x) => {
@@ -712,6 +812,7 @@ fn convert(raw: RawConfig, lines: &Text<'_>, dir: &Path) -> Result<Config, Confi
         envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
         descriptor_tree,
         envoy_limits,
+        proxy_bounds: convert_proxy_bounds(&raw.proxy, lines)?,
     })
 }
 
@@ -852,8 +953,40 @@ fn convert_clients(raw: &RawClients, lines: &Text<'_>) -> Result<Clients, Config
             })?;
         clients.trusted_proxies.push(net);
     }
-    if let Some(h) = &raw.api_key_header {
-        clients.api_key_header = header(h, "clients.api_key_header")?;
+    match (&raw.api_key, &raw.api_key_header) {
+        (Some(_), Some(h)) => {
+            return Err(lines.err(
+                h,
+                "clients.api_key_header",
+                "set `clients.api_key` alone: it names every place API keys come from",
+            ));
+        }
+        (Some(places), None) => {
+            let names = match places.get_ref() {
+                OneOrMany::One(name) => std::slice::from_ref(name),
+                OneOrMany::Many(names) => names.as_slice(),
+            };
+            if names.is_empty() {
+                return Err(lines.err(
+                    places,
+                    "clients.api_key",
+                    "name where API keys come from: \"bearer\", \"header:x-api-key\", ...",
+                ));
+            }
+            clients.api_key = names
+                .iter()
+                .map(|name| Credential::parse(name))
+                .collect::<Result<_, _>>()
+                .map_err(|m| lines.err(places, "clients.api_key", m))?;
+        }
+        // The older spelling: this header, or `Authorization: Bearer`.
+        (None, Some(h)) => {
+            clients.api_key = vec![
+                Credential::Header(header(h, "clients.api_key_header")?),
+                Credential::bearer(),
+            ];
+        }
+        (None, None) => {}
     }
     clients.user_header = raw
         .user_header
@@ -993,6 +1126,21 @@ fn check_rule_name(
     Ok(())
 }
 
+/// Methods named in a file (any letter case), each checked.
+fn methods(
+    methods: &[Spanned<String>],
+    lines: &Text<'_>,
+    field: &str,
+) -> Result<Vec<Method>, ConfigError> {
+    methods
+        .iter()
+        .map(|m| {
+            Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
+                .map_err(|_| lines.err(m, field, format!("`{}` is not a method", m.get_ref())))
+        })
+        .collect()
+}
+
 /// A rule's `match`: methods, path, host.
 fn rule_match(
     mut rule: HttpRule,
@@ -1000,23 +1148,14 @@ fn rule_match(
     lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<HttpRule, ConfigError> {
-    if let Some(methods) = &r.matcher.methods {
-        let mut parsed = Vec::new();
-        for m in methods {
-            let method =
-                Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes()).map_err(|_| {
-                    lines.err(
-                        m,
-                        field("match.methods"),
-                        format!("`{}` is not a method", m.get_ref()),
-                    )
-                })?;
-            parsed.push(method);
-        }
-        rule = rule.methods(parsed);
+    if let Some(list) = &r.matcher.methods {
+        rule = rule.methods(methods(list, lines, &field("match.methods"))?);
     }
     if let Some(path) = &r.matcher.path {
         rule = rule.path(path.clone());
+    }
+    if let Some(followed) = r.matcher.method_overrides {
+        rule = rule.method_overrides(followed);
     }
     if r.matcher.exact_path == Some(true) {
         rule = rule.exact_path();
@@ -1068,6 +1207,37 @@ fn rule_key_cost_action(
                 }
             }
         });
+    }
+    if let Some(table) = &r.route_costs {
+        let default = match r.cost.as_ref().map(Spanned::get_ref) {
+            None => 1,
+            Some(RawCost::Fixed(n)) => *n,
+            Some(RawCost::Header(_)) => {
+                let cost = r.cost.as_ref().expect("matched");
+                return Err(lines.err(
+                    cost,
+                    field("cost"),
+                    "with `route_costs`, `cost` is the cost of a request no route matches: an integer",
+                ));
+            }
+        };
+        if table.get_ref().is_empty() {
+            return Err(lines.err(table, field("route_costs"), "must list at least one route"));
+        }
+        let mut routes = Vec::new();
+        for (j, row) in table.get_ref().iter().enumerate() {
+            let at = |f: &str| field(&format!("route_costs[{j}].{f}"));
+            let raw = row.get_ref();
+            if !raw.path.get_ref().starts_with('/') {
+                return Err(lines.err(&raw.path, at("path"), "must start with `/`"));
+            }
+            let mut route = RouteCost::new(raw.path.get_ref().clone(), raw.cost);
+            if let Some(list) = &raw.methods {
+                route = route.methods(methods(list, lines, &at("methods"))?);
+            }
+            routes.push(route);
+        }
+        rule = rule.cost(Cost::Routes { routes, default });
     }
     if let Some(a) = &r.action {
         rule = rule.action(match a.get_ref().as_str() {
@@ -1167,6 +1337,43 @@ fn convert_proxy(raw: &RawProxy, lines: &Text<'_>) -> Result<Normalize, ConfigEr
                 .map_err(|m| lines.err(v, "proxy.escaped_slashes", m))?,
             None => defaults.escaped_slashes,
         },
+        underscores_in_headers: raw
+            .underscores_in_headers
+            .unwrap_or(defaults.underscores_in_headers),
+    })
+}
+
+/// `[proxy]`: what the proxy's clients may hold at once.
+fn convert_proxy_bounds(raw: &RawProxy, lines: &Text<'_>) -> Result<ProxyBounds, ConfigError> {
+    let defaults = ProxyBounds::default();
+    // A count of 1 to `max`, or an error naming the field.
+    let within = |n: &Spanned<u64>, field: &str, max: u64| {
+        Some(*n.get_ref())
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| lines.err(n, field, format!("must be between 1 and {max}")))
+    };
+    let count = |n: &Option<Spanned<u64>>, field: &str, default: NonZeroUsize| match n {
+        None => Ok(default),
+        Some(n) => {
+            let n = within(n, field, 1_000_000)?;
+            Ok(NonZeroUsize::new(n as usize).expect("between 1 and 1,000,000"))
+        }
+    };
+    Ok(ProxyBounds {
+        http2: raw.http2.unwrap_or(defaults.http2),
+        http2_max_streams: match &raw.http2_max_streams {
+            None => defaults.http2_max_streams,
+            Some(n) => {
+                let n = within(n, "proxy.http2_max_streams", 10_000)?;
+                NonZeroU32::new(n as u32).expect("between 1 and 10,000")
+            }
+        },
+        pool_max_connections: count(
+            &raw.pool_max_connections,
+            "proxy.pool_max_connections",
+            defaults.pool_max_connections,
+        )?,
+        max_held: count(&raw.max_held, "proxy.max_held", defaults.max_held)?,
     })
 }
 
@@ -1624,6 +1831,38 @@ mod tests {
         "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n";
 
     #[test]
+    fn route_costs_are_checked_row_by_row() {
+        let table = |rows: &str| format!("{RULE}route_costs = [\n{rows}\n]\n");
+        let config = Config::parse(&table(
+            "{ path = \"/reports/**\", cost = 10 },\n{ methods = [\"post\"], path = \"/x\", cost = 0 },",
+        ))
+        .expect("valid");
+        let rule = &config.policy.rules()[0];
+        assert!(format!("{rule:?}").contains("Routes"), "{rule:?}");
+        let e = error(&table("{ path = \"reports\", cost = 10 },"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(7), "rules[0].route_costs[0].path")
+        );
+        let e = error(&table(
+            "{ path = \"/a\", cost = 1 },\n{ methods = [\"GE T\"], path = \"/b\", cost = 1 },",
+        ));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(8), "rules[0].route_costs[1].methods")
+        );
+        let e = error(&table("{ path = \"/a\", costs = 1 },"));
+        assert!(e.message.contains("costs"), "{e}");
+        let e = error(&format!("{RULE}route_costs = []\n"));
+        assert_eq!(e.field, "rules[0].route_costs");
+        let e = error(&format!(
+            "{RULE}cost = \"header:x-cost\"\n{}",
+            "route_costs = [{ path = \"/a\", cost = 2 }]\n"
+        ));
+        assert_eq!(e.field, "rules[0].cost");
+    }
+
+    #[test]
     fn errors_name_the_field_and_the_line() {
         let e = error(&RULE.replace("limit = 10", "limit = 0"));
         assert_eq!((e.line, e.field.as_str()), (Some(4), "rules[0].limit"));
@@ -1704,10 +1943,50 @@ mod tests {
     }
 
     #[test]
+    fn api_keys_come_from_the_places_the_file_names() {
+        let places = |text: &str| {
+            Config::parse(text)
+                .unwrap()
+                .policy
+                .client_settings()
+                .api_key
+                .clone()
+        };
+        let x_api_key = Credential::Header(HeaderName::from_static("x-api-key"));
+        assert_eq!(places(RULE), [x_api_key.clone(), Credential::bearer()]);
+        assert_eq!(
+            places("[clients]\napi_key = \"bearer\"\n"),
+            [Credential::bearer()]
+        );
+        assert_eq!(
+            places("[clients]\napi_key = [\"header:x-api-key\", \"authorization:Token\"]\n"),
+            [x_api_key, Credential::Authorization("token".into())]
+        );
+        assert_eq!(
+            places("[clients]\napi_key_header = \"x-key\"\n"),
+            [
+                Credential::Header(HeaderName::from_static("x-key")),
+                Credential::bearer()
+            ]
+        );
+        let e = error("[clients]\n\napi_key = \"cookie\"\n");
+        assert_eq!((e.line, e.field.as_str()), (Some(3), "clients.api_key"));
+        let e = error("[clients]\napi_key = []\n");
+        assert_eq!(e.field, "clients.api_key");
+        let e = error("[clients]\napi_key = \"bearer\"\napi_key_header = \"x\"\n");
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(3), "clients.api_key_header")
+        );
+        let key = "[[rules]]\nname = \"a\"\nkey = [\"bearer\"]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n";
+        assert!(Config::parse(key).is_ok());
+    }
+
+    #[test]
     fn the_proxy_section_switches_each_normalization() {
         let c = Config::parse(RULE).unwrap();
         assert_eq!(c.proxy, Normalize::default());
-        let text = "[proxy]\nnormalize_path = false\nmerge_slashes = false\nescaped_slashes = \"reject\"\n";
+        let text = "[proxy]\nnormalize_path = false\nmerge_slashes = false\nescaped_slashes = \"reject\"\nunderscores_in_headers = true\n";
         let c = Config::parse(text).unwrap();
         assert_eq!(
             c.proxy,
@@ -1715,6 +1994,7 @@ mod tests {
                 path: false,
                 merge_slashes: false,
                 escaped_slashes: EscapedSlashes::Reject,
+                underscores_in_headers: true,
             }
         );
         let e = error("[proxy]\n\nescaped_slashes = \"decode\"\n");
@@ -1724,7 +2004,7 @@ mod tests {
         );
         let exact = Config::parse(&RULE.replace(
             "name = \"a\"",
-            "name = \"a\"\nmatch = { path = \"/login\", exact_path = true }",
+            "name = \"a\"\nmatch = { path = \"/login\", exact_path = true, method_overrides = false }",
         ));
         assert!(exact.is_ok());
     }
@@ -1780,7 +2060,15 @@ mod tests {
                 .max_memory
                 .map(|m| m.get())
         };
-        assert_eq!(max(RULE), None);
+        // Bounded by default in memory; a size set wins, larger or smaller.
+        assert_eq!(max(RULE), Some(256 << 20));
+        assert_eq!(max(RULE), Some(DEFAULT_MAX_MEMORY.get()));
+        assert_eq!(max("[store]\nmax_memory = \"2GiB\"\n"), Some(2 << 30));
+        assert_eq!(
+            max("[store]\nmax_memory = \"none\"\n"),
+            None,
+            "off, said so"
+        );
         assert_eq!(max("[store]\nmax_memory = \"64MiB\"\n"), Some(64 << 20));
         assert_eq!(max("[store]\nmax_memory = \"100 MB\"\n"), Some(100_000_000));
         assert_eq!(max("[store]\nmax_memory = 2097152\n"), Some(2 << 20));
@@ -1805,6 +2093,38 @@ mod tests {
             "{e}"
         );
         assert!(e.message.contains("in-memory"), "{e}");
+        // With Redis there is nothing in memory to bound.
+        assert_eq!(
+            max("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1\"\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_proxy_section_bounds_what_clients_hold() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.proxy_bounds, ProxyBounds::default());
+        let text = "[proxy]\nhttp2 = false\nhttp2_max_streams = 8\npool_max_connections = 16\nmax_held = 32\n";
+        let c = Config::parse(text).unwrap();
+        assert!(!c.proxy_bounds.http2);
+        assert_eq!(c.proxy_bounds.http2_max_streams.get(), 8);
+        assert_eq!(c.proxy_bounds.pool_max_connections.get(), 16);
+        assert_eq!(c.proxy_bounds.max_held.get(), 32);
+        let e = error("[proxy]\n\nhttp2_max_streams = 0\n");
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(3), "proxy.http2_max_streams")
+        );
+        let e = error("[proxy]\npool_max_connections = 2000000\n");
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(2), "proxy.pool_max_connections")
+        );
+        assert!(e.message.contains("between 1 and 1000000"), "{e}");
+        let e = error("[proxy]\nmax_held = 0\n");
+        assert_eq!((e.line, e.field.as_str()), (Some(2), "proxy.max_held"));
+        let e = error("[proxy]\nhttp2 = \"yes\"\n");
+        assert_eq!(e.line, Some(2), "{e}");
     }
 
     #[test]

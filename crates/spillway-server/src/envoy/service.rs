@@ -79,7 +79,7 @@ impl RateLimitService for EnvoyRateLimiter {
         within_limits(&engine.config.envoy_limits, &request)?;
         let decided = async move {
             let mut engine = engine;
-            let missing = overrides_missing(&engine, &request)?;
+            let missing = overrides_missing(&engine, &request, arrived)?;
             if !missing.is_empty() {
                 engine = self
                     .shared
@@ -220,9 +220,12 @@ fn override_limit(
 
 /// The limit overrides of `request` that `engine` does not count yet (a
 /// request for another domain has none: its descriptors are not looked at).
+/// Those it counts are marked used at `now`, which keeps their slots from
+/// going to new overrides (see [`Live::with_overrides`]).
 fn overrides_missing(
     engine: &Loaded,
     request: &RateLimitRequest,
+    now: Instant,
 ) -> Result<Vec<UnitLimit>, Status> {
     let mut missing = Vec::new();
     if request.domain != engine.config.envoy_domain {
@@ -231,7 +234,7 @@ fn overrides_missing(
     for descriptor in &request.descriptors {
         if let Some(limit) = &descriptor.limit
             && let Ok(limit) = override_limit(limit)?
-            && engine.override_id(limit).is_none()
+            && engine.use_override(limit, now).is_none()
             && !missing.contains(&limit)
         {
             missing.push(limit);

@@ -10,9 +10,11 @@
 //! reads, and closes without losing the last response. [`wire`] parses and
 //! writes the bytes.
 
+mod h2;
 pub(crate) mod serve;
 pub(crate) mod wire;
 
+pub(crate) use h2::{H2Limits, serve_h2};
 pub(crate) use serve::within_file_limit;
 
 use std::future::Future;
@@ -24,9 +26,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName};
-use http::{Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use http::{StatusCode, Version};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use spillway_tower::problem::{PROBLEM_JSON, Problem};
@@ -646,147 +646,6 @@ async fn write_within(stream: &mut TcpStream, bytes: &[u8], timeout: Duration) -
     tokio::time::timeout(timeout, stream.write_all(bytes))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client does not read"))?
-}
-
-/// Serves an HTTP/2 client (prior knowledge: [`Client::sniff`] said so)
-/// with hyper and `service` until it closes, or the server stops (then
-/// gracefully: the streams in flight are answered first).
-pub(crate) async fn serve_h2<S, B>(client: Client, service: S)
-where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>>,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let peer = client.peer;
-    let timeouts = client.timeouts;
-    let (io, mut closing) = client.into_io();
-    let io = TokioIo::new(io);
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    // A client that does not answer a ping within the write timeout (gone,
-    // or not reading) is closed.
-    builder
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(timeouts.write))
-        .keep_alive_timeout(timeouts.write);
-    let streams = std::sync::Arc::new(Streams::new());
-    let service = Counted {
-        inner: service,
-        streams: streams.clone(),
-    };
-    let mut conn = std::pin::pin!(builder.serve_connection(io, service));
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        () = closing.wait() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-        () = streams.idle_for(timeouts.idle) => {
-            tracing::debug!(%peer, "idle HTTP/2 connection closed");
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "connection closed with an error");
-    }
-}
-
-/// The requests open on an HTTP/2 connection, and since when it has had
-/// none: hyper closes a connection that stops answering pings, not one that
-/// answers them and sends nothing else.
-struct Streams {
-    open: std::sync::atomic::AtomicUsize,
-    idle_since: std::sync::Mutex<Instant>,
-}
-
-impl Streams {
-    fn new() -> Self {
-        Self {
-            open: std::sync::atomic::AtomicUsize::new(0),
-            idle_since: std::sync::Mutex::new(Instant::now()),
-        }
-    }
-
-    /// Returns once no request has been open for `idle`.
-    async fn idle_for(&self, idle: Duration) {
-        loop {
-            let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
-            if self.open.load(std::sync::atomic::Ordering::Acquire) > 0 {
-                // Looked at again one period on: a request ending
-                // meanwhile moves `idle_since`.
-                tokio::time::sleep(idle).await;
-            } else if Instant::now() >= since + idle {
-                return;
-            } else {
-                tokio::time::sleep_until(since + idle).await;
-            }
-        }
-    }
-}
-
-/// Counts one open request of [`Streams`] while alive.
-struct Open(std::sync::Arc<Streams>);
-
-impl Open {
-    fn new(streams: std::sync::Arc<Streams>) -> Self {
-        streams
-            .open
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Self(streams)
-    }
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-        self.0
-            .open
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
-}
-
-/// An HTTP/2 service whose requests are counted in [`Streams`] until
-/// answered.
-struct Counted<S> {
-    inner: S,
-    streams: std::sync::Arc<Streams>,
-}
-
-impl<S> hyper::service::Service<Request<Incoming>> for Counted<S>
-where
-    S: hyper::service::Service<Request<Incoming>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Answering<S::Future>;
-
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let open = Open::new(self.streams.clone());
-        Answering {
-            answered: self.inner.call(req),
-            _open: open,
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A request of [`Counted`] being answered: open until done or dropped.
-    struct Answering<F> {
-        #[pin]
-        answered: F,
-        _open: Open,
-    }
-}
-
-impl<F: Future> Future for Answering<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        self.project().answered.poll(cx)
-    }
 }
 
 /// A response the server makes itself, with a whole body.

@@ -139,6 +139,43 @@ pub(crate) fn within_file_limit(max_connections: usize) -> usize {
     max_connections
 }
 
+/// A proxy's `max_connections` and `pooled` (the pool's cap on upstream
+/// connections), lowered (with a warning) to what the process may open:
+/// each HTTP/1.1 client connection may hold an upstream connection of its
+/// own, so it counts twice, and every pooled connection once (see
+/// [`share_files`]).
+pub(crate) fn proxy_within_file_limit(max_connections: usize, pooled: usize) -> (usize, usize) {
+    let Some(limit) = open_file_limit() else {
+        return (max_connections, pooled);
+    };
+    let room = limit.saturating_sub(RESERVED_FILES).max(1);
+    let (clients, within) = share_files(room, max_connections, pooled);
+    if (clients, within) != (max_connections, pooled) {
+        tracing::warn!(
+            max_connections,
+            pool_max_connections = pooled,
+            open_file_limit = limit,
+            "the proxy's connections, each client's and the upstream's, are over what the process may open: {clients} client connections and {within} pooled upstream connections are served; raise `ulimit -n` (systemd: LimitNOFILE) or lower `[server] max_connections` and `[proxy] pool_max_connections`"
+        );
+    }
+    (clients, within)
+}
+
+/// How `room` file descriptors are shared by `clients` client connections
+/// of a proxy, two descriptors each (the client's and its own upstream
+/// connection), and `pooled` upstream connections: as asked if they fit;
+/// else the pool keeps at most a quarter of the room, the client
+/// connections get what they can of the rest, and the pool what is left.
+fn share_files(room: usize, clients: usize, pooled: usize) -> (usize, usize) {
+    if clients.saturating_mul(2).saturating_add(pooled) <= room {
+        return (clients, pooled);
+    }
+    let pool_share = pooled.min(room / 4);
+    let clients = clients.min((room - pool_share) / 2).max(1);
+    let pooled = pooled.min(room.saturating_sub(clients * 2)).max(1);
+    (clients, pooled)
+}
+
 /// The process's soft limit on open files (Linux: `/proc/self/limits`).
 fn open_file_limit() -> Option<usize> {
     soft_file_limit(&std::fs::read_to_string("/proc/self/limits").ok()?)
@@ -177,7 +214,7 @@ async fn serve_connection<S: Site>(
                     }
                 }
             });
-            super::serve_h2(client, service).await;
+            super::serve_h2(client, service, super::H2Limits::default()).await;
         }
         Ok(false) => {
             let mut conn = Conn { front, client };
@@ -403,6 +440,31 @@ impl<S: Site> Conn<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A proxy's client connections count twice (each may hold an
+    /// upstream connection of its own), its pooled connections once, and
+    /// together they fit the room.
+    #[test]
+    fn a_proxy_shares_the_file_limit_between_clients_and_the_pool() {
+        assert_eq!(share_files(100_000, 10_000, 1_000), (10_000, 1_000));
+        // `ulimit -n 1024`: 960 descriptors of room.
+        assert_eq!(share_files(960, 10_000, 1_000), (360, 240));
+        assert_eq!(share_files(960, 960, 1_000), (360, 240));
+        // Few clients: the pool gets the rest.
+        assert_eq!(share_files(960, 100, 1_000), (100, 760));
+        // A small pool keeps what it asked for.
+        assert_eq!(share_files(960, 10_000, 10), (475, 10));
+        for room in [1, 2, 3, 7, 960, 65_472] {
+            for (clients, pooled) in [(1, 1), (10_000, 1_000), (5, 100_000)] {
+                let (c, p) = share_files(room, clients, pooled);
+                assert!(c >= 1 && p >= 1 && c <= clients && p <= pooled);
+                assert!(
+                    c * 2 + p <= room.max(3),
+                    "{room} {clients} {pooled}: {c} {p}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn the_open_file_limit_is_the_soft_one() {

@@ -52,6 +52,11 @@ pub enum ForwardError {
     /// `504 Gateway Timeout`.
     #[error("no response from the upstream within {0:?}")]
     ResponseTimeout(Duration),
+    /// Every upstream connection the pool may open is in use, and none
+    /// came free within the wait: `503 Service Unavailable`, with
+    /// `Retry-After: 1`.
+    #[error("no upstream connection free within {0:?}")]
+    Busy(Duration),
     /// A method the proxy does not forward (`CONNECT`: it does not open
     /// tunnels): `501 Not Implemented`.
     #[error("method {0} is not forwarded")]
@@ -64,14 +69,17 @@ pub enum ForwardError {
 }
 
 impl ForwardError {
-    /// Classifies the HTTP client's error: a connect timeout (which the
-    /// connector reports as [`ConnectTimedOut`] somewhere in the chain of
-    /// sources) or anything else.
+    /// Classifies the HTTP client's error: a connect timeout or no free
+    /// connection (which the connectors report as [`ConnectTimedOut`] or
+    /// [`NoSlot`] somewhere in the chain of sources) or anything else.
     pub(crate) fn from_client(error: hyper_util::client::legacy::Error) -> Self {
         let mut source: Option<&(dyn StdError + 'static)> = Some(&error);
         while let Some(e) = source {
             if let Some(t) = e.downcast_ref::<ConnectTimedOut>() {
                 return Self::ConnectTimeout(t.0);
+            }
+            if let Some(busy) = e.downcast_ref::<NoSlot>() {
+                return Self::Busy(busy.0);
             }
             source = e.source();
         }
@@ -82,6 +90,7 @@ impl ForwardError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Unreachable(_) => StatusCode::BAD_GATEWAY,
+            Self::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::ConnectTimeout(_) | Self::ResponseTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -102,6 +111,11 @@ impl ForwardError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Self::Busy(_) = self {
+            // A connection comes free as soon as a request ends.
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         res
     }
 
@@ -114,6 +128,9 @@ impl ForwardError {
                 "The upstream service did not accept a connection in time.".to_string()
             }
             Self::ResponseTimeout(_) => "The upstream service did not answer in time.".to_string(),
+            Self::Busy(_) => {
+                "Every connection to the upstream service is in use; try again.".to_string()
+            }
             Self::Unsupported(method) => format!("This proxy does not forward {method} requests."),
             Self::BadRequest(why) => (*why).to_string(),
         };
@@ -139,3 +156,9 @@ fn chain(error: &(dyn StdError + 'static)) -> String {
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("connecting took longer than {0:?}")]
 pub(crate) struct ConnectTimedOut(pub(crate) Duration);
+
+/// The capped connector's error when no connection came free within the
+/// wait; found again in the client's error to answer 503.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("no upstream connection came free within {0:?}")]
+pub(crate) struct NoSlot(pub(crate) Duration);

@@ -19,7 +19,7 @@ use hyper_util::client::legacy::Client;
 use spillway_tower::ClientAddr;
 use tower::Service;
 
-use super::connect::TimeoutConnector;
+use super::connect::{Capped, TimeoutConnector};
 use super::error::{BoxError, ForwardError, InvalidUpstream};
 use super::headers::{self, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 use super::relay::OwnUpstream;
@@ -124,6 +124,7 @@ pub(crate) enum Framed {
 pub(crate) fn sanitize(
     parts: &mut http::request::Parts,
     normalize: Normalize,
+    policy: &spillway_tower::Policy,
 ) -> Result<(), ForwardError> {
     target::normalize(parts, normalize)?;
     let mut codings = parts.headers.get_all(header::TRANSFER_ENCODING).iter();
@@ -151,6 +152,9 @@ pub(crate) fn sanitize(
     };
     parts.extensions.insert(framed);
     headers::remove_hop_by_hop(&mut parts.headers);
+    headers::remove_misleading(&mut parts.headers, normalize.underscores_in_headers, || {
+        policy.headers_read()
+    });
     parts.headers.remove(spillway_tower::X_SPILLWAY_LIMITED);
     Ok(())
 }
@@ -179,7 +183,7 @@ pub(crate) struct Forward<C> {
 pub(crate) enum Sender<C> {
     /// hyper-util's pooled client (HTTP/2 clients, custom connectors); in
     /// an `Arc`, as a `Forward` is cloned for every request.
-    Pooled(Arc<Client<TimeoutConnector<C>, ProxyBody>>),
+    Pooled(Arc<Client<Capped<TimeoutConnector<C>>, ProxyBody>>),
     /// One client connection's own upstream connection (see
     /// [`relay`](super::relay)).
     Own(Arc<OwnUpstream>),
@@ -392,12 +396,13 @@ pub(crate) fn rewrite_head(
     if parts.version == Version::HTTP_2 {
         headers::join_cookies(&mut parts.headers);
     }
+    let trusted = parts.extensions.get::<TrustedPeer>().is_some();
     if let Some(hop) = hop {
         headers::append_hop(&mut parts.headers, hop);
+        headers::claims_of_the_peer(&mut parts.headers, hop, trusted);
     }
     // A trusted proxy in front said what the client used; otherwise this
     // proxy listens on plain HTTP, so that is what the client used.
-    let trusted = parts.extensions.get::<TrustedPeer>().is_some();
     if !(trusted && parts.headers.contains_key(&X_FORWARDED_PROTO)) {
         parts
             .headers

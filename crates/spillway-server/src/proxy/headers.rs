@@ -42,7 +42,7 @@ const PROTECTED: [HeaderName; 9] = [
     X_FORWARDED_FOR,
     X_FORWARDED_HOST,
     X_FORWARDED_PROTO,
-    HeaderName::from_static("x-real-ip"),
+    X_REAL_IP,
     spillway_tower::X_SPILLWAY_LIMITED,
 ];
 
@@ -66,6 +66,138 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
         .collect();
     for name in listed.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
+    }
+}
+
+/// `X-Real-IP`: the client's address, as nginx's `proxy_set_header
+/// X-Real-IP $remote_addr` writes it.
+pub(crate) const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// Headers in which a proxy in front tells the upstream who the client is
+/// and how it connected. Frameworks believe them (chi's `RealIP` reads
+/// `True-Client-IP` and `X-Real-IP` before anything, Rack 3 `Forwarded`,
+/// request-ip `X-Client-IP`), so from a client that is not a trusted proxy
+/// they are removed: `X-Real-IP` and `Forwarded` are then written by this
+/// proxy, with the peer's address.
+const CLIENT_CLAIMS: [HeaderName; 16] = [
+    X_REAL_IP,
+    header::FORWARDED,
+    HeaderName::from_static("x-client-ip"),
+    HeaderName::from_static("true-client-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
+    HeaderName::from_static("fastly-client-ip"),
+    HeaderName::from_static("x-cluster-client-ip"),
+    HeaderName::from_static("x-forwarded"),
+    HeaderName::from_static("forwarded-for"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-url-scheme"),
+    HeaderName::from_static("front-end-https"),
+];
+
+/// Headers that make some upstreams route by another path than the
+/// target's (Symfony's and IIS's `X-Original-URL`, `X-Rewrite-URL`): the
+/// rules match the target, so the upstream must route by it. Removed from
+/// every request.
+const ROUTING: [HeaderName; 2] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+];
+
+/// Whether `name`, with `_` read as `-` (as CGI and WSGI read it), is one
+/// of the headers the proxy writes, removes or reads for the rules' sake
+/// (`read`: those the rules read, see
+/// [`Policy::headers_read`](spillway_tower::Policy::headers_read)), or
+/// another header of the request (`X_Api_Key` beside `X-Api-Key`: which
+/// one WSGI keeps is the server's choice).
+fn folds_onto_ours(name: &str, read: &[HeaderName], headers: &HeaderMap) -> bool {
+    let folded = name.replace('_', "-");
+    let is = |h: &HeaderName| h.as_str() == folded;
+    PROTECTED.iter().any(is)
+        || CLIENT_CLAIMS.iter().any(is)
+        || ROUTING.iter().any(is)
+        || spillway_tower::METHOD_OVERRIDES.iter().any(is)
+        || read.iter().any(is)
+        || headers.contains_key(folded.as_str())
+}
+
+/// Removes what a client could use to make the upstream read the request
+/// otherwise than the rules do, before the rules run: the routing headers
+/// ([`ROUTING`]), and the headers whose names hold `_` (all of them, or
+/// with `underscores` only those that fold onto a header of ours or of the
+/// request, `read` naming the rules'), which CGI and WSGI upstreams take
+/// for the `-` spelling.
+pub(crate) fn remove_misleading(
+    headers: &mut HeaderMap,
+    underscores: bool,
+    read: impl FnOnce() -> Vec<HeaderName>,
+) {
+    let underscored = |name: &HeaderName| name.as_str().contains('_');
+    // Most requests have none: one pass over the names first.
+    if !headers
+        .keys()
+        .any(|n| ROUTING.contains(n) || underscored(n))
+    {
+        return;
+    }
+    let read = if underscores { read() } else { Vec::new() };
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| {
+            ROUTING.contains(n)
+                || (underscored(n) && (!underscores || folds_onto_ours(n.as_str(), &read, headers)))
+        })
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
+/// From a client that is not a trusted proxy: removes what it claims about
+/// itself ([`CLIENT_CLAIMS`]) and writes `X-Real-IP` and `Forwarded` with
+/// the peer's address (`hop`, as [`hop_of`] writes it). From a trusted
+/// proxy, they are its own and kept; a `Forwarded` chain it sent gets this
+/// hop appended, as `X-Forwarded-For` does.
+pub(crate) fn claims_of_the_peer(headers: &mut HeaderMap, hop: &HeaderValue, trusted: bool) {
+    let node = forwarded_node(hop);
+    if trusted {
+        if headers.contains_key(header::FORWARDED) {
+            let mut chain = Vec::new();
+            for value in headers.get_all(header::FORWARDED) {
+                chain.extend_from_slice(value.as_bytes());
+                chain.extend_from_slice(b", ");
+            }
+            chain.extend_from_slice(b"for=");
+            chain.extend_from_slice(&node);
+            if let Ok(value) = HeaderValue::from_bytes(&chain) {
+                headers.insert(header::FORWARDED, value);
+            }
+        }
+        return;
+    }
+    if headers.keys().any(|name| CLIENT_CLAIMS.contains(name)) {
+        for name in &CLIENT_CLAIMS {
+            headers.remove(name);
+        }
+    }
+    headers.insert(X_REAL_IP, hop.clone());
+    let forwarded = [&b"for="[..], &node, b";proto=http"].concat();
+    let forwarded = HeaderValue::from_bytes(&forwarded).expect("an address is a valid value");
+    headers.insert(header::FORWARDED, forwarded);
+}
+
+/// An address as a `Forwarded` node (RFC 7239 section 6): an IPv6 one in
+/// brackets and quotes.
+fn forwarded_node(hop: &HeaderValue) -> Vec<u8> {
+    let address = hop.as_bytes();
+    if address.contains(&b':') {
+        [&b"\"["[..], address, b"]\""].concat()
+    } else {
+        address.to_vec()
     }
 }
 
@@ -248,6 +380,74 @@ mod tests {
         remove_hop_by_hop(&mut headers);
         let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-c"]);
+    }
+
+    #[test]
+    fn underscored_and_routing_headers_are_removed() {
+        let sent = [
+            ("x_spillway_limited", "login"),
+            ("X_Forwarded_For", "6.6.6.6"),
+            ("x_api_key", "junk"),
+            ("x-original-url", "/admin"),
+            ("x-rewrite-url", "/admin"),
+            ("x-api-key", "real"),
+        ];
+        let mut headers = map(&sent);
+        remove_misleading(&mut headers, false, Vec::new);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-api-key"]);
+        // Kept when asked, but for those that fold onto ours, onto one the
+        // rules read, or onto another of the request.
+        let mut headers = map(&sent);
+        remove_misleading(&mut headers, true, Vec::new);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-api-key"]);
+        let mut alone = map(&[("x_api_key", "real"), ("x_tenant", "t")]);
+        let read = || vec![HeaderName::from_static("x-api-key")];
+        remove_misleading(&mut alone, true, read);
+        let left: Vec<&str> = alone.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x_tenant"]);
+    }
+
+    #[test]
+    fn a_clients_claims_about_itself_are_replaced_by_the_peers_address() {
+        let mut headers = map(&[
+            ("x-real-ip", "6.6.6.6"),
+            ("forwarded", "for=6.6.6.6"),
+            ("true-client-ip", "6.6.6.6"),
+            ("x-client-ip", "6.6.6.6"),
+            ("x-forwarded-port", "443"),
+            ("x-kept", "1"),
+        ]);
+        claims_of_the_peer(&mut headers, &hop_of("2001:db8::1".parse().unwrap()), false);
+        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["forwarded", "x-kept", "x-real-ip"]);
+        assert_eq!(all(&headers, "x-real-ip"), ["2001:db8::1"]);
+        assert_eq!(
+            all(&headers, "forwarded"),
+            ["for=\"[2001:db8::1]\";proto=http"]
+        );
+    }
+
+    #[test]
+    fn a_trusted_proxys_claims_are_kept_and_its_forwarded_chain_extended() {
+        let mut headers = map(&[
+            ("x-real-ip", "203.0.113.7"),
+            ("forwarded", "for=203.0.113.7;proto=https"),
+            ("true-client-ip", "203.0.113.7"),
+        ]);
+        claims_of_the_peer(&mut headers, &hop_of("10.0.0.2".parse().unwrap()), true);
+        assert_eq!(all(&headers, "x-real-ip"), ["203.0.113.7"]);
+        assert_eq!(all(&headers, "true-client-ip"), ["203.0.113.7"]);
+        assert_eq!(
+            all(&headers, "forwarded"),
+            ["for=203.0.113.7;proto=https, for=10.0.0.2"]
+        );
+        // No chain of its own: none is started with the proxy's address.
+        let mut none = HeaderMap::new();
+        claims_of_the_peer(&mut none, &hop_of("10.0.0.2".parse().unwrap()), true);
+        assert!(none.is_empty());
     }
 
     #[test]

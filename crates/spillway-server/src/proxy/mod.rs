@@ -64,7 +64,7 @@ use tower::Service;
 
 use crate::state::Live;
 
-pub use crate::config::{EscapedSlashes, Normalize};
+pub use crate::config::{EscapedSlashes, Normalize, ProxyBounds};
 pub use error::{BoxError, ForwardError, InvalidUpstream};
 pub use service::{Proxy, ProxyResponse};
 
@@ -158,6 +158,14 @@ pub struct ProxyOptions {
     /// `docs/proxy.md`). Default 20 s, `[server] drain_timeout` in the
     /// binary.
     pub drain_timeout: Duration,
+    /// What clients may hold at once: whether HTTP/2 clients are served,
+    /// how many requests one connection may have open, how many upstream
+    /// connections their requests share (the pool, which also serves every
+    /// request of a proxy made [`with_connector`](Proxy::with_connector)):
+    /// a request that finds none free within `connect_timeout` is answered
+    /// 503; and how many requests are held for their shaping turn (past it,
+    /// 503). `[proxy]` in the binary; see `docs/proxy.md`.
+    pub bounds: ProxyBounds,
 }
 
 impl Default for ProxyOptions {
@@ -173,6 +181,7 @@ impl Default for ProxyOptions {
             idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             drain_timeout: crate::http1::DRAIN_TIMEOUT,
+            bounds: ProxyBounds::default(),
         }
     }
 }

@@ -27,7 +27,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use spillway_tower::{ClientAddr, Draining};
+use spillway_tower::{ClientAddr, Draining, HoldCap};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -48,6 +48,9 @@ pub(crate) struct Relay<C> {
     /// The rules, the options, and the forwarding every connection's own
     /// is made from; HTTP/2 clients are served by it whole.
     pub(crate) proxy: Proxy<C>,
+    /// The requests held for their shaping turn, all connections together
+    /// (`[proxy] max_held`).
+    pub(crate) held: HoldCap,
 }
 
 /// Serves one client connection until it closes, fails, or the server
@@ -59,16 +62,27 @@ pub(crate) async fn serve<C: Connector>(
     life: Lifetime,
 ) {
     let mut client = Client::with_timeouts(stream, peer, life.closing, relay.timeouts);
+    let bounds = relay.proxy.options.bounds;
+    if !bounds.http2 {
+        // An HTTP/2 preface is then a request hyper's HTTP/1.1 server
+        // refuses (505).
+        return serve_h1(&relay, client).await;
+    }
     match client.sniff().await {
         Ok(true) => {
             let proxy = relay.proxy.clone();
             let draining = Draining::new(client.closing.receiver());
+            let held = relay.held.clone();
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(ClientAddr(peer));
                 req.extensions_mut().insert(draining.clone());
+                req.extensions_mut().insert(held.clone());
                 proxy.clone().oneshot(req)
             });
-            http1::serve_h2(client, service).await;
+            let limits = http1::H2Limits {
+                max_streams: bounds.http2_max_streams.get(),
+            };
+            http1::serve_h2(client, service, limits).await;
         }
         Ok(false) => serve_h1(&relay, client).await,
         Err(e) => tracing::debug!(%peer, error = %e, "connection closed with an error"),
@@ -101,6 +115,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     });
     let shared = proxy.shared.clone();
     let draining = Draining::new(closing.receiver());
+    let held = relay.held.clone();
     // Whether a request is being served (from its head to its response's),
     // for what the connection does when the server stops.
     let serving = Arc::new(AtomicBool::new(false));
@@ -108,6 +123,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(ClientAddr(peer));
         req.extensions_mut().insert(draining.clone());
+        req.extensions_mut().insert(held.clone());
         WhileServing {
             served: limit(&shared, Forward::clone(&forward), req),
             _serving: Serving::new(&busy),

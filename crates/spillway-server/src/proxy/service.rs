@@ -18,11 +18,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use spillway_tower::{ClientAddr, Draining, ResponseBody};
+use spillway_tower::{ClientAddr, Draining, HoldCap, ResponseBody};
 use tokio::net::TcpListener;
 use tower::{Layer, Service, ServiceExt};
 
-use super::connect::TimeoutConnector;
+use super::connect::{Capped, TimeoutConnector};
 use super::error::{BoxError, InvalidUpstream};
 use super::forward::{Forward, Sender, TrustedPeer, Upstream, sanitize};
 use super::relay::{self, Relay};
@@ -46,6 +46,9 @@ pub struct Proxy<C = HttpConnector> {
     // Made by `new`: HTTP/1 clients are served by the relay, which opens
     // its own TCP connections (a custom connector keeps hyper's path).
     tcp: bool,
+    /// The pool's connections open or free to open (see [`Capped`]); the
+    /// relay lowers it to fit the process's file limit.
+    pool_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Proxy<HttpConnector> {
@@ -95,12 +98,19 @@ impl<C: Connector> Proxy<C> {
         connector: C,
     ) -> Result<Self, InvalidUpstream> {
         let upstream = Upstream::parse(upstream)?;
+        let pool_slots = Arc::new(tokio::sync::Semaphore::new(
+            options.bounds.pool_max_connections.get(),
+        ));
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(options.pool_idle_timeout)
-            .build(TimeoutConnector {
-                inner: connector,
-                timeout: options.connect_timeout,
+            .build(Capped {
+                inner: TimeoutConnector {
+                    inner: connector,
+                    timeout: options.connect_timeout,
+                },
+                slots: pool_slots.clone(),
+                wait: options.connect_timeout,
             });
         Ok(Self {
             shared,
@@ -113,6 +123,7 @@ impl<C: Connector> Proxy<C> {
             },
             options: options.clone(),
             tcp: false,
+            pool_slots,
         })
     }
 
@@ -134,23 +145,32 @@ impl<C: Connector> Proxy<C> {
             return self.run_relay(listener, shutdown).await;
         }
         let mut http = auto::Builder::new(TokioExecutor::new());
+        if !self.options.bounds.http2 {
+            http = http.http1_only();
+        }
         // With a timer, an HTTP/1.1 client gets 30 s (hyper's default) to
         // send each request head: a slow or idle client cannot hold a
         // connection for ever.
         http.http1().timer(TokioTimer::new());
+        // Here HTTP/2 has hyper's stream cap only: the bounds on stalled
+        // responses and premature resets are the relay's (`Proxy::new`).
+        http.http2()
+            .max_concurrent_streams(self.options.bounds.http2_max_streams.get());
         let graceful = GracefulShutdown::new();
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let draining = Draining::new(stopping);
+        let held = HoldCap::new(self.options.bounds.max_held);
         let mut shutdown = pin!(shutdown);
         while let Some((stream, peer)) = next_connection(&listener, shutdown.as_mut()).await {
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "could not set TCP_NODELAY");
             }
             let proxy = self.clone();
-            let draining = draining.clone();
+            let (draining, held) = (draining.clone(), held.clone());
             let service = service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(ClientAddr(peer));
                 req.extensions_mut().insert(draining.clone());
+                req.extensions_mut().insert(held.clone());
                 proxy.clone().oneshot(req)
             });
             let connection = graceful.watch(
@@ -183,8 +203,15 @@ impl<C: Connector> Proxy<C> {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        // Each HTTP/1.1 client connection may hold an upstream connection
+        // of its own, and HTTP/2 clients' requests share the pool's: all of
+        // them count against the process's open-file limit.
+        let pooled = self.options.bounds.pool_max_connections.get();
+        let (max_connections, within) =
+            http1::serve::proxy_within_file_limit(self.options.max_connections, pooled);
+        self.pool_slots.forget_permits(pooled - within);
         let accepting = http1::Accepting {
-            max_connections: crate::http1::within_file_limit(self.options.max_connections),
+            max_connections,
             drain_timeout: self.options.drain_timeout,
             ..http1::Accepting::default()
         };
@@ -195,6 +222,7 @@ impl<C: Connector> Proxy<C> {
                 idle: self.options.idle_timeout,
                 ..http1::Timeouts::default()
             },
+            held: HoldCap::new(self.options.bounds.max_held),
             proxy: self,
         });
         http1::serve_connections_with(listener, shutdown, accepting, |stream, peer, life| {
@@ -212,6 +240,7 @@ impl<C: Clone> Clone for Proxy<C> {
             forward: self.forward.clone(),
             options: self.options.clone(),
             tcp: self.tcp,
+            pool_slots: self.pool_slots.clone(),
         }
     }
 }
@@ -259,15 +288,15 @@ where
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = req.into_parts();
-    if let Err(refused) = sanitize(&mut parts, forward.normalize) {
+    // The engine is read per request, so a reload applies to the next
+    // one; the layer keeps its own store alive for this one.
+    let engine = shared.current();
+    if let Err(refused) = sanitize(&mut parts, forward.normalize, engine.layer.policy()) {
         let res = refused
             .into_response()
             .map(|body| ResponseBody::Inner { body });
         return Box::pin(std::future::ready(Ok(res)));
     }
-    // The engine is read per request, so a reload applies to the next
-    // one; the layer keeps its own store alive for this one.
-    let engine = shared.current();
     // A trusted proxy in front knows the scheme and host the client
     // used: its X-Forwarded-Proto / -Host are kept.
     let trusted = parts

@@ -16,16 +16,27 @@
 //!   as `escaped_slashes` says;
 //! - an absolute-form target's authority becomes the `Host` (RFC 9112
 //!   section 3.2.2) and the target goes in origin form;
-//! - a `Host` must be one, ASCII, and a valid authority;
+//! - a `Host` must be one, and a host every router reads alike
+//!   ([`host_of_authority`]): `admin.example.com,x` and
+//!   `admin.example.com:8o` are `admin.example.com` to Express;
+//! - a raw `\` in the path is a `/` (WHATWG's URL parser, in Node, reads
+//!   it so), and a segment named `.` or `..` before its `;parameters` is a
+//!   dot segment (Servlet containers strip the parameters first);
+//! - bytes that are not ASCII are percent-encoded, in the path and in the
+//!   query: a strict upstream cannot parse them raw; an encoded control
+//!   character in the path (`/login%0a`, `%00`) is refused;
 //! - a method that is a letter-case variant of a standard one (`post`) is
 //!   refused: some upstreams take it for the standard method, the rules
 //!   would not.
 //!
-//! The query is left as it is.
+//! The query is otherwise left as it is.
 
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery};
 use http::{Method, Uri, Version};
+
+use spillway_tower::OtherPaths;
+use spillway_tower::host::host_of_authority;
 
 use super::error::ForwardError;
 use crate::config::{EscapedSlashes, Normalize};
@@ -48,12 +59,16 @@ pub(crate) fn normalize(
     } else {
         normalize_path(path, options)?
     };
-    if parts.uri.authority().is_none() && target == path.as_bytes() {
+    let unchanged = target == path.as_bytes();
+    other_readings(parts, &target, options);
+    let query = parts.uri.query();
+    let plain_query = query.is_none_or(|q| q.bytes().all(|b| b.is_ascii_graphic()));
+    if parts.uri.authority().is_none() && unchanged && plain_query {
         return Ok(());
     }
-    if let Some(query) = parts.uri.query() {
+    if let Some(query) = query {
         target.push(b'?');
-        target.extend_from_slice(query.as_bytes());
+        encode_query(query, &mut target);
     }
     let target =
         PathAndQuery::try_from(target).map_err(|_| bad("The request target is invalid."))?;
@@ -63,6 +78,39 @@ pub(crate) fn normalize(
         parts.headers.insert(header::HOST, host);
     }
     Ok(())
+}
+
+/// Where `%2F` and `%5C` go on encoded (`escaped_slashes = "keep"`), the
+/// path with them read as `/`, for the rules ([`OtherPaths`]): WSGI servers
+/// and Rack decode them (Werkzeug serves `/x%2F..%2Flogin` as `/login`,
+/// Rack::Protection after decoding both), while Express and Servlet
+/// containers do not. A rule counts the request under either reading; the
+/// upstream receives the path as it came.
+fn other_readings(parts: &mut http::request::Parts, target: &[u8], options: Normalize) {
+    if options.escaped_slashes != EscapedSlashes::Keep {
+        return;
+    }
+    let encoded_slash = target
+        .windows(3)
+        .any(|w| w[0] == b'%' && (w[1..] == *b"2F" || w[1..].eq_ignore_ascii_case(b"5C")));
+    if !encoded_slash {
+        return;
+    }
+    let decoded = Normalize {
+        path: true,
+        merge_slashes: true,
+        escaped_slashes: EscapedSlashes::Unescape,
+        ..options
+    };
+    // The target was normalized once already (ASCII): it parses again.
+    let Ok(target) = std::str::from_utf8(target) else {
+        return;
+    };
+    if let Ok(reading) = normalize_path(target, decoded)
+        && let Ok(reading) = String::from_utf8(reading)
+    {
+        parts.extensions.insert(OtherPaths(vec![reading]));
+    }
 }
 
 fn bad(why: &'static str) -> ForwardError {
@@ -96,17 +144,17 @@ fn host_of(parts: &http::request::Parts) -> Result<Option<Authority>, ForwardErr
     if hosts.next().is_some() {
         return Err(bad("More than one Host."));
     }
-    if let Some(host) = host {
-        let valid = host.as_bytes().is_ascii()
-            && !host.as_bytes().contains(&b'@')
-            && Authority::try_from(host.as_bytes()).is_ok();
-        if !valid {
-            return Err(bad("Invalid Host."));
-        }
+    if let Some(host) = host
+        && host_of_authority(host.as_bytes()).is_none()
+    {
+        return Err(bad("Invalid Host."));
     }
     match parts.uri.authority() {
         Some(authority) if authority.as_str().contains('@') => {
             Err(bad("Credentials in the request target are not accepted."))
+        }
+        Some(authority) if host_of_authority(authority.as_str().as_bytes()).is_none() => {
+            Err(bad("Invalid host in the request target."))
         }
         Some(authority) => Ok(Some(authority.clone())),
         None if host.is_none() && parts.version == Version::HTTP_11 => {
@@ -118,15 +166,29 @@ fn host_of(parts: &http::request::Parts) -> Result<Option<Authority>, ForwardErr
 }
 
 /// `path` normalized as `options` say. Works on bytes: a path may hold
-/// bytes that are not UTF-8, and they are passed on as they came.
+/// bytes that are not ASCII, and they go on percent-encoded (a strict
+/// upstream cannot parse them raw; `/caf\xc3\xa9` and `/caf%c3%a9` are one
+/// path to every router that decodes, and now to the rules).
 fn normalize_path(path: &str, options: Normalize) -> Result<Vec<u8>, ForwardError> {
     let bytes = path.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
+        if b == b'\\' && options.path {
+            // Not a URI character (RFC 3986), and a `/` to WHATWG's URL
+            // parser (Node, Deno, Bun) and to some Windows stacks: read as
+            // the separator they take it for, or refused with the
+            // encoded slashes.
+            if options.escaped_slashes == EscapedSlashes::Reject {
+                return Err(bad("A backslash in the path is not accepted."));
+            }
+            decoded.push(b'/');
+            i += 1;
+            continue;
+        }
         if b != b'%' {
-            decoded.push(b);
+            push_uri_byte(&mut decoded, b);
             i += 1;
             continue;
         }
@@ -135,6 +197,15 @@ fn normalize_path(path: &str, options: Normalize) -> Result<Vec<u8>, ForwardErro
             return Err(bad("A % in the path is not followed by two hex digits."));
         };
         let c = u8::try_from(hi * 16 + lo).expect("two hex digits make a byte");
+        if c.is_ascii_control() {
+            // No route holds a control byte, and routers that decode one
+            // read it differently: Starlette's `^/login$` matches
+            // `/login\n` (Python's `$` matches before a final newline),
+            // C routers stop at `%00`.
+            return Err(bad(
+                "An encoded control character in the path is not accepted.",
+            ));
+        }
         let slash = c == b'/' || c == b'\\';
         if slash && options.escaped_slashes == EscapedSlashes::Reject {
             return Err(bad("An encoded slash in the path is not accepted."));
@@ -161,15 +232,38 @@ fn normalize_path(path: &str, options: Normalize) -> Result<Vec<u8>, ForwardErro
     })
 }
 
-/// RFC 3986 section 5.2.4, on a path that starts with `/`.
+/// Appends `b`, percent-encoded if it is not ASCII or is a control byte:
+/// what the upstream receives must be a request target it can parse.
+fn push_uri_byte(out: &mut Vec<u8>, b: u8) {
+    if b.is_ascii_graphic() {
+        out.push(b);
+    } else {
+        out.extend_from_slice(format!("%{b:02X}").as_bytes());
+    }
+}
+
+/// The query as it came, but for bytes that are not ASCII (or controls),
+/// percent-encoded as in the path.
+fn encode_query(query: &str, out: &mut Vec<u8>) {
+    for &b in query.as_bytes() {
+        push_uri_byte(out, b);
+    }
+}
+
+/// RFC 3986 section 5.2.4, on a path that starts with `/`. A segment is a
+/// dot segment by its name, the part before any `;parameters`: Servlet
+/// containers (Tomcat, Jetty) strip the parameters first, so `..;x` is
+/// `..` to them, and `/x/..;/login` is their `/login`. Its parameters go
+/// with it.
 fn remove_dot_segments(path: &[u8]) -> Vec<u8> {
     let mut out: Vec<&[u8]> = Vec::new();
     let segments: Vec<&[u8]> = path.split(|&b| b == b'/').skip(1).collect();
     let last = segments.len().saturating_sub(1);
     for (i, &segment) in segments.iter().enumerate() {
-        match segment {
+        let name = segment.split(|&b| b == b';').next().unwrap_or(segment);
+        match name {
             b"." | b".." => {
-                if segment == b".." {
+                if name == b".." {
                     out.pop();
                 }
                 // `/a/.` and `/a/b/..` end in a directory: `/a/`.
@@ -177,7 +271,7 @@ fn remove_dot_segments(path: &[u8]) -> Vec<u8> {
                     out.push(b"");
                 }
             }
-            segment => out.push(segment),
+            _ => out.push(segment),
         }
     }
     let mut normalized = Vec::with_capacity(path.len());
@@ -221,6 +315,17 @@ mod tests {
             "/%2e/login",
             "/%2E%2E/login",
             "///x//..//login",
+            // Servlet containers strip `;parameters` before dot segments.
+            "/x/..;/login",
+            "/x/..;jsessionid=1/login",
+            "/.;/login",
+            "/%2e%2e;/login",
+            "/x/y/..;a/..;b/login",
+            // WHATWG's URL parser (Node) reads `\` as `/`.
+            "/x/..\\login",
+            "/x\\..\\login",
+            "\\login",
+            "/x/.\\..\\login",
         ] {
             assert_eq!(path(spelling).as_deref(), Ok("/login"), "{spelling}");
         }
@@ -237,6 +342,56 @@ mod tests {
         assert_eq!(path("/").unwrap(), "/");
         assert_eq!(path("/a/").unwrap(), "/a/");
         assert_eq!(path("/a/..b/.c").unwrap(), "/a/..b/.c");
+    }
+
+    #[test]
+    fn encoded_control_characters_are_refused() {
+        for sent in [
+            "/login%0a",
+            "/login%0D%0A",
+            "/login%00.json",
+            "/a%09b",
+            "/a%7Fb",
+            "/%1b",
+        ] {
+            assert_eq!(
+                path(sent),
+                Err("An encoded control character in the path is not accepted."),
+                "{sent}"
+            );
+        }
+        assert_eq!(path("/a%20b").unwrap(), "/a%20b");
+    }
+
+    #[test]
+    fn parameters_stay_on_segments_that_are_not_dot_segments() {
+        assert_eq!(path("/login;jsessionid=1").unwrap(), "/login;jsessionid=1");
+        assert_eq!(path("/a;x/b;y").unwrap(), "/a;x/b;y");
+        assert_eq!(path("/a/..x;/b").unwrap(), "/a/..x;/b");
+        assert_eq!(path("/a/b/..;x").unwrap(), "/a/");
+    }
+
+    #[test]
+    fn backslashes_are_refused_with_the_encoded_slashes() {
+        let reject = Normalize {
+            escaped_slashes: EscapedSlashes::Reject,
+            ..Normalize::default()
+        };
+        assert_eq!(
+            path_with("/x/..\\login", reject),
+            Err("A backslash in the path is not accepted.")
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_ascii_are_percent_encoded() {
+        let uri = Uri::try_from(&b"/caf\xc3\xa9/x?q=\xc3\xa9&a=1"[..]).expect("hyper takes it");
+        let request = http::Request::get(uri)
+            .header("host", "h")
+            .body(())
+            .unwrap();
+        let parts = head(request).unwrap();
+        assert_eq!(parts.uri, "/caf%C3%A9/x?q=%C3%A9&a=1");
     }
 
     #[test]
@@ -267,11 +422,49 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_encoded_slash_is_also_read_as_a_slash_for_the_rules() {
+        for (sent, reading) in [
+            ("/x%2F..%2Flogin", "/login"),
+            ("/%2flogin", "/login"),
+            ("/x%5C..%5Clogin", "/login"),
+            ("/a%2Fb", "/a/b"),
+        ] {
+            let request = http::Request::post(sent)
+                .header("host", "h")
+                .body(())
+                .unwrap();
+            let parts = head(request).unwrap();
+            assert_eq!(
+                parts.uri.path(),
+                path(sent).unwrap(),
+                "forwarded as it came"
+            );
+            let other = parts
+                .extensions
+                .get::<OtherPaths>()
+                .expect("another reading");
+            assert_eq!(other.0, [reading], "{sent}");
+        }
+        let plain = http::Request::post("/login")
+            .header("host", "h")
+            .body(())
+            .unwrap();
+        assert!(
+            head(plain)
+                .unwrap()
+                .extensions
+                .get::<OtherPaths>()
+                .is_none()
+        );
+    }
+
+    #[test]
     fn each_step_can_be_switched_off() {
         let off = Normalize {
             path: false,
             merge_slashes: false,
             escaped_slashes: EscapedSlashes::Keep,
+            underscores_in_headers: false,
         };
         assert_eq!(path_with("//x/../%6cogin", off).unwrap(), "//x/../%6cogin");
         let merge_only = Normalize {
@@ -320,6 +513,13 @@ mod tests {
         );
         assert!(head(with_host(b"user@api.example.com")).is_err());
         assert!(head(with_host(b"a b")).is_err());
+        // Express (`trust proxy`) serves these as admin.example.com.
+        assert!(head(with_host(b"admin.example.com,x")).is_err());
+        assert!(head(with_host(b"admin.example.com:8o")).is_err());
+        let absolute = http::Request::get("http://admin.example.com:8o/")
+            .body(())
+            .unwrap();
+        assert!(head(absolute).is_err());
         let two = http::Request::get("/")
             .header("host", "a.example")
             .header("host", "b.example")

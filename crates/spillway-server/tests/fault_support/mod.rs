@@ -438,6 +438,31 @@ pub fn run(scenario: Scenario) -> Option<Report> {
     runtime.block_on(run_async(scenario, plan))
 }
 
+/// Runs `scenario` and holds its report to `check` (which panics on a
+/// failure). A failure in a run where the machine lagged in some window is
+/// measured once more, and the second run must pass: on a busy machine a
+/// stall of a redis-server or a fault proxy, which no probe of the
+/// instances sees, can time a store call out; a real fault of the store
+/// fails both runs.
+pub fn run_checked(scenario: Scenario, check: impl Fn(&Report)) {
+    let Some(report) = run(scenario) else { return };
+    let lagged = report.rules.iter().any(|f| f.lagged_windows > 0);
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&report)));
+    match checked {
+        Ok(()) => {}
+        Err(failure) if !lagged => std::panic::resume_unwind(failure),
+        Err(_) => {
+            println!(
+                "FAULT {}: failed in a run where the machine lagged; measuring again",
+                scenario.name
+            );
+            if let Some(report) = run(scenario) {
+                check(&report);
+            }
+        }
+    }
+}
+
 async fn run_async(scenario: Scenario, plan: Plan) -> Option<Report> {
     let mut backend = Backend::start(scenario.topology).await?;
     let dir = temp_dir(scenario.name);
@@ -471,7 +496,10 @@ async fn run_async(scenario: Scenario, plan: Plan) -> Option<Report> {
             targets.push(Target {
                 rule,
                 rule_name: name.to_string(),
-                body: serde_json::json!({"rule": name, "key": key}).to_string(),
+                // Keys of the harness's own, counted as given (the opt-out of
+                // the rule's key shape), so that their slots are known.
+                body: serde_json::json!({"rule": name, "key": key, "free_form_key": true})
+                    .to_string(),
                 key,
                 limit: plan.limit,
                 share: plan.share(),

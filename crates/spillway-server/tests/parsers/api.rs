@@ -148,8 +148,9 @@ fn check(body: Vec<u8>) -> (StatusCode, Value) {
 
 /// Valid checks of both forms.
 const SEEDS: &[&[u8]] = &[
-    br#"{"rule": "once", "key": "k"}"#,
-    br#"{"rule": "per-key", "key": "gold-key", "cost": 3, "tier": "gold"}"#,
+    br#"{"rule": "once", "key": "ip=k"}"#,
+    br#"{"rule": "per-key", "key": "api_key=gold-key", "cost": 3, "tier": "gold"}"#,
+    br#"{"rule": "login", "key": "my-key", "free_form_key": true}"#,
     br#"{"method": "post", "path": "/login/ann?x=1", "host": "a.example", "headers": {"x-cost": "2", "x-tier": ["gold"], "x-forwarded-for": "192.0.2.1, 10.0.0.2"}, "ip": "10.0.0.1"}"#,
     br#"{"path": "/", "ip": "[2001:db8::1]:443", "headers": {"authorization": "Bearer gold-key"}}"#,
 ];
@@ -183,7 +184,17 @@ const PIECES: &[&[u8]] = &[
 
 /// The fields of both forms, and one that is neither.
 const FIELDS: &[&str] = &[
-    "rule", "key", "cost", "tier", "method", "path", "host", "headers", "ip", "other",
+    "rule",
+    "key",
+    "cost",
+    "tier",
+    "free_form_key",
+    "method",
+    "path",
+    "host",
+    "headers",
+    "ip",
+    "other",
 ];
 
 /// A JSON value of any type, strings from anything.
@@ -245,11 +256,19 @@ proptest! {
     #[test]
     fn a_valid_rule_check_is_decided(
         rule in proptest::sample::select(&["once", "per-key", "login"][..]),
-        key in "\\PC{1,300}",
+        value in "\\PC{1,300}",
         // Up to the smallest capacity (once's 1): a cost above a rule's
         // capacity is refused.
         cost in 0..=1u64,
     ) {
+        // A key of the rule's shape, its value escaped as the middleware
+        // escapes it.
+        let value = value.replace('%', "%25").replace('|', "%7C").replace('=', "%3D");
+        let key = match rule {
+            "per-key" => format!("api_key={value}"),
+            "login" => format!("ip={value}|route=POST /login"),
+            _ => format!("ip={value}"),
+        };
         let body = json!({"rule": rule, "key": key, "cost": cost}).to_string().into_bytes();
         let (status, json) = check(body);
         // A key over 1024 bytes is the one refusal.
@@ -320,7 +339,7 @@ proptest! {
         twice in any::<bool>(),
     ) {
         let mut request = Request::post("/v1/check")
-            .body(Body::from(r#"{"rule": "once", "key": "auth"}"#))
+            .body(Body::from(r#"{"rule": "once", "key": "ip=auth"}"#))
             .expect("a request");
         let Ok(header) = http::HeaderValue::from_str(&value) else {
             return Ok(());

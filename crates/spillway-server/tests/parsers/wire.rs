@@ -206,8 +206,8 @@ fn responses(mut out: &[u8]) -> Result<Vec<Answer>, String> {
 
 /// Valid requests, each asking the server to close after it.
 const SERVE_SEEDS: &[&[u8]] = &[
-    b"POST /v1/check HTTP/1.1\r\nHost: s\r\nContent-Type: application/json\r\nContent-Length: 25\r\nConnection: close\r\n\r\n{\"rule\":\"once\",\"key\":\"k\"}",
-    b"POST /v1/check?x=1 HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n19;ext=1\r\n{\"rule\":\"once\",\"key\":\"k\"}\r\n0\r\nX-Trailer: 1\r\n\r\n",
+    b"POST /v1/check HTTP/1.1\r\nHost: s\r\nContent-Type: application/json\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"rule\":\"once\",\"key\":\"ip=k\"}",
+    b"POST /v1/check?x=1 HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n1c;ext=1\r\n{\"rule\":\"once\",\"key\":\"ip=k\"}\r\n0\r\nX-Trailer: 1\r\n\r\n",
     b"GET /healthz HTTP/1.1\r\nHost: s\r\n\r\nGET /metrics HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n",
     b"POST /v1/check HTTP/1.1\r\nHost: s\r\nExpect: 100-continue\r\nContent-Length: 45\r\nConnection: close\r\n\r\n{\"method\":\"GET\",\"path\":\"/a\",\"ip\":\"192.0.2.1\"}",
     b"GET /readyz HTTP/1.0\r\n\r\n",

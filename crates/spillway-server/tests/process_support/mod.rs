@@ -27,6 +27,8 @@ pub struct Process {
     pub addr: SocketAddr,
     /// The gRPC address, when it serves one.
     pub grpc: Option<SocketAddr>,
+    /// The admin listener's address (`proxy --admin-listen`), when it has one.
+    pub admin: Option<SocketAddr>,
     log: Arc<Mutex<String>>,
     lines: mpsc::Receiver<String>,
 }
@@ -35,9 +37,29 @@ impl Process {
     /// Starts `spillway <command> <args>` in `dir` and waits until it
     /// listens.
     pub fn start(command: &str, args: &[&str], dir: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        let mut binary = Command::new(env!("CARGO_BIN_EXE_spillway"));
+        binary.arg(command).args(args);
+        Self::spawn(binary, command, args, dir)
+    }
+
+    /// [`start`](Self::start) with the process's open-file limit lowered
+    /// to `files` (by the shell's `ulimit -n`, so that this process keeps
+    /// its own).
+    pub fn start_with_file_limit(command: &str, args: &[&str], dir: &Path, files: u32) -> Self {
+        let mut shell = Command::new("sh");
+        shell
+            .arg("-c")
+            .arg(format!("ulimit -n {files} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_spillway"))
             .arg(command)
-            .args(args)
+            .args(args);
+        Self::spawn(shell, command, args, dir)
+    }
+
+    /// Starts `command` (the binary's `command`, with `args`) in `dir`
+    /// and waits until it listens.
+    fn spawn(mut command_line: Command, command: &str, args: &[&str], dir: &Path) -> Self {
+        let mut child = command_line
             .current_dir(dir)
             .env_remove("SPILLWAY_ADMIN_TOKEN")
             .env_remove("SPILLWAY_CHECK_TOKENS")
@@ -60,6 +82,7 @@ impl Process {
             child,
             addr: "0.0.0.0:0".parse().expect("an address"),
             grpc: None,
+            admin: None,
             log,
             lines,
         };
@@ -69,16 +92,24 @@ impl Process {
         };
         let grpc_marker = "Envoy rate limit service (gRPC) on ";
         let wants_grpc = args.contains(&"--grpc-listen");
+        let admin_marker = "admin listener on http://";
+        let wants_admin = args.contains(&"--admin-listen");
         loop {
             let line = process.next_line();
             if let Some(rest) = line.split(grpc_marker).nth(1) {
                 process.grpc = Some(rest.trim().parse().expect("a gRPC address"));
             }
+            if let Some(rest) = line.split(admin_marker).nth(1) {
+                process.admin = Some(rest.trim().parse().expect("an admin address"));
+            }
             if let Some(rest) = line.split(marker).nth(1) {
                 let addr = rest.split(end).next().expect("an address");
                 process.addr = addr.parse().expect("a socket address");
             }
-            if process.addr.port() != 0 && (!wants_grpc || process.grpc.is_some()) {
+            if process.addr.port() != 0
+                && (!wants_grpc || process.grpc.is_some())
+                && (!wants_admin || process.admin.is_some())
+            {
                 return process;
             }
         }
@@ -289,7 +320,7 @@ impl Conn {
 /// A `POST /v1/check` request for `rule` and `key`, whole, and split in two
 /// (its head and half its body; the rest).
 pub fn check_request(rule: &str, key: &str) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let body = format!(r#"{{"rule":"{rule}","key":"{key}"}}"#);
+    let body = format!(r#"{{"rule":"{rule}","key":"ip={key}"}}"#);
     let head = format!(
         "POST /v1/check HTTP/1.1\r\nhost: spillway\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()

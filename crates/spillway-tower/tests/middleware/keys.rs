@@ -8,8 +8,8 @@ use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use spillway_tower::key::MAX_KEY_LEN;
 use spillway_tower::{
-    ClientAddr, Clients, ForwardedHeader, HttpRule, Ipv6Prefix, KeyPart, Policy, RateLimitLayer,
-    UserId,
+    ClientAddr, Clients, Credential, ForwardedHeader, HttpRule, Ipv6Prefix, KeyPart, Policy,
+    RateLimitLayer, UserId,
 };
 use tower::{Layer, ServiceExt};
 
@@ -27,7 +27,10 @@ async fn api_key_from_the_configured_header_or_a_bearer_token() {
     let n = 2;
     let policy = Policy::new([HttpRule::new("per-key", bucket(n)).key([KeyPart::ApiKey])]).clients(
         Clients {
-            api_key_header: HeaderName::from_static("x-key"),
+            api_key: vec![
+                Credential::Header(HeaderName::from_static("x-key")),
+                Credential::bearer(),
+            ],
             ..Clients::default()
         },
     );
@@ -51,6 +54,73 @@ async fn api_key_from_the_configured_header_or_a_bearer_token() {
     // Basic credentials are not an API key: the client falls back to its IP.
     let res = send(&app, with("192.0.2.1", "authorization", "Basic alpha")()).await;
     assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// The review's bypass: a rule keyed by the API key read a junk
+/// `X-Api-Key` sent beside the real `Authorization: Bearer`, so each
+/// request had a fresh key while the upstream authenticated the real one.
+/// Keyed by the one place the upstream reads, the junk changes nothing; a
+/// key sent twice, or present but unreadable, is a 400, even for a rule
+/// that skips requests without one (`fallback = []`).
+#[tokio::test(start_paused = true)]
+async fn the_key_is_the_credential_the_upstream_reads_and_is_never_guessed() {
+    let n = 2;
+    let rule = HttpRule::new("per-key", bucket(n))
+        .key([KeyPart::ApiKey])
+        .fallback([]);
+    let policy = Policy::new([rule]).clients(Clients {
+        api_key: vec![Credential::bearer()],
+        ..Clients::default()
+    });
+    let app = app(memory_layer(policy));
+    let junk = std::cell::Cell::new(0);
+    let with_junk = || {
+        junk.set(junk.get() + 1);
+        req("/", "192.0.2.1")
+            .header("x-api-key", format!("junk-{}", junk.get()))
+            .header("authorization", "Bearer\tREALKEY123")
+    };
+    assert_eq!(admitted(&app, 5, with_junk).await, n as usize);
+    for refused in [
+        vec![("authorization", "Bearer A"), ("authorization", "Bearer B")],
+        vec![("authorization", "Bearer REALKEY123 junk")],
+    ] {
+        let mut request = req("/", "192.0.2.1");
+        for (name, value) in &refused {
+            request = request.header(*name, *value);
+        }
+        let res = send(&app, request).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{refused:?}");
+    }
+    // Without any bearer token the rule does not apply (fallback = []),
+    // and `Bearer` alone carries none.
+    let res = send(&app, req("/", "192.0.2.1").header("x-api-key", "k")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = send(
+        &app,
+        req("/", "192.0.2.1").header("authorization", "Bearer"),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// A key put in a stricter tier than the default cannot escape it by
+/// being sent twice (Go's `Header.Get` authenticates the first line): a
+/// rule with tiers refuses the request rather than apply the default.
+#[tokio::test(start_paused = true)]
+async fn a_tiered_key_sent_twice_is_refused_not_given_the_default_tier() {
+    let rule = HttpRule::new("per-ip", bucket(100))
+        .key([KeyPart::Ip])
+        .tier("suspended", bucket(1));
+    let policy = Policy::new([rule]).api_key_tier("k-bad", "suspended");
+    let app = app(memory_layer(policy));
+    let once = || req("/", "192.0.2.1").header("x-api-key", "k-bad");
+    assert_eq!(admitted(&app, 5, once).await, 1);
+    let twice = req("/", "192.0.2.2")
+        .header("x-api-key", "k-bad")
+        .header("x-api-key", "k-other");
+    let res = send(&app, twice).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test(start_paused = true)]

@@ -223,3 +223,50 @@ async fn a_queued_request_is_answered_503_when_the_server_stops_and_gives_its_sl
         assert_eq!(ready(fut).status(), StatusCode::OK, "the turn {}", i + 1);
     }
 }
+
+/// A server's [`HoldCap`](spillway_tower::HoldCap) bounds the requests
+/// held for their turn, all keys together: past it, one more is answered
+/// 503 at once, with `Retry-After` its wait, never reaches the service, and
+/// its charge is given back (the next request takes the turn it had).
+#[tokio::test(start_paused = true)]
+async fn past_the_servers_hold_cap_a_request_is_answered_503_and_gives_its_slot_back() {
+    let (app, served, interval) = shaped(10, nz(5));
+    let t0 = Instant::now();
+    let cap = spillway_tower::HoldCap::new(std::num::NonZeroUsize::new(2).expect("nonzero"));
+    let start_capped = |app: &Router| -> Pending {
+        let mut request = req("/", "192.0.2.1")
+            .body(Body::empty())
+            .expect("a request");
+        request.extensions_mut().insert(cap.clone());
+        let app = app.clone();
+        Box::pin(async move { app.oneshot(request).await.expect("infallible") })
+    };
+    // The first is not held; the next two are, up to the cap.
+    let mut first = start_capped(&app);
+    assert_eq!(ready(&mut first).status(), StatusCode::OK);
+    let mut held: Vec<Pending> = (0..2).map(|_| start_capped(&app)).collect();
+    for fut in &mut held {
+        assert!(poll(fut).is_pending(), "decided, and held");
+    }
+    assert_eq!(cap.held(), 2);
+    // The queue has room for a fourth, the server not.
+    let mut over = start_capped(&app);
+    let res = ready(&mut over);
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let wait = interval * 3;
+    assert_eq!(
+        header_u64(&res, "retry-after"),
+        wait.as_micros().div_ceil(1_000_000).max(1) as u64
+    );
+    tokio::task::yield_now().await;
+    // Its charge given back, a request without the cap takes its turn.
+    let mut next = start(&app);
+    assert!(poll(&mut next).is_pending(), "queued, not denied");
+    for (i, fut) in held.iter_mut().chain([&mut next]).enumerate() {
+        let turn = t0 + interval * (i as u32 + 1);
+        tokio::time::advance(turn - Instant::now()).await;
+        assert_eq!(ready(fut).status(), StatusCode::OK, "the turn {}", i + 1);
+    }
+    assert_eq!(cap.held(), 0, "every place given back");
+    assert_eq!(served.lock().expect("not poisoned").len(), 4);
+}

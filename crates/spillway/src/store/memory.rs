@@ -105,8 +105,9 @@ pub struct MemoryOptions {
     /// as [`on_full`](Self::on_full) says (evicting the keys closest to
     /// fresh), and is denied when none can go. `max_keys` still bounds the
     /// keys. [`MemoryStore::reconfigure`] divides the bytes again among the
-    /// new rules: a kept rule whose share shrank evicts down to it, and
-    /// rebuilds its table smaller, when its next new key arrives.
+    /// new rules: a kept rule whose share shrank has its table rebuilt
+    /// smaller at once if its keys fit, and otherwise evicts down to it,
+    /// rebuilding its table, as new keys arrive.
     ///
     /// ```
     /// use std::num::{NonZeroU32, NonZeroUsize};
@@ -471,6 +472,7 @@ impl<C: Clock> MemoryStore<C> {
                 allowed: decision.allowed,
                 decisions: vec![decision],
                 decided_at: now,
+                undecided: Vec::new(),
             });
         }
 
@@ -531,6 +533,7 @@ impl<C: Clock> MemoryStore<C> {
             allowed,
             decisions,
             decided_at: now,
+            undecided: Vec::new(),
         })
     }
 

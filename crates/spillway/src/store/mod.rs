@@ -145,14 +145,28 @@ pub struct Verdict {
     /// The store's time of the decision (µs): what a later
     /// [`Store::refund`] of these charges must say.
     pub decided_at: Micros,
+    /// The checks the store could not decide, by index into `decisions`,
+    /// in order: a store that can fail (Redis) admitted them by their
+    /// rule's failure policy, and their decision is a stand-in (allowed,
+    /// nothing known of their state) that reports no quota. Empty when the
+    /// store decided every check, as the in-memory store always does.
+    pub undecided: Vec<usize>,
 }
 
 impl Verdict {
+    /// Whether the store decided check `i` (see [`Verdict::undecided`]).
+    pub fn is_decided(&self, i: usize) -> bool {
+        !self.undecided.contains(&i)
+    }
+
     /// The index of the decision to report in headers: the first denial if
-    /// the request was denied, else the rule with the least remaining.
+    /// the request was denied, else the decided rule with the least
+    /// remaining; `None` when no check was decided.
     pub fn most_restrictive(&self) -> Option<usize> {
         if self.allowed {
-            (0..self.decisions.len()).min_by_key(|&i| self.decisions[i].remaining)
+            (0..self.decisions.len())
+                .filter(|&i| self.is_decided(i))
+                .min_by_key(|&i| self.decisions[i].remaining)
         } else {
             self.decisions.iter().position(|d| !d.allowed)
         }

@@ -297,6 +297,22 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
                     shard.cap = keys.min(b.cap);
                     shard.heap_budget = b.heap;
                     shard.table_limit = b.table;
+                    // A table now over its smaller share is made smaller
+                    // at once if its keys fit, rather than when its next
+                    // new key arrives: a rule that gets none (a limit
+                    // override used once) would otherwise keep its old
+                    // size, and rules added one by one would take the
+                    // store past `max_bytes` (64 added: 2.8 times it).
+                    let cap = shard.cap;
+                    let entries = &mut shard.entries;
+                    if entries.allocation_size() > b.table && entries.len() <= cap {
+                        let mut fresh = HashTable::with_capacity(cap);
+                        for e in entries.drain() {
+                            let h = self.hasher.hash_one(&e.0);
+                            fresh.insert_unique(h, e, |e| self.hasher.hash_one(&e.0));
+                        }
+                        *entries = fresh;
+                    }
                 }
                 None => {
                     shard.cap = keys;
