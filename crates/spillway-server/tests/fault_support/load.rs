@@ -329,6 +329,22 @@ fn classify(t: &Target, body: &[u8], received_unix_ms: f64) -> Outcome {
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return Outcome::Odd(String::from_utf8_lossy(body).into_owned());
     };
+    // A rule the store could not decide is listed as undecided, with no
+    // quota (its failure policy, fail_open here, admitted the request).
+    let undecided = v["undecided"]
+        .as_array()
+        .is_some_and(|names| names.iter().any(|n| n.as_str() == Some(&t.rule_name)));
+    if undecided {
+        let Some(allowed) = v["allowed"].as_bool() else {
+            return Outcome::Odd(v.to_string());
+        };
+        return Outcome::Decided {
+            source: Source::FailOpen,
+            allowed,
+            window: (received_unix_ms / t.window_ms as f64).floor() as i64,
+            count: None,
+        };
+    }
     // The target's rule answers first (the rules are reported in the
     // configuration's order).
     let rule = &v["rules"][0];
@@ -346,15 +362,6 @@ fn classify(t: &Target, body: &[u8], received_unix_ms: f64) -> Outcome {
     let w = t.window_ms as f64;
     let by_reset = ((received_unix_ms + reset as f64) / w).round() as i64 - 1;
     let source = if limit == t.limit {
-        if allowed && remaining == limit && reset == 0 {
-            // Undecided: nothing known used, no window.
-            return Outcome::Decided {
-                source: Source::FailOpen,
-                allowed,
-                window: (received_unix_ms / w).floor() as i64,
-                count: None,
-            };
-        }
         Source::Redis
     } else if limit == t.share {
         Source::Local
