@@ -210,8 +210,7 @@ fn init_logging() {
 }
 
 fn check_config(file: &std::path::Path) -> Result<(), String> {
-    let config = spillway_server::config::Config::load(file)
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let config = spillway_server::config::Config::load(file).map_err(|e| e.to_string())?;
     println!(
         "{}: OK ({} rules)",
         file.display(),
@@ -246,9 +245,7 @@ fn load_config(
         overrides: overrides.clone(),
     });
     let config = match &source {
-        Some(source) => source
-            .load()
-            .map_err(|e| format!("{}: {e}", source.path.display()))?,
+        Some(source) => source.load().map_err(|e| e.to_string())?,
         None => {
             let mut config = Config::parse(SAMPLE_CONFIG)
                 .map_err(|e| format!("the built-in configuration: {e}"))?;

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use spillway_redis::Error as StoreError;
 
-use crate::config::ConfigError;
+use crate::config::ConfigErrors;
 use crate::config::ConfigSource;
 use crate::state::{Loaded, State};
 
@@ -32,7 +32,7 @@ pub enum ReloadError {
     NoFile,
     /// The file does not load.
     #[error("{0}")]
-    Config(#[from] ConfigError),
+    Config(#[from] ConfigErrors),
     /// The store could not be set up (Redis unreachable, a rule it cannot run).
     #[error("store: {0}")]
     Store(#[from] StoreError),
@@ -73,8 +73,9 @@ impl Reloader {
             Ok(()) => {}
             Err(ReloadError::Config(e)) => tracing::error!(
                 path = %self.source.as_ref().map(|s| s.path.display().to_string()).unwrap_or_default(),
-                field = %e.field,
-                line = e.line,
+                field = %e.first().field,
+                line = e.first().line,
+                errors = e.len(),
                 "configuration refused, the previous one keeps serving: {e}"
             ),
             Err(e) => {

@@ -1,64 +1,43 @@
-//! The configuration file: TOML, parsed into raw structs that mirror the file,
-//! then converted once into validated types. Every error names the field and
-//! the line.
+//! The configuration file: TOML, read into raw structs that mirror the file
+//! ([`read`] reads each section and rule on its own), then converted once
+//! into validated types ([`rules`] converts the rules). Every error names the
+//! file, the line and the field, and one run reports every error it can
+//! ([`ConfigErrors`]).
 //!
 //! `[envoy] descriptors_file` names a second file, in envoyproxy/ratelimit's
 //! YAML format, whose rate limits join the rules ([`descriptors`]).
 
 pub mod descriptors;
+mod errors;
+mod read;
+mod rules;
 mod source;
+#[cfg(test)]
+mod tests;
 
+pub use errors::{ConfigError, ConfigErrors};
 pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, Overrides, SAMPLE_CONFIG, locate_config};
 
+use errors::{Gathered, Text, not_one_of};
+use rules::convert_rules;
+
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use http::{HeaderName, Method};
+use http::HeaderName;
 use serde::Deserialize;
 use spillway::Quota;
-use spillway::algorithm::{
-    AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
-};
+use spillway::algorithm::FixedWindow;
 use spillway::store::OnFull;
 use spillway_redis::{OnError, Topology};
 use spillway_tower::{
-    Action, BodyFormat, Clients, Cost, Credential, ForwardedHeader, HeaderOptions, HttpRule,
-    Ipv6Prefix, KeyPart, Policy, ResetFormat, RouteCost,
+    Action, BodyFormat, Clients, Credential, ForwardedHeader, HeaderOptions, HttpRule, Ipv6Prefix,
+    Policy, ResetFormat,
 };
 use toml::Spanned;
-
-/// A configuration error: where, which field, what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file the error is in, when it is not the configuration file
-    /// itself: the `[envoy] descriptors_file`. `line` and `field` are then
-    /// that file's.
-    pub file: Option<PathBuf>,
-    /// The 1-based line, when known.
-    pub line: Option<usize>,
-    /// The field's path, like `rules[2].limit`.
-    pub field: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(file) = &self.file {
-            write!(f, "{}: ", file.display())?;
-        }
-        match self.line {
-            Some(line) => write!(f, "line {line}: `{}`: {}", self.field, self.message),
-            None => write!(f, "`{}`: {}", self.field, self.message),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// The validated configuration.
 #[derive(Debug, Clone)]
@@ -112,7 +91,7 @@ impl std::str::FromStr for EscapedSlashes {
             "keep" => Ok(Self::Keep),
             "reject" => Ok(Self::Reject),
             "unescape" => Ok(Self::Unescape),
-            other => Err(format!("`{other}`: expected keep, reject or unescape")),
+            other => Err(not_one_of(other, &["keep", "reject", "unescape"])),
         }
     }
 }
@@ -386,12 +365,12 @@ struct RawServer {
     grpc_listen: Option<Spanned<String>>,
     admin_token: Option<String>,
     check_tokens: Option<Spanned<Vec<String>>>,
-    head_timeout: Option<Spanned<String>>,
-    body_timeout: Option<Spanned<String>>,
-    write_timeout: Option<Spanned<String>>,
-    idle_timeout: Option<Spanned<String>>,
+    head_timeout: Option<Spanned<RawDuration>>,
+    body_timeout: Option<Spanned<RawDuration>>,
+    write_timeout: Option<Spanned<RawDuration>>,
+    idle_timeout: Option<Spanned<RawDuration>>,
     max_connections: Option<Spanned<u64>>,
-    drain_timeout: Option<Spanned<String>>,
+    drain_timeout: Option<Spanned<RawDuration>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -399,7 +378,7 @@ struct RawServer {
 struct RawStore {
     kind: Option<Spanned<String>>,
     url: Option<Spanned<RawUrl>>,
-    timeout: Option<Spanned<String>>,
+    timeout: Option<Spanned<RawDuration>>,
     on_error: Option<Spanned<String>>,
     instances: Option<NonZeroU32>,
     max_keys: Option<NonZeroUsize>,
@@ -409,15 +388,22 @@ struct RawStore {
 
 /// A size in bytes: a number, or a string with a unit (`"64MiB"`).
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a size: a number of bytes, or a string like \"64MiB\" or \"none\""
+)]
 enum RawSize {
     Bytes(i64),
     Fraction(f64),
     Text(String),
 }
 
+/// `[store] url`: one Redis, or a cluster's nodes.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a redis:// URL, or a list of them (a cluster's nodes)"
+)]
 enum RawUrl {
     One(String),
     Cluster(Vec<String>),
@@ -464,7 +450,7 @@ struct RawClients {
 
 /// A setting that takes one value or a list.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, or a list of strings")]
 enum OneOrMany {
     One(String),
     Many(Vec<String>),
@@ -498,7 +484,7 @@ struct RawRule {
     fallback: Option<Vec<Spanned<String>>>,
     algorithm: Spanned<String>,
     limit: Spanned<u64>,
-    window: Spanned<String>,
+    window: Spanned<RawDuration>,
     burst: Option<Spanned<u64>>,
     mode: Option<Spanned<String>>,
     delay: Option<Spanned<u64>>,
@@ -530,7 +516,7 @@ struct RawMatch {
 struct RawQuota {
     algorithm: Option<Spanned<String>>,
     limit: Option<Spanned<u64>>,
-    window: Option<Spanned<String>>,
+    window: Option<Spanned<RawDuration>>,
     burst: Option<Spanned<u64>>,
     mode: Option<Spanned<String>>,
     delay: Option<Spanned<u64>>,
@@ -565,8 +551,46 @@ impl RawQuota {
     }
 }
 
+/// A duration as written: a string of a number and a unit (`"1m"`), which
+/// [`parse_duration`] reads when it is converted. A bare number is refused
+/// as it is read, with the spellings it may have meant.
+#[derive(Debug, Clone)]
+struct RawDuration(String);
+
+impl<'de> Deserialize<'de> for RawDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = RawDuration;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(DURATION)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawDuration, E> {
+                Ok(RawDuration(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<RawDuration, E> {
+                Err(E::custom(format!(
+                    "`{n}` is a number, and a duration is a string with a unit: \
+                     \"{n}s\" (seconds), \"{n}m\" (minutes), \"{n}ms\" (milliseconds), ..."
+                )))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RawDuration, E> {
+                self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
+            }
+        }
+        d.deserialize_any(Text)
+    }
+}
+
+/// What a duration looks like, for the errors that expect one.
+const DURATION: &str = "a duration: a string of a number and a unit, like \"500ms\", \"30s\", \"1m\", \"1h\" or \"1d\"";
+
+/// A rule's `cost`: a number, or where to read it.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a cost: an integer of 0 or more, or \"header:NAME\" to read it from a header"
+)]
 enum RawCost {
     Fixed(u64),
     Header(String),
@@ -582,29 +606,6 @@ struct RawRouteCost {
 }
 
 // ---- conversion --------------------------------------------------------
-
-/// Turns byte offsets into line numbers.
-struct Text<'a>(&'a str);
-
-impl Text<'_> {
-    fn line(&self, offset: usize) -> usize {
-        self.0[..offset.min(self.0.len())].matches('\n').count() + 1
-    }
-
-    fn err<T>(
-        &self,
-        at: &Spanned<T>,
-        field: impl Into<String>,
-        message: impl Into<String>,
-    ) -> ConfigError {
-        ConfigError {
-            file: None,
-            line: Some(self.line(at.span().start)),
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
 
 /// Parses a duration: an integer and a unit, `ms`, `s`, `m`, `h` or `d`
 /// (`500ms`, `1m`, `24h`).
@@ -712,41 +713,27 @@ fn max_memory_of(
 impl Config {
     /// Reads and validates a configuration file (and the descriptor file
     /// it names, relative to its directory).
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
         let text = read_text(path).map_err(|(line, message)| ConfigError {
             file: None,
             line,
             field: path.display().to_string(),
             message,
         })?;
-        Self::parse_in(&text, path.parent().unwrap_or(Path::new("")))
+        Self::parse_in(&text, path.parent().unwrap_or(Path::new(""))).map_err(|e| e.in_file(path))
     }
 
     /// Parses and validates a configuration; a relative `descriptors_file`
     /// is relative to the working directory.
-    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+    pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
         Self::parse_in(text, Path::new(""))
     }
 
     /// Parses and validates a configuration whose relative paths (the
     /// `descriptors_file`) are relative to `dir`.
-    pub fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| Text(text).line(s.start));
-            let message = match e.message().trim() {
-                // The TOML parser says nothing of a character it refuses
-                // outright (a control character, a bare CR).
-                "" => unexpected_at(text, e.span().map(|s| s.start)),
-                m => m.to_string(),
-            };
-            ConfigError {
-                file: None,
-                line,
-                field: "(file)".into(),
-                message,
-            }
-        })?;
-        convert(raw, &Text(text), dir)
+    pub fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigErrors> {
+        let read = read::read(text)?;
+        convert(read, &Text(text), dir).map_err(ConfigErrors::new)
     }
 }
 
@@ -765,55 +752,76 @@ fn read_text(path: &Path) -> Result<String, (Option<usize>, String)> {
     })
 }
 
-/// What the parser stopped at, byte `at` of `text`: the character, or the
-/// end of the file.
-fn unexpected_at(text: &str, at: Option<usize>) -> String {
-    match at
-        .and_then(|at| text.get(at..))
-        .and_then(|rest| rest.chars().next())
-    {
-        Some(c) if c.is_control() => format!(
-            "unexpected control character U+{:04X} (TOML allows only tab, and newline between lines)",
-            u32::from(c)
-        ),
-        Some(c) => format!("unexpected character `{c}`"),
-        None => "unexpected end of file".to_string(),
+/// Converts what was read. Each section and each rule is converted on its
+/// own, and their errors are gathered with the reading's; what joins them
+/// (the descriptor file, the rules on Redis) is checked only once all of
+/// them are right.
+fn convert(read: read::Read, lines: &Text<'_>, dir: &Path) -> Result<Config, Vec<ConfigError>> {
+    let mut errors = Gathered(read.errors);
+    let raw = read.raw;
+    let server = errors.take(convert_server(&raw.server, lines));
+    let envoy_limits = errors.take(envoy_limits(&raw.envoy, lines));
+    let store = errors.take(convert_store(&raw.store, lines));
+    let rule_on_error = rule_on_error(&raw, &read.rule_index, lines, &mut errors);
+    let clients = errors.take(convert_clients(&raw.clients, lines));
+    let headers = errors.take(convert_headers(&raw.headers, lines));
+    let normalize = errors.take(convert_proxy(&raw.proxy, lines));
+    let proxy_bounds = errors.take(convert_proxy_bounds(&raw.proxy, lines));
+    let tiers = read.tiers_read.then_some(&raw.tiers);
+    let (mut rules, mut descriptors) =
+        convert_rules(&raw.rules, &read.rule_index, tiers, lines, &mut errors);
+    if !errors.is_empty() {
+        return Err(errors.0);
     }
-}
-
-fn convert(raw: RawConfig, lines: &Text<'_>, dir: &Path) -> Result<Config, ConfigError> {
-    let server = convert_server(&raw.server, lines)?;
-    let envoy_limits = envoy_limits(&raw.envoy, lines)?;
-    let mut store = convert_store(&raw.store, lines)?;
-    store.rule_on_error = rule_on_error(&raw, lines)?;
-    let clients = convert_clients(&raw.clients, lines)?;
-    let (headers, body) = convert_headers(&raw.headers, lines)?;
-    let (mut rules, mut descriptors) = convert_rules(&raw, lines)?;
-    let (envoy_domain, descriptor_tree) =
-        convert_envoy(&raw, dir, lines, &mut rules, &mut descriptors)?;
-    let mut policy = Policy::new(rules)
-        .clients(clients)
-        .headers(headers)
-        .body(body);
-    for (tier, t) in &raw.tiers {
-        for key in &t.api_keys {
-            policy = policy.api_key_tier(key.clone(), tier.clone());
-        }
-    }
-    if matches!(store.kind, StoreKind::Redis(_)) {
-        redis_rules(&raw, &policy, &store, lines)?;
-    }
-    Ok(Config {
-        proxy: convert_proxy(&raw.proxy, lines)?,
+    let (
+        Some(server),
+        Some(envoy_limits),
+        Some(mut store),
+        Some(clients),
+        Some((headers, body)),
+        Some(proxy),
+        Some(proxy_bounds),
+    ) = (
         server,
-        store,
-        policy,
-        descriptors,
-        envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
-        descriptor_tree,
         envoy_limits,
-        proxy_bounds: convert_proxy_bounds(&raw.proxy, lines)?,
-    })
+        store,
+        clients,
+        headers,
+        normalize,
+        proxy_bounds,
+    )
+    else {
+        unreachable!("a section that was not converted left an error");
+    };
+    store.rule_on_error = rule_on_error;
+    let joined = (|| {
+        let (envoy_domain, descriptor_tree) =
+            convert_envoy(&raw, dir, lines, &mut rules, &mut descriptors)?;
+        let mut policy = Policy::new(rules)
+            .clients(clients)
+            .headers(headers)
+            .body(body);
+        for (tier, t) in &raw.tiers {
+            for key in &t.api_keys {
+                policy = policy.api_key_tier(key.clone(), tier.clone());
+            }
+        }
+        if matches!(store.kind, StoreKind::Redis(_)) {
+            redis_rules(&raw, &policy, &store, lines)?;
+        }
+        Ok(Config {
+            proxy,
+            server,
+            store,
+            policy,
+            descriptors,
+            envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
+            descriptor_tree,
+            envoy_limits,
+            proxy_bounds,
+        })
+    })();
+    joined.map_err(|e| vec![e])
 }
 
 /// Each store rule as the Redis store can run it: one it refuses (a limit
@@ -1006,7 +1014,10 @@ fn convert_clients(raw: &RawClients, lines: &Text<'_>) -> Result<Clients, Config
                 return Err(lines.err(
                     h,
                     "clients.forwarded_header",
-                    format!("`{other}`: expected \"x-forwarded-for\" or \"forwarded\" (the header your proxies write)"),
+                    format!(
+                        "{} (the header your proxies write)",
+                        not_one_of(other, &["x-forwarded-for", "forwarded"])
+                    ),
                 ));
             }
         };
@@ -1044,11 +1055,7 @@ fn convert_headers(
             "unix" => ResetFormat::Unix,
             "delta" => ResetFormat::Delta,
             other => {
-                return Err(lines.err(
-                    r,
-                    "headers.reset",
-                    format!("`{other}`: expected \"unix\" or \"delta\""),
-                ));
+                return Err(lines.err(r, "headers.reset", not_one_of(other, &["unix", "delta"])));
             }
         };
     }
@@ -1064,227 +1071,15 @@ fn convert_headers(
                 return Err(lines.err(
                     b,
                     "headers.body",
-                    format!("`{other}`: expected problem, quota-exceeded, json, text or empty"),
+                    not_one_of(
+                        other,
+                        &["problem", "quota-exceeded", "json", "text", "empty"],
+                    ),
                 ));
             }
         },
     };
     Ok((headers, body))
-}
-
-/// `[[rules]]`: each rule, and the Envoy descriptor keys it answers to.
-fn convert_rules(
-    raw: &RawConfig,
-    lines: &Text<'_>,
-) -> Result<(Vec<HttpRule>, Vec<Vec<String>>), ConfigError> {
-    let mut names = std::collections::HashSet::new();
-    let mut rules = Vec::new();
-    let mut descriptors = Vec::new();
-    for (i, spanned) in raw.rules.iter().enumerate() {
-        let r = spanned.get_ref();
-        let field = |f: &str| format!("rules[{i}].{f}");
-        let name = r.name.get_ref().trim().to_string();
-        check_rule_name(&name, r, lines, &field)?;
-        if !names.insert(name.clone()) {
-            return Err(lines.err(
-                &r.name,
-                field("name"),
-                format!("`{name}` is used by another rule"),
-            ));
-        }
-        let quota = RawQuota::of(r);
-        let rule = HttpRule::new(name, algorithm_of(&quota, lines, &field)?);
-        let rule = rule_match(rule, r, lines, &field)?;
-        let rule = rule_key_cost_action(rule, spanned, lines, &field)?;
-        let rule = rule_tiers(rule, r, &raw.tiers, &quota, lines, i)?;
-        descriptors.push(r.descriptors.clone());
-        rules.push(rule);
-    }
-    Ok((rules, descriptors))
-}
-
-/// A rule's name: not empty, not one the Envoy service makes.
-fn check_rule_name(
-    name: &str,
-    r: &RawRule,
-    lines: &Text<'_>,
-    field: &dyn Fn(&str) -> String,
-) -> Result<(), ConfigError> {
-    if name.is_empty() {
-        return Err(lines.err(&r.name, field("name"), "must not be empty"));
-    }
-    if name.starts_with(crate::config::descriptors::OVERRIDE_PREFIX) {
-        return Err(lines.err(
-            &r.name,
-            field("name"),
-            format!(
-                "`{name}`: names starting with `{}` are the Envoy service's, for limit overrides",
-                crate::config::descriptors::OVERRIDE_PREFIX
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Methods named in a file (any letter case), each checked.
-fn methods(
-    methods: &[Spanned<String>],
-    lines: &Text<'_>,
-    field: &str,
-) -> Result<Vec<Method>, ConfigError> {
-    methods
-        .iter()
-        .map(|m| {
-            Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
-                .map_err(|_| lines.err(m, field, format!("`{}` is not a method", m.get_ref())))
-        })
-        .collect()
-}
-
-/// A rule's `match`: methods, path, host.
-fn rule_match(
-    mut rule: HttpRule,
-    r: &RawRule,
-    lines: &Text<'_>,
-    field: &dyn Fn(&str) -> String,
-) -> Result<HttpRule, ConfigError> {
-    if let Some(list) = &r.matcher.methods {
-        rule = rule.methods(methods(list, lines, &field("match.methods"))?);
-    }
-    if let Some(path) = &r.matcher.path {
-        rule = rule.path(path.clone());
-    }
-    if let Some(followed) = r.matcher.method_overrides {
-        rule = rule.method_overrides(followed);
-    }
-    if r.matcher.exact_path == Some(true) {
-        rule = rule.exact_path();
-    }
-    if let Some(host) = &r.matcher.host {
-        rule = rule.host(host.clone());
-    }
-    Ok(rule)
-}
-
-/// A rule's `key`, `fallback`, `cost` and `action`.
-fn rule_key_cost_action(
-    mut rule: HttpRule,
-    spanned: &Spanned<RawRule>,
-    lines: &Text<'_>,
-    field: &dyn Fn(&str) -> String,
-) -> Result<HttpRule, ConfigError> {
-    let r = spanned.get_ref();
-    let parts = |list: &Vec<Spanned<String>>, f: &str| -> Result<Vec<KeyPart>, ConfigError> {
-        list.iter()
-            .map(|p| KeyPart::parse(p.get_ref()).map_err(|m| lines.err(p, field(f), m)))
-            .collect()
-    };
-    if let Some(key) = &r.key {
-        if key.is_empty() {
-            return Err(lines.err(spanned, field("key"), "must list at least one part"));
-        }
-        rule = rule.key(parts(key, "key")?);
-    }
-    if let Some(fallback) = &r.fallback {
-        rule = rule.fallback(parts(fallback, "fallback")?);
-    }
-    if let Some(cost) = &r.cost {
-        rule = rule.cost(match cost.get_ref() {
-            RawCost::Fixed(n) => Cost::Fixed(*n),
-            RawCost::Header(h) => {
-                let name = h.strip_prefix("header:").ok_or_else(|| {
-                    lines.err(cost, field("cost"), "must be an integer or \"header:NAME\"")
-                })?;
-                Cost::Header {
-                    name: HeaderName::try_from(name).map_err(|_| {
-                        lines.err(
-                            cost,
-                            field("cost"),
-                            format!("`{name}` is not a header name"),
-                        )
-                    })?,
-                    default: 1,
-                }
-            }
-        });
-    }
-    if let Some(table) = &r.route_costs {
-        let default = match r.cost.as_ref().map(Spanned::get_ref) {
-            None => 1,
-            Some(RawCost::Fixed(n)) => *n,
-            Some(RawCost::Header(_)) => {
-                let cost = r.cost.as_ref().expect("matched");
-                return Err(lines.err(
-                    cost,
-                    field("cost"),
-                    "with `route_costs`, `cost` is the cost of a request no route matches: an integer",
-                ));
-            }
-        };
-        if table.get_ref().is_empty() {
-            return Err(lines.err(table, field("route_costs"), "must list at least one route"));
-        }
-        let mut routes = Vec::new();
-        for (j, row) in table.get_ref().iter().enumerate() {
-            let at = |f: &str| field(&format!("route_costs[{j}].{f}"));
-            let raw = row.get_ref();
-            if !raw.path.get_ref().starts_with('/') {
-                return Err(lines.err(&raw.path, at("path"), "must start with `/`"));
-            }
-            let mut route = RouteCost::new(raw.path.get_ref().clone(), raw.cost);
-            if let Some(list) = &raw.methods {
-                route = route.methods(methods(list, lines, &at("methods"))?);
-            }
-            routes.push(route);
-        }
-        rule = rule.cost(Cost::Routes { routes, default });
-    }
-    if let Some(a) = &r.action {
-        rule = rule.action(match a.get_ref().as_str() {
-            "reject" => Action::Reject,
-            "shadow" => Action::Shadow,
-            "degrade" => Action::Degrade,
-            other => {
-                return Err(lines.err(
-                    a,
-                    field("action"),
-                    format!("`{other}`: expected reject, shadow or degrade"),
-                ));
-            }
-        });
-    }
-    Ok(rule)
-}
-
-/// A rule's `tiers`: each its own quota, over the rule's.
-fn rule_tiers(
-    mut rule: HttpRule,
-    r: &RawRule,
-    declared: &BTreeMap<String, RawTier>,
-    quota: &RawQuota,
-    lines: &Text<'_>,
-    i: usize,
-) -> Result<HttpRule, ConfigError> {
-    for (tier, over) in &r.tiers {
-        if !declared.contains_key(tier.get_ref()) {
-            return Err(lines.err(
-                tier,
-                format!("rules[{i}].tiers.{}", tier.get_ref()),
-                format!(
-                    "unknown tier `{}`: declare it as [tiers.{}]",
-                    tier.get_ref(),
-                    tier.get_ref()
-                ),
-            ));
-        }
-        let merged = over.over(quota);
-        let tier_field = |f: &str| format!("rules[{i}].tiers.{}.{f}", tier.get_ref());
-        rule = rule.tier(
-            tier.get_ref().clone(),
-            algorithm_of(&merged, lines, &tier_field)?,
-        );
-    }
-    Ok(rule)
 }
 
 /// `[envoy]`: the domain, and the descriptor file's rate limits, which
@@ -1420,7 +1215,7 @@ fn check_tokens(
 
 /// A `[server]` timeout: longer than zero, at most an hour.
 fn timeout(
-    raw: &Option<Spanned<String>>,
+    raw: &Option<Spanned<RawDuration>>,
     field: &str,
     default: Duration,
     lines: &Text<'_>,
@@ -1428,7 +1223,7 @@ fn timeout(
     let Some(t) = raw else {
         return Ok(default);
     };
-    let d = parse_duration(t.get_ref()).map_err(|m| lines.err(t, field, m))?;
+    let d = parse_duration(&t.get_ref().0).map_err(|m| lines.err(t, field, m))?;
     if d.is_zero() || d > Duration::from_secs(3600) {
         return Err(lines.err(t, field, "must be longer than zero and at most 1h"));
     }
@@ -1591,11 +1386,7 @@ fn store_kind(raw: &RawStore, lines: &Text<'_>) -> Result<StoreKind, ConfigError
             })
         }
         Some((k, other)) => {
-            return Err(lines.err(
-                k,
-                "store.kind",
-                format!("`{other}`: expected \"memory\" or \"redis\""),
-            ));
+            return Err(lines.err(k, "store.kind", not_one_of(other, &["memory", "redis"])));
         }
     })
 }
@@ -1604,7 +1395,7 @@ fn store_kind(raw: &RawStore, lines: &Text<'_>) -> Result<StoreKind, ConfigError
 fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, ConfigError> {
     let timeout = match &raw.timeout {
         Some(t) => {
-            let d = parse_duration(t.get_ref()).map_err(|m| lines.err(t, "store.timeout", m))?;
+            let d = parse_duration(&t.get_ref().0).map_err(|m| lines.err(t, "store.timeout", m))?;
             if d.is_zero() {
                 return Err(lines.err(t, "store.timeout", "must be longer than zero"));
             }
@@ -1627,7 +1418,7 @@ fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, Config
                 return Err(lines.err(
                     v,
                     "store.on_full",
-                    format!("`{other}`: expected \"evict\" or \"deny_new\""),
+                    not_one_of(other, &["evict", "deny_new"]),
                 ));
             }
         },
@@ -1663,7 +1454,7 @@ fn on_error_of(
             return Err(lines.err(
                 v,
                 field,
-                format!("`{other}`: expected fail_open, fail_closed or local"),
+                not_one_of(other, &["fail_open", "fail_closed", "local"]),
             ));
         }
     })
@@ -1673,561 +1464,25 @@ fn on_error_of(
 /// rules: its own and its tiers'.
 fn rule_on_error(
     raw: &RawConfig,
+    rule_index: &[usize],
     lines: &Text<'_>,
-) -> Result<BTreeMap<String, OnError>, ConfigError> {
+    errors: &mut Gathered,
+) -> BTreeMap<String, OnError> {
     let mut out = BTreeMap::new();
-    for (i, spanned) in raw.rules.iter().enumerate() {
+    for (spanned, i) in raw.rules.iter().zip(rule_index) {
         let r = spanned.get_ref();
         let Some(v) = &r.on_error else {
             continue;
         };
-        let policy = on_error_of(v, &format!("rules[{i}].on_error"), &raw.store, lines)?;
+        let field = format!("rules[{i}].on_error");
+        let Some(policy) = errors.take(on_error_of(v, &field, &raw.store, lines)) else {
+            continue;
+        };
         let name = r.name.get_ref().trim();
         out.insert(name.to_string(), policy);
         for tier in r.tiers.keys() {
             out.insert(format!("{name}@{}", tier.get_ref()), policy);
         }
     }
-    Ok(out)
-}
-
-/// A rule's (or a tier's) algorithm on its quota.
-fn algorithm_of(
-    q: &RawQuota,
-    lines: &Text<'_>,
-    field: &dyn Fn(&str) -> String,
-) -> Result<AnyAlgorithm, ConfigError> {
-    // Always set: `RawRule` requires them, and a tier's quota falls back to
-    // its rule's.
-    fn required<T>(v: &Option<Spanned<T>>, field: String) -> Result<&Spanned<T>, ConfigError> {
-        v.as_ref().ok_or(ConfigError {
-            file: None,
-            line: None,
-            field,
-            message: "is required".into(),
-        })
-    }
-    let algorithm = required(&q.algorithm, field("algorithm"))?;
-    let limit_field = required(&q.limit, field("limit"))?;
-    let window_field = required(&q.window, field("window"))?;
-    let limit = u32::try_from(*limit_field.get_ref())
-        .ok()
-        .and_then(NonZeroU32::new)
-        .ok_or_else(|| {
-            lines.err(
-                limit_field,
-                field("limit"),
-                "must be between 1 and 4294967295",
-            )
-        })?;
-    let window = parse_duration(window_field.get_ref())
-        .map_err(|m| lines.err(window_field, field("window"), m))?;
-    let quota = Quota::new(limit, window)
-        .map_err(|e| lines.err(window_field, field("window"), e.to_string()))?;
-    let name = algorithm.get_ref().as_str();
-    let not_for = |v: &Option<Spanned<u64>>, f: &str| match v {
-        Some(v) => Err(lines.err(v, field(f), format!("does not apply to {name}"))),
-        None => Ok(()),
-    };
-    Ok(match name {
-        "fixed_window" | "sliding_log" | "sliding_window" => {
-            not_for(&q.burst, "burst")?;
-            not_for(&q.delay, "delay")?;
-            if let Some(m) = &q.mode {
-                return Err(lines.err(m, field("mode"), format!("does not apply to {name}")));
-            }
-            match name {
-                "fixed_window" => FixedWindow::new(quota).into(),
-                "sliding_log" => SlidingLog::new(quota).into(),
-                _ => SlidingWindow::new(quota).into(),
-            }
-        }
-        "token_bucket" => {
-            not_for(&q.delay, "delay")?;
-            if let Some(m) = &q.mode {
-                return Err(lines.err(m, field("mode"), "does not apply to token_bucket"));
-            }
-            TokenBucket::new(quota, count_of(&q.burst, "burst", limit, lines, field)?).into()
-        }
-        "leaky_bucket" => leaky_bucket_of(q, quota, limit, lines, field)?.into(),
-        other => {
-            return Err(lines.err(
-                algorithm,
-                field("algorithm"),
-                format!("`{other}`: expected fixed_window, sliding_log, sliding_window, token_bucket or leaky_bucket"),
-            ));
-        }
-    })
-}
-
-/// A leaky bucket's `mode`, `burst` and `delay` (see [`algorithm_of`]).
-fn leaky_bucket_of(
-    q: &RawQuota,
-    quota: Quota,
-    limit: NonZeroU32,
-    lines: &Text<'_>,
-    field: &dyn Fn(&str) -> String,
-) -> Result<LeakyBucket, ConfigError> {
-    let mode = match &q.mode {
-        None => LeakyMode::Shape,
-        Some(m) => match m.get_ref().as_str() {
-            "shape" => LeakyMode::Shape,
-            "police" => LeakyMode::Police,
-            other => {
-                return Err(lines.err(
-                    m,
-                    field("mode"),
-                    format!("`{other}`: expected shape or police"),
-                ));
-            }
-        },
-    };
-    let capacity = count_of(&q.burst, "burst", limit, lines, field)?;
-    let delay = match &q.delay {
-        None => 0,
-        Some(d) => {
-            u32::try_from(*d.get_ref()).map_err(|_| lines.err(d, field("delay"), "is too large"))?
-        }
-    };
-    Ok(LeakyBucket::new(quota, capacity, mode).with_delay(delay))
-}
-
-/// A count of 1 or more (`burst`), `default` when absent.
-fn count_of(
-    v: &Option<Spanned<u64>>,
-    name: &str,
-    default: NonZeroU32,
-    lines: &Text<'_>,
-    field: &dyn Fn(&str) -> String,
-) -> Result<NonZeroU32, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(v) => u32::try_from(*v.get_ref())
-            .ok()
-            .and_then(NonZeroU32::new)
-            .ok_or_else(|| lines.err(v, field(name), "must be between 1 and 4294967295")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert!(parse_duration("1 minute").is_err());
-        assert!(parse_duration("m").is_err());
-        assert!(parse_duration("-1s").is_err());
-    }
-
-    fn error(text: &str) -> ConfigError {
-        Config::parse(text).expect_err("invalid")
-    }
-
-    const RULE: &str =
-        "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n";
-
-    #[test]
-    fn route_costs_are_checked_row_by_row() {
-        let table = |rows: &str| format!("{RULE}route_costs = [\n{rows}\n]\n");
-        let config = Config::parse(&table(
-            "{ path = \"/reports/**\", cost = 10 },\n{ methods = [\"post\"], path = \"/x\", cost = 0 },",
-        ))
-        .expect("valid");
-        let rule = &config.policy.rules()[0];
-        assert!(format!("{rule:?}").contains("Routes"), "{rule:?}");
-        let e = error(&table("{ path = \"reports\", cost = 10 },"));
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(7), "rules[0].route_costs[0].path")
-        );
-        let e = error(&table(
-            "{ path = \"/a\", cost = 1 },\n{ methods = [\"GE T\"], path = \"/b\", cost = 1 },",
-        ));
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(8), "rules[0].route_costs[1].methods")
-        );
-        let e = error(&table("{ path = \"/a\", costs = 1 },"));
-        assert!(e.message.contains("costs"), "{e}");
-        let e = error(&format!("{RULE}route_costs = []\n"));
-        assert_eq!(e.field, "rules[0].route_costs");
-        let e = error(&format!(
-            "{RULE}cost = \"header:x-cost\"\n{}",
-            "route_costs = [{ path = \"/a\", cost = 2 }]\n"
-        ));
-        assert_eq!(e.field, "rules[0].cost");
-    }
-
-    #[test]
-    fn errors_name_the_field_and_the_line() {
-        let e = error(&RULE.replace("limit = 10", "limit = 0"));
-        assert_eq!((e.line, e.field.as_str()), (Some(4), "rules[0].limit"));
-        let e = error(&RULE.replace("\"1m\"", "\"1 minute\""));
-        assert_eq!((e.line, e.field.as_str()), (Some(5), "rules[0].window"));
-        let e = error(&format!("{RULE}colour = \"red\"\n"));
-        assert_eq!(e.line, Some(6));
-        assert!(e.message.contains("colour"), "{e}");
-        let e = error(&format!("{RULE}[rules.tiers.gold]\nlimit = 5\n"));
-        assert_eq!(e.field, "rules[0].tiers.gold");
-        assert_eq!(e.line, Some(6));
-        let e = error("[store]\nkind = \"redis\"\n");
-        assert_eq!(e.field, "store.url");
-    }
-
-    #[test]
-    fn a_rule_can_have_a_failure_policy_of_its_own() {
-        let text = format!(
-            "[store]\ninstances = 3\n\n{RULE}on_error = \"local\"\n[rules.tiers.pro]\nlimit = 20\n\n[tiers.pro]\n"
-        );
-        let c = Config::parse(&text).unwrap();
-        assert_eq!(c.store.on_error, OnError::FailOpen);
-        let local = OnError::Local {
-            instances: NonZeroU32::new(3).unwrap(),
-        };
-        let name = c.policy.rules()[0].name().to_string();
-        assert_eq!(c.store.rule_on_error.get(&name), Some(&local));
-        assert_eq!(
-            c.store.rule_on_error.get(&format!("{name}@pro")),
-            Some(&local)
-        );
-        assert_eq!(c.store.rule_on_error.len(), 2);
-        let e = error(&format!("{RULE}on_error = \"fail-closed\"\n"));
-        assert_eq!((e.line, e.field.as_str()), (Some(6), "rules[0].on_error"));
-        assert!(
-            e.message
-                .contains("expected fail_open, fail_closed or local"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn a_rule_redis_cannot_run_is_an_error_at_its_limit() {
-        let log = "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\n\n\
-                   [[rules]]\nname = \"logins\"\nalgorithm = \"sliding_log\"\n\
-                   limit = 20000\nwindow = \"1h\"\n";
-        let e = error(log);
-        assert_eq!((e.line, e.field.as_str()), (Some(8), "rules[0].limit"));
-        assert!(
-            e.message.contains("10,000") && e.message.contains("`logins`"),
-            "{e}"
-        );
-        // In memory, the same rule is fine; on Redis, within the bound too.
-        assert!(Config::parse(&log.replace("kind = \"redis\"", "kind = \"memory\"")).is_ok());
-        assert!(Config::parse(&log.replace("20000", "10000")).is_ok());
-        let shared = log
-            .replace("20000", "2")
-            .replace("url =", "instances = 3\non_error = \"local\"\nurl =");
-        let e = error(&shared);
-        assert_eq!((e.line, e.field.as_str()), (Some(10), "rules[0].limit"));
-        assert!(e.message.contains("cannot be shared by 3"), "{e}");
-    }
-
-    #[test]
-    fn the_429_body_can_be_the_drafts_quota_exceeded_problem() {
-        let body = |text: &str| Config::parse(text).unwrap().policy.body_format();
-        assert_eq!(body(RULE), BodyFormat::Problem);
-        assert_eq!(
-            body("[headers]\nbody = \"quota-exceeded\"\n"),
-            BodyFormat::QuotaExceeded
-        );
-        let e = error("[headers]\nreset = \"delta\"\nbody = \"quota_exceeded\"\n");
-        assert_eq!((e.line, e.field.as_str()), (Some(3), "headers.body"));
-        assert_eq!(
-            e.to_string(),
-            "line 3: `headers.body`: `quota_exceeded`: expected problem, quota-exceeded, json, text or empty"
-        );
-    }
-
-    #[test]
-    fn api_keys_come_from_the_places_the_file_names() {
-        let places = |text: &str| {
-            Config::parse(text)
-                .unwrap()
-                .policy
-                .client_settings()
-                .api_key
-                .clone()
-        };
-        let x_api_key = Credential::Header(HeaderName::from_static("x-api-key"));
-        assert_eq!(places(RULE), [x_api_key.clone(), Credential::bearer()]);
-        assert_eq!(
-            places("[clients]\napi_key = \"bearer\"\n"),
-            [Credential::bearer()]
-        );
-        assert_eq!(
-            places("[clients]\napi_key = [\"header:x-api-key\", \"authorization:Token\"]\n"),
-            [x_api_key, Credential::Authorization("token".into())]
-        );
-        assert_eq!(
-            places("[clients]\napi_key_header = \"x-key\"\n"),
-            [
-                Credential::Header(HeaderName::from_static("x-key")),
-                Credential::bearer()
-            ]
-        );
-        let e = error("[clients]\n\napi_key = \"cookie\"\n");
-        assert_eq!((e.line, e.field.as_str()), (Some(3), "clients.api_key"));
-        let e = error("[clients]\napi_key = []\n");
-        assert_eq!(e.field, "clients.api_key");
-        let e = error("[clients]\napi_key = \"bearer\"\napi_key_header = \"x\"\n");
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(3), "clients.api_key_header")
-        );
-        let key = "[[rules]]\nname = \"a\"\nkey = [\"bearer\"]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n";
-        assert!(Config::parse(key).is_ok());
-    }
-
-    #[test]
-    fn the_proxy_section_switches_each_normalization() {
-        let c = Config::parse(RULE).unwrap();
-        assert_eq!(c.proxy, Normalize::default());
-        let text = "[proxy]\nnormalize_path = false\nmerge_slashes = false\nescaped_slashes = \"reject\"\nunderscores_in_headers = true\n";
-        let c = Config::parse(text).unwrap();
-        assert_eq!(
-            c.proxy,
-            Normalize {
-                path: false,
-                merge_slashes: false,
-                escaped_slashes: EscapedSlashes::Reject,
-                underscores_in_headers: true,
-            }
-        );
-        let e = error("[proxy]\n\nescaped_slashes = \"decode\"\n");
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(3), "proxy.escaped_slashes")
-        );
-        let exact = Config::parse(&RULE.replace(
-            "name = \"a\"",
-            "name = \"a\"\nmatch = { path = \"/login\", exact_path = true, method_overrides = false }",
-        ));
-        assert!(exact.is_ok());
-    }
-
-    #[test]
-    fn ipv6_clients_are_keyed_by_a_64_unless_configured() {
-        let prefix = |text: &str| {
-            Config::parse(text)
-                .unwrap()
-                .policy
-                .client_settings()
-                .ipv6_prefix
-        };
-        assert_eq!(prefix(RULE), Ipv6Prefix::new(64).unwrap());
-        assert_eq!(
-            prefix("[clients]\nipv6_prefix = 56\n"),
-            Ipv6Prefix::new(56).unwrap()
-        );
-        assert_eq!(prefix("[clients]\nipv6_prefix = 128\n"), Ipv6Prefix::FULL);
-        for bad in ["0", "129", "-1", "100000"] {
-            let e = error(&format!(
-                "[clients]\ntrusted_proxies = []\nipv6_prefix = {bad}\n"
-            ));
-            assert_eq!(
-                (e.line, e.field.as_str()),
-                (Some(3), "clients.ipv6_prefix"),
-                "{e}"
-            );
-            assert!(e.message.contains("between 1 and 128"), "{e}");
-        }
-    }
-
-    #[test]
-    fn a_full_table_evicts_unless_told_to_deny_new_keys() {
-        let on_full = |text: &str| Config::parse(text).unwrap().store.on_full;
-        assert_eq!(on_full(RULE), OnFull::Evict);
-        assert_eq!(on_full("[store]\non_full = \"evict\"\n"), OnFull::Evict);
-        assert_eq!(
-            on_full("[store]\non_full = \"deny_new\"\n"),
-            OnFull::DenyNew
-        );
-        let e = error("[store]\nmax_keys = 10\non_full = \"refuse\"\n");
-        assert_eq!((e.line, e.field.as_str()), (Some(3), "store.on_full"));
-        assert!(e.message.contains("deny_new"), "{e}");
-    }
-
-    #[test]
-    fn max_memory_is_a_size_in_bytes() {
-        let max = |text: &str| {
-            Config::parse(text)
-                .unwrap()
-                .store
-                .max_memory
-                .map(|m| m.get())
-        };
-        // Bounded by default in memory; a size set wins, larger or smaller.
-        assert_eq!(max(RULE), Some(256 << 20));
-        assert_eq!(max(RULE), Some(DEFAULT_MAX_MEMORY.get()));
-        assert_eq!(max("[store]\nmax_memory = \"2GiB\"\n"), Some(2 << 30));
-        assert_eq!(
-            max("[store]\nmax_memory = \"none\"\n"),
-            None,
-            "off, said so"
-        );
-        assert_eq!(max("[store]\nmax_memory = \"64MiB\"\n"), Some(64 << 20));
-        assert_eq!(max("[store]\nmax_memory = \"100 MB\"\n"), Some(100_000_000));
-        assert_eq!(max("[store]\nmax_memory = 2097152\n"), Some(2 << 20));
-        for (text, says) in [
-            ("[store]\n\nmax_memory = \"64 potatoes\"\n", "not a size"),
-            ("[store]\n\nmax_memory = \"512KiB\"\n", "at least 1MiB"),
-            ("[store]\n\nmax_memory = \"99999999999GiB\"\n", "too large"),
-            ("[store]\n\nmax_memory = -5\n", "not a size"),
-            ("[store]\n\nmax_memory = 1.5\n", "whole number"),
-        ] {
-            let e = error(text);
-            assert_eq!(e.field.as_str(), "store.max_memory", "{text}: {e}");
-            assert_eq!(e.line, Some(3), "{text}: {e}");
-            assert!(e.to_string().contains(says), "{text}: {e}");
-        }
-        let e = error(
-            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1\"\nmax_memory = \"64MiB\"\n",
-        );
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(4), "store.max_memory"),
-            "{e}"
-        );
-        assert!(e.message.contains("in-memory"), "{e}");
-        // With Redis there is nothing in memory to bound.
-        assert_eq!(
-            max("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1\"\n"),
-            None
-        );
-    }
-
-    #[test]
-    fn the_proxy_section_bounds_what_clients_hold() {
-        let c = Config::parse("").unwrap();
-        assert_eq!(c.proxy_bounds, ProxyBounds::default());
-        let text = "[proxy]\nhttp2 = false\nhttp2_max_streams = 8\npool_max_connections = 16\nmax_held = 32\n";
-        let c = Config::parse(text).unwrap();
-        assert!(!c.proxy_bounds.http2);
-        assert_eq!(c.proxy_bounds.http2_max_streams.get(), 8);
-        assert_eq!(c.proxy_bounds.pool_max_connections.get(), 16);
-        assert_eq!(c.proxy_bounds.max_held.get(), 32);
-        let e = error("[proxy]\n\nhttp2_max_streams = 0\n");
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(3), "proxy.http2_max_streams")
-        );
-        let e = error("[proxy]\npool_max_connections = 2000000\n");
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(2), "proxy.pool_max_connections")
-        );
-        assert!(e.message.contains("between 1 and 1000000"), "{e}");
-        let e = error("[proxy]\nmax_held = 0\n");
-        assert_eq!((e.line, e.field.as_str()), (Some(2), "proxy.max_held"));
-        let e = error("[proxy]\nhttp2 = \"yes\"\n");
-        assert_eq!(e.line, Some(2), "{e}");
-    }
-
-    #[test]
-    fn server_and_envoy_bounds_are_validated() {
-        let c = Config::parse("").unwrap();
-        assert_eq!(c.server.head_timeout, ServerConfig::HEAD_TIMEOUT);
-        assert_eq!(c.server.max_connections.get(), 10_000);
-        assert_eq!(c.envoy_limits, EnvoyLimits::default());
-        let e = error("[server]\nlisten = \"127.0.0.1:1\"\nbody_timeout = \"0s\"\n");
-        assert_eq!((e.line, e.field.as_str()), (Some(3), "server.body_timeout"));
-        let e = error("[server]\nhead_timeout = \"soon\"\n");
-        assert_eq!((e.line, e.field.as_str()), (Some(2), "server.head_timeout"));
-        let e = error("[server]\nmax_connections = 0\n");
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(2), "server.max_connections")
-        );
-        let e = error("[server]\ncheck_tokens = [\"a\", \"\"]\n");
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(2), "server.check_tokens[1]")
-        );
-        let e = error("[envoy]\nmax_descriptors = 0\n");
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(2), "envoy.max_descriptors")
-        );
-        let e = error("[envoy]\nmax_entries = 1001\n");
-        assert_eq!((e.line, e.field.as_str()), (Some(2), "envoy.max_entries"));
-        let c = Config::parse(
-            "[server]\ncheck_tokens = [\"new\", \"old\"]\nwrite_timeout = \"5s\"\n\
-             [envoy]\nmax_descriptors = 8\nmax_entries = 4\n",
-        )
-        .unwrap();
-        assert_eq!(c.server.check_tokens, ["new", "old"]);
-        assert_eq!(c.server.write_timeout, Duration::from_secs(5));
-        assert_eq!(c.envoy_limits.max_descriptors.get(), 8);
-        assert_eq!(c.envoy_limits.max_entries.get(), 4);
-        assert_eq!(c.envoy_limits.max_message_bytes(), 64 * 1024);
-    }
-
-    #[test]
-    fn rule_names_of_limit_overrides_are_reserved() {
-        let e = error(&RULE.replace("name = \"a\"", "name = \"envoy-override:5-per-minute\""));
-        assert_eq!((e.line, e.field.as_str()), (Some(2), "rules[0].name"));
-        assert!(e.message.contains("limit overrides"), "{e}");
-        // Anything else is a name.
-        assert!(Config::parse(&RULE.replace("name = \"a\"", "name = \"envoy-overrides\"")).is_ok());
-    }
-
-    #[test]
-    fn a_full_configuration() {
-        let text = r#"
-[server]
-listen = "127.0.0.1:9000"
-grpc_listen = "127.0.0.1:9001"
-admin_token = "secret"
-
-[store]
-kind = "redis"
-url = ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
-timeout = "20ms"
-on_error = "local"
-instances = 3
-
-[headers]
-reset = "delta"
-
-[clients]
-trusted_proxies = ["10.0.0.0/8", "127.0.0.1"]
-forwarded_header = "forwarded"
-
-[tiers.pro]
-api_keys = ["k1"]
-
-[[rules]]
-name = "per-key"
-match = { methods = ["get", "POST"], path = "/api/**" }
-key = ["api_key"]
-algorithm = "token_bucket"
-limit = 100
-window = "1m"
-burst = 20
-cost = "header:x-cost"
-[rules.tiers.pro]
-limit = 10000
-"#;
-        let c = Config::parse(text).unwrap();
-        assert_eq!(c.server.listen.port(), 9000);
-        assert_eq!(c.store.timeout, Duration::from_millis(20));
-        assert_eq!(
-            c.store.on_error,
-            OnError::Local {
-                instances: NonZeroU32::new(3).unwrap()
-            }
-        );
-        assert!(matches!(&c.store.kind, StoreKind::Redis(Topology::Cluster(n)) if n.len() == 2));
-        let names: Vec<_> = c
-            .policy
-            .store_rules()
-            .iter()
-            .map(|r| r.name().to_string())
-            .collect();
-        assert_eq!(names, ["per-key", "per-key@pro"]);
-    }
+    out
 }

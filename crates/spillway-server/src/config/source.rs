@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use spillway_redis::Topology;
 
-use super::{Config, ConfigError, StoreKind};
+use super::{Config, ConfigErrors, StoreKind};
 
 /// The sample configuration that ships in the repository
 /// (`config/spillway.toml`): what `spillway serve` runs when it finds no
@@ -53,7 +53,7 @@ impl From<PathBuf> for ConfigSource {
 
 impl ConfigSource {
     /// Reads and validates the file, then applies the overrides.
-    pub fn load(&self) -> Result<Config, ConfigError> {
+    pub fn load(&self) -> Result<Config, ConfigErrors> {
         let mut config = Config::load(&self.path)?;
         self.overrides.apply(&mut config);
         Ok(config)

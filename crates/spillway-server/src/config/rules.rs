@@ -1,0 +1,368 @@
+//! `[[rules]]`: each rule's match, key, cost, action, quota and tiers.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+
+use http::{HeaderName, Method};
+use spillway::Quota;
+use spillway::algorithm::{
+    AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
+};
+use spillway_tower::{Action, Cost, HttpRule, KeyPart, RouteCost};
+use toml::Spanned;
+
+use super::errors::{ConfigError, Gathered, Text, not_one_of};
+
+/// The algorithms a rule names.
+const ALGORITHMS: &[&str] = &[
+    "fixed_window",
+    "sliding_log",
+    "sliding_window",
+    "token_bucket",
+    "leaky_bucket",
+];
+use super::{RawCost, RawQuota, RawRule, RawTier, parse_duration};
+
+/// `[[rules]]`: each rule that was read (`rules[k]` is `rules[index[k]]` of
+/// the file), and the Envoy descriptor keys it answers to; each rule's
+/// errors are gathered in `errors`, and a rule with any is left out. With
+/// `tiers` `None` (`[tiers]` could not be read), a rule's tiers are not
+/// checked against it.
+pub(super) fn convert_rules(
+    raw: &[Spanned<RawRule>],
+    index: &[usize],
+    tiers: Option<&BTreeMap<String, RawTier>>,
+    lines: &Text<'_>,
+    errors: &mut Gathered,
+) -> (Vec<HttpRule>, Vec<Vec<String>>) {
+    let mut names = std::collections::HashSet::new();
+    let mut rules = Vec::new();
+    let mut descriptors = Vec::new();
+    for (spanned, &i) in raw.iter().zip(index) {
+        let r = spanned.get_ref();
+        let before = errors.0.len();
+        let field = |f: &str| format!("rules[{i}].{f}");
+        let name = r.name.get_ref().trim().to_string();
+        errors.take(check_rule_name(&name, r, lines, &field));
+        if !names.insert(name.clone()) {
+            errors.0.push(lines.err(
+                &r.name,
+                field("name"),
+                format!("`{name}` is used by another rule"),
+            ));
+        }
+        let quota = RawQuota::of(r);
+        // A rule whose quota is wrong is still checked for the rest, on a
+        // stand-in quota.
+        let algorithm = errors
+            .take(algorithm_of(&quota, lines, &field))
+            .unwrap_or_else(|| FixedWindow::new(Quota::per_minute(NonZeroU32::MIN)).into());
+        let rule = HttpRule::new(name, algorithm);
+        let rule = errors.take(rule_match(rule, r, lines, &field));
+        let rule =
+            rule.and_then(|rule| errors.take(rule_key_cost_action(rule, spanned, lines, &field)));
+        let rule = rule.and_then(|rule| errors.take(rule_tiers(rule, r, tiers, &quota, lines, i)));
+        if let Some(rule) = rule
+            && errors.0.len() == before
+        {
+            descriptors.push(r.descriptors.clone());
+            rules.push(rule);
+        }
+    }
+    (rules, descriptors)
+}
+
+/// A rule's name: not empty, not one the Envoy service makes.
+fn check_rule_name(
+    name: &str,
+    r: &RawRule,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(lines.err(&r.name, field("name"), "must not be empty"));
+    }
+    if name.starts_with(crate::config::descriptors::OVERRIDE_PREFIX) {
+        return Err(lines.err(
+            &r.name,
+            field("name"),
+            format!(
+                "`{name}`: names starting with `{}` are the Envoy service's, for limit overrides",
+                crate::config::descriptors::OVERRIDE_PREFIX
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Methods named in a file (any letter case), each checked.
+pub(super) fn methods(
+    methods: &[Spanned<String>],
+    lines: &Text<'_>,
+    field: &str,
+) -> Result<Vec<Method>, ConfigError> {
+    methods
+        .iter()
+        .map(|m| {
+            Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
+                .map_err(|_| lines.err(m, field, format!("`{}` is not a method", m.get_ref())))
+        })
+        .collect()
+}
+
+/// A rule's `match`: methods, path, host.
+fn rule_match(
+    mut rule: HttpRule,
+    r: &RawRule,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<HttpRule, ConfigError> {
+    if let Some(list) = &r.matcher.methods {
+        rule = rule.methods(methods(list, lines, &field("match.methods"))?);
+    }
+    if let Some(path) = &r.matcher.path {
+        rule = rule.path(path.clone());
+    }
+    if let Some(followed) = r.matcher.method_overrides {
+        rule = rule.method_overrides(followed);
+    }
+    if r.matcher.exact_path == Some(true) {
+        rule = rule.exact_path();
+    }
+    if let Some(host) = &r.matcher.host {
+        rule = rule.host(host.clone());
+    }
+    Ok(rule)
+}
+
+/// A rule's `key`, `fallback`, `cost` and `action`.
+fn rule_key_cost_action(
+    mut rule: HttpRule,
+    spanned: &Spanned<RawRule>,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<HttpRule, ConfigError> {
+    let r = spanned.get_ref();
+    let parts = |list: &Vec<Spanned<String>>, f: &str| -> Result<Vec<KeyPart>, ConfigError> {
+        list.iter()
+            .map(|p| KeyPart::parse(p.get_ref()).map_err(|m| lines.err(p, field(f), m)))
+            .collect()
+    };
+    if let Some(key) = &r.key {
+        if key.is_empty() {
+            return Err(lines.err(spanned, field("key"), "must list at least one part"));
+        }
+        rule = rule.key(parts(key, "key")?);
+    }
+    if let Some(fallback) = &r.fallback {
+        rule = rule.fallback(parts(fallback, "fallback")?);
+    }
+    if let Some(cost) = &r.cost {
+        rule = rule.cost(match cost.get_ref() {
+            RawCost::Fixed(n) => Cost::Fixed(*n),
+            RawCost::Header(h) => {
+                let name = h.strip_prefix("header:").ok_or_else(|| {
+                    lines.err(cost, field("cost"), "must be an integer or \"header:NAME\"")
+                })?;
+                Cost::Header {
+                    name: HeaderName::try_from(name).map_err(|_| {
+                        lines.err(
+                            cost,
+                            field("cost"),
+                            format!("`{name}` is not a header name"),
+                        )
+                    })?,
+                    default: 1,
+                }
+            }
+        });
+    }
+    if let Some(table) = &r.route_costs {
+        let default = match r.cost.as_ref().map(Spanned::get_ref) {
+            None => 1,
+            Some(RawCost::Fixed(n)) => *n,
+            Some(RawCost::Header(_)) => {
+                let cost = r.cost.as_ref().expect("matched");
+                return Err(lines.err(
+                    cost,
+                    field("cost"),
+                    "with `route_costs`, `cost` is the cost of a request no route matches: an integer",
+                ));
+            }
+        };
+        if table.get_ref().is_empty() {
+            return Err(lines.err(table, field("route_costs"), "must list at least one route"));
+        }
+        let mut routes = Vec::new();
+        for (j, row) in table.get_ref().iter().enumerate() {
+            let at = |f: &str| field(&format!("route_costs[{j}].{f}"));
+            let raw = row.get_ref();
+            if !raw.path.get_ref().starts_with('/') {
+                return Err(lines.err(&raw.path, at("path"), "must start with `/`"));
+            }
+            let mut route = RouteCost::new(raw.path.get_ref().clone(), raw.cost);
+            if let Some(list) = &raw.methods {
+                route = route.methods(methods(list, lines, &at("methods"))?);
+            }
+            routes.push(route);
+        }
+        rule = rule.cost(Cost::Routes { routes, default });
+    }
+    if let Some(a) = &r.action {
+        rule = rule.action(match a.get_ref().as_str() {
+            "reject" => Action::Reject,
+            "shadow" => Action::Shadow,
+            "degrade" => Action::Degrade,
+            other => {
+                return Err(lines.err(
+                    a,
+                    field("action"),
+                    not_one_of(other, &["reject", "shadow", "degrade"]),
+                ));
+            }
+        });
+    }
+    Ok(rule)
+}
+
+/// A rule's `tiers`: each its own quota, over the rule's.
+fn rule_tiers(
+    mut rule: HttpRule,
+    r: &RawRule,
+    declared: Option<&BTreeMap<String, RawTier>>,
+    quota: &RawQuota,
+    lines: &Text<'_>,
+    i: usize,
+) -> Result<HttpRule, ConfigError> {
+    for (tier, over) in &r.tiers {
+        if declared.is_some_and(|d| !d.contains_key(tier.get_ref())) {
+            return Err(lines.err(
+                tier,
+                format!("rules[{i}].tiers.{}", tier.get_ref()),
+                format!(
+                    "unknown tier `{}`: declare it as [tiers.{}]",
+                    tier.get_ref(),
+                    tier.get_ref()
+                ),
+            ));
+        }
+        let merged = over.over(quota);
+        let tier_field = |f: &str| format!("rules[{i}].tiers.{}.{f}", tier.get_ref());
+        rule = rule.tier(
+            tier.get_ref().clone(),
+            algorithm_of(&merged, lines, &tier_field)?,
+        );
+    }
+    Ok(rule)
+}
+
+/// A rule's (or a tier's) algorithm on its quota.
+pub(super) fn algorithm_of(
+    q: &RawQuota,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<AnyAlgorithm, ConfigError> {
+    // Always set: `RawRule` requires them, and a tier's quota falls back to
+    // its rule's.
+    fn required<T>(v: &Option<Spanned<T>>, field: String) -> Result<&Spanned<T>, ConfigError> {
+        v.as_ref().ok_or(ConfigError {
+            file: None,
+            line: None,
+            field,
+            message: "is required".into(),
+        })
+    }
+    let algorithm = required(&q.algorithm, field("algorithm"))?;
+    let limit_field = required(&q.limit, field("limit"))?;
+    let window_field = required(&q.window, field("window"))?;
+    let limit = u32::try_from(*limit_field.get_ref())
+        .ok()
+        .and_then(NonZeroU32::new)
+        .ok_or_else(|| {
+            lines.err(
+                limit_field,
+                field("limit"),
+                "must be between 1 and 4294967295",
+            )
+        })?;
+    let window = parse_duration(&window_field.get_ref().0)
+        .map_err(|m| lines.err(window_field, field("window"), m))?;
+    // The quota's period is the file's window.
+    let quota = Quota::new(limit, window)
+        .map_err(|e| lines.err(window_field, field("window"), e.message()))?;
+    let name = algorithm.get_ref().as_str();
+    let not_for = |v: &Option<Spanned<u64>>, f: &str| match v {
+        Some(v) => Err(lines.err(v, field(f), format!("does not apply to {name}"))),
+        None => Ok(()),
+    };
+    Ok(match name {
+        "fixed_window" | "sliding_log" | "sliding_window" => {
+            not_for(&q.burst, "burst")?;
+            not_for(&q.delay, "delay")?;
+            if let Some(m) = &q.mode {
+                return Err(lines.err(m, field("mode"), format!("does not apply to {name}")));
+            }
+            match name {
+                "fixed_window" => FixedWindow::new(quota).into(),
+                "sliding_log" => SlidingLog::new(quota).into(),
+                _ => SlidingWindow::new(quota).into(),
+            }
+        }
+        "token_bucket" => {
+            not_for(&q.delay, "delay")?;
+            if let Some(m) = &q.mode {
+                return Err(lines.err(m, field("mode"), "does not apply to token_bucket"));
+            }
+            TokenBucket::new(quota, count_of(&q.burst, "burst", limit, lines, field)?).into()
+        }
+        "leaky_bucket" => leaky_bucket_of(q, quota, limit, lines, field)?.into(),
+        other => {
+            return Err(lines.err(algorithm, field("algorithm"), not_one_of(other, ALGORITHMS)));
+        }
+    })
+}
+
+/// A leaky bucket's `mode`, `burst` and `delay` (see [`algorithm_of`]).
+fn leaky_bucket_of(
+    q: &RawQuota,
+    quota: Quota,
+    limit: NonZeroU32,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<LeakyBucket, ConfigError> {
+    let mode = match &q.mode {
+        None => LeakyMode::Shape,
+        Some(m) => match m.get_ref().as_str() {
+            "shape" => LeakyMode::Shape,
+            "police" => LeakyMode::Police,
+            other => {
+                return Err(lines.err(m, field("mode"), not_one_of(other, &["shape", "police"])));
+            }
+        },
+    };
+    let capacity = count_of(&q.burst, "burst", limit, lines, field)?;
+    let delay = match &q.delay {
+        None => 0,
+        Some(d) => {
+            u32::try_from(*d.get_ref()).map_err(|_| lines.err(d, field("delay"), "is too large"))?
+        }
+    };
+    Ok(LeakyBucket::new(quota, capacity, mode).with_delay(delay))
+}
+
+/// A count of 1 or more (`burst`), `default` when absent.
+fn count_of(
+    v: &Option<Spanned<u64>>,
+    name: &str,
+    default: NonZeroU32,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<NonZeroU32, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(v) => u32::try_from(*v.get_ref())
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or_else(|| lines.err(v, field(name), "must be between 1 and 4294967295")),
+    }
+}
