@@ -47,14 +47,26 @@ fn check_config_accepts_the_sample_and_names_the_field_and_line_of_an_error() {
     let bad = dir.join("bad.toml");
     std::fs::write(
         &bad,
-        "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 0\nwindow = \"1m\"\n",
+        "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 0\nwindow = \"1m\"\n\
+         [[rules]]\nname = \"b\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindw = \"1m\"\n",
     )
     .expect("write");
     let out = spillway(&["check-config", bad.to_str().expect("utf-8")], &dir);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // Both mistakes, each on its own line with the file, line and field.
+    let shown = bad.display();
     assert!(
-        stderr.contains("line 4") && stderr.contains("rules[0].limit"),
+        stderr.contains("2 errors in the configuration:"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{shown}: line 4: `rules[0].limit`")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{shown}: line 10: `rules[1].windw`"))
+            && stderr.contains("did you mean `window`?"),
         "{stderr}"
     );
     let out = spillway(&["check-config", "missing.toml"], &dir);
@@ -306,4 +318,200 @@ async fn serve_with_redis_flag_uses_redis() {
     drop(server);
     let out = spillway(&["serve", "--redis", "http://nope"], &dir);
     assert!(!out.status.success());
+}
+
+/// Each flag `spillway COMMAND --help` lists, with its default where it
+/// states a literal one (`5s`, not "the file's server.listen").
+fn flags_of(command: &str) -> std::collections::BTreeMap<String, Option<String>> {
+    let out = spillway(&[command, "--help"], &repo_root());
+    assert!(out.status.success(), "{command} --help");
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut flags = std::collections::BTreeMap::new();
+    let mut current: Option<(String, String)> = None;
+    let mut close = |current: Option<(String, String)>| {
+        if let Some((flag, text)) = current {
+            let default = text
+                .rsplit_once("[default: ")
+                .and_then(|(_, rest)| rest.split_once(']'))
+                .map(|(d, _)| d.to_string())
+                .filter(|d| !d.contains(' ') && d != "none");
+            flags.insert(flag, default);
+        }
+    };
+    for line in help.lines() {
+        let line = line.trim_start();
+        let line = line.strip_prefix("-h, ").unwrap_or(line);
+        if let Some(rest) = line.strip_prefix("--") {
+            close(current.take());
+            let name = rest.split_whitespace().next().expect("a flag name");
+            current = Some((format!("--{name}"), line.to_string()));
+        } else if let Some((_, text)) = current.as_mut() {
+            text.push(' ');
+            text.push_str(line);
+        }
+    }
+    close(current);
+    flags.remove("--help");
+    flags
+}
+
+/// The `--flags` named in `text`; on a `cargo run ... -- COMMAND` line,
+/// only those after the command (cargo's own are not the command's).
+fn flags_in(text: &str) -> std::collections::BTreeSet<String> {
+    let mut flags = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let line = line.rsplit_once(" -- ").map_or(line, |(_, after)| after);
+        for (at, _) in line.match_indices("--") {
+            let before = line[..at].chars().last();
+            if before.is_some_and(|c| !(c.is_whitespace() || "`[(".contains(c))) {
+                continue;
+            }
+            let name: String = line[at + 2..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                .collect();
+            if name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                flags.insert(format!("--{name}"));
+            }
+        }
+    }
+    flags
+}
+
+/// docs/proxy.md's flag table, docs/server.md's `serve` line and the
+/// simulator's flags in docs/algorithms.md are the commands' own: the same
+/// flags, and the defaults `--help` states.
+#[test]
+fn the_docs_name_the_flags_and_defaults_the_commands_have() {
+    let read = |doc: &str| {
+        std::fs::read_to_string(repo_root().join(doc)).unwrap_or_else(|e| panic!("{doc}: {e}"))
+    };
+    let keys = |m: &std::collections::BTreeMap<String, Option<String>>| {
+        m.keys().cloned().collect::<std::collections::BTreeSet<_>>()
+    };
+
+    // The proxy: one row per flag, its default in the second column.
+    let proxy = flags_of("proxy");
+    let rows: Vec<(String, String)> = read("docs/proxy.md")
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `--"))
+        .map(|l| {
+            let mut cells = l.split(" | ");
+            let flag = cells.next().expect("a flag");
+            let flag = format!("--{}", flag.split([' ', '`']).next().expect("a name"));
+            (flag, cells.next().unwrap_or_default().to_string())
+        })
+        .collect();
+    let documented: std::collections::BTreeSet<_> = rows.iter().map(|(f, _)| f.clone()).collect();
+    assert_eq!(documented, keys(&proxy), "docs/proxy.md's flag table");
+    for (flag, default) in &rows {
+        if let Some(Some(stated)) = proxy.get(flag) {
+            assert!(
+                default.contains(&format!("`{stated}`")),
+                "docs/proxy.md: {flag} defaults to `{stated}`, the table says {default}"
+            );
+        }
+    }
+
+    // `serve`: its synopsis line.
+    let server = read("docs/server.md");
+    let line = server
+        .lines()
+        .find(|l| l.starts_with("| `spillway serve "))
+        .expect("the serve line");
+    assert_eq!(flags_in(line), keys(&flags_of("serve")), "{line}");
+
+    // `simulate`: every flag the guide names exists, and the defaults it
+    // quotes are the command's.
+    let simulate = flags_of("simulate");
+    let algorithms = read("docs/algorithms.md");
+    for flag in flags_in(&algorithms).into_iter().filter(|f| f != "--help") {
+        assert!(
+            simulate.contains_key(&flag),
+            "docs/algorithms.md names {flag}"
+        );
+    }
+    let quoted = algorithms
+        .split_once("the defaults `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(defaults, _)| defaults)
+        .expect("the defaults the guide quotes");
+    let words: Vec<&str> = quoted.split_whitespace().collect();
+    assert!(!words.is_empty());
+    for pair in words.chunks(2) {
+        let [flag, value] = pair else {
+            panic!("`{quoted}`: a flag without a value")
+        };
+        assert_eq!(
+            simulate.get(*flag),
+            Some(&Some(value.to_string())),
+            "docs/algorithms.md quotes {flag} {value}"
+        );
+    }
+}
+
+/// README.md's answers are the service's: each `curl ... /v1/check -d BODY`
+/// of "Try it", sent to `serve` on the sample, answers what the README
+/// shows, to within the milliseconds that pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_answers_are_the_services() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    // Each shell block that checks, with how many times it sends, and the
+    // last line of the text block after it.
+    let mut examples = Vec::new();
+    let mut rest = readme.as_str();
+    while let Some((_, after)) = rest.split_once("```sh\n") {
+        let (block, after) = after.split_once("```").expect("a closed block");
+        rest = after;
+        let Some((_, body)) = block.split_once("localhost:8080/v1/check -d '") else {
+            continue;
+        };
+        let body = body.split_once('\'').expect("a quoted body").0;
+        let times = if block.starts_with("for i in 1 2 3 4 5;") {
+            5
+        } else {
+            1
+        };
+        let shown = after
+            .trim_start()
+            .strip_prefix("```text\n")
+            .and_then(|t| t.split_once("```"))
+            .map(|(t, _)| t.trim_end().lines().last().unwrap_or_default().to_string());
+        if let Some(shown) = shown {
+            examples.push((body.to_string(), times, shown));
+        }
+    }
+    assert!(examples.len() >= 2, "README's examples: {examples:?}");
+
+    let server = Server::start(&["--listen", "127.0.0.1:0"], &repo_root());
+    let http = Http::new(server.addr);
+    // The milliseconds that pass between the README's run and this one.
+    fn timeless(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map.iter_mut() {
+                    if k.ends_with("_after_ms") && v.is_u64() {
+                        let ms = v.as_u64().expect("a number");
+                        *v = json!(format!("about {}s", ms.div_ceil(1000)));
+                    } else {
+                        timeless(v);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(timeless),
+            _ => {}
+        }
+    }
+    for (body, times, shown) in examples {
+        let body: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+        let mut answer = None;
+        for _ in 0..times {
+            answer = Some(http.check(body.clone()).await.json());
+        }
+        let mut answer = answer.expect("an answer");
+        let mut shown: serde_json::Value = serde_json::from_str(&shown).expect("a JSON answer");
+        timeless(&mut answer);
+        timeless(&mut shown);
+        assert_eq!(answer, shown, "README's answer to {body}");
+    }
 }

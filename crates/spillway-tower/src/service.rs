@@ -241,8 +241,9 @@ where
 }
 
 /// The answer to a request that rule `index` cannot key for lack of the
-/// client's address: a 500 saying how to fix it. Logged once per engine,
-/// reported to the observer every time.
+/// client's address: a 500 saying how to fix it. Said once per engine (in
+/// the log, or on stderr when the app has no `tracing` subscriber to hear
+/// it), reported to the observer every time.
 fn no_client_addr<St: Store, B>(
     engine: &Engine<St>,
     index: usize,
@@ -251,7 +252,11 @@ fn no_client_addr<St: Store, B>(
     let rule = engine.policy().rules()[index].name();
     let detail = response::missing_client_addr_detail(rule);
     if !engine.logged_missing_addr.swap(true, Ordering::Relaxed) {
-        tracing::error!(rule, "{detail}");
+        if nobody_hears_tracing() {
+            eprintln!("spillway-tower: error: {detail}");
+        } else {
+            tracing::error!(rule, "{detail}");
+        }
     }
     if let Some(observer) = engine.observer() {
         observer.observe(rule, RuleOutcome::Error, None);
@@ -260,6 +265,12 @@ fn no_client_addr<St: Store, B>(
         return response::grpc_status(13, &detail);
     }
     response::problem(StatusCode::INTERNAL_SERVER_ERROR, &detail)
+}
+
+/// Whether no `tracing` subscriber would record an event here: an app that
+/// never set one up, where a logged misconfiguration is never seen.
+fn nobody_hears_tracing() -> bool {
+    tracing::dispatcher::get_default(|d| d.is::<tracing::subscriber::NoSubscriber>())
 }
 
 /// What a request is served on: its outcome, and what of its ruling the
@@ -491,5 +502,35 @@ impl<St: Store + 'static> Drop for GiveBackOnDrop<St> {
                 tracing::warn!(error = %e, "could not give back a dropped request's charge");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nobody_hears_tracing;
+
+    /// A subscriber that records nothing, but is one.
+    struct Listening;
+
+    impl tracing::Subscriber for Listening {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// The missing-address error goes to stderr in an app without a
+    /// subscriber, and to the log in one with a subscriber.
+    #[test]
+    fn an_app_without_a_subscriber_is_told_on_stderr() {
+        assert!(nobody_hears_tracing());
+        tracing::subscriber::with_default(Listening, || assert!(!nobody_hears_tracing()));
     }
 }

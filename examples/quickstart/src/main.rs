@@ -1,7 +1,7 @@
 //! Every algorithm on the same short burst, with the numbers a client would
 //! see in its headers.
 //!
-//! Run with: `cargo run --release -p spillway --example quickstart`
+//! Run with: `cargo run --release -p example-quickstart`
 //!
 //! The clock is a `FakeClock`, so the run is instant and the same every time:
 //! each algorithm gets a quota of 4 per second (token and leaky buckets hold 4)
