@@ -715,9 +715,9 @@ impl Config {
     /// it names, relative to its directory).
     pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
         let text = read_text(path).map_err(|(line, message)| ConfigError {
-            file: None,
+            file: Some(path.to_path_buf()),
             line,
-            field: path.display().to_string(),
+            field: "(file)".into(),
             message,
         })?;
         Self::parse_in(&text, path.parent().unwrap_or(Path::new(""))).map_err(|e| e.in_file(path))
