@@ -76,6 +76,23 @@ impl SlotMap {
         }
     }
 
+    /// For each master, the lowest slot it serves, in ascending order: a
+    /// name for each master that a slot map fetched later still gives it,
+    /// unless the cluster moved that slot.
+    fn first_slots(&self) -> Vec<u16> {
+        let mut first = vec![NONE; self.nodes.len()];
+        for (slot, &owner) in self.owners.iter().enumerate() {
+            if let Some(f) = first.get_mut(usize::from(owner))
+                && *f == NONE
+            {
+                *f = u16::try_from(slot).unwrap_or(NONE);
+            }
+        }
+        first.retain(|&f| f != NONE);
+        first.sort_unstable();
+        first
+    }
+
     /// The map after a MOVED: `slot` served by `addr`.
     fn moved(&self, slot: u16, addr: &Addr) -> Self {
         let mut nodes = self.nodes.clone();
@@ -251,6 +268,11 @@ impl Cluster {
         };
         cluster.shared.refresh().await?;
         Ok(cluster)
+    }
+
+    /// Each master's lowest slot, ascending (see `SlotMap::first_slots`).
+    pub(crate) fn master_slots(&self) -> Vec<u16> {
+        self.shared.map.read().first_slots()
     }
 
     /// [`run`](Self::run) within `within`. A call with no answer in time

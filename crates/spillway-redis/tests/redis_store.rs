@@ -1676,3 +1676,93 @@ async fn an_admission_reports_what_the_answering_node_decided() {
         "narrow: Redis charged it"
     );
 }
+
+/// Every key of `rule` that `s.keys` lists, page by page, until its cursor
+/// ends: each key once per page it is on.
+async fn list_all(s: &RedisStore, rule: RuleId, count: usize) -> Vec<String> {
+    let mut all = Vec::new();
+    let mut cursor = spillway_redis::KeyCursor::default();
+    for _ in 0..10_000 {
+        let (page, next) = s.keys(rule, cursor, count).await.expect("a page");
+        all.extend(page);
+        match next {
+            // The cursor goes through its text form, as the admin API's.
+            Some(next) => cursor = next.to_string().parse().expect("a cursor"),
+            None => return all,
+        }
+    }
+    panic!("the listing never ended");
+}
+
+/// The keys a rule holds are listed, unescaped, on one server and across
+/// a cluster's masters; another rule's keys, and the same rule's under
+/// another window, are not.
+#[tokio::test]
+async fn the_keys_a_rule_holds_are_listed_on_a_server_and_a_cluster() {
+    let hour = Duration::from_secs(3600);
+    let rules = || {
+        vec![
+            Rule::new("listed", FixedWindow::new(per(10, hour))),
+            Rule::new("other", FixedWindow::new(per(10, hour))),
+        ]
+    };
+    // Keys with the characters the Redis key escapes, and a glob's.
+    let mut keys: Vec<String> = (0..300)
+        .map(|i| format!("ip=10.0.{}.{}", i / 256, i % 256))
+        .collect();
+    keys.extend(["a:b", "{tag}", "100%", "x*y?[z]"].map(String::from));
+    let check = |s: &RedisStore, rule: usize, key: &str| {
+        let s = s.clone();
+        let key = key.to_string();
+        async move {
+            let c = [Check {
+                rule: RuleId(rule),
+                key: &key,
+                cost: 1,
+            }];
+            s.check(&c).await.expect("a decision");
+        }
+    };
+    let mut expected = keys.clone();
+    expected.sort();
+
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let s = store(&server, rules(), RedisOptions::default()).await;
+    for key in &keys {
+        check(&s, 0, key).await;
+    }
+    check(&s, 1, "ip=9.9.9.9").await;
+    for count in [7, 1000] {
+        let mut listed = list_all(&s, RuleId(0), count).await;
+        listed.sort();
+        listed.dedup();
+        assert_eq!(listed, expected, "pages of {count}");
+    }
+    // The same rule under another window keeps other keys: not listed.
+    let moved = RedisStore::connect(
+        Topology::Standalone(server.url()),
+        vec![Rule::new("listed", FixedWindow::new(per(10, hour * 2)))],
+        RedisOptions::default(),
+    )
+    .await
+    .expect("connects");
+    assert!(list_all(&moved, RuleId(0), 100).await.is_empty());
+    assert!(s.holds(RuleId(0), "a:b").await.expect("an answer"));
+    assert!(!s.holds(RuleId(0), "nobody").await.expect("an answer"));
+    assert!("1-x".parse::<spillway_redis::KeyCursor>().is_err());
+
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let s = cluster_store(&cluster, rules(), RedisOptions::default()).await;
+    for key in &keys {
+        check(&s, 0, key).await;
+    }
+    check(&s, 1, "ip=9.9.9.9").await;
+    let mut listed = list_all(&s, RuleId(0), 50).await;
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed, expected, "across the masters");
+}

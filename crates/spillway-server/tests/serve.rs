@@ -747,6 +747,121 @@ async fn the_admin_api_reads_and_resets_a_key_under_every_tier() {
     assert_eq!(a.content_type(), "application/problem+json");
 }
 
+/// `GET /admin/rules` lists every rule with its quotas; a rule's keys are
+/// listed in pages, each key once under each quota it is held in; a peek
+/// says whether the store holds the key.
+#[tokio::test]
+async fn the_admin_api_lists_the_rules_and_pages_through_the_keys() {
+    let app = app(state().await);
+    let auth = [("authorization", "Bearer s3cret")];
+    let v = call(&app, Method::GET, "/admin/rules", &auth, "")
+        .await
+        .json();
+    assert_eq!(v["store"], "memory");
+    let names: Vec<&str> = v["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| r["name"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(&names[..3], ["login", "per-key", "shadowed"]);
+    let per_key = &v["rules"][1];
+    assert_eq!(per_key["action"], "reject");
+    assert_eq!(
+        per_key["quotas"],
+        json!([
+            {"store_rule": "per-key", "tier": null, "algorithm": "sliding_log", "limit": 2,
+             "window_ms": 3_600_000, "capacity": 2, "mode": null, "held_keys": 0},
+            {"store_rule": "per-key@pro", "tier": "pro", "algorithm": "sliding_log", "limit": 5,
+             "window_ms": 3_600_000, "capacity": 5, "mode": null, "held_keys": 0},
+        ])
+    );
+
+    // 250 keys on the default quota, 3 on the pro tier's.
+    let mut expected = std::collections::BTreeSet::new();
+    for i in 0..250 {
+        let key = format!("api_key=k{i}");
+        check(&app, json!({"rule": "per-key", "key": key})).await;
+        expected.insert((key, None));
+    }
+    for key in ["api_key=pro-key"] {
+        for _ in 0..3 {
+            check(&app, json!({"rule": "per-key", "key": key})).await;
+        }
+        expected.insert((key.to_string(), Some("pro".to_string())));
+    }
+    let v = call(&app, Method::GET, "/admin/rules", &auth, "")
+        .await
+        .json();
+    assert_eq!(v["rules"][1]["quotas"][0]["held_keys"], 250);
+    assert_eq!(v["rules"][1]["quotas"][1]["held_keys"], 1);
+
+    let mut listed = Vec::new();
+    let mut uri = "/admin/rules/per-key/keys?limit=100".to_string();
+    let mut pages = 0;
+    loop {
+        let a = call(&app, Method::GET, &uri, &auth, "").await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        let page = a.json();
+        pages += 1;
+        assert!(page["keys"].as_array().expect("keys").len() <= 100);
+        for k in page["keys"].as_array().expect("keys") {
+            listed.push((
+                k["key"].as_str().expect("a key").to_string(),
+                k["tier"].as_str().map(String::from),
+            ));
+        }
+        match page["next"].as_str() {
+            Some(next) => {
+                let next: String = next
+                    .bytes()
+                    .map(|b| match b {
+                        b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z' | b'.' | b'_' | b'-' => {
+                            (b as char).to_string()
+                        }
+                        _ => format!("%{b:02X}"),
+                    })
+                    .collect();
+                uri = format!("/admin/rules/per-key/keys?limit=100&cursor={next}");
+            }
+            None => break,
+        }
+        assert!(pages < 10, "the listing ends");
+    }
+    // Full pages until the last: 253 keys in three.
+    assert_eq!(pages, 3);
+    let unique: std::collections::BTreeSet<_> = listed.iter().cloned().collect();
+    assert_eq!(unique.len(), listed.len(), "each key once");
+    assert_eq!(unique, expected);
+
+    // A peek of a key held, and of one the store does not hold.
+    let held = call(
+        &app,
+        Method::GET,
+        "/admin/rules/per-key/keys/api_key=k7",
+        &auth,
+        "",
+    )
+    .await
+    .json();
+    assert_eq!(
+        (held["held"].clone(), held["quotas"][0]["held"].clone()),
+        (json!(true), json!(true))
+    );
+    assert_eq!(held["quotas"][1]["held"], false);
+    let nobody = call(
+        &app,
+        Method::GET,
+        "/admin/rules/per-key/keys/api_key=nobody",
+        &auth,
+        "",
+    )
+    .await
+    .json();
+    assert_eq!(nobody["held"], false, "{nobody}");
+    assert_eq!(nobody["quotas"][0]["remaining"], 2);
+}
+
 // ---- the OpenAPI document ---------------------------------------------
 
 fn openapi_file() -> Value {
@@ -883,6 +998,8 @@ async fn every_documented_path_answers_as_documented() {
         "/readyz",
         "/metrics",
         "/openapi.json",
+        "/admin/rules",
+        "/admin/rules/{rule}/keys",
         "/admin/rules/{rule}/keys/{key}",
     ]
     .into();
@@ -946,6 +1063,28 @@ async fn every_documented_path_answers_as_documented() {
         String::new(),
         vec![],
         200,
+    );
+    let rules = "/admin/rules";
+    add(rules, "get", rules, String::new(), auth.to_vec(), 200);
+    add(rules, "get", rules, String::new(), vec![], 401);
+    let keys = "/admin/rules/{rule}/keys";
+    for (uri, status) in [
+        ("/admin/rules/login/keys", 200),
+        ("/admin/rules/per-key/keys?limit=1", 200),
+        ("/admin/rules/login/keys?limit=0", 400),
+        ("/admin/rules/login/keys?cursor=x", 400),
+        ("/admin/rules/login/keys?page=2", 400),
+        ("/admin/rules/nope/keys", 404),
+    ] {
+        add(keys, "get", uri, String::new(), auth.to_vec(), status);
+    }
+    add(
+        keys,
+        "get",
+        "/admin/rules/login/keys",
+        String::new(),
+        vec![],
+        401,
     );
     let admin = "/admin/rules/{rule}/keys/{key}";
     for method in ["get", "delete"] {

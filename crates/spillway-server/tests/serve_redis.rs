@@ -115,6 +115,35 @@ async fn the_api_works_on_redis() {
     let v = admin(Method::GET).await.json();
     assert_eq!(v["quotas"][0]["remaining"], 0);
     assert_eq!(v["quotas"][1]["store_rule"], "per-key@pro");
+    assert_eq!(
+        (v["held"].clone(), v["quotas"][1]["held"].clone()),
+        (json!(true), json!(false))
+    );
+    // The listing pages through Redis's SCAN: every key held, with its tier.
+    let mut listed = Vec::new();
+    let mut uri = "/admin/rules/per-key/keys?limit=1".to_string();
+    for _ in 0..100 {
+        let page = http
+            .send(Method::GET, &uri, &auth, Bytes::new())
+            .await
+            .json();
+        for k in page["keys"].as_array().expect("keys") {
+            listed.push((k["key"].clone(), k["tier"].clone()));
+        }
+        match page["next"].as_str() {
+            Some(next) => uri = format!("/admin/rules/per-key/keys?limit=1&cursor={next}"),
+            None => break,
+        }
+    }
+    listed.sort_by_key(|k| k.0.to_string());
+    listed.dedup();
+    assert_eq!(
+        listed,
+        [
+            (json!("api_key=k"), json!(null)),
+            (json!("api_key=pro-key"), json!("pro"))
+        ]
+    );
     let v = admin(Method::DELETE).await.json();
     assert_eq!(v["reset"], json!(["per-key", "per-key@pro"]));
     assert_eq!(v["held"], true);

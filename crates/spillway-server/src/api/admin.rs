@@ -1,8 +1,8 @@
-//! The admin API under `/admin`: inspect and reset a key, behind the
-//! admin token.
+//! The admin API under `/admin`: list the rules and the keys a rule holds,
+//! inspect and reset a key, behind the admin token.
 
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Request, State as Extract};
+use axum::extract::{Path, Query, Request, State as Extract};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
@@ -126,17 +126,194 @@ pub(super) async fn key(
                 return unavailable(format!("The store could not answer: {e}.")).into_response();
             }
         };
+        let held = match holds(&engine, id, &key).await {
+            Ok(held) => held,
+            Err(response) => return *response,
+        };
         quotas.push(json!({
             "store_rule": engine.store().rules()[id.0].name(),
             "tier": tier,
+            "held": held,
             "limit": d.limit,
             "remaining": d.remaining,
             "reset_after_ms": ms(d.reset_after),
         }));
     }
+    let held = quotas.iter().any(|q| q["held"] == true);
     json_response(
         StatusCode::OK,
-        &json!({ "rule": rule, "key": key, "quotas": quotas }),
+        &json!({ "rule": rule, "key": key, "held": held, "quotas": quotas }),
+    )
+}
+
+/// Whether the store holds `key` under store rule `id`: has counted any of
+/// its quota that has not come back.
+async fn holds(engine: &Loaded, id: RuleId, key: &str) -> Result<bool, Box<Response>> {
+    let store = engine.store();
+    match (store.memory(), store.redis()) {
+        (Some(memory), _) => Ok(memory.holds(id, key)),
+        (None, Some(redis)) => redis.holds(id, key).await.map_err(|e| {
+            Box::new(unavailable(format!("The store could not answer: {e}.")).into_response())
+        }),
+        (None, None) => Ok(false),
+    }
+}
+
+/// `GET /admin/rules`: every rule, in the configuration's order, with its
+/// quotas (the default, then each tier's) and, in memory, how many keys
+/// each holds.
+pub(super) async fn rules(Extract(state): Extract<State>) -> Response {
+    let engine = state.live.current();
+    let policy = engine.layer.policy();
+    let store = engine.store();
+    let rules: Vec<_> = policy
+        .rules()
+        .iter()
+        .enumerate()
+        .map(|(index, rule)| {
+            let quotas: Vec<_> = store_rules_of(&engine, index)
+                .into_iter()
+                .map(|(id, tier)| {
+                    let r = &store.rules()[id.0];
+                    let a = r.algorithm();
+                    let quota = spillway::Algorithm::quota(a);
+                    let mode = match a {
+                        spillway::algorithm::AnyAlgorithm::LeakyBucket(b) => Some(match b.mode() {
+                            spillway::algorithm::LeakyMode::Shape => "shape",
+                            spillway::algorithm::LeakyMode::Police => "police",
+                        }),
+                        _ => None,
+                    };
+                    json!({
+                        "store_rule": r.name(),
+                        "tier": tier,
+                        "algorithm": a.name(),
+                        "limit": quota.limit().get(),
+                        "window_ms": ms(quota.period()),
+                        "capacity": spillway::Algorithm::capacity(a),
+                        "mode": mode,
+                        "held_keys": store.memory().map(|m| m.len(id)),
+                    })
+                })
+                .collect();
+            json!({
+                "name": rule.name(),
+                "action": rule.on_deny().name(),
+                "quotas": quotas,
+            })
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({ "store": if store.memory().is_some() { "memory" } else { "redis" }, "rules": rules }),
+    )
+}
+
+/// The query of a key listing.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Listing {
+    /// The most keys a page holds: 1 to 1000, 100 when absent.
+    limit: Option<usize>,
+    /// Where the page before ended (its `next`).
+    cursor: Option<String>,
+}
+
+/// The most keys one page of a listing holds.
+const MAX_PAGE: usize = 1000;
+
+/// `GET /admin/rules/{rule}/keys`: a page of the keys the rule holds,
+/// under each of its quotas in turn, and the cursor of the next page
+/// (`null` at the end). In memory a page is full unless it is the last; on
+/// Redis it is one `SCAN` step, which may be shorter (even empty) before
+/// the end.
+pub(super) async fn keys(
+    Extract(state): Extract<State>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<Listing>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let rule = match path {
+        Ok(Path(rule)) => rule,
+        Err(rejection) => return problem(rejection.status(), rejection.body_text()),
+    };
+    let Listing { limit, cursor } = match query {
+        Ok(Query(q)) => q,
+        Err(rejection) => return problem(StatusCode::BAD_REQUEST, rejection.body_text()),
+    };
+    let limit = limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            format!("`limit` must be between 1 and {MAX_PAGE}."),
+        );
+    }
+    let engine = state.live.current();
+    let Some(index) = rule_index(&engine, &rule) else {
+        return problem(StatusCode::NOT_FOUND, format!("No rule named `{rule}`."));
+    };
+    let quotas = store_rules_of(&engine, index);
+    // `QUOTA.WHERE`: the quota's place among the rule's, and where in it.
+    let bad_cursor = || problem(StatusCode::BAD_REQUEST, "`cursor` is not one a page gave.");
+    let (mut at, mut inner) = match cursor.as_deref() {
+        None | Some("") => (0, String::new()),
+        Some(c) => match c
+            .split_once('.')
+            .and_then(|(q, rest)| Some((q.parse::<usize>().ok()?, rest)))
+        {
+            Some((q, rest)) if q < quotas.len() => (q, rest.to_string()),
+            _ => return bad_cursor(),
+        },
+    };
+    let store = engine.store();
+    let mut page = Vec::new();
+    let next = loop {
+        let (id, tier) = &quotas[at];
+        let (found, more) = match (store.memory(), store.redis()) {
+            (Some(memory), _) => {
+                let after = (!inner.is_empty()).then_some(inner.as_str());
+                let (found, more) = memory.keys(*id, after, limit - page.len());
+                let last = found.last().cloned();
+                (found, more.then(|| last.unwrap_or_default()))
+            }
+            (None, Some(redis)) => {
+                let Ok(cursor) = (if inner.is_empty() {
+                    Ok(Default::default())
+                } else {
+                    inner.parse()
+                }) else {
+                    return bad_cursor();
+                };
+                match redis.keys(*id, cursor, limit - page.len()).await {
+                    Ok((found, next)) => (found, next.map(|c| c.to_string())),
+                    Err(e) => {
+                        return unavailable(format!("The store could not list the keys: {e}."))
+                            .into_response();
+                    }
+                }
+            }
+            (None, None) => (Vec::new(), None),
+        };
+        page.extend(
+            found
+                .into_iter()
+                .map(|key| json!({ "key": key, "tier": tier })),
+        );
+        match more {
+            Some(rest) => break Some(format!("{at}.{rest}")),
+            None if at + 1 < quotas.len() => {
+                at += 1;
+                inner.clear();
+                // A Redis page is one step: the next quota is the next page's.
+                if store.memory().is_none() || page.len() == limit {
+                    break Some(format!("{at}."));
+                }
+            }
+            None => break None,
+        }
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({ "rule": rule, "keys": page, "next": next }),
     )
 }
 

@@ -93,6 +93,8 @@ pub(crate) fn admin_routes(state: State) -> Router {
 
 fn router(state: State, with_check: bool) -> Router {
     let admin = Router::new()
+        .route("/rules", get(admin::rules))
+        .route("/rules/{rule}/keys", get(admin::keys))
         .route(
             "/rules/{rule}/keys/{*key}",
             get(admin::key).delete(admin::reset),

@@ -561,6 +561,58 @@ impl<C: Clock> MemoryStore<C> {
         })
     }
 
+    /// Whether `rule` holds `key` in a state that is not idle: whether it
+    /// has used any of its quota that has not come back yet.
+    pub fn holds(&self, rule: super::RuleId, key: &str) -> bool {
+        let (Some(table), Some(r)) = (self.tables.get(rule.0), self.rules.get(rule.0)) else {
+            return false;
+        };
+        let hash = table.hash(key);
+        table
+            .lock(table.shard_of(hash))
+            .holds(r.algorithm(), key, hash, self.clock.now())
+    }
+
+    /// Up to `limit` of the keys `rule` holds (idle ones left out), listed
+    /// from just after `after`, the last key of the page before; and whether
+    /// more may follow. The order is the store's own (it is not sorted): a
+    /// key held from the first page to the last is listed exactly once, one
+    /// added or forgotten meanwhile may or may not be. A listing that spans
+    /// a restart, or a reload that starts the rule afresh, starts over.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::FixedWindow;
+    /// use spillway::clock::FakeClock;
+    /// use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId};
+    /// use spillway::Quota;
+    ///
+    /// let rule = Rule::new("a", FixedWindow::new(Quota::per_minute(NonZeroU32::new(5).unwrap())));
+    /// let store = MemoryStore::with_clock(vec![rule], MemoryOptions::default(), FakeClock::new(0));
+    /// for key in ["k1", "k2", "k3"] {
+    ///     store.check_now(&[Check { rule: RuleId(0), key, cost: 1 }]).unwrap();
+    /// }
+    /// let (first, more) = store.keys(RuleId(0), None, 2);
+    /// assert!(more);
+    /// let (rest, more) = store.keys(RuleId(0), first.last().map(String::as_str), 2);
+    /// assert!(!more);
+    /// let mut all = [first, rest].concat();
+    /// all.sort();
+    /// assert_eq!(all, ["k1", "k2", "k3"]);
+    /// ```
+    pub fn keys(
+        &self,
+        rule: super::RuleId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<String>, bool) {
+        let (Some(table), Some(r)) = (self.tables.get(rule.0), self.rules.get(rule.0)) else {
+            return (Vec::new(), false);
+        };
+        let (keys, more) = table.keys_after(r.algorithm(), self.clock.now(), after, limit);
+        (keys.into_iter().map(String::from).collect(), more)
+    }
+
     /// How many keys `rule` holds.
     pub fn len(&self, rule: super::RuleId) -> usize {
         self.tables.get(rule.0).map_or(0, |t| t.len())

@@ -443,6 +443,39 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
     }
 }
 
+impl<K: Hash + Eq + Ord + Clone + Borrow<str>, S: Default + SharedState> Table<K, S> {
+    /// Up to `limit` of the keys `alg` does not find idle at `now`, in the
+    /// listing's order (by shard, then by key), from just after `after` (the
+    /// last key of the page before, held or not); and whether more may
+    /// follow. A key held from the first page to the last is listed once;
+    /// one added or dropped meanwhile may or may not be.
+    pub(crate) fn keys_after<A: Algorithm<State = S>>(
+        &self,
+        alg: &A,
+        now: Micros,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<K>, bool) {
+        let first = after.map_or(0, |a| self.shard_of(self.hash(a)));
+        let mut page = Vec::new();
+        for i in first..self.shards.len() {
+            let mut keys = self.lock(i).live_keys(alg, now);
+            keys.sort_unstable();
+            let skip = match after {
+                Some(a) if i == first => keys.partition_point(|k| k.borrow() <= a),
+                _ => 0,
+            };
+            for key in keys.drain(skip..) {
+                if page.len() == limit {
+                    return (page, true);
+                }
+                page.push(key);
+            }
+        }
+        (page, false)
+    }
+}
+
 /// A locked shard, with what it needs to rehash and sweep.
 pub(crate) struct ShardGuard<'a, K, S: SharedState> {
     shard: RwLockWriteGuard<'a, Shard<K, S>>,
@@ -784,6 +817,32 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
             }
             Err(_) => false,
         }
+    }
+
+    /// Whether this shard holds `key` (whose hash is `hash`) in a state
+    /// `alg` does not find idle at `now`.
+    pub(crate) fn holds<A, Q>(&mut self, alg: &A, key: &Q, hash: u64, now: Micros) -> bool
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        self.shard
+            .entries
+            .find_mut(hash, |e| e.0.borrow() == key)
+            .is_some_and(|e| S::with_mut(&mut e.1, |s| alg.idle_at(s)) > now)
+    }
+
+    /// The keys of this shard that `alg` does not find idle at `now`.
+    fn live_keys<A: Algorithm<State = S>>(&mut self, alg: &A, now: Micros) -> Vec<K>
+    where
+        K: Clone,
+    {
+        self.shard
+            .entries
+            .iter_mut()
+            .filter_map(|e| (S::with_mut(&mut e.1, |s| alg.idle_at(s)) > now).then(|| e.0.clone()))
+            .collect()
     }
 
     /// Drops every idle key, and gives memory back when most are gone.
