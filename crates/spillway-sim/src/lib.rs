@@ -12,7 +12,7 @@
 //! - [`run()`]: one scenario through one algorithm;
 //! - [`measure`]: what is measured, and how the error against the exact
 //!   sliding log is defined;
-//! - [`report`], [`chart`]: the table, JSON, index.html and SVG charts;
+//! - [`report`], [`chart`], `page`: the table, JSON, index.html and SVG charts;
 //! - [`simulate()`]: the whole command.
 //!
 //! ```
@@ -33,6 +33,7 @@ pub mod chart;
 mod contender;
 mod error;
 pub mod measure;
+mod page;
 pub mod report;
 mod rng;
 pub mod run;
