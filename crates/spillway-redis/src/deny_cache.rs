@@ -70,6 +70,12 @@ impl DenyCache {
             .retry_after
             .map(|r| r.saturating_sub(waited).max(Duration::from_micros(1)));
         d.reset_after = d.reset_after.saturating_sub(waited);
+        if !d.refill_after.is_zero() {
+            d.refill_after = d
+                .refill_after
+                .saturating_sub(waited)
+                .max(Duration::from_micros(1));
+        }
         Some(d)
     }
 
@@ -118,6 +124,7 @@ mod tests {
             limit: 1,
             remaining: 0,
             reset_after: retry_after,
+            refill_after: retry_after,
             retry_after: Some(retry_after),
             delay: Duration::ZERO,
         }

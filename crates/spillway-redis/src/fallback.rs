@@ -110,6 +110,7 @@ impl RedisStore {
                         limit: share(c),
                         remaining: 0,
                         reset_after: retry_after,
+                        refill_after: retry_after,
                         retry_after: Some(retry_after),
                         delay: std::time::Duration::ZERO,
                     }

@@ -427,6 +427,7 @@ fn unknown(capacity: u64) -> Decision {
         limit: capacity,
         remaining: capacity,
         reset_after: Duration::ZERO,
+        refill_after: Duration::ZERO,
         retry_after: None,
         delay: Duration::ZERO,
     }

@@ -7,7 +7,7 @@
 //! parameters and the cost (see `scripts/driver.lua`); of a single-check
 //! script: only the parameters its algorithm reads, then the cost. The
 //! reply, either way: whether the request was admitted, the server's time,
-//! then six numbers per check.
+//! then seven numbers per check.
 
 use std::time::Duration;
 
@@ -200,7 +200,7 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
 /// The reply, decoded: admitted, the server's time (µs), one decision per
 /// check.
 pub(crate) fn decode(reply: &[i64], checks: usize) -> Result<(bool, u64, Vec<Decision>), Error> {
-    if reply.len() != 2 + 6 * checks {
+    if reply.len() != 2 + 7 * checks {
         return Err(Error::Reply(format!(
             "{} numbers for {checks} checks",
             reply.len()
@@ -208,14 +208,15 @@ pub(crate) fn decode(reply: &[i64], checks: usize) -> Result<(bool, u64, Vec<Dec
     }
     let micros = |v: i64| Duration::from_micros(v.max(0) as u64);
     let decisions = reply[2..]
-        .chunks_exact(6)
+        .chunks_exact(7)
         .map(|d| Decision {
             allowed: d[0] == 1,
             limit: d[1].max(0) as u64,
             remaining: d[2].max(0) as u64,
             reset_after: micros(d[3]),
-            retry_after: (d[4] >= 0).then(|| micros(d[4])),
-            delay: micros(d[5]),
+            refill_after: micros(d[4]),
+            retry_after: (d[5] >= 0).then(|| micros(d[5])),
+            delay: micros(d[6]),
         })
         .collect();
     Ok((reply[0] == 1, reply[1].max(0) as u64, decisions))

@@ -75,15 +75,18 @@ pub fn retry_after_secs(d: Duration) -> u64 {
 /// `Retry-After`.
 pub(crate) const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// `RateLimit`'s `t` for `decision`: the effective window
-/// (draft-ietf-httpapi-ratelimit-headers-11, §4.1.2). Admitted, the time
-/// until the quota is full again. Denied, the `Retry-After` number: "the
-/// Retry-After field value SHOULD NOT reference a point in time earlier
-/// than the end of the effective window" (§6), and until then the client
-/// can use none of it.
+/// `RateLimit`'s `t` for `decision`: in draft-ietf-httpapi-ratelimit-headers-11,
+/// "the number of seconds until additional quota associated with the quota
+/// policy is made available" (earlier drafts said "until the quota
+/// resets"; the change is for sliding windows, whose quota comes back
+/// before the whole window has passed). Admitted, the time until one more
+/// unit than `r` fits ([`Decision::refill_after`]). Denied, the
+/// `Retry-After` number: "the Retry-After field value SHOULD NOT reference a
+/// point in time earlier than the end of the effective window", and until
+/// then the request cannot be made.
 fn effective_window_secs(decision: &Decision) -> u64 {
     if decision.allowed {
-        ceil_secs(decision.reset_after)
+        ceil_secs(decision.refill_after)
     } else {
         retry_after_secs(decision.retry_after.unwrap_or(UNKNOWN_RETRY_AFTER))
     }
@@ -325,6 +328,7 @@ mod tests {
             limit,
             remaining: 1,
             reset_after: Duration::from_secs(5),
+            refill_after: Duration::from_secs(2),
             retry_after: None,
             delay: Duration::ZERO,
         }

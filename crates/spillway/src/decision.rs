@@ -14,8 +14,17 @@ pub struct Decision {
     pub limit: u64,
     /// How much more cost would be admitted right now, after this decision.
     pub remaining: u64,
-    /// Time until the key's state is back to empty (window) or full (bucket).
+    /// Time until the key's state is back to empty (window) or full (bucket):
+    /// until the whole quota is back, if nothing else arrives.
     pub reset_after: Duration,
+    /// Time until more than `remaining` is available: until the quota gives
+    /// back its next unit, if nothing else arrives; zero when it is whole.
+    /// What draft-ietf-httpapi-ratelimit-headers-11 calls the `t` of the
+    /// `RateLimit` field ("the number of seconds until additional quota is
+    /// made available"). At most [`reset_after`](Self::reset_after): at most
+    /// one window, except for the sliding window counter, whose count
+    /// weighs on the next window too: up to two.
+    pub refill_after: Duration,
     /// Only on a denial: the exact wait until a request of the same cost
     /// would be admitted, if nothing else arrives meanwhile.
     pub retry_after: Option<Duration>,
@@ -25,23 +34,31 @@ pub struct Decision {
 }
 
 impl Decision {
-    pub(crate) fn allow(limit: u64, remaining: u64, reset_after: u64) -> Self {
+    pub(crate) fn allow(limit: u64, remaining: u64, reset_after: u64, refill_after: u64) -> Self {
         Self {
             allowed: true,
             limit,
             remaining,
             reset_after: Duration::from_micros(reset_after),
+            refill_after: Duration::from_micros(refill_after),
             retry_after: None,
             delay: Duration::ZERO,
         }
     }
 
-    pub(crate) fn deny(limit: u64, remaining: u64, reset_after: u64, retry_after: u64) -> Self {
+    pub(crate) fn deny(
+        limit: u64,
+        remaining: u64,
+        reset_after: u64,
+        refill_after: u64,
+        retry_after: u64,
+    ) -> Self {
         Self {
             allowed: false,
             limit,
             remaining,
             reset_after: Duration::from_micros(reset_after),
+            refill_after: Duration::from_micros(refill_after),
             retry_after: Some(Duration::from_micros(retry_after)),
             delay: Duration::ZERO,
         }

@@ -206,11 +206,19 @@ impl ContinuousBucket {
             self.tokens -= need;
         }
         let micros = |v: u128| Duration::from_micros(u64::try_from(v).expect("small"));
+        let remaining = self.tokens / self.period;
+        // The next whole token, unless the bucket is full.
+        let next = if remaining < self.burst {
+            micros(((remaining + 1) * self.period - self.tokens).div_ceil(self.limit))
+        } else {
+            Duration::ZERO
+        };
         Decision {
             allowed,
             limit: u64::try_from(self.burst).expect("small"),
-            remaining: u64::try_from(self.tokens / self.period).expect("small"),
+            remaining: u64::try_from(remaining).expect("small"),
             reset_after: micros((full - self.tokens).div_ceil(self.limit)),
+            refill_after: next,
             retry_after: (!allowed).then(|| micros((need - self.tokens).div_ceil(self.limit))),
             delay: Duration::ZERO,
         }
@@ -420,6 +428,7 @@ fn decisions_are_exact(
     let cap = alg.capacity();
     let shaping = matches!(alg, AnyAlgorithm::LeakyBucket(lb) if lb.mode() == LeakyMode::Shape);
     let mut state = AnyState::default();
+    let mut latest = 0;
     for (&(t, cost), &(x, probe_cost)) in timeline(start, ops).iter().zip(probes) {
         // Cost 0 peeks: allowed, nothing to wait for.
         let now = peek(alg, &state, t);
@@ -449,6 +458,48 @@ fn decisions_are_exact(
             let full = peek(alg, &state, t + reset);
             prop_assert_eq!((full.remaining, full.reset_after), (cap, Duration::ZERO));
             prop_assert!(peek(alg, &state, t + reset - 1).remaining < cap);
+        }
+
+        // `refill_after` is exact: one more unit fits then, not a
+        // microsecond before (once `remaining` has reached the capacity
+        // nothing more comes), and it is never after the full reset. Unless
+        // the clock went back past the state, it is within a window, or for
+        // the sliding window counter two (a unit counted in this window
+        // weighs until the next one ends).
+        let refill = us(now.refill_after);
+        prop_assert_eq!(
+            refill == 0,
+            left == cap,
+            "refill_after {} remaining {}",
+            refill,
+            left
+        );
+        prop_assert!(
+            refill <= reset,
+            "refill_after {} reset_after {}",
+            refill,
+            reset
+        );
+        let w = alg.quota().period_micros();
+        let windows = if matches!(alg, AnyAlgorithm::SlidingWindow(_)) {
+            2
+        } else {
+            1
+        };
+        if t >= latest {
+            prop_assert!(
+                refill <= windows * w,
+                "refill_after {} window {} at {} in {:?}",
+                refill,
+                w,
+                t,
+                state
+            );
+        }
+        latest = latest.max(t);
+        if refill > 0 {
+            prop_assert!(peek(alg, &state, t + refill).remaining > left);
+            prop_assert_eq!(peek(alg, &state, t + refill - 1).remaining, left);
         }
 
         // Waiting never takes capacity away; a clock set back never frees any.
@@ -481,8 +532,8 @@ fn decisions_are_exact(
             // It reports the state after the charge.
             let after = peek(alg, &state, t);
             prop_assert_eq!(
-                (d.remaining, d.reset_after),
-                (after.remaining, after.reset_after)
+                (d.remaining, d.reset_after, d.refill_after),
+                (after.remaining, after.reset_after, after.refill_after)
             );
         } else {
             prop_assert!(cost > 0);
@@ -504,8 +555,8 @@ fn decisions_are_exact(
             );
             // A denial reports the state as it stands, and changes nothing.
             prop_assert_eq!(
-                (d.remaining, d.reset_after),
-                (now.remaining, now.reset_after)
+                (d.remaining, d.reset_after, d.refill_after),
+                (now.remaining, now.reset_after, now.refill_after)
             );
             prop_assert_eq!(peek(alg, &state, t), now);
             let later = t + x;

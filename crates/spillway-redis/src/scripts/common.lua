@@ -11,9 +11,10 @@
 -- ms), 'refund' (takes `cost` charged at `now` back off the state). The
 -- parameters come as arguments, never in a table.
 --
--- A decision is six numbers (no table: the driver copies them into the
--- reply): allowed (0/1), limit, remaining, reset_after, retry_after (-1 when
--- admitted), delay. Times in microseconds.
+-- A decision is seven numbers (no table: the driver copies them into the
+-- reply): allowed (0/1), limit, remaining, reset_after, refill_after (until
+-- one more unit than remaining fits; 0 when the quota is whole),
+-- retry_after (-1 when admitted), delay. Times in microseconds.
 --
 -- Numbers arrive as strings (ARGV, HMGET, TIME). `v + 0` converts one
 -- exactly as tonumber does (Lua's string-to-number, strtod: exact below

@@ -9,7 +9,7 @@
 --          refund then has one more key, last: its receipt, which makes a
 --          refund sent again (after a lost answer) give nothing back twice.
 -- then 7 numbers per check: algorithm, p1..p5, cost.
--- The reply: admitted (0/1), the time, then the six numbers of each
+-- The reply: admitted (0/1), the time, then the seven numbers of each
 -- check's decision.
 local now
 -- Keys expire on the server's real clock. Under a test's virtual clock they
@@ -54,11 +54,13 @@ local function save(algo, key, state, p1, p2, p3, p4, p5)
   end
 end
 
--- Copies check i's decision (six numbers) into the reply.
-local function put(reply, i, allowed, limit, remaining, reset_after, retry_after, delay)
-  local o = 6 * i - 4
+-- Copies check i's decision (seven numbers) into the reply.
+local function put(reply, i, allowed, limit, remaining, reset_after, refill_after, retry_after,
+    delay)
+  local o = 7 * i - 5
   reply[o + 1], reply[o + 2], reply[o + 3] = allowed, limit, remaining
-  reply[o + 4], reply[o + 5], reply[o + 6] = reset_after, retry_after, delay
+  reply[o + 4], reply[o + 5], reply[o + 6], reply[o + 7] =
+    reset_after, refill_after, retry_after, delay
   return allowed
 end
 
@@ -135,11 +137,14 @@ else
   -- and what a sliding log dropped is saved, from a state read afresh
   -- (the one decided on may hold this request's charge).
   for i = 1, n do
-    local admitted = reply[6 * i - 3] == 1
+    local admitted = reply[7 * i - 4] == 1
     if admitted or algos[i] == sliding_log then
       local fresh = run(i, 'load', nil, 0, now)
-      local a, limit, remaining, reset_after, retry_after, delay = run(i, 'check', fresh, 0, now)
-      if admitted then put(reply, i, a, limit, remaining, reset_after, retry_after, delay) end
+      local a, limit, remaining, reset_after, refill_after, retry_after, delay =
+        run(i, 'check', fresh, 0, now)
+      if admitted then
+        put(reply, i, a, limit, remaining, reset_after, refill_after, retry_after, delay)
+      end
       if run(i, 'dirty', fresh, 0, now) then save_of(i, fresh) end
     end
   end

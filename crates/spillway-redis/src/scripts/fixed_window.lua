@@ -25,9 +25,9 @@ local function fixed_window(op, key, s, cost, now, limit, w)
       s.c = s.c + cost
       local reset = 0
       if s.c > 0 then reset = until_end end
-      return 1, limit, limit - s.c, reset, -1, 0
+      return 1, limit, limit - s.c, reset, reset, -1, 0
     end
-    return 0, limit, limit - s.c, until_end, until_end, 0
+    return 0, limit, limit - s.c, until_end, until_end, until_end, 0
   elseif op == 'load' then
     local v = redis.call('GET', key)
     if v then

@@ -44,17 +44,17 @@ if stored >= k then
   if count <= limit then
     local reset = until_end
     if count == 0 then reset = 0 end
-    return { 1, now, 1, limit, limit - count, reset, -1, 0 }
+    return { 1, now, 1, limit, limit - count, reset, reset, -1, 0 }
   end
   redis.call('DECRBY', key, ARGV[3])
-  return { 0, now, 0, limit, limit - (count - cost), until_end, until_end, 0 }
+  return { 0, now, 0, limit, limit - (count - cost), until_end, until_end, until_end, 0 }
 end
 -- A new window. A peek writes nothing; a charge fits (the store refuses a
 -- cost above the limit).
 local until_end = (k + 1) * w - now
 if cost == 0 then
-  return { 1, now, 1, limit, limit, 0, -1, 0 }
+  return { 1, now, 1, limit, limit, 0, 0, -1, 0 }
 end
 redis.call('SET', key, (k - idiv(k, 1048575) * 1048575 + 1) * 8589934592 + cost, 'PX',
   cdiv(until_end, 1000) + ttl_slack_ms)
-return { 1, now, 1, limit, limit - cost, until_end, -1, 0 }
+return { 1, now, 1, limit, limit - cost, until_end, until_end, -1, 0 }

@@ -7,7 +7,7 @@
 -- ARGV: the algorithm's parameters, then the cost, then (only the test
 --       build reads it) a time in µs to decide at instead of the server's
 --       clock.
--- The reply, as driver.lua's: admitted (0/1), the time, then the six
+-- The reply, as driver.lua's: admitted (0/1), the time, then the seven
 -- numbers of the decision.
 local key = KEYS[1]
 local cost = ARGV[ARITY + 1] + 0
@@ -24,7 +24,7 @@ else
 end
 -- PARAMS_FROM_ARGV
 local state = ALGORITHM('load', key, nil, 0, now, PARAMS)
-local allowed, limit, remaining, reset_after, retry_after, delay =
+local allowed, limit, remaining, reset_after, refill_after, retry_after, delay =
   ALGORITHM('check', key, state, cost, now, PARAMS)
 -- An admitted charge is saved; so is a check that only dropped expired
 -- state (the sliding log's 'dirty': other algorithms answer nil).
@@ -36,4 +36,4 @@ if (allowed == 1 and cost > 0) or ALGORITHM('dirty', key, state, 0, now, PARAMS)
     ALGORITHM('save', key, state, cdiv(idle_at - now, 1000) + ttl_slack_ms, now, PARAMS)
   end
 end
-return { allowed, now, allowed, limit, remaining, reset_after, retry_after, delay }
+return { allowed, now, allowed, limit, remaining, reset_after, refill_after, retry_after, delay }

@@ -137,6 +137,7 @@ pub(super) async fn key(
             "limit": d.limit,
             "remaining": d.remaining,
             "reset_after_ms": ms(d.reset_after),
+            "refill_after_ms": ms(d.refill_after),
         }));
     }
     let held = quotas.iter().any(|q| q["held"] == true);

@@ -490,6 +490,8 @@ impl<'a> DecisionJson<'a> {
             out.u64(d.remaining);
             out.raw(",\"reset_after_ms\":");
             out.u64(ms(d.reset_after));
+            out.raw(",\"refill_after_ms\":");
+            out.u64(ms(d.refill_after));
             out.raw(",\"retry_after_ms\":");
             out.opt_u64(d.retry_after.map(ms));
             out.raw(",\"delay_ms\":");
@@ -587,6 +589,7 @@ mod tests {
             limit: 10,
             remaining: 0,
             reset_after: Duration::from_micros(1_500),
+            refill_after: Duration::from_micros(1_001),
             retry_after: Some(Duration::from_micros(999)),
             delay: Duration::ZERO,
         };
@@ -619,7 +622,7 @@ mod tests {
             json!({
                 "rule": name, "tier": tier, "key": key, "cost": cost, "action": action,
                 "allowed": false, "limit": 10, "remaining": 0, "reset_after_ms": 2,
-                "retry_after_ms": 1, "delay_ms": 0,
+                "refill_after_ms": 2, "retry_after_ms": 1, "delay_ms": 0,
             })
         };
         let expected = json!({

@@ -164,11 +164,13 @@ async fn ietf_fields_parse_as_structured_fields() {
         );
         // `RateLimit` and `X-RateLimit-*` describe the most restrictive
         // rule: the burst, though it is listed second.
+        // `t` is the time until more than `r` is available: the next
+        // token, one interval away however many were taken at once.
         let remaining = u64::from(burst - used);
-        let reset = ceil_secs(interval * used);
+        let next = ceil_secs(interval);
         assert_eq!(
             members(&res, "ratelimit"),
-            [member("burst", [("r", remaining), ("t", reset)])]
+            [member("burst", [("r", remaining), ("t", next)])]
         );
         assert_eq!(header_u64(&res, "x-ratelimit-limit"), u64::from(burst));
         assert_eq!(header_u64(&res, "x-ratelimit-remaining"), remaining);
@@ -226,17 +228,16 @@ async fn a_denials_effective_window_is_its_retry_after() {
         members(&res, "ratelimit"),
         [member("per-ip", [("r", 0), ("t", retry)])]
     );
-    // Admitted again, `t` is the time until the bucket is full.
+    // Admitted again, `t` is the time until the next token (draft -11:
+    // until additional quota is available), not until the bucket is full.
     tokio::time::advance(interval - interval / 4).await;
     let res = send(&app, req("/", "192.0.2.1")).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(
         members(&res, "ratelimit"),
-        [member(
-            "per-ip",
-            [("r", 0), ("t", ceil_secs(interval * burst))]
-        )]
+        [member("per-ip", [("r", 0), ("t", ceil_secs(interval))])]
     );
+    assert!(ceil_secs(interval) < ceil_secs(interval * burst));
 }
 
 #[tokio::test(start_paused = true)]

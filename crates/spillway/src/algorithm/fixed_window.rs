@@ -96,13 +96,15 @@ impl Algorithm for FixedWindow {
         if state.count + cost <= limit {
             state.count += cost;
             let reset = if state.count > 0 { until_end } else { 0 };
-            Ok(Decision::allow(limit, limit - state.count, reset))
+            // Nothing comes back before the window ends, and then all of it.
+            Ok(Decision::allow(limit, limit - state.count, reset, reset))
         } else {
             // A count over the limit is possible: the limit was lowered
             // and the store kept the key's count.
             Ok(Decision::deny(
                 limit,
                 limit.saturating_sub(state.count),
+                until_end,
                 until_end,
                 until_end,
             ))

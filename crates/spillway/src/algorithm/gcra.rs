@@ -56,6 +56,8 @@ pub(super) struct Step {
     pub remaining: u64,
     /// Until the bucket is full / the queue empty, after the decision.
     pub reset_after: Micros,
+    /// Until one more unit fits than `remaining`, after the decision.
+    pub refill_after: Micros,
     /// When denied: until the request would fit.
     pub retry_after: Micros,
     /// Backlog in front of the request, in scaled units, before it was added.
@@ -66,9 +68,20 @@ impl Step {
     /// The decision, without any shaping delay.
     pub fn decision(&self, capacity: u64) -> crate::Decision {
         if self.admitted {
-            crate::Decision::allow(capacity, self.remaining, self.reset_after)
+            crate::Decision::allow(
+                capacity,
+                self.remaining,
+                self.reset_after,
+                self.refill_after,
+            )
         } else {
-            crate::Decision::deny(capacity, self.remaining, self.reset_after, self.retry_after)
+            crate::Decision::deny(
+                capacity,
+                self.remaining,
+                self.reset_after,
+                self.refill_after,
+                self.retry_after,
+            )
         }
     }
 }
@@ -91,6 +104,15 @@ pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Mi
     let after = start + u128::from(cost) * unit;
     let remaining = |backlog: u128| (tolerance.saturating_sub(backlog) / unit) as u64;
     let ceil_micros = |scaled: u128| super::to_micros(super::div_ceil(scaled, u128::from(per)));
+    // One more unit fits once the backlog is down to what leaves room for
+    // it: `remaining + 1` units of the tolerance.
+    let refill = |backlog: u128| {
+        let left = remaining(backlog);
+        if left >= capacity {
+            return 0;
+        }
+        ceil_micros((backlog + (u128::from(left) + 1) * unit).saturating_sub(tolerance))
+    };
     // Cost 0 only looks, and is allowed even when a clock set back leaves
     // more backlog than the capacity.
     if cost == 0 || after - now_s <= tolerance {
@@ -102,6 +124,7 @@ pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Mi
             admitted: true,
             remaining: remaining(left),
             reset_after: ceil_micros(left),
+            refill_after: refill(left),
             retry_after: 0,
             backlog,
         }
@@ -113,6 +136,7 @@ pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Mi
             admitted: false,
             remaining: remaining(backlog),
             reset_after: ceil_micros(backlog),
+            refill_after: refill(backlog),
             retry_after: ceil_micros(fits_at - now_s),
             backlog,
         }
@@ -129,6 +153,15 @@ fn step_whole(tat: &mut Tat, unit: u64, capacity: u64, cost: u64, now: Micros) -
     let tolerance = capacity.checked_mul(unit)?;
     let after = start.checked_add(cost.checked_mul(unit)?)?;
     let remaining = |backlog: u64| tolerance.saturating_sub(backlog) / unit;
+    let refill = |backlog: u64| {
+        let left = remaining(backlog);
+        if left >= capacity {
+            return 0;
+        }
+        backlog
+            .saturating_add((left + 1).saturating_mul(unit))
+            .saturating_sub(tolerance)
+    };
     let left = after - now;
     if cost == 0 || left <= tolerance {
         if cost > 0 {
@@ -141,6 +174,7 @@ fn step_whole(tat: &mut Tat, unit: u64, capacity: u64, cost: u64, now: Micros) -
             admitted: true,
             remaining: remaining(left),
             reset_after: left,
+            refill_after: refill(left),
             retry_after: 0,
             backlog: u128::from(backlog),
         })
@@ -150,6 +184,7 @@ fn step_whole(tat: &mut Tat, unit: u64, capacity: u64, cost: u64, now: Micros) -
             admitted: false,
             remaining: remaining(backlog),
             reset_after: backlog,
+            refill_after: refill(backlog),
             retry_after: fits_at - now,
             backlog: u128::from(backlog),
         })

@@ -137,6 +137,33 @@ impl SlidingLog {
         }
     }
 
+    /// How long until `needed` fits: until enough of the oldest entries
+    /// have left the window (`needed` at most the limit); zero if it fits
+    /// now.
+    fn fits_after(&self, state: &SlidingLogState, needed: u64, now: Micros) -> Micros {
+        let limit = self.limit();
+        let mut left = state.total;
+        if left + needed <= limit {
+            return 0;
+        }
+        for entry in &state.entries {
+            left -= entry.cost;
+            if left + needed <= limit {
+                return entry.at.saturating_add(self.window()).saturating_sub(now);
+            }
+        }
+        0
+    }
+
+    /// When one more unit fits than `remaining` (none when the log is
+    /// empty: the quota is whole).
+    fn refill_after(&self, state: &SlidingLogState, remaining: u64, now: Micros) -> Micros {
+        if remaining >= self.limit() {
+            return 0;
+        }
+        self.fits_after(state, remaining + 1, now)
+    }
+
     /// When the newest entry leaves the window.
     fn reset_after(&self, state: &SlidingLogState, now: Micros) -> Micros {
         state.entries.back().map_or(0, |newest| {
@@ -176,29 +203,24 @@ impl Algorithm for SlidingLog {
                 }
                 state.total += cost;
             }
+            let remaining = limit - state.total;
             return Ok(Decision::allow(
                 limit,
-                limit - state.total,
+                remaining,
                 self.reset_after(state, now),
+                self.refill_after(state, remaining, now),
             ));
-        }
-        // The earliest time enough of the oldest entries have expired.
-        let mut left = state.total;
-        let mut retry_at = now;
-        for entry in &state.entries {
-            left -= entry.cost;
-            if left + cost <= limit {
-                retry_at = entry.at.saturating_add(self.window());
-                break;
-            }
         }
         // A total over the limit is possible: the limit was lowered and the
         // store kept the key's log.
+        let remaining = limit.saturating_sub(state.total);
         Ok(Decision::deny(
             limit,
-            limit.saturating_sub(state.total),
+            remaining,
             self.reset_after(state, now),
-            retry_at.saturating_sub(now),
+            self.refill_after(state, remaining, now),
+            // The earliest time enough of the oldest entries have expired.
+            self.fits_after(state, cost, now),
         ))
     }
 

@@ -90,6 +90,52 @@ impl SlidingWindow {
     fn reset_after(&self, state: &SlidingWindowState, now: Micros) -> Micros {
         self.idle_at(state).saturating_sub(now)
     }
+
+    /// How long until a request of `cost` (at most the limit) fits, the
+    /// state rolled to `now`'s window: in this window, once the previous
+    /// window's weight has dropped enough, or in the next, where this
+    /// window's count is the previous one and decays from full weight.
+    fn fits_after(&self, state: &SlidingWindowState, cost: u64, now: Micros) -> Micros {
+        let (l, w) = (u128::from(self.limit()), u128::from(self.window()));
+        let (prev, curr, c) = (
+            u128::from(state.prev),
+            u128::from(state.curr),
+            u128::from(cost),
+        );
+        let window_start = u128::from(state.window) * w;
+        let e = u128::from(now).saturating_sub(window_start).min(w);
+        if prev * (w - e) + (curr + c) * w <= l * w {
+            return 0;
+        }
+        let in_this_window = match l.checked_sub(curr + c) {
+            Some(room) if prev > 0 => {
+                let e_ok = w.saturating_sub(room * w / prev);
+                (e_ok < w).then_some(e_ok)
+            }
+            _ => None,
+        };
+        let fits_at = match in_this_window {
+            Some(e_ok) => window_start + e_ok,
+            None => {
+                let e_next = ((l - c) * w)
+                    .checked_div(curr)
+                    .map_or(0, |fits| w.saturating_sub(fits));
+                window_start + w + e_next
+            }
+        };
+        super::to_micros(fits_at).saturating_sub(now)
+    }
+
+    /// When one more unit fits than `remaining`; zero when the quota is
+    /// whole. Up to two windows away: the count of this window weighs on
+    /// the next one, decaying from full weight, so a single unit counted now
+    /// is whole again only when the next window ends.
+    fn refill_after(&self, state: &SlidingWindowState, remaining: u64, now: Micros) -> Micros {
+        if remaining >= self.limit() {
+            return 0;
+        }
+        self.fits_after(state, remaining + 1, now)
+    }
 }
 
 impl Algorithm for SlidingWindow {
@@ -125,40 +171,21 @@ impl Algorithm for SlidingWindow {
         // previous window its full weight again and the sum is over the limit.
         if cost == 0 || used(curr + c) <= l * w {
             state.curr += cost;
-            let curr = u128::from(state.curr);
+            let left = remaining(u128::from(state.curr));
             return Ok(Decision::allow(
                 limit,
-                remaining(curr),
+                left,
                 self.reset_after(state, now),
+                self.refill_after(state, left, now),
             ));
         }
-
-        let window_start = state.window * self.window();
-        // In this window, once the previous window's weight has dropped enough.
-        let room = l.checked_sub(curr + c);
-        let in_this_window = match room {
-            Some(room) if prev > 0 => {
-                let e_ok = w.saturating_sub(room * w / prev);
-                (e_ok < w).then_some(e_ok)
-            }
-            _ => None,
-        };
-        let retry_at = match in_this_window {
-            Some(e_ok) => u128::from(window_start) + e_ok,
-            None => {
-                // In the next window, where this window's count is the
-                // previous one and decays from full weight.
-                let e_next = ((l - c) * w)
-                    .checked_div(curr)
-                    .map_or(0, |fits| w.saturating_sub(fits));
-                u128::from(window_start) + w + e_next
-            }
-        };
+        let left = remaining(curr);
         Ok(Decision::deny(
             limit,
-            remaining(curr),
+            left,
             self.reset_after(state, now),
-            super::to_micros(retry_at).saturating_sub(now),
+            self.refill_after(state, left, now),
+            self.fits_after(state, cost, now),
         ))
     }
 
@@ -210,6 +237,34 @@ mod tests {
             )
             .unwrap(),
         )
+    }
+
+    /// `refill_after`, the RateLimit field's `t`: the next unit comes back as
+    /// the previous window's weight falls, long before the whole quota
+    /// does; a lone unit counted in this window only when the next ends.
+    #[test]
+    fn the_next_unit_comes_back_as_the_previous_window_fades() {
+        let w = 60_000_000;
+        let alg = sw(100, w);
+        let mut state = SlidingWindowState::default();
+        assert!(alg.check(&mut state, 100, 10 * w + 1).unwrap().allowed);
+        // Half way through the next window the 100 weigh 50.
+        let d = alg.check(&mut state, 0, 11 * w + w / 2).unwrap();
+        assert_eq!(d.remaining, 50);
+        assert_eq!(d.reset_after, Duration::from_micros(w / 2));
+        // 51 fit once the weight is down to 49%: 0.6 s later.
+        assert_eq!(d.refill_after, Duration::from_micros(600_000));
+        let later = alg
+            .check(&mut state.clone(), 51, 11 * w + w / 2 + 600_000)
+            .unwrap();
+        assert!(later.allowed);
+        // One request at the start of a window: 99 left until it weighs
+        // nothing, at the end of the next window.
+        let mut state = SlidingWindowState::default();
+        let d = alg.check(&mut state, 1, 20 * w).unwrap();
+        assert_eq!(d.remaining, 99);
+        assert_eq!(d.refill_after, Duration::from_micros(2 * w));
+        assert_eq!(d.reset_after, Duration::from_micros(2 * w));
     }
 
     #[test]

@@ -649,6 +649,7 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
             limit,
             remaining: 0,
             reset_after: std::time::Duration::ZERO,
+            refill_after: std::time::Duration::ZERO,
             retry_after: None,
             delay: std::time::Duration::ZERO,
         };
@@ -709,6 +710,7 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
             limit: newcomer.limit,
             remaining: 0,
             reset_after: wait,
+            refill_after: wait,
             retry_after: Some(wait),
             delay: std::time::Duration::ZERO,
         }
@@ -954,6 +956,7 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
                 limit: newcomer.limit,
                 remaining: 0,
                 reset_after: wait,
+                refill_after: wait,
                 retry_after: Some(wait),
                 delay: std::time::Duration::ZERO,
             });
