@@ -12,12 +12,7 @@ local function bucket(op, key, s, cost, now, capacity, unit, per, mode, undelaye
     end
     local tolerance = capacity * unit
     local after = backlog + cost * unit
-    -- Until one more unit fits than remain, from a backlog.
-    local function refill(b)
-      local left = idiv(math.max(tolerance - b, 0), unit)
-      if left >= capacity then return 0 end
-      return cdiv(math.max(b + (left + 1) * unit - tolerance, 0), per)
-    end
+
     -- Cost 0 only looks: allowed even when a clock set back leaves more
     -- backlog than the capacity.
     if cost == 0 or after <= tolerance then
@@ -29,12 +24,21 @@ local function bucket(op, key, s, cost, now, capacity, unit, per, mode, undelaye
       if mode == 1 and cost > 0 then
         delay = cdiv(math.max(backlog - undelayed * unit, 0), per)
       end
-      return 1, capacity, idiv(math.max(tolerance - after, 0), unit), cdiv(after, per),
-        refill(after), -1, delay
+      -- One more unit fits once the backlog leaves room for left + 1.
+      local left = idiv(math.max(tolerance - after, 0), unit)
+      local refill = 0
+      if left < capacity then
+        refill = cdiv(math.max(after + (left + 1) * unit - tolerance, 0), per)
+      end
+      return 1, capacity, left, cdiv(after, per), refill, -1, delay
     end
     local fits_at = backlog - (tolerance - cost * unit)
-    return 0, capacity, idiv(math.max(tolerance - backlog, 0), unit), cdiv(backlog, per),
-      refill(backlog), cdiv(fits_at, per), 0
+    local left = idiv(math.max(tolerance - backlog, 0), unit)
+    local refill = 0
+    if left < capacity then
+      refill = cdiv(math.max(backlog + (left + 1) * unit - tolerance, 0), per)
+    end
+    return 0, capacity, left, cdiv(backlog, per), refill, cdiv(fits_at, per), 0
   elseif op == 'load' then
     local v = redis.call('HMGET', key, 'm', 'f')
     return { m = (v[1] or 0) + 0, f = (v[2] or 0) + 0 }

@@ -76,23 +76,6 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
       if s.h == s.n then return 0 end
       return math.max(log_entry(s, s.n - 1) + w - now, 0)
     end
-    -- Until `needed` fits: until enough of the oldest entries have left.
-    local function fits_after(needed)
-      local left = s.t
-      if left + needed <= limit then return 0 end
-      for seq = s.h, s.n - 1 do
-        local at, c = log_entry(s, seq)
-        left = left - c
-        if left + needed <= limit then return math.max(at + w - now, 0) end
-      end
-      return 0
-    end
-    -- Until one more unit fits than remain; 0 when the quota is whole.
-    local function refill_after()
-      local remaining = math.max(limit - s.t, 0)
-      if remaining >= limit then return 0 end
-      return fits_after(remaining + 1)
-    end
     if s.t + cost <= limit then
       if cost > 0 then
         if s.h < s.n and log_entry(s, s.n - 1) >= now then
@@ -107,9 +90,25 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
         end
         s.t = s.t + cost
       end
-      return 1, limit, limit - s.t, reset_after(), refill_after(), -1, 0
+      return 1, limit, limit - s.t, reset_after(), sliding_log('refill', key, s, 0, now, limit, w),
+        -1, 0
     end
-    return 0, limit, limit - s.t, reset_after(), refill_after(), fits_after(cost), 0
+    return 0, limit, limit - s.t, reset_after(), sliding_log('refill', key, s, 0, now, limit, w),
+      sliding_log('fits', key, s, cost, now, limit, w), 0
+  elseif op == 'refill' then
+    -- Until one more unit fits than remain; 0 when the quota is whole.
+    if s.t <= 0 then return 0 end
+    return sliding_log('fits', key, s, math.max(limit - s.t, 0) + 1, now, limit, w)
+  elseif op == 'fits' then
+    -- Until `cost` fits: until enough of the oldest entries have left.
+    local left = s.t
+    if left + cost <= limit then return 0 end
+    for seq = s.h, s.n - 1 do
+      local at, c = log_entry(s, seq)
+      left = left - c
+      if left + cost <= limit then return math.max(at + w - now, 0) end
+    end
+    return 0
   elseif op == 'dirty' then
     -- Whether a check dropped entries that a save should delete, though
     -- it charged nothing: a denial or a peek saves them, so that the next

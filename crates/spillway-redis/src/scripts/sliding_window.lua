@@ -15,38 +15,39 @@ local function sliding_window(op, key, s, cost, now, limit, w)
     -- Otherwise time went backwards: stay in the stored window with the
     -- previous one at full weight.
     local weighted = s.p * (w - e)
-    local start = s.w * w
-    -- Until a request of `c` fits: in this window once the previous one's
-    -- weight has dropped enough, or in the next, where this window's count
-    -- decays from full weight.
-    local function fits_after(c)
-      local fits_at = nil
-      local room = limit - s.c - c
-      if room >= 0 and s.p > 0 then
-        local e_ok = w - idiv(room * w, s.p)
-        if e_ok < 0 then e_ok = 0 end
-        if e_ok < w then fits_at = start + e_ok end
-      end
-      if not fits_at then
-        local e_next = 0
-        if s.c > 0 then e_next = math.max(w - idiv((limit - c) * w, s.c), 0) end
-        fits_at = start + w + e_next
-      end
-      return math.max(fits_at - now, 0)
-    end
-    local function decision(allowed, retry_after)
-      local remaining = idiv(math.max(limit * w - weighted - s.c * w, 0), w)
-      local refill = 0
-      if remaining < limit then refill = fits_after(remaining + 1) end
-      return allowed, limit, remaining,
-        math.max(sliding_window('idle_at', key, s, 0, now, limit, w) - now, 0), refill,
-        retry_after, 0
-    end
+    local allowed, retry_after = 0, -1
     if cost == 0 or weighted + (s.c + cost) * w <= limit * w then
       s.c = s.c + cost
-      return decision(1, -1)
+      allowed = 1
+    else
+      retry_after = sliding_window('fits', key, s, cost, now, limit, w)
     end
-    return decision(0, fits_after(cost))
+    local remaining = idiv(math.max(limit * w - weighted - s.c * w, 0), w)
+    local refill = 0
+    if remaining < limit then
+      refill = sliding_window('fits', key, s, remaining + 1, now, limit, w)
+    end
+    return allowed, limit, remaining,
+      math.max(sliding_window('idle_at', key, s, 0, now, limit, w) - now, 0), refill,
+      retry_after, 0
+  elseif op == 'fits' then
+    -- Until a request of `cost` (more than fits now) fits: in this window
+    -- once the previous one's weight has dropped enough, or in the next,
+    -- where this window's count decays from full weight.
+    local start = s.w * w
+    local fits_at = nil
+    local room = limit - s.c - cost
+    if room >= 0 and s.p > 0 then
+      local e_ok = w - idiv(room * w, s.p)
+      if e_ok < 0 then e_ok = 0 end
+      if e_ok < w then fits_at = start + e_ok end
+    end
+    if not fits_at then
+      local e_next = 0
+      if s.c > 0 then e_next = math.max(w - idiv((limit - cost) * w, s.c), 0) end
+      fits_at = start + w + e_next
+    end
+    return math.max(fits_at - now, 0)
   elseif op == 'load' then
     local v = redis.call('HMGET', key, 'w', 'p', 'c')
     return { w = (v[1] or 0) + 0, p = (v[2] or 0) + 0, c = (v[3] or 0) + 0 }

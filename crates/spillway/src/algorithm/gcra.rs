@@ -105,9 +105,8 @@ pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Mi
     let remaining = |backlog: u128| (tolerance.saturating_sub(backlog) / unit) as u64;
     let ceil_micros = |scaled: u128| super::to_micros(super::div_ceil(scaled, u128::from(per)));
     // One more unit fits once the backlog is down to what leaves room for
-    // it: `remaining + 1` units of the tolerance.
-    let refill = |backlog: u128| {
-        let left = remaining(backlog);
+    // `left + 1` units of the tolerance (`left` the units that fit now).
+    let refill = |backlog: u128, left: u64| {
         if left >= capacity {
             return 0;
         }
@@ -120,11 +119,12 @@ pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Mi
             *tat = Tat::from_scaled(after, per);
         }
         let left = after - now_s;
+        let units = remaining(left);
         Step {
             admitted: true,
-            remaining: remaining(left),
+            remaining: units,
             reset_after: ceil_micros(left),
-            refill_after: refill(left),
+            refill_after: refill(left, units),
             retry_after: 0,
             backlog,
         }
@@ -132,11 +132,12 @@ pub(super) fn step(tat: &mut Tat, i: Interval, capacity: u64, cost: u64, now: Mi
         // `stored > now_s` here, since a cost within capacity always fits an
         // empty bucket; so is the time at which it fits.
         let fits_at = stored - (tolerance - u128::from(cost) * unit);
+        let units = remaining(backlog);
         Step {
             admitted: false,
-            remaining: remaining(backlog),
+            remaining: units,
             reset_after: ceil_micros(backlog),
-            refill_after: refill(backlog),
+            refill_after: refill(backlog, units),
             retry_after: ceil_micros(fits_at - now_s),
             backlog,
         }
@@ -153,8 +154,7 @@ fn step_whole(tat: &mut Tat, unit: u64, capacity: u64, cost: u64, now: Micros) -
     let tolerance = capacity.checked_mul(unit)?;
     let after = start.checked_add(cost.checked_mul(unit)?)?;
     let remaining = |backlog: u64| tolerance.saturating_sub(backlog) / unit;
-    let refill = |backlog: u64| {
-        let left = remaining(backlog);
+    let refill = |backlog: u64, left: u64| {
         if left >= capacity {
             return 0;
         }
@@ -170,21 +170,23 @@ fn step_whole(tat: &mut Tat, unit: u64, capacity: u64, cost: u64, now: Micros) -
                 frac: 0,
             };
         }
+        let units = remaining(left);
         Some(Step {
             admitted: true,
-            remaining: remaining(left),
+            remaining: units,
             reset_after: left,
-            refill_after: refill(left),
+            refill_after: refill(left, units),
             retry_after: 0,
             backlog: u128::from(backlog),
         })
     } else {
         let fits_at = tat.micros - (tolerance - cost * unit);
+        let units = remaining(backlog);
         Some(Step {
             admitted: false,
-            remaining: remaining(backlog),
+            remaining: units,
             reset_after: backlog,
-            refill_after: refill(backlog),
+            refill_after: refill(backlog, units),
             retry_after: fits_at - now,
             backlog: u128::from(backlog),
         })

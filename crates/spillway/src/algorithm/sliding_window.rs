@@ -91,10 +91,11 @@ impl SlidingWindow {
         self.idle_at(state).saturating_sub(now)
     }
 
-    /// How long until a request of `cost` (at most the limit) fits, the
-    /// state rolled to `now`'s window: in this window, once the previous
-    /// window's weight has dropped enough, or in the next, where this
-    /// window's count is the previous one and decays from full weight.
+    /// How long until a request of `cost` (at most the limit, and more than
+    /// fits now) fits, the state rolled to `now`'s window: in this window,
+    /// once the previous window's weight has dropped enough, or in the next,
+    /// where this window's count is the previous one and decays from full
+    /// weight.
     fn fits_after(&self, state: &SlidingWindowState, cost: u64, now: Micros) -> Micros {
         let (l, w) = (u128::from(self.limit()), u128::from(self.window()));
         let (prev, curr, c) = (
@@ -103,25 +104,17 @@ impl SlidingWindow {
             u128::from(cost),
         );
         let window_start = u128::from(state.window) * w;
-        let e = u128::from(now).saturating_sub(window_start).min(w);
-        if prev * (w - e) + (curr + c) * w <= l * w {
-            return 0;
-        }
         let in_this_window = match l.checked_sub(curr + c) {
             Some(room) if prev > 0 => {
-                let e_ok = w.saturating_sub(room * w / prev);
+                let e_ok = w.saturating_sub(mul_div(room, w, prev));
                 (e_ok < w).then_some(e_ok)
             }
             _ => None,
         };
         let fits_at = match in_this_window {
             Some(e_ok) => window_start + e_ok,
-            None => {
-                let e_next = ((l - c) * w)
-                    .checked_div(curr)
-                    .map_or(0, |fits| w.saturating_sub(fits));
-                window_start + w + e_next
-            }
+            None if curr == 0 => window_start + w,
+            None => window_start + w + w.saturating_sub(mul_div(l - c, w, curr)),
         };
         super::to_micros(fits_at).saturating_sub(now)
     }
@@ -136,6 +129,17 @@ impl SlidingWindow {
         }
         self.fits_after(state, remaining + 1, now)
     }
+}
+
+/// `a * b / d` rounded down (`d > 0`): in 64 bits when the product fits, as
+/// it does for every usual limit and window, else in 128.
+fn mul_div(a: u128, b: u128, d: u128) -> u128 {
+    if let (Ok(a64), Ok(b64), Ok(d64)) = (u64::try_from(a), u64::try_from(b), u64::try_from(d))
+        && let Some(product) = a64.checked_mul(b64)
+    {
+        return u128::from(product / d64);
+    }
+    a * b / d
 }
 
 impl Algorithm for SlidingWindow {
