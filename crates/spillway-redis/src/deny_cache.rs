@@ -137,8 +137,11 @@ mod tests {
         cache.record("k", 1, denial(Duration::from_secs(3600)), now, now);
         tokio::time::advance(Duration::from_millis(999)).await;
         let d = cache.lookup("k", 1, Instant::now()).expect("still cached");
-        // Its Retry-After still counts down from the hour.
+        // Its Retry-After still counts down from the hour, and so do the
+        // times until a unit and the whole quota come back.
         assert!(d.retry_after.unwrap() > Duration::from_secs(3598));
+        let left = Duration::from_secs(3600) - Duration::from_millis(999);
+        assert_eq!((d.refill_after, d.reset_after), (left, left));
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(cache.lookup("k", 1, Instant::now()).is_none());
     }

@@ -104,6 +104,13 @@ impl Service {
         r.statuses[0].limit_remaining
     }
 
+    /// One request of the configured per-IP rule, for 10.0.0.1.
+    async fn per_ip(&self) -> RateLimitResponse {
+        self.call(descriptor(&[("remote_address", "10.0.0.1")]))
+            .await
+            .expect("an answer")
+    }
+
     /// Whether override `name` (`envoy-override:5-per-minute`) is counted.
     fn counts(&self, name: &str) -> bool {
         self.shared.current().override_named(name).is_some()
@@ -135,15 +142,7 @@ async fn an_idle_slot_goes_to_a_new_override_and_the_busy_keep_their_counts() {
     }
     // A second charge on one of them, and the configured rule's count.
     assert_eq!(s.charge("ann", 3).await, 1);
-    let r = s
-        .service
-        .should_rate_limit(tonic::Request::new(request(
-            "spillway",
-            vec![descriptor(&[("remote_address", "10.0.0.1")])],
-        )))
-        .await
-        .expect("an answer")
-        .into_inner();
+    let r = s.per_ip().await;
     assert_eq!(r.statuses[0].limit_remaining, 2);
 
     // 65 rules share the default max_memory: the store stays within it,
@@ -191,15 +190,7 @@ async fn an_idle_slot_goes_to_a_new_override_and_the_busy_keep_their_counts() {
         Code::OverLimit,
         "3 a minute, spent"
     );
-    let r = s
-        .service
-        .should_rate_limit(tonic::Request::new(request(
-            "spillway",
-            vec![descriptor(&[("remote_address", "10.0.0.1")])],
-        )))
-        .await
-        .expect("an answer")
-        .into_inner();
+    let r = s.per_ip().await;
     assert_eq!(r.statuses[0].limit_remaining, 1, "per-ip kept its count");
 
     // And again no slot is idle: the one-second override, back, is refused.

@@ -232,6 +232,14 @@ async fn start_proxy(upstream: &Upstream, options: ProxyOptions) -> SocketAddr {
     start_proxy_with(GENEROUS, upstream, options).await
 }
 
+/// The default options but `bounds`.
+fn bounded(bounds: ProxyBounds) -> ProxyOptions {
+    ProxyOptions {
+        bounds,
+        ..ProxyOptions::default()
+    }
+}
+
 /// [`start_proxy`] with the rules of `config`.
 async fn start_proxy_with(config: &str, upstream: &Upstream, options: ProxyOptions) -> SocketAddr {
     clock_support::clear_of_a_minute_boundary();
@@ -372,14 +380,7 @@ async fn one_connection_has_at_most_its_stream_cap_open() {
         http2_max_streams: NonZeroU32::new(10).expect("nonzero"),
         ..ProxyBounds::default()
     };
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
+    let proxy = start_proxy(&upstream, bounded(bounds)).await;
     let (mut client, _conn) = h2_client(proxy, &h2::client::Builder::new()).await;
     // One exchange first, so the client has the proxy's SETTINGS before it
     // opens the fifteen: one sent before them would be refused past the
@@ -624,14 +625,7 @@ async fn http2_can_be_turned_off() {
         http2: false,
         ..ProxyBounds::default()
     };
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
+    let proxy = start_proxy(&upstream, bounded(bounds)).await;
     let mut tcp = TcpStream::connect(proxy).await.expect("connect");
     tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         .await
