@@ -433,8 +433,10 @@ async fn a_limit_override_replaces_the_configured_limit() {
     assert_eq!(s.admitted(IP, 4).await, 3);
     // Another value of the override is counted on its own.
     assert_eq!(s.admitted_all(&[with_limit(IP, 5, MINUTE)], 6).await, 5);
-    // A descriptor no rule reaches is limited by its override alone.
-    let unconfigured = with_limit(&[("anything", "x")], 1, 1);
+    // A descriptor no rule reaches is limited by its override alone (a
+    // minute's, which the start keeps clear of a boundary; a second's
+    // window could turn between the three calls).
+    let unconfigured = with_limit(&[("anything", "x")], 1, MINUTE);
     assert_eq!(s.admitted_all(&[unconfigured], 3).await, 1);
 
     let metrics = s.state.metrics.encode(s.state.live.current().store());
@@ -455,7 +457,7 @@ async fn a_limit_override_replaces_the_configured_limit() {
         "{metrics}"
     );
     assert_eq!(
-        series("envoy-override:1-per-second", "rejected"),
+        series("envoy-override:1-per-minute", "rejected"),
         Some(2.0),
         "{metrics}"
     );
