@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use spillway::store::{MemoryOptions, MemoryStore, RuleId, Store as _};
 use spillway_redis::{Error as StoreError, RedisOptions, RedisStore};
-use spillway_tower::{Observer, RateLimitLayer};
+use spillway_tower::{HoldCap, Observer, RateLimitLayer};
 use tokio::time::Instant;
 
 use crate::config::descriptors::{UnitLimit, override_name, override_rule};
@@ -383,6 +383,10 @@ pub struct State {
     pub live: Arc<Live>,
     /// The metrics every engine of this service reports to.
     pub metrics: Arc<Metrics>,
+    /// The forward-auth hook's answers held for their shaping turn, all
+    /// together: at most `[proxy] max_held` (read at start), as in
+    /// `spillway proxy`; past it a shaped request is answered 503.
+    pub held: HoldCap,
 }
 
 impl State {
@@ -390,10 +394,12 @@ impl State {
     /// reporting to fresh metrics.
     pub async fn new(config: Config) -> Result<Self, StoreError> {
         let metrics = Arc::new(Metrics::new());
+        let held = HoldCap::new(config.proxy_bounds.max_held);
         let engine = Loaded::counted(config, None, &metrics).await?;
         Ok(Self {
             live: Arc::new(Live::new(engine)),
             metrics,
+            held,
         })
     }
 }

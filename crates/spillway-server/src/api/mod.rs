@@ -11,6 +11,7 @@
 mod admin;
 mod answer;
 mod check;
+mod forward_auth;
 mod health;
 mod site;
 
@@ -105,7 +106,12 @@ fn router(state: State, with_check: bool) -> Router {
             admin::authorize,
         ));
     let router = if with_check {
-        Router::new().route("/v1/check", axum::routing::post(check::check))
+        Router::new()
+            .route("/v1/check", axum::routing::post(check::check))
+            .route(
+                "/v1/forward-auth",
+                axum::routing::any(forward_auth::forward_auth),
+            )
     } else {
         Router::new()
     };

@@ -205,7 +205,9 @@ async fn serve_connection<S: Site>(
             // Each request whole within the head and body timeouts, as on
             // HTTP/1.1: a stream whose body trickles is answered 408.
             let within = front.timeouts.head + front.timeouts.body;
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |mut req: Request<_>| {
+                req.extensions_mut()
+                    .insert(spillway_tower::ClientAddr(peer));
                 let answered = app.clone().oneshot(req);
                 async move {
                     match tokio::time::timeout(within, answered).await {
@@ -324,7 +326,11 @@ impl<S: Site> Conn<S> {
             Ok(parts) => parts,
             Err(e) => return self.client.refuse(&e).await.map(|()| false),
         };
-        let request = Request::from_parts(parts, axum::body::Body::from(body));
+        let mut request = Request::from_parts(parts, axum::body::Body::from(body));
+        // The forward-auth hook believes only trusted proxies.
+        request
+            .extensions_mut()
+            .insert(spillway_tower::ClientAddr(self.client.peer));
         let routed = self.front.routes.clone().oneshot(request);
         let Some(Ok(response)) = self.client.until_decided(routed).await? else {
             return Ok(false);

@@ -159,6 +159,37 @@ pub(crate) fn sanitize(
     Ok(())
 }
 
+/// Makes the head of a request that another proxy forwards itself (the
+/// forward-auth hook of `spillway serve`) what the rules decide on. The
+/// target and `Host` are normalized as [`sanitize`] does: the rules match
+/// the normalized reading, while the other proxy forwards the target as it
+/// came, and normalization only folds spellings onto the path routers take
+/// them for. What [`sanitize`] would remove from what the upstream receives
+/// (a routing header, a header whose `_` folds onto one the rules read) the
+/// hook cannot remove, so the request is refused instead. The hook's own
+/// hop-by-hop and framing headers go: they describe its connection, not the
+/// client's. `Err` is a 400's detail.
+pub(crate) fn sanitize_hooked(
+    parts: &mut http::request::Parts,
+    normalize: Normalize,
+    policy: &spillway_tower::Policy,
+) -> Result<(), String> {
+    target::normalize(parts, normalize).map_err(|e| match e {
+        ForwardError::BadRequest(why) => why.to_string(),
+        other => other.to_string(),
+    })?;
+    if let Some(name) = headers::misleading(&parts.headers, || policy.headers_read()) {
+        return Err(format!(
+            "The forwarded request carries `{name}`, which some upstreams read instead of \
+             what the rules match; have the proxy drop it (see docs/integrations.md)."
+        ));
+    }
+    headers::remove_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(spillway_tower::X_SPILLWAY_LIMITED);
+    Ok(())
+}
+
 /// A request target's path and query (`/` if it has none).
 fn origin_form(uri: &Uri) -> PathAndQuery {
     uri.path_and_query()

@@ -157,6 +157,31 @@ pub(crate) fn remove_misleading(
     }
 }
 
+/// The first header of a request that another proxy forwards itself (the
+/// forward-auth hook) that [`remove_misleading`] would have removed: the
+/// hook cannot remove it from what the upstream receives, so the request
+/// is refused instead. Routing headers always; a name with `_` only when
+/// it folds onto a header that matters (`read`: the rules'), as with
+/// `underscores_in_headers` on: the other proxy decides whether the rest
+/// pass (nginx drops them all by default).
+pub(crate) fn misleading(
+    headers: &HeaderMap,
+    read: impl FnOnce() -> Vec<HeaderName>,
+) -> Option<HeaderName> {
+    if let Some(routing) = headers.keys().find(|n| ROUTING.contains(n)) {
+        return Some(routing.clone());
+    }
+    // Most requests have none: the rules' headers are listed only if one is.
+    if !headers.keys().any(|n| n.as_str().contains('_')) {
+        return None;
+    }
+    let read = read();
+    headers
+        .keys()
+        .find(|n| n.as_str().contains('_') && folds_onto_ours(n.as_str(), &read, headers))
+        .cloned()
+}
+
 /// From a client that is not a trusted proxy: removes what it claims about
 /// itself ([`CLIENT_CLAIMS`]) and writes `X-Real-IP` and `Forwarded` with
 /// the peer's address (`hop`, as [`hop_of`] writes it). From a trusted

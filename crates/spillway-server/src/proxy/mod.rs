@@ -66,6 +66,7 @@ use crate::state::Live;
 
 pub use crate::config::{EscapedSlashes, Normalize, ProxyBounds};
 pub use error::{BoxError, ForwardError, InvalidUpstream};
+pub(crate) use forward::sanitize_hooked;
 pub use service::{Proxy, ProxyResponse};
 
 /// The body of the forwarding service's responses: the upstream's body,
