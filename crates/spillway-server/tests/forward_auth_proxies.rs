@@ -1,0 +1,427 @@
+//! The forward-auth hook behind the real proxies: nginx (`auth_request`),
+//! Caddy (`forward_auth`), HAProxy (a Lua action) and Traefik
+//! (`ForwardAuth`), each run from its checked-in configuration in
+//! `examples/forward-auth/` (the addresses swapped for free ports), in front
+//! of a counting upstream, with `spillway serve` as the hook.
+//!
+//! What a client sees is asserted at the client: the rate-limit fields on
+//! admitted responses, the 429 with `Retry-After`, the IETF fields and a
+//! problem body on the denied request, which never reaches the upstream;
+//! a client's own `X-Forwarded-*` headers change nothing; and two proxies,
+//! each with its own Spillway, share one limit on one Redis.
+//!
+//! Clients connect from 127.0.0.2 and 127.0.0.3; the proxies call the hook
+//! from 127.0.0.1, the one address Spillway trusts. A proxy that is not
+//! installed is skipped with a message, unless `SPILLWAY_REQUIRE_PROXIES=1`
+//! (which `.ci/run` sets after installing them).
+
+mod process_support;
+mod serve_support;
+
+use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use process_support::Upstream;
+use serve_support::Service;
+use spillway_conformance::redis_server::RedisServer;
+use spillway_server::config::Config;
+
+/// The addresses the checked-in configurations use, swapped for free ones.
+const SPILLWAY_ADDR: &str = "127.0.0.1:8080";
+const UPSTREAM_ADDR: &str = "127.0.0.1:9000";
+const LISTEN_ADDR: &str = "127.0.0.1:8000";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Front {
+    Nginx,
+}
+
+impl Front {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Nginx => "nginx",
+        }
+    }
+
+    /// The binary, if installed.
+    fn binary(self) -> Option<PathBuf> {
+        let names: &[&str] = match self {
+            Self::Nginx => &["nginx", "/usr/sbin/nginx"],
+        };
+        names.iter().find_map(|name| find_binary(name))
+    }
+
+    /// Whether the proxy copies the hook's fields onto admitted responses.
+    fn copies_fields(self) -> bool {
+        true
+    }
+}
+
+fn find_binary(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        let path = PathBuf::from(name);
+        return path.exists().then_some(path);
+    }
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .ok()?;
+    let path = String::from_utf8(out.stdout).ok()?;
+    let path = path.trim();
+    (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// The binary of `front`, or `None` (the test is skipped, loudly) when it
+/// is not installed and not required.
+fn binary_or_skip(front: Front) -> Option<PathBuf> {
+    if let Some(binary) = front.binary() {
+        return Some(binary);
+    }
+    if std::env::var("SPILLWAY_REQUIRE_PROXIES").as_deref() == Ok("1") {
+        panic!(
+            "{} is not installed and SPILLWAY_REQUIRE_PROXIES=1",
+            front.name()
+        );
+    }
+    eprintln!(
+        "SKIPPED: {} is not installed (`bash .ci/run` installs it)",
+        front.name()
+    );
+    None
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/forward-auth")
+}
+
+/// A free port on 127.0.0.1 (free when asked: the proxy binds it next).
+fn free_addr() -> SocketAddr {
+    let listener = StdListener::bind("127.0.0.1:0").expect("a port");
+    listener.local_addr().expect("an address")
+}
+
+/// A proxy process from its example configuration, killed on drop.
+struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+    log: PathBuf,
+    _dir: PathBuf,
+}
+
+impl Proxy {
+    async fn start(
+        front: Front,
+        binary: &Path,
+        spillway: SocketAddr,
+        upstream: SocketAddr,
+    ) -> Self {
+        let addr = free_addr();
+        let dir =
+            serve_support::temp_dir(&format!("forward-auth-{}-{}", front.name(), addr.port()));
+        let render = |file: &str| {
+            let text = std::fs::read_to_string(examples().join(file))
+                .unwrap_or_else(|e| panic!("examples/forward-auth/{file}: {e}"));
+            let text = text
+                .replace(SPILLWAY_ADDR, &spillway.to_string())
+                .replace(UPSTREAM_ADDR, &upstream.to_string())
+                .replace(LISTEN_ADDR, &addr.to_string());
+            std::fs::write(dir.join(file), text).expect("the configuration is written");
+        };
+        let mut command = Command::new(binary);
+        match front {
+            Front::Nginx => {
+                render("nginx.conf");
+                std::fs::create_dir_all(dir.join("tmp")).expect("nginx's temp dir");
+                command
+                    .arg("-p")
+                    .arg(&dir)
+                    .arg("-c")
+                    .arg(dir.join("nginx.conf"))
+                    .args(["-g", "daemon off;"]);
+            }
+        }
+        let log = dir.join("proxy.log");
+        let out = std::fs::File::create(&log).expect("a log file");
+        let child = command
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("the log"))
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} starts: {e}", front.name()));
+        let mut proxy = Self {
+            child,
+            addr,
+            log,
+            _dir: dir,
+        };
+        proxy.wait_listening(front).await;
+        proxy
+    }
+
+    async fn wait_listening(&mut self, front: Front) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited ({status}):\n{}", front.name(), self.log());
+            }
+            if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not listen on {} within 20 s:\n{}",
+                front.name(),
+                self.addr,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client connecting from `from`.
+struct Clients {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("ASCII"))
+            .unwrap_or_else(|| panic!("no `{name}` in {self:?}"))
+    }
+}
+
+impl Clients {
+    fn from(ip: &str) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_local_address(Some(ip.parse::<IpAddr>().expect("an address")));
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+
+    async fn send(
+        &self,
+        proxy: SocketAddr,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Seen {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("http://{proxy}{path}"))
+            .header("host", "api.example.com");
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Full::default()).expect("a request");
+        let res = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
+            .await
+            .expect("an answer within 30 s")
+            .expect("an answer");
+        let status = res.status();
+        let headers = res.headers().clone();
+        let body = res.into_body().collect().await.expect("a body").to_bytes();
+        Seen {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    async fn login(&self, proxy: SocketAddr, headers: &[(&str, &str)]) -> Seen {
+        self.send(proxy, Method::POST, "/login", headers).await
+    }
+}
+
+fn example_config(redis: Option<&str>) -> Config {
+    let mut text = std::fs::read_to_string(examples().join("spillway.toml"))
+        .expect("examples/forward-auth/spillway.toml");
+    if let Some(url) = redis {
+        text = text.replace(
+            "[clients]",
+            &format!("[store]\nkind = \"redis\"\nurl = \"{url}\"\n\n[clients]"),
+        );
+    }
+    Config::parse(&text).expect("the example configuration is valid")
+}
+
+/// The login limit (3 a minute by IP) through `front`, as a client sees it.
+async fn limits_through(front: Front) {
+    let Some(binary) = binary_or_skip(front) else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let spillway = Service::start(example_config(None), None).await;
+    let proxy = Proxy::start(front, &binary, spillway.addr, upstream.addr).await;
+    let name = front.name();
+    let client = Clients::from("127.0.0.2");
+
+    for left in (0..3).rev() {
+        let admitted = client.login(proxy.addr, &[]).await;
+        assert_eq!(
+            admitted.status,
+            StatusCode::OK,
+            "{name}: {admitted:?}\n{}",
+            proxy.log()
+        );
+        assert_eq!(admitted.body, "upstream", "{name}");
+        if front.copies_fields() {
+            assert_eq!(admitted.header("x-ratelimit-limit"), "3", "{name}");
+            assert_eq!(
+                admitted.header("x-ratelimit-remaining"),
+                left.to_string(),
+                "{name}"
+            );
+            assert!(
+                admitted
+                    .header("ratelimit-policy")
+                    .starts_with("\"login\";q=3;w=60"),
+                "{name}: {admitted:?}"
+            );
+            assert!(
+                admitted
+                    .header("ratelimit")
+                    .starts_with(&format!("\"login\";r={left};t=")),
+                "{name}: {admitted:?}"
+            );
+        }
+    }
+    assert_eq!(upstream.arrived("/login"), 3, "{name}");
+
+    let denied = client.login(proxy.addr, &[]).await;
+    assert_eq!(
+        denied.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{name}: {denied:?}"
+    );
+    let retry: u64 = denied.header("retry-after").parse().expect("whole seconds");
+    assert!((1..=60).contains(&retry), "{name}: Retry-After {retry}");
+    assert_eq!(denied.header("x-ratelimit-remaining"), "0", "{name}");
+    assert!(
+        denied
+            .header("ratelimit-policy")
+            .starts_with("\"login\";q=3;w=60"),
+        "{name}: {denied:?}"
+    );
+    assert!(
+        denied.header("ratelimit").starts_with("\"login\";r=0;t="),
+        "{name}"
+    );
+    assert!(
+        denied
+            .header("content-type")
+            .starts_with("application/problem+json"),
+        "{name}: {denied:?}"
+    );
+    let problem: serde_json::Value =
+        serde_json::from_str(&denied.body).unwrap_or_else(|e| panic!("{name}: {e}: {denied:?}"));
+    assert_eq!(problem["status"], 429, "{name}");
+    assert_eq!(
+        upstream.arrived("/login"),
+        3,
+        "{name}: a denied request reached the upstream"
+    );
+
+    // What a client says of itself changes nothing: not its address, not
+    // the request the hook is told about.
+    let spoofed = client
+        .login(
+            proxy.addr,
+            &[
+                ("x-forwarded-for", "198.51.100.77"),
+                ("x-real-ip", "198.51.100.77"),
+                ("x-forwarded-method", "GET"),
+                ("x-forwarded-uri", "/public"),
+                ("x-forwarded-host", "other.example.com"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        spoofed.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{name}: a client's own forwarding headers got it past the limit: {spoofed:?}"
+    );
+    assert_eq!(upstream.arrived("/login"), 3, "{name}");
+
+    // Another client has its own count.
+    let other = Clients::from("127.0.0.3").login(proxy.addr, &[]).await;
+    assert_eq!(other.status, StatusCode::OK, "{name}: {other:?}");
+    assert_eq!(upstream.arrived("/login"), 4, "{name}");
+}
+
+/// Two proxies, each with its own Spillway, on one Redis: one limit.
+async fn shares_one_limit_through(front: Front) {
+    let Some(binary) = binary_or_skip(front) else {
+        return;
+    };
+    let Some(redis) = RedisServer::start() else {
+        if std::env::var("SPILLWAY_REQUIRE_REDIS").as_deref() == Ok("1") {
+            panic!("redis-server is not installed and SPILLWAY_REQUIRE_REDIS=1");
+        }
+        eprintln!("SKIPPED: redis-server is not installed");
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let (a, b) = (
+        Service::start(example_config(Some(&redis.url())), None).await,
+        Service::start(example_config(Some(&redis.url())), None).await,
+    );
+    let one = Proxy::start(front, &binary, a.addr, upstream.addr).await;
+    let two = Proxy::start(front, &binary, b.addr, upstream.addr).await;
+    let name = front.name();
+    let client = Clients::from("127.0.0.2");
+    for proxy in [one.addr, two.addr, one.addr] {
+        let admitted = client.login(proxy, &[]).await;
+        assert_eq!(admitted.status, StatusCode::OK, "{name}: {admitted:?}");
+    }
+    for proxy in [two.addr, one.addr] {
+        let denied = client.login(proxy, &[]).await;
+        assert_eq!(
+            denied.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{name}: the fourth login, through either proxy: {denied:?}"
+        );
+    }
+    assert_eq!(upstream.arrived("/login"), 3, "{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_auth_request_limits_and_answers_429() {
+    limits_through(Front::Nginx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_instances_on_one_redis_share_the_limit() {
+    shares_one_limit_through(Front::Nginx).await;
+}
