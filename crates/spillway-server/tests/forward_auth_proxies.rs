@@ -42,12 +42,14 @@ const LISTEN_ADDR: &str = "127.0.0.1:8000";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Front {
     Nginx,
+    Caddy,
 }
 
 impl Front {
     fn name(self) -> &'static str {
         match self {
             Self::Nginx => "nginx",
+            Self::Caddy => "caddy",
         }
     }
 
@@ -55,6 +57,7 @@ impl Front {
     fn binary(self) -> Option<PathBuf> {
         let names: &[&str] = match self {
             Self::Nginx => &["nginx", "/usr/sbin/nginx"],
+            Self::Caddy => &["caddy"],
         };
         names.iter().find_map(|name| find_binary(name))
     }
@@ -133,7 +136,8 @@ impl Proxy {
             let text = text
                 .replace(SPILLWAY_ADDR, &spillway.to_string())
                 .replace(UPSTREAM_ADDR, &upstream.to_string())
-                .replace(LISTEN_ADDR, &addr.to_string());
+                .replace(LISTEN_ADDR, &addr.to_string())
+                .replace("http://:8000", &format!("http://:{}", addr.port()));
             std::fs::write(dir.join(file), text).expect("the configuration is written");
         };
         let mut command = Command::new(binary);
@@ -147,6 +151,15 @@ impl Proxy {
                     .arg("-c")
                     .arg(dir.join("nginx.conf"))
                     .args(["-g", "daemon off;"]);
+            }
+            Front::Caddy => {
+                render("Caddyfile");
+                // Caddy keeps its state under these: here, not in $HOME.
+                command
+                    .env("XDG_DATA_HOME", &dir)
+                    .env("XDG_CONFIG_HOME", &dir)
+                    .args(["run", "--adapter", "caddyfile", "--config"])
+                    .arg(dir.join("Caddyfile"));
             }
         }
         let log = dir.join("proxy.log");
@@ -424,4 +437,14 @@ async fn nginx_auth_request_limits_and_answers_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_instances_on_one_redis_share_the_limit() {
     shares_one_limit_through(Front::Nginx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddy_forward_auth_limits_and_answers_429() {
+    limits_through(Front::Caddy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddy_instances_on_one_redis_share_the_limit() {
+    shares_one_limit_through(Front::Caddy).await;
 }
