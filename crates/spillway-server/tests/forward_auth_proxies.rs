@@ -43,6 +43,7 @@ const LISTEN_ADDR: &str = "127.0.0.1:8000";
 enum Front {
     Nginx,
     Caddy,
+    Haproxy,
 }
 
 impl Front {
@@ -50,6 +51,7 @@ impl Front {
         match self {
             Self::Nginx => "nginx",
             Self::Caddy => "caddy",
+            Self::Haproxy => "haproxy",
         }
     }
 
@@ -58,6 +60,7 @@ impl Front {
         let names: &[&str] = match self {
             Self::Nginx => &["nginx", "/usr/sbin/nginx"],
             Self::Caddy => &["caddy"],
+            Self::Haproxy => &["haproxy", "/usr/sbin/haproxy"],
         };
         names.iter().find_map(|name| find_binary(name))
     }
@@ -160,6 +163,12 @@ impl Proxy {
                     .env("XDG_CONFIG_HOME", &dir)
                     .args(["run", "--adapter", "caddyfile", "--config"])
                     .arg(dir.join("Caddyfile"));
+            }
+            Front::Haproxy => {
+                render("haproxy.cfg");
+                render("spillway.lua");
+                // `-db`: in the foreground; the Lua file is found from here.
+                command.args(["-db", "-f"]).arg(dir.join("haproxy.cfg"));
             }
         }
         let log = dir.join("proxy.log");
@@ -447,4 +456,14 @@ async fn caddy_forward_auth_limits_and_answers_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caddy_instances_on_one_redis_share_the_limit() {
     shares_one_limit_through(Front::Caddy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_lua_action_limits_and_answers_429() {
+    limits_through(Front::Haproxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_instances_on_one_redis_share_the_limit() {
+    shares_one_limit_through(Front::Haproxy).await;
 }
