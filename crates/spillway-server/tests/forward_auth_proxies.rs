@@ -44,6 +44,7 @@ enum Front {
     Nginx,
     Caddy,
     Haproxy,
+    Traefik,
 }
 
 impl Front {
@@ -52,6 +53,7 @@ impl Front {
             Self::Nginx => "nginx",
             Self::Caddy => "caddy",
             Self::Haproxy => "haproxy",
+            Self::Traefik => "traefik",
         }
     }
 
@@ -61,13 +63,15 @@ impl Front {
             Self::Nginx => &["nginx", "/usr/sbin/nginx"],
             Self::Caddy => &["caddy"],
             Self::Haproxy => &["haproxy", "/usr/sbin/haproxy"],
+            Self::Traefik => &["traefik"],
         };
         names.iter().find_map(|name| find_binary(name))
     }
 
-    /// Whether the proxy copies the hook's fields onto admitted responses.
+    /// Whether the proxy copies the hook's fields onto admitted responses:
+    /// Traefik's `ForwardAuth` cannot.
     fn copies_fields(self) -> bool {
-        true
+        self != Self::Traefik
     }
 }
 
@@ -170,6 +174,14 @@ impl Proxy {
                 // `-db`: in the foreground; the Lua file is found from here.
                 command.args(["-db", "-f"]).arg(dir.join("haproxy.cfg"));
             }
+            Front::Traefik => {
+                render("traefik.yml");
+                render("traefik-dynamic.yml");
+                command.arg(format!(
+                    "--configFile={}",
+                    dir.join("traefik.yml").display()
+                ));
+            }
         }
         let log = dir.join("proxy.log");
         let out = std::fs::File::create(&log).expect("a log file");
@@ -196,7 +208,7 @@ impl Proxy {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("{} exited ({status}):\n{}", front.name(), self.log());
             }
-            if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
+            if tokio::net::TcpStream::connect(self.addr).await.is_ok() && self.routes(front).await {
                 return;
             }
             assert!(
@@ -208,6 +220,18 @@ impl Proxy {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Whether the proxy routes requests yet: Traefik listens before its
+    /// file provider has loaded the routers, and answers 404 until then.
+    async fn routes(&self, front: Front) -> bool {
+        if front != Front::Traefik {
+            return true;
+        }
+        let probe = Clients::from("127.0.0.1")
+            .send(self.addr, Method::GET, "/", &[])
+            .await;
+        probe.status != StatusCode::NOT_FOUND
     }
 
     fn log(&self) -> String {
@@ -466,4 +490,14 @@ async fn haproxy_lua_action_limits_and_answers_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn haproxy_instances_on_one_redis_share_the_limit() {
     shares_one_limit_through(Front::Haproxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traefik_forward_auth_limits_and_answers_429() {
+    limits_through(Front::Traefik).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traefik_instances_on_one_redis_share_the_limit() {
+    shares_one_limit_through(Front::Traefik).await;
 }
