@@ -53,7 +53,9 @@ core.register_action("spillway", { "http-req" }, function(txn)
   -- HAProxy is the edge: the client's own chain is not believed.
   headers["x-forwarded-for"] = { txn.sf:src() }
 
-  local res = core.httpclient():get{ url = hook, headers = headers, timeout = 5000 }
+  -- A shaped request is answered on its turn: wait as long as nginx would
+  -- (60 s), as long as the longest queue of a shaping rule may hold it.
+  local res = core.httpclient():get{ url = hook, headers = headers, timeout = 60000 }
   if res == nil or res.status == nil or res.status == 0 then
     -- The hook did not answer: haproxy.cfg answers 503.
     txn:set_var("txn.spillway_status", 503)
