@@ -7,8 +7,9 @@
 //! What a client sees is asserted at the client: the rate-limit fields on
 //! admitted responses, the 429 with `Retry-After`, the IETF fields and a
 //! problem body on the denied request, which never reaches the upstream;
-//! a client's own `X-Forwarded-*` headers change nothing; and two proxies,
-//! each with its own Spillway, share one limit on one Redis.
+//! a client's own `X-Forwarded-*` headers change nothing; a shaping rule's
+//! requests are forwarded on their turns, the hook holding its answers; and
+//! two proxies, each with its own Spillway, share one limit on one Redis.
 //!
 //! Clients connect from 127.0.0.2 and 127.0.0.3; the proxies call the hook
 //! from 127.0.0.1, the one address Spillway trusts. A proxy that is not
@@ -426,6 +427,56 @@ async fn limits_through(front: Front) {
     assert_eq!(upstream.arrived("/login"), 4, "{name}");
 }
 
+/// A shaping rule through `front`: the hook answers each request on its
+/// turn, so the proxy forwards them at the rule's rate; past the queue, a
+/// 429 at once. Only lower bounds on time are asserted: a slow machine
+/// makes turns late, never early.
+async fn shapes_through(front: Front) {
+    let Some(binary) = binary_or_skip(front) else {
+        return;
+    };
+    let upstream = Upstream::start().await;
+    let spillway = Service::start(example_config(None), None).await;
+    let proxy = Proxy::start(front, &binary, spillway.addr, upstream.addr).await;
+    let name = front.name();
+    let client = std::sync::Arc::new(Clients::from("127.0.0.2"));
+    let t0 = Instant::now();
+    let sent: Vec<_> = (0..4)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let seen = client
+                    .send(proxy.addr, Method::GET, "/exports/report.csv", &[])
+                    .await;
+                (seen.status, t0.elapsed())
+            })
+        })
+        .collect();
+    let mut answered = Vec::new();
+    for s in sent {
+        answered.push(s.await.expect("the request"));
+    }
+    let mut admitted: Vec<Duration> = answered
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::OK)
+        .map(|(_, t)| *t)
+        .collect();
+    admitted.sort();
+    let denied = answered
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((admitted.len(), denied), (3, 1), "{name}: {answered:?}");
+    for (k, at) in admitted.iter().enumerate() {
+        let turn = Duration::from_millis(500) * k as u32;
+        assert!(
+            *at + Duration::from_millis(5) >= turn,
+            "{name}: request {k} was answered at {at:?}, before its turn at {turn:?}"
+        );
+    }
+    assert_eq!(upstream.arrived("/exports/report.csv"), 3, "{name}");
+}
+
 /// Two proxies, each with its own Spillway, on one Redis: one limit.
 async fn shares_one_limit_through(front: Front) {
     let Some(binary) = binary_or_skip(front) else {
@@ -500,4 +551,24 @@ async fn traefik_forward_auth_limits_and_answers_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traefik_instances_on_one_redis_share_the_limit() {
     shares_one_limit_through(Front::Traefik).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_holds_a_shaped_request_until_its_turn() {
+    shapes_through(Front::Nginx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddy_holds_a_shaped_request_until_its_turn() {
+    shapes_through(Front::Caddy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_holds_a_shaped_request_until_its_turn() {
+    shapes_through(Front::Haproxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traefik_holds_a_shaped_request_until_its_turn() {
+    shapes_through(Front::Traefik).await;
 }
