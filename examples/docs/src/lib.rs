@@ -29,6 +29,10 @@ pub struct Distributed;
 #[cfg(doctest)]
 pub struct Envoy;
 
+#[doc = include_str!("../../../docs/integrations.md")]
+#[cfg(doctest)]
+pub struct Integrations;
+
 #[doc = include_str!("../../../docs/middleware.md")]
 #[cfg(doctest)]
 pub struct Middleware;
