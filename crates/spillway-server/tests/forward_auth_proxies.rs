@@ -16,15 +16,15 @@
 //! installed is skipped with a message, unless `SPILLWAY_REQUIRE_PROXIES=1`
 //! (which `.ci/run` sets after installing them).
 
+mod front_support;
 mod process_support;
 mod serve_support;
 
-use std::net::{IpAddr, SocketAddr, TcpListener as StdListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use front_support::{Front, FrontProxy, binary_or_skip, examples};
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -34,218 +34,6 @@ use process_support::Upstream;
 use serve_support::Service;
 use spillway_conformance::redis_server::RedisServer;
 use spillway_server::config::Config;
-
-/// The addresses the checked-in configurations use, swapped for free ones.
-const SPILLWAY_ADDR: &str = "127.0.0.1:8080";
-const UPSTREAM_ADDR: &str = "127.0.0.1:9000";
-const LISTEN_ADDR: &str = "127.0.0.1:8000";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Front {
-    Nginx,
-    Caddy,
-    Haproxy,
-    Traefik,
-}
-
-impl Front {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Nginx => "nginx",
-            Self::Caddy => "caddy",
-            Self::Haproxy => "haproxy",
-            Self::Traefik => "traefik",
-        }
-    }
-
-    /// The binary, if installed.
-    fn binary(self) -> Option<PathBuf> {
-        let names: &[&str] = match self {
-            Self::Nginx => &["nginx", "/usr/sbin/nginx"],
-            Self::Caddy => &["caddy"],
-            Self::Haproxy => &["haproxy", "/usr/sbin/haproxy"],
-            Self::Traefik => &["traefik"],
-        };
-        names.iter().find_map(|name| find_binary(name))
-    }
-
-    /// Whether the proxy copies the hook's fields onto admitted responses:
-    /// Traefik's `ForwardAuth` cannot.
-    fn copies_fields(self) -> bool {
-        self != Self::Traefik
-    }
-}
-
-fn find_binary(name: &str) -> Option<PathBuf> {
-    if name.contains('/') {
-        let path = PathBuf::from(name);
-        return path.exists().then_some(path);
-    }
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {name}"))
-        .output()
-        .ok()?;
-    let path = String::from_utf8(out.stdout).ok()?;
-    let path = path.trim();
-    (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
-}
-
-/// The binary of `front`, or `None` (the test is skipped, loudly) when it
-/// is not installed and not required.
-fn binary_or_skip(front: Front) -> Option<PathBuf> {
-    if let Some(binary) = front.binary() {
-        return Some(binary);
-    }
-    if std::env::var("SPILLWAY_REQUIRE_PROXIES").as_deref() == Ok("1") {
-        panic!(
-            "{} is not installed and SPILLWAY_REQUIRE_PROXIES=1",
-            front.name()
-        );
-    }
-    eprintln!(
-        "SKIPPED: {} is not installed (`bash .ci/run` installs it)",
-        front.name()
-    );
-    None
-}
-
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/forward-auth")
-}
-
-/// A free port on 127.0.0.1 (free when asked: the proxy binds it next).
-fn free_addr() -> SocketAddr {
-    let listener = StdListener::bind("127.0.0.1:0").expect("a port");
-    listener.local_addr().expect("an address")
-}
-
-/// A proxy process from its example configuration, killed on drop.
-struct Proxy {
-    child: Child,
-    addr: SocketAddr,
-    log: PathBuf,
-    _dir: PathBuf,
-}
-
-impl Proxy {
-    async fn start(
-        front: Front,
-        binary: &Path,
-        spillway: SocketAddr,
-        upstream: SocketAddr,
-    ) -> Self {
-        let addr = free_addr();
-        let dir =
-            serve_support::temp_dir(&format!("forward-auth-{}-{}", front.name(), addr.port()));
-        let render = |file: &str| {
-            let text = std::fs::read_to_string(examples().join(file))
-                .unwrap_or_else(|e| panic!("examples/forward-auth/{file}: {e}"));
-            let text = text
-                .replace(SPILLWAY_ADDR, &spillway.to_string())
-                .replace(UPSTREAM_ADDR, &upstream.to_string())
-                .replace(LISTEN_ADDR, &addr.to_string())
-                .replace("http://:8000", &format!("http://:{}", addr.port()));
-            std::fs::write(dir.join(file), text).expect("the configuration is written");
-        };
-        let mut command = Command::new(binary);
-        match front {
-            Front::Nginx => {
-                render("nginx.conf");
-                std::fs::create_dir_all(dir.join("tmp")).expect("nginx's temp dir");
-                command
-                    .arg("-p")
-                    .arg(&dir)
-                    .arg("-c")
-                    .arg(dir.join("nginx.conf"))
-                    .args(["-g", "daemon off;"]);
-            }
-            Front::Caddy => {
-                render("Caddyfile");
-                // Caddy keeps its state under these: here, not in $HOME.
-                command
-                    .env("XDG_DATA_HOME", &dir)
-                    .env("XDG_CONFIG_HOME", &dir)
-                    .args(["run", "--adapter", "caddyfile", "--config"])
-                    .arg(dir.join("Caddyfile"));
-            }
-            Front::Haproxy => {
-                render("haproxy.cfg");
-                render("spillway.lua");
-                // `-db`: in the foreground; the Lua file is found from here.
-                command.args(["-db", "-f"]).arg(dir.join("haproxy.cfg"));
-            }
-            Front::Traefik => {
-                render("traefik.yml");
-                render("traefik-dynamic.yml");
-                command.arg(format!(
-                    "--configFile={}",
-                    dir.join("traefik.yml").display()
-                ));
-            }
-        }
-        let log = dir.join("proxy.log");
-        let out = std::fs::File::create(&log).expect("a log file");
-        let child = command
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("the log"))
-            .stderr(out)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{} starts: {e}", front.name()));
-        let mut proxy = Self {
-            child,
-            addr,
-            log,
-            _dir: dir,
-        };
-        proxy.wait_listening(front).await;
-        proxy
-    }
-
-    async fn wait_listening(&mut self, front: Front) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("{} exited ({status}):\n{}", front.name(), self.log());
-            }
-            if tokio::net::TcpStream::connect(self.addr).await.is_ok() && self.routes(front).await {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not listen on {} within 20 s:\n{}",
-                front.name(),
-                self.addr,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Whether the proxy routes requests yet: Traefik listens before its
-    /// file provider has loaded the routers, and answers 404 until then.
-    async fn routes(&self, front: Front) -> bool {
-        if front != Front::Traefik {
-            return true;
-        }
-        let probe = Clients::from("127.0.0.1")
-            .send(self.addr, Method::GET, "/", &[])
-            .await;
-        probe.status != StatusCode::NOT_FOUND
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A client connecting from `from`.
 struct Clients {
@@ -330,7 +118,7 @@ async fn limits_through(front: Front) {
     };
     let upstream = Upstream::start().await;
     let spillway = Service::start(example_config(None), None).await;
-    let proxy = Proxy::start(front, &binary, spillway.addr, upstream.addr).await;
+    let proxy = FrontProxy::start(front, &binary, spillway.addr, upstream.addr).await;
     let name = front.name();
     let client = Clients::from("127.0.0.2");
 
@@ -437,7 +225,7 @@ async fn shapes_through(front: Front) {
     };
     let upstream = Upstream::start().await;
     let spillway = Service::start(example_config(None), None).await;
-    let proxy = Proxy::start(front, &binary, spillway.addr, upstream.addr).await;
+    let proxy = FrontProxy::start(front, &binary, spillway.addr, upstream.addr).await;
     let name = front.name();
     let client = std::sync::Arc::new(Clients::from("127.0.0.2"));
     let t0 = Instant::now();
@@ -494,8 +282,8 @@ async fn shares_one_limit_through(front: Front) {
         Service::start(example_config(Some(&redis.url())), None).await,
         Service::start(example_config(Some(&redis.url())), None).await,
     );
-    let one = Proxy::start(front, &binary, a.addr, upstream.addr).await;
-    let two = Proxy::start(front, &binary, b.addr, upstream.addr).await;
+    let one = FrontProxy::start(front, &binary, a.addr, upstream.addr).await;
+    let two = FrontProxy::start(front, &binary, b.addr, upstream.addr).await;
     let name = front.name();
     let client = Clients::from("127.0.0.2");
     for proxy in [one.addr, two.addr, one.addr] {
