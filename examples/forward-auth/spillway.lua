@@ -47,7 +47,9 @@ core.register_action("spillway", { "http-req" }, function(txn)
   end
   -- The description replaces whatever the client sent under these names.
   headers["x-forwarded-method"] = { txn.sf:method() }
-  headers["x-forwarded-uri"] = { txn.sf:pathq() }
+  -- The target as the request line has it: an absolute-form target keeps
+  -- its host, which upstreams route by before the Host header.
+  headers["x-forwarded-uri"] = { txn.sf:url() }
   headers["x-forwarded-host"] = { txn.sf:req_fhdr("host") }
   headers["x-forwarded-proto"] = { "http" }
   -- HAProxy is the edge: the client's own chain is not believed.

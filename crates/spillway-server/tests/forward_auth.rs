@@ -247,6 +247,12 @@ async fn other_spellings_of_a_limited_request_are_counted_by_its_rule() {
         "/\\login",
         "/api\\..\\login",
         "http://api.example.com/login",
+        // Read by Node's URL parser as host `x`, path `/login`: the upstream
+        // receives it as it came, not merged.
+        "//x/login",
+        "/\\x/login",
+        // `/login` to Werkzeug and Rack, which decode `%2F` first.
+        "/x%2F..%2Flogin",
     ];
     for (i, target) in spellings.iter().enumerate() {
         let client = format!("203.0.113.{}", i + 1);

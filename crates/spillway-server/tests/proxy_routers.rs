@@ -17,6 +17,13 @@
 //!    every request a router routes there must have been charged by its
 //!    rule (and so answered 429) or refused by the proxy.
 //!
+//! The same corpus runs through nginx, Caddy and HAProxy in front of the
+//! forward-auth hook of `spillway serve` (their configurations in
+//! `examples/forward-auth/`), with the same rules: there the proxy forwards
+//! the client's bytes and the hook decides on its own reading of them, so
+//! every reading a router may make must be counted. A proxy that is not
+//! installed is skipped like a router (`SPILLWAY_REQUIRE_PROXIES=1`).
+//!
 //! Classes in `KNOWN_OPEN` are the ones still open on main: their cases
 //! are checked and printed, not asserted. Remove a class from that list
 //! when its fix lands, and the harness holds it from then on.
@@ -39,10 +46,12 @@
 //! installed is skipped with a message, unless `SPILLWAY_REQUIRE_ROUTERS=1`
 //! (which `.ci/run` sets after installing them).
 
+mod front_support;
 // The wire tests use the rest of it.
 #[allow(dead_code)]
 mod mangle;
 mod routers;
+mod serve_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -51,8 +60,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use front_support::{Front, FrontProxy, binary_or_skip};
 use mangle::Rng;
 use routers::{Router, Upstream};
+use serve_support::Service;
 use spillway_server::config::Config;
 use spillway_server::proxy::{ProxyOptions, serve_with};
 use spillway_server::state::{Live, Loaded};
@@ -1224,7 +1235,7 @@ fn corpus() -> Vec<Case> {
 /// What a client read for one request: the status, or `None` for no
 /// answer (the connection closed first, or `CASE_WAIT` passed).
 async fn send(addr: SocketAddr, bytes: &[u8], head: bool) -> Option<u16> {
-    let Ok(Ok(mut stream)) = tokio::time::timeout(CASE_WAIT, TcpStream::connect(addr)).await else {
+    let Ok(Ok(mut stream)) = tokio::time::timeout(CASE_WAIT, connect_as_client(addr)).await else {
         return None;
     };
     // The server may refuse and close before reading it all.
@@ -1243,6 +1254,14 @@ async fn send(addr: SocketAddr, bytes: &[u8], head: bool) -> Option<u16> {
         }
     };
     tokio::time::timeout(CASE_WAIT, read).await.ok().flatten()
+}
+
+/// A connection from 127.0.0.2: the client is not the proxy in front of
+/// the hook, which calls it from 127.0.0.1, the one address it trusts.
+async fn connect_as_client(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind("127.0.0.2:0".parse().expect("an address"))?;
+    socket.connect(addr).await
 }
 
 fn status(bytes: &[u8]) -> Option<u16> {
@@ -1322,13 +1341,53 @@ impl Relay {
     }
 }
 
-/// The proxy, in this process, in front of `upstream`; stopped on drop.
-struct Proxy {
-    addr: SocketAddr,
-    _stop: tokio::sync::oneshot::Sender<()>,
+/// What the cases are sent through: `spillway proxy`, or a proxy in front
+/// of the forward-auth hook of `spillway serve`, from its configuration in
+/// `examples/forward-auth/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Through {
+    Proxy,
+    Hook(Front),
 }
 
-async fn proxy(upstream: SocketAddr) -> Proxy {
+impl Through {
+    fn name(self) -> String {
+        match self {
+            Self::Proxy => "spillway proxy".to_string(),
+            Self::Hook(front) => format!("{} and the forward-auth hook", front.name()),
+        }
+    }
+}
+
+/// The proxy in front of `upstream`; stopped on drop.
+struct Proxy {
+    addr: SocketAddr,
+    _stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _hook: Option<(Service, FrontProxy)>,
+}
+
+/// `through` in front of `upstream`; `None` when its proxy is not
+/// installed (and not required: see `front_support`).
+async fn proxy(through: Through, upstream: SocketAddr) -> Option<Proxy> {
+    let Through::Hook(front) = through else {
+        return Some(spillway_proxy(upstream).await);
+    };
+    let binary = binary_or_skip(front)?;
+    // The proxy calls the hook from 127.0.0.1; the cases come from
+    // 127.0.0.2.
+    let config = format!("[clients]\ntrusted_proxies = [\"127.0.0.1/32\"]\n{CONFIG}");
+    let config = Config::parse(&config).expect("a valid config");
+    let spillway = Service::start(config, None).await;
+    let front = FrontProxy::start(front, &binary, spillway.addr, upstream).await;
+    Some(Proxy {
+        addr: front.addr,
+        _stop: None,
+        _hook: Some((spillway, front)),
+    })
+}
+
+/// `spillway proxy`, in this process, in front of `upstream`.
+async fn spillway_proxy(upstream: SocketAddr) -> Proxy {
     let config = Config::parse(CONFIG).expect("a valid config");
     let options = ProxyOptions {
         normalize: config.proxy,
@@ -1348,7 +1407,11 @@ async fn proxy(upstream: SocketAddr) -> Proxy {
             let _ = stopped.await;
         },
     ));
-    Proxy { addr, _stop: stop }
+    Proxy {
+        addr,
+        _stop: Some(stop),
+        _hook: None,
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1395,11 +1458,16 @@ fn limited_by_case(upstream: &Upstream) -> BTreeMap<String, (String, String)> {
     found
 }
 
-async fn check(router: Router) {
+async fn check(router: Router, through: Through) {
+    if let Through::Hook(front) = through
+        && binary_or_skip(front).is_none()
+    {
+        return;
+    }
     let Some(mut upstream) = Upstream::start(router) else {
         return;
     };
-    let name = router.name();
+    let name = &format!("{} through {}", router.name(), through.name());
     let cases = corpus();
 
     // 1. Each case directly: what the router routes to a limited handler.
@@ -1412,7 +1480,9 @@ async fn check(router: Router) {
     // limited requests are admitted once and reach their handler, then
     // are refused.
     let relay = Relay::start(upstream.addr).await;
-    let proxy = proxy(relay.addr).await;
+    let proxy = proxy(through, relay.addr)
+        .await
+        .expect("the proxy is installed");
     for (round, aim) in [Aim::Login, Aim::Report, Aim::Account, Aim::Admin]
         .into_iter()
         .flat_map(|aim| [(0, aim), (1, aim)])
@@ -1459,6 +1529,12 @@ async fn check(router: Router) {
     let served = upstream.served();
     let found = limited_by_case(&upstream);
     for (i, outcome) in outcomes.iter_mut().enumerate() {
+        if through != Through::Proxy {
+            // A proxy in front of the hook keeps its upstream connections
+            // open: the relay's count says nothing, the router's log does.
+            let id = format!("p{i}");
+            outcome.forwarded = served[lines_before..].iter().any(|s| s.case == id);
+        }
         outcome.direct = found.get(&format!("d{i}")).map(|(h, _)| h.clone());
         if let Some((handler, seen)) = found.get(&format!("p{i}")) {
             outcome.proxied = Some(handler.clone());
@@ -1473,7 +1549,7 @@ async fn check(router: Router) {
         .filter(|s| limited(&s.handler) && !known.contains(&s.case))
         .collect();
 
-    let report = table(router, &cases, &outcomes);
+    let report = table(router, through, &cases, &outcomes);
     eprintln!("{report}");
 
     // The router folds what it is known to fold (or the harness tests
@@ -1557,7 +1633,7 @@ async fn check(router: Router) {
 /// The table of one router: by class, how many cases, how many the router
 /// routes to a limited handler directly, how many reached one through the
 /// proxy (0 but for KNOWN_OPEN), and what the proxy did with the rest.
-fn table(router: Router, cases: &[Case], outcomes: &[Outcome]) -> String {
+fn table(router: Router, through: Through, cases: &[Case], outcomes: &[Outcome]) -> String {
     #[derive(Default)]
     struct Row {
         cases: usize,
@@ -1593,9 +1669,10 @@ fn table(router: Router, cases: &[Case], outcomes: &[Outcome]) -> String {
         }
     }
     let mut out = format!(
-        "\n{} (through spillway proxy; the limited handlers' rules exhausted first)\n\
+        "\n{} (through {}; the limited handlers' rules exhausted first)\n\
          {:<24} {:>6} {:>8} {:>9} {:>6} {:>7} {:>9} {:>9}\n",
         router.name(),
+        through.name(),
         "class",
         "cases",
         "directly",
@@ -1642,35 +1719,72 @@ fn table(router: Router, cases: &[Case], outcomes: &[Outcome]) -> String {
 
 #[tokio::test]
 async fn tomcat_serves_no_limited_request_past_the_proxy() {
-    check(Router::Tomcat).await;
+    check(Router::Tomcat, Through::Proxy).await;
 }
 
 #[tokio::test]
 async fn express_serves_no_limited_request_past_the_proxy() {
-    check(Router::Express).await;
+    check(Router::Express, Through::Proxy).await;
 }
 
 #[tokio::test]
 async fn node_url_serves_no_limited_request_past_the_proxy() {
-    check(Router::PlainNode).await;
+    check(Router::PlainNode, Through::Proxy).await;
 }
 
 #[tokio::test]
 async fn flask_serves_no_limited_request_past_the_proxy() {
-    check(Router::Flask).await;
+    check(Router::Flask, Through::Proxy).await;
 }
 
 #[tokio::test]
 async fn starlette_serves_no_limited_request_past_the_proxy() {
-    check(Router::Starlette).await;
+    check(Router::Starlette, Through::Proxy).await;
 }
 
 #[tokio::test]
 async fn sinatra_serves_no_limited_request_past_the_proxy() {
-    check(Router::Sinatra).await;
+    check(Router::Sinatra, Through::Proxy).await;
 }
 
 #[tokio::test]
 async fn go_serves_no_limited_request_past_the_proxy() {
-    check(Router::Go).await;
+    check(Router::Go, Through::Proxy).await;
+}
+
+/// The corpus through each proxy in front of the forward-auth hook, with
+/// each router behind it.
+macro_rules! through_hook {
+    ($($name:ident: $router:ident, $front:ident;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                check(Router::$router, Through::Hook(Front::$front)).await;
+            }
+        )*
+    };
+}
+
+through_hook! {
+    tomcat_serves_no_limited_request_past_nginx_and_the_hook: Tomcat, Nginx;
+    express_serves_no_limited_request_past_nginx_and_the_hook: Express, Nginx;
+    node_url_serves_no_limited_request_past_nginx_and_the_hook: PlainNode, Nginx;
+    flask_serves_no_limited_request_past_nginx_and_the_hook: Flask, Nginx;
+    starlette_serves_no_limited_request_past_nginx_and_the_hook: Starlette, Nginx;
+    sinatra_serves_no_limited_request_past_nginx_and_the_hook: Sinatra, Nginx;
+    go_serves_no_limited_request_past_nginx_and_the_hook: Go, Nginx;
+    tomcat_serves_no_limited_request_past_caddy_and_the_hook: Tomcat, Caddy;
+    express_serves_no_limited_request_past_caddy_and_the_hook: Express, Caddy;
+    node_url_serves_no_limited_request_past_caddy_and_the_hook: PlainNode, Caddy;
+    flask_serves_no_limited_request_past_caddy_and_the_hook: Flask, Caddy;
+    starlette_serves_no_limited_request_past_caddy_and_the_hook: Starlette, Caddy;
+    sinatra_serves_no_limited_request_past_caddy_and_the_hook: Sinatra, Caddy;
+    go_serves_no_limited_request_past_caddy_and_the_hook: Go, Caddy;
+    tomcat_serves_no_limited_request_past_haproxy_and_the_hook: Tomcat, Haproxy;
+    express_serves_no_limited_request_past_haproxy_and_the_hook: Express, Haproxy;
+    node_url_serves_no_limited_request_past_haproxy_and_the_hook: PlainNode, Haproxy;
+    flask_serves_no_limited_request_past_haproxy_and_the_hook: Flask, Haproxy;
+    starlette_serves_no_limited_request_past_haproxy_and_the_hook: Starlette, Haproxy;
+    sinatra_serves_no_limited_request_past_haproxy_and_the_hook: Sinatra, Haproxy;
+    go_serves_no_limited_request_past_haproxy_and_the_hook: Go, Haproxy;
 }

@@ -16,7 +16,7 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use spillway_tower::ClientAddr;
+use spillway_tower::{ClientAddr, OtherPaths};
 use tower::Service;
 
 use super::connect::{Capped, TimeoutConnector};
@@ -174,10 +174,25 @@ pub(crate) fn sanitize_hooked(
     normalize: Normalize,
     policy: &spillway_tower::Policy,
 ) -> Result<(), String> {
+    let raw = parts.uri.path().to_owned();
     target::normalize(parts, normalize).map_err(|e| match e {
         ForwardError::BadRequest(why) => why.to_string(),
         other => other.to_string(),
     })?;
+    // The upstream receives the raw target, which some routers read
+    // otherwise than the normalized one: the rules count every reading.
+    let readings = target::raw_readings(&raw, normalize);
+    let normalized = parts.uri.path();
+    let readings: Vec<String> = readings.into_iter().filter(|r| r != normalized).collect();
+    if !readings.is_empty() {
+        let mut other = parts.extensions.remove::<OtherPaths>().unwrap_or_default();
+        for reading in readings {
+            if !other.0.contains(&reading) {
+                other.0.push(reading);
+            }
+        }
+        parts.extensions.insert(other);
+    }
     if let Some(name) = headers::misleading(&parts.headers, || policy.headers_read()) {
         return Err(format!(
             "The forwarded request carries `{name}`, which some upstreams read instead of \

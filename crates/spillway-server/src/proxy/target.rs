@@ -113,6 +113,58 @@ fn other_readings(parts: &mut http::request::Parts, target: &[u8], options: Norm
     }
 }
 
+/// The other readings of a raw target that reaches the upstream as it
+/// came (the forward-auth hook: the proxy in front forwards the client's
+/// bytes, not this normalization), for the rules ([`OtherPaths`]), besides
+/// the normalized path [`normalize`] gives:
+///
+/// - with `%2F` and `%5C` decoded before the dot segments are removed
+///   (Werkzeug and Rack decode them first: `/x%2F..%2Flogin`, and
+///   `/x/..\/x%5C../../login`, whose `..` and `%5C` the normalized
+///   reading resolves in another order);
+/// - a path that starts with two slashes (or a backslash in their place) as
+///   WHATWG's URL parser reads it against a base, as Node's `new URL(path,
+///   base)` does: `//x/login` is host `x` and path `/login`.
+///
+/// Readings that cannot be normalized are left out: the normalized one
+/// stands.
+pub(crate) fn raw_readings(raw: &str, options: Normalize) -> Vec<String> {
+    let mut readings = Vec::new();
+    let mut add = |path: &str, options: Normalize| {
+        if let Ok(reading) = normalize_path(path, options)
+            && let Ok(reading) = String::from_utf8(reading)
+            && !readings.contains(&reading)
+        {
+            readings.push(reading);
+        }
+    };
+    let unescape = Normalize {
+        path: true,
+        merge_slashes: true,
+        escaped_slashes: EscapedSlashes::Unescape,
+        ..options
+    };
+    let bytes = raw.as_bytes();
+    let encoded_slash = bytes.windows(3).any(|w| {
+        w[0] == b'%' && (w[1..].eq_ignore_ascii_case(b"2F") || w[1..].eq_ignore_ascii_case(b"5C"))
+    });
+    if encoded_slash && options.escaped_slashes == EscapedSlashes::Keep {
+        add(raw, unescape);
+    }
+    // `\` is `/` to WHATWG's parser.
+    let slashed = raw.replace('\\', "/");
+    if let Some(rest) = slashed.strip_prefix("//") {
+        let rest = rest.trim_start_matches('/');
+        // The first segment is the authority; the path is what follows.
+        let path = rest.find('/').map_or("/", |at| &rest[at..]);
+        add(path, options);
+        if encoded_slash && options.escaped_slashes == EscapedSlashes::Keep {
+            add(path, unescape);
+        }
+    }
+    readings
+}
+
 fn bad(why: &'static str) -> ForwardError {
     ForwardError::BadRequest(why)
 }
@@ -456,6 +508,33 @@ mod tests {
                 .get::<OtherPaths>()
                 .is_none()
         );
+    }
+
+    /// What reaches the upstream as it came has the readings routers make
+    /// of it besides the normalized one: `%2F` decoded first (Werkzeug,
+    /// Rack), and a leading `//` as WHATWG's parser reads it (Node).
+    #[test]
+    fn a_raw_target_is_also_read_as_routers_read_it() {
+        let readings = |raw| raw_readings(raw, Normalize::default());
+        assert!(readings("/login").is_empty());
+        assert_eq!(readings("//x/login"), ["/login"]);
+        assert_eq!(readings("///x/login"), ["/login"]);
+        assert_eq!(readings("/\\x/login"), ["/login"]);
+        assert_eq!(readings("//x"), ["/"]);
+        assert_eq!(readings("/x%2F..%2Flogin"), ["/login"]);
+        // The normalized reading resolves `..` before `%5C`; decoded
+        // first, it is the login.
+        assert_eq!(
+            path("/x/..\\/./x/x%5C../../login").as_deref(),
+            Ok("/x/login")
+        );
+        assert_eq!(readings("/x/..\\/./x/x%5C../../login"), ["/login"]);
+        // Refused or decoded slashes leave nothing else to read.
+        let reject = Normalize {
+            escaped_slashes: EscapedSlashes::Reject,
+            ..Normalize::default()
+        };
+        assert!(raw_readings("/x%2F..%2Flogin", reject).is_empty());
     }
 
     #[test]
