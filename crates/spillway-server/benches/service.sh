@@ -9,6 +9,12 @@
 #   2. `spillway proxy` (a rule that never denies)  vs  nginx limit_req
 #      (a zone that never denies, burst + nodelay), both in front of the
 #      same upstream (a separate nginx answering "hello").
+#   3. nginx with `auth_request` to `spillway serve`'s forward-auth hook
+#      (examples/forward-auth/nginx.conf as it is, the same rule)  vs  nginx
+#      limit_req alone, both in front of that upstream, the CPU of nginx
+#      and the hook counted together; then the hook's own cost: GET
+#      /v1/forward-auth as a proxy calls it vs POST /v1/check, keys spread
+#      alike, on one spillway process.
 #
 # Run with: bash crates/spillway-server/benches/service.sh
 #
@@ -22,7 +28,8 @@
 # Each side is measured with the same wrk (-t$BENCH_THREADS -c$BENCH_CONNS,
 # -d$BENCH_SECONDS s), the two sides alternating, $BENCH_ROUNDS rounds; the
 # medians are compared, with the CPU time each server process (nginx: its
-# workers too) took per request. BENCH_PARTS=check or =proxy runs one part. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
+# workers too) took per request. BENCH_PARTS=check, =proxy or =hook runs one
+# part. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
 # (about 4.5 minutes once built). Every process started here is stopped by its
 # PID on exit.
 #
@@ -125,12 +132,15 @@ wait_for() {
 
 TICKS=$(getconf CLK_TCK)
 
-# The CPU time (user + system, in clock ticks) used so far by process $1
-# and its child processes (nginx's workers).
+# The CPU time (user + system, in clock ticks) used so far by the
+# processes $1 (one PID, or several separated by spaces) and their child
+# processes (nginx's workers).
 cpu_ticks() {
-    local total=0 pid
-    for pid in "$1" $(pgrep -P "$1" || true); do
-        total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+    local total=0 root pid
+    for root in $1; do
+        for pid in "$root" $(pgrep -P "$root" || true); do
+            total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+        done
     done
     echo "$total"
 }
@@ -207,7 +217,7 @@ echo "== building spillway (release)"
 (cd "$ROOT" && cargo build --release -p spillway-server --bin spillway --quiet)
 SPILLWAY=$TARGET/release/spillway
 
-PARTS=${BENCH_PARTS:-check,proxy}
+PARTS=${BENCH_PARTS:-check,proxy,hook}
 
 # ---- 0. this build vs another build of spillway ----------------------------
 if [[ ,$PARTS, == *,versions,* ]]; then
@@ -334,11 +344,11 @@ kill "$SW_PID" 2>/dev/null || true
 fi
 
 # ---- 2. spillway proxy vs nginx limit_req, same upstream --------------------
-[[ ,$PARTS, == *,proxy,* ]] || exit 0
+# The upstream and the nginx limit_req peer serve parts 2 and 3.
+if [[ ,$PARTS, == *,proxy,* || ,$PARTS, == *,hook,* ]]; then
 
 UP_PORT=$(free_port)
 NG_PORT=$(free_port)
-PX_PORT=$(free_port)
 # The upstream: answers "hello" to everything.
 nginx_conf "$WORK/up" 1 <<EOF
     server {
@@ -371,12 +381,16 @@ PIDS+=($!)
 "${SERVE[@]}" nginx -p "$WORK/ng" -c "$WORK/ng/nginx.conf" -g 'daemon off;' >"$WORK/ng/out.log" 2>&1 &
 PIDS+=($!)
 NG_PID=$!
+wait_for "http://127.0.0.1:$UP_PORT/"
+wait_for "http://127.0.0.1:$NG_PORT/"
+fi
+
+if [[ ,$PARTS, == *,proxy,* ]]; then
+PX_PORT=$(free_port)
 "${SERVE[@]}" "$SPILLWAY" proxy --config "$HERE/bench.toml" --listen "127.0.0.1:$PX_PORT" \
     --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/spillway-proxy.log" 2>&1 &
 PIDS+=($!)
 PX_PID=$!
-wait_for "http://127.0.0.1:$UP_PORT/"
-wait_for "http://127.0.0.1:$NG_PORT/"
 wait_for "http://127.0.0.1:$PX_PORT/"
 echo "== upstream nginx on $UP_PORT, nginx limit_req on $NG_PORT, spillway proxy on $PX_PORT ($(nginx -v 2>&1))"
 echo "  through spillway proxy:"
@@ -387,4 +401,47 @@ echo "== GET / through the proxy vs through nginx limit_req"
 side_px() { BENCH_PID=$PX_PID run_wrk "http://127.0.0.1:$PX_PORT/"; }
 side_ng() { BENCH_PID=$NG_PID run_wrk "http://127.0.0.1:$NG_PORT/"; }
 compare "spillway proxy" side_px "nginx limit_req" side_ng
+kill "$PX_PID" 2>/dev/null || true
+fi
+
+# ---- 3. nginx + the forward-auth hook vs nginx limit_req, same upstream -----
+if [[ ,$PARTS, == *,hook,* ]]; then
+HK_PORT=$(free_port)
+NH_PORT=$(free_port)
+# The bench's rule, with nginx (and wrk, for the hook's own cost) trusted
+# to describe requests.
+{
+    cat "$HERE/bench.toml"
+    printf '\n[clients]\ntrusted_proxies = ["127.0.0.1/32"]\n'
+} >"$WORK/hook.toml"
+"${SERVE[@]}" "$SPILLWAY" serve --config "$WORK/hook.toml" --listen "127.0.0.1:$HK_PORT" \
+    >"$WORK/spillway-hook.log" 2>&1 &
+PIDS+=($!)
+HK_PID=$!
+wait_for "http://127.0.0.1:$HK_PORT/healthz"
+# The example configuration as a user copies it, the addresses swapped, as
+# many workers as the limit_req peer and no limit on keep-alive requests.
+mkdir -p "$WORK/nh/tmp"
+sed -e "s/127.0.0.1:8080/127.0.0.1:$HK_PORT/" -e "s/127.0.0.1:9000/127.0.0.1:$UP_PORT/" \
+    -e "s/127.0.0.1:8000/127.0.0.1:$NH_PORT/" -e 's/^    access_log off;/    access_log off;\n    keepalive_requests 1000000;/' \
+    "$ROOT/examples/forward-auth/nginx.conf" >"$WORK/nh/nginx.conf"
+"${SERVE[@]}" nginx -p "$WORK/nh" -c "$WORK/nh/nginx.conf" -g "daemon off; worker_processes $NGINX_WORKERS;" \
+    >"$WORK/nh/out.log" 2>&1 &
+PIDS+=($!)
+NH_PID=$!
+wait_for "http://127.0.0.1:$NH_PORT/"
+echo "== nginx + forward-auth hook on $NH_PORT (hook on $HK_PORT), nginx limit_req on $NG_PORT"
+echo "  through nginx and the hook:"
+curl -sS -i --max-time 2 "http://127.0.0.1:$NH_PORT/" | tr -d '\r' | sed 's/^/    /'
+echo "== GET / through nginx + the hook (CPU: nginx and spillway) vs through nginx limit_req"
+side_nh() { BENCH_PID="$NH_PID $HK_PID" run_wrk "http://127.0.0.1:$NH_PORT/"; }
+side_ng() { BENCH_PID=$NG_PID run_wrk "http://127.0.0.1:$NG_PORT/"; }
+compare "nginx + hook" side_nh "nginx limit_req" side_ng
+echo "== the hook's own cost: GET /v1/forward-auth vs POST /v1/check, keys spread over $KEYS"
+side_hook() { BENCH_PID=$HK_PID BENCH_KEYS=$KEYS run_wrk -s "$HERE/hook.lua" "http://127.0.0.1:$HK_PORT"; }
+side_check() {
+    BENCH_PID=$HK_PID BENCH_PATH=/v1/check BENCH_KEYS=$KEYS run_wrk -s "$HERE/check.lua" "http://127.0.0.1:$HK_PORT"
+}
+compare "/v1/forward-auth" side_hook "/v1/check" side_check
+fi
 echo "== done; load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -49,6 +49,8 @@ pub async fn run(
     // One shutdown signal, many listeners: the HTTP server, the gRPC server
     // and the reload watcher each wait on their own receiver.
     let (tx, rx) = watch::channel(false);
+    // The forward-auth hook's held answers hear it too.
+    let draining = spillway_tower::Draining::new(rx.clone());
     tokio::spawn(async move {
         shutdown.await;
         let _ = tx.send(true);
@@ -68,7 +70,7 @@ pub async fn run(
 
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!("listening on http://{addr}");
-    let http = crate::api::serve(listener, state.clone(), stopped());
+    let http = crate::api::serve(listener, state.clone(), draining, stopped());
     let grpc = async {
         match grpc_listener {
             Some(listener) => {

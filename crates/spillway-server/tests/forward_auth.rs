@@ -3,6 +3,8 @@
 //! server gives it. The real proxies in front of it are in
 //! `forward_auth_proxies.rs`.
 
+mod serve_support;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -395,4 +397,64 @@ async fn a_shaped_request_is_answered_on_its_turn() {
             "answer {k} at {at:?}, its turn is {turn:?}"
         );
     }
+}
+
+/// A stopping server does not keep the answers it holds for their shaping
+/// turn: they are answered 503 at once, with the wait left as Retry-After,
+/// as `spillway proxy` answers the requests it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_answers_the_shaped_requests_it_holds_with_503() {
+    // One every 10 s, three in the queue: the second waits 10 s.
+    let config = Config::parse(
+        r#"
+[clients]
+trusted_proxies = ["127.0.0.1/32"]
+
+[[rules]]
+name = "slow"
+key = ["ip"]
+algorithm = "leaky_bucket"
+mode = "shape"
+limit = 1
+window = "10s"
+burst = 3
+"#,
+    )
+    .expect("a valid config");
+    let mut service = serve_support::Service::start(config, None).await;
+    let described = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", "/"),
+        ("x-forwarded-host", "api.example.com"),
+        ("x-forwarded-for", "203.0.113.7"),
+    ];
+    let http = service.http.clone();
+    let first = http
+        .send(http::Method::GET, "/v1/forward-auth", &described, "")
+        .await;
+    assert_eq!(first.status, StatusCode::OK);
+    let held = tokio::spawn(async move {
+        http.send(http::Method::GET, "/v1/forward-auth", &described, "")
+            .await
+    });
+    let state = service.state.clone();
+    serve_support::eventually(Duration::from_secs(5), "the second is held", || {
+        let held = state.held.held();
+        async move { held == 1 }
+    })
+    .await;
+    let stopped = service.shutdown();
+    let answer = tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .expect("answered at once, not on its turn")
+        .expect("the request");
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    let retry: u64 = answer.headers["retry-after"]
+        .to_str()
+        .expect("ASCII")
+        .parse()
+        .expect("seconds");
+    assert!((1..=10).contains(&retry), "{retry}");
+    assert_eq!(state.held.held(), 0);
+    stopped.await.expect("run ends").expect("cleanly");
 }

@@ -5,9 +5,10 @@
 
 use std::io;
 
-use axum::Router;
+use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{HeaderName, Method, StatusCode};
+use spillway_tower::Draining;
 use tokio::net::TcpListener;
 
 use super::answer::Answer;
@@ -24,10 +25,11 @@ use crate::state::State;
 pub(crate) async fn serve(
     listener: TcpListener,
     state: State,
+    draining: Draining,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let settings = settings(&state);
-    http1::serve::serve(listener, Api { state }, settings, shutdown).await;
+    http1::serve::serve(listener, Api { state, draining }, settings, shutdown).await;
     Ok(())
 }
 
@@ -69,6 +71,9 @@ fn settings(state: &State) -> Settings {
 /// The API on the state it serves.
 struct Api {
     state: State,
+    // Turns true when the server stops: the forward-auth hook then answers
+    // the requests it holds for their shaping turn at once (503).
+    draining: Draining,
 }
 
 impl Site for Api {
@@ -98,11 +103,11 @@ impl Site for Api {
     }
 
     fn routes(&self) -> Router {
-        routes(self.state.clone())
+        routes(self.state.clone()).layer(Extension(self.draining.clone()))
     }
 
     fn app(&self) -> Router {
-        app(self.state.clone())
+        app(self.state.clone()).layer(Extension(self.draining.clone()))
     }
 
     fn in_flight(&self) -> InFlight {
