@@ -111,14 +111,40 @@ fn example_config(redis: Option<&str>) -> Config {
     Config::parse(&text).expect("the example configuration is valid")
 }
 
+/// `front` in front of a counting upstream, with one Spillway on the
+/// example configuration as its hook; `None` when `front` is skipped.
+struct Rig {
+    upstream: Upstream,
+    proxy: FrontProxy,
+    _spillway: Service,
+}
+
+impl Rig {
+    async fn start(front: Front) -> Option<Self> {
+        let binary = binary_or_skip(front)?;
+        let upstream = Upstream::start().await;
+        let spillway = Service::start(example_config(None), None).await;
+        let proxy = FrontProxy::start(front, &binary, spillway.addr, upstream.addr).await;
+        Some(Self {
+            upstream,
+            proxy,
+            _spillway: spillway,
+        })
+    }
+}
+
 /// The login limit (3 a minute by IP) through `front`, as a client sees it.
 async fn limits_through(front: Front) {
-    let Some(binary) = binary_or_skip(front) else {
+    // `_spillway` is bound, not `..`: an unbound field would be dropped,
+    // and the hook with it.
+    let Some(Rig {
+        upstream,
+        proxy,
+        _spillway,
+    }) = Rig::start(front).await
+    else {
         return;
     };
-    let upstream = Upstream::start().await;
-    let spillway = Service::start(example_config(None), None).await;
-    let proxy = FrontProxy::start(front, &binary, spillway.addr, upstream.addr).await;
     let name = front.name();
     let client = Clients::from("127.0.0.2");
 
@@ -220,12 +246,16 @@ async fn limits_through(front: Front) {
 /// 429 at once. Only lower bounds on time are asserted: a slow machine
 /// makes turns late, never early.
 async fn shapes_through(front: Front) {
-    let Some(binary) = binary_or_skip(front) else {
+    // `_spillway` is bound, not `..`: an unbound field would be dropped,
+    // and the hook with it.
+    let Some(Rig {
+        upstream,
+        proxy,
+        _spillway,
+    }) = Rig::start(front).await
+    else {
         return;
     };
-    let upstream = Upstream::start().await;
-    let spillway = Service::start(example_config(None), None).await;
-    let proxy = FrontProxy::start(front, &binary, spillway.addr, upstream.addr).await;
     let name = front.name();
     let client = std::sync::Arc::new(Clients::from("127.0.0.2"));
     let t0 = Instant::now();
