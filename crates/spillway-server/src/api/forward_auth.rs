@@ -124,7 +124,14 @@ async fn decide(state: &State, req: Request) -> Response {
         return problem(StatusCode::BAD_REQUEST, detail);
     }
     if let Err(detail) = sanitize_hooked(&mut parts, loaded.config.proxy, policy) {
-        return problem(StatusCode::BAD_REQUEST, detail);
+        // The detail speaks of the request (its Host, its target): say
+        // where they came from.
+        return problem(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "The request described by X-Forwarded-Method, X-Forwarded-Uri and X-Forwarded-Host is refused: {detail}"
+            ),
+        );
     }
     parts.extensions.insert(state.held.clone());
     let limited = loaded.layer.layer(tower::service_fn(admit));
