@@ -13,10 +13,11 @@ use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
 use proptest::collection::vec;
+use proptest::option;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use spillway::algorithm::{
-    Algorithm, AnyAlgorithm, AnyState, FixedWindow, LeakyBucket, LeakyMode, SlidingLog,
+    Algorithm, AnyAlgorithm, AnyState, Charged, FixedWindow, LeakyBucket, LeakyMode, SlidingLog,
     SlidingWindow, TokenBucket,
 };
 use spillway::clock::{Clock, FakeClock};
@@ -627,6 +628,38 @@ fn refund_is_an_undo(
     Ok(())
 }
 
+/// Runs the scenario twice: once charging the requests flagged with an
+/// actual cost that cost, once charging their cost and settling it at once
+/// at the actual cost (at most the cost). Every other decision, and the
+/// state seen by a peek after each settle, must be the same.
+fn settle_is_the_actual_charge(
+    alg: &AnyAlgorithm,
+    start: u64,
+    ops: &[(i64, u64)],
+    actual: &[Option<u64>],
+) -> Result<(), TestCaseError> {
+    let (mut direct, mut settled) = (AnyState::default(), AnyState::default());
+    for (&(t, cost), &actual) in timeline(start, ops).iter().zip(actual) {
+        match actual {
+            Some(seed) if cost > 0 => {
+                let actual = seed % (cost + 1);
+                let d = alg.check(&mut settled, cost, t).unwrap();
+                if d.allowed {
+                    alg.settle(&mut settled, Charged::of(cost, t, &d), actual, t);
+                    prop_assert!(alg.check(&mut direct, actual, t).unwrap().allowed);
+                }
+                prop_assert_eq!(peek(alg, &settled, t), peek(alg, &direct, t), "t={}", t);
+            }
+            _ => {
+                let a = alg.check(&mut direct, cost, t);
+                let b = alg.check(&mut settled, cost, t);
+                prop_assert_eq!(a, b, "t={} cost={}", t, cost);
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config(384))]
 
@@ -672,6 +705,18 @@ proptest! {
         undo in vec(any::<bool>(), 60),
     ) {
         refund_is_an_undo(&alg, start, &ops, &undo)?;
+    }
+
+    /// 6. A settle right after a charge, at an actual cost no higher, is
+    /// the charge of the actual cost: the same peek, and the same
+    /// decisions on everything that follows. (A clock that moves forward,
+    /// as for refunds.)
+    #[test]
+    fn settle_right_after_a_charge_is_the_actual_charge(
+        (alg, start, ops) in scenario(any_algorithm(), 60, false),
+        actual in vec(option::of(any::<u64>()), 60),
+    ) {
+        settle_is_the_actual_charge(&alg, start, &ops, &actual)?;
     }
 }
 

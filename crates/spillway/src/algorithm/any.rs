@@ -4,7 +4,7 @@ use super::fixed_window::FixedWindowState;
 use super::gcra::Tat;
 use super::sliding_log::{SlidingLogState, SlidingLogUndo};
 use super::sliding_window::SlidingWindowState;
-use super::{Algorithm, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
+use super::{Algorithm, Charged, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -301,6 +301,15 @@ impl Algorithm for AnyAlgorithm {
         if !matches!(state, AnyState::Fresh) {
             dispatch!(self, state, |a, s| a.refund(s, cost, charged_at));
         }
+    }
+
+    fn settle(&self, state: &mut AnyState, charged: Charged, actual: u64, now: Micros) {
+        // A forgotten key has nothing left to give back; an overrun is
+        // charged to a fresh state.
+        if matches!(state, AnyState::Fresh) && actual <= charged.cost {
+            return;
+        }
+        dispatch!(self, state, |a, s| a.settle(s, charged, actual, now));
     }
 
     #[inline]

@@ -23,7 +23,7 @@
 //! assert!(fw.check(&mut state, 1, 1_000_000).unwrap().allowed);
 //! ```
 
-use super::{Algorithm, check_keeping_a_copy, ensure_fits};
+use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -130,6 +130,27 @@ impl Algorithm for FixedWindow {
         }
     }
 
+    fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
+        let w = self.window();
+        let in_its_window = charged.at / w == state.window;
+        if actual < charged.cost {
+            // Once its window has ended, the count decides nothing.
+            if in_its_window {
+                state.count = state.count.saturating_sub(charged.cost - actual);
+            }
+        } else if actual > charged.cost {
+            if !in_its_window && now / w > state.window {
+                // The overrun was served after the charge's window: it
+                // counts in the window of `now`.
+                *state = FixedWindowState {
+                    window: now / w,
+                    count: 0,
+                };
+            }
+            state.count = state.count.saturating_add(actual - charged.cost);
+        }
+    }
+
     fn idle_at(&self, state: &Self::State) -> Micros {
         if state.count == 0 {
             0
@@ -220,5 +241,49 @@ mod tests {
                 "{cost} at {now}"
             );
         }
+    }
+
+    #[test]
+    fn a_settle_adjusts_the_window_the_charge_went_to() {
+        use crate::algorithm::{Charged, assert_retry_exact, assert_settle_as_if_charged};
+        let a = fw(5, 1000);
+        let mut busy = FixedWindowState::default();
+        a.check(&mut busy, 2, 1_100).unwrap();
+        for before in [FixedWindowState::default(), busy] {
+            for (cost, actual) in [(3, 0), (3, 1), (1, 3)] {
+                assert_settle_as_if_charged(&a, &before, cost, actual, 1_200);
+            }
+        }
+        // Debt: over the limit until the window ends.
+        let mut s = FixedWindowState::default();
+        let d = a.check(&mut s, 2, 1_100).unwrap();
+        a.settle(&mut s, Charged::of(2, 1_100, &d), 12, 1_300);
+        assert_eq!(assert_retry_exact(&a, &s, 1, 1_300), 700);
+        // After the window ended, a give-back changes nothing...
+        let mut s = FixedWindowState::default();
+        let d = a.check(&mut s, 4, 1_100).unwrap();
+        a.check(&mut s, 1, 2_100).unwrap();
+        let later = s;
+        a.settle(&mut s, Charged::of(4, 1_100, &d), 0, 2_200);
+        assert_eq!(s, later);
+        // ...and an overrun counts in the window it was served in.
+        a.settle(&mut s, Charged::of(4, 1_100, &d), 7, 2_200);
+        assert_eq!(
+            s,
+            FixedWindowState {
+                window: 2,
+                count: 4
+            }
+        );
+        // Also for a key forgotten since, and after a window with no charge.
+        let mut s = FixedWindowState::default();
+        a.settle(&mut s, Charged::of(4, 1_100, &d), 6, 3_500);
+        assert_eq!(
+            s,
+            FixedWindowState {
+                window: 3,
+                count: 2
+            }
+        );
     }
 }

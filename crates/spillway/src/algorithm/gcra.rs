@@ -8,6 +8,7 @@
 //! every step is an exact integer operation; they are stored as whole
 //! microseconds plus a remainder so that the state stays in two `u64`s.
 
+use super::Charged;
 use crate::clock::Micros;
 use crate::quota::Interval;
 
@@ -197,4 +198,35 @@ fn step_whole(tat: &mut Tat, unit: u64, capacity: u64, cost: u64, now: Micros) -
 pub(super) fn refund(tat: &mut Tat, i: Interval, cost: u64) {
     let back = u128::from(cost) * u128::from(i.micros);
     *tat = Tat::from_scaled(tat.scaled(i.per).saturating_sub(back), i.per);
+}
+
+/// Moves a bucket from a charge of `charged.cost` to one of `actual`, as
+/// of the charge's time. The charge held the backlog up to its end, `end`
+/// (`charged.at + charged.reset_after`); what refill has paid back by
+/// `now` is not moved again:
+/// - less: the charge's tail of `cost - actual` units goes, as much of it
+///   as is still in the backlog at `now` (none once `now` is past `end`:
+///   the bucket has since refilled those units, and giving them back
+///   would hand them out twice);
+/// - more: `actual - cost` units more, as if charged at `end`, less what
+///   refill has paid back by `now`; past the capacity, that is debt.
+pub(super) fn settle(tat: &mut Tat, i: Interval, charged: Charged, actual: u64, now: Micros) {
+    let per = u128::from(i.per);
+    let unit = u128::from(i.micros);
+    let now_s = u128::from(now) * per;
+    let end_s = u128::from(charged.at.saturating_add(charged.reset_after)) * per;
+    let stored = tat.scaled(i.per);
+    if actual < charged.cost {
+        let back = u128::from(charged.cost - actual) * unit;
+        let outstanding = end_s.saturating_sub(now_s).min(back);
+        if outstanding > 0 {
+            *tat = Tat::from_scaled(stored.saturating_sub(outstanding), i.per);
+        }
+    } else if actual > charged.cost {
+        let extra = u128::from(actual - charged.cost) * unit;
+        let outstanding = (end_s + extra).saturating_sub(now_s).min(extra);
+        if outstanding > 0 {
+            *tat = Tat::from_scaled(stored.max(now_s) + outstanding, i.per);
+        }
+    }
 }

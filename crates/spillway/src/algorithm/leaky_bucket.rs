@@ -36,7 +36,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::gcra::{self, Tat};
-use super::{Algorithm, check_keeping_a_copy, ensure_fits};
+use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -161,6 +161,10 @@ impl Algorithm for LeakyBucket {
         gcra::refund(state, self.interval, cost);
     }
 
+    fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
+        gcra::settle(state, self.interval, charged, actual, now);
+    }
+
     fn idle_at(&self, state: &Self::State) -> Micros {
         state.ceil_micros()
     }
@@ -230,5 +234,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_settle_moves_the_queue_like_the_token_bucket() {
+        use crate::algorithm::{Charged, assert_settle_as_if_charged};
+        let lb = LeakyBucket::police(Quota::per_second(nz(3)), nz(6));
+        for (cost, actual) in [(4, 1), (2, 5), (3, 3)] {
+            assert_settle_as_if_charged(&lb, &Tat::default(), cost, actual, 50_000);
+        }
+        // Shaped: a give-back shortens the wait of the requests behind.
+        let lb = LeakyBucket::shape(Quota::per_second(nz(2)), nz(10));
+        let mut s = Tat::default();
+        let first = lb.check(&mut s, 4, 0).unwrap();
+        let queued = lb.check(&mut s.clone(), 1, 0).unwrap();
+        assert_eq!(queued.delay.as_millis(), 2_000);
+        lb.settle(&mut s, Charged::of(4, 0, &first), 1, 0);
+        assert_eq!(lb.check(&mut s, 1, 0).unwrap().delay.as_millis(), 500);
     }
 }

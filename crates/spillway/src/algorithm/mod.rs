@@ -147,6 +147,49 @@ pub trait Algorithm: Clone + fmt::Debug + Send + Sync + 'static {
     /// charge just made, [`undo`](Algorithm::undo) is exact in every case.
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros);
 
+    /// Settles an admitted charge at its `actual` cost, at `now`, once the
+    /// cost is known (the tokens of a response, the bytes sent): the
+    /// difference is given back when `actual` is lower, and charged when it
+    /// is higher, as of the charge's time. Over the quota is debt: later
+    /// requests are denied, with an exact `retry_after`, until it is paid
+    /// back. `actual == charged.cost` changes nothing. Each algorithm's
+    /// rule is in `docs/algorithms.md`, "Settling a charge":
+    /// - the windows adjust the window the charge went to; a give-back
+    ///   after that window ended changes nothing (its count decides nothing
+    ///   any more), an overrun is counted in the window of `now`;
+    /// - the sliding log adjusts the entry the charge went to, never
+    ///   another; gone from the window, as the windows;
+    /// - the buckets move by the part of the difference refill has not
+    ///   already paid back by `now`, the charge having ended at
+    ///   `charged.at + charged.reset_after`: a give-back after the bucket
+    ///   refilled past the charge gives nothing, so no cost is handed out
+    ///   twice.
+    ///
+    /// A store makes a settle idempotent (the same settle twice changes
+    /// nothing); this transition does not know settles apart.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::{Algorithm, Charged, TokenBucket};
+    /// use spillway::Quota;
+    ///
+    /// let nz = |n| NonZeroU32::new(n).unwrap();
+    /// // 10 a second, 10 at most.
+    /// let tb = TokenBucket::new(Quota::per_second(nz(10)), nz(10));
+    /// let mut state = Default::default();
+    /// // 5 reserved at 0 s...
+    /// let reserved = tb.check(&mut state, 5, 0).unwrap();
+    /// let charged = Charged::of(5, 0, &reserved);
+    /// // ...but the response cost 30, 20 more than the bucket holds: the
+    /// // next unit fits once 21 have come back, at 2.1 s.
+    /// tb.settle(&mut state, charged, 30, 0);
+    /// let denied = tb.check(&mut state, 1, 0).unwrap();
+    /// assert!(!denied.allowed);
+    /// assert_eq!(denied.retry_after.unwrap().as_micros(), 2_100_000);
+    /// assert!(tb.check(&mut state, 1, 2_100_000).unwrap().allowed);
+    /// ```
+    fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros);
+
     /// From this time on the state is the same as a fresh one, so the key can
     /// be forgotten (and a Redis key can expire).
     fn idle_at(&self, state: &Self::State) -> Micros;
@@ -170,6 +213,30 @@ fn div_ceil(a: u128, b: u128) -> u128 {
 /// configurations get near the limit.
 fn to_micros(v: u128) -> Micros {
     u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// An admitted charge, as a later [`settle`](Algorithm::settle) names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charged {
+    /// The cost charged (a reservation).
+    pub cost: u64,
+    /// The time of the decision that charged it (the store's clock).
+    pub at: Micros,
+    /// That decision's `reset_after`, in microseconds: a bucket's charge
+    /// ends at `at + reset_after`, when the bucket would be whole again with
+    /// nothing charged after it.
+    pub reset_after: Micros,
+}
+
+impl Charged {
+    /// The charge of `cost` that `decision`, made at `at`, admitted.
+    pub fn of(cost: u64, at: Micros, decision: &Decision) -> Self {
+        Self {
+            cost,
+            at,
+            reset_after: u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 /// [`Algorithm::check_undoable`] for the algorithms whose state is a few
@@ -225,4 +292,59 @@ fn assert_undo_restores<A: Algorithm>(
         }
     }
     state
+}
+
+/// Charges `cost` at `now` on a copy of `before` and settles it at once at
+/// `actual` (at most the capacity): the state must then decide every
+/// request (every cost, at every time from `now` until well after both are
+/// idle) exactly as a copy of `before` that was charged `actual` in the
+/// first place. Returns the settled state.
+#[cfg(test)]
+fn assert_settle_as_if_charged<A: Algorithm>(
+    alg: &A,
+    before: &A::State,
+    cost: u64,
+    actual: u64,
+    now: Micros,
+) -> A::State {
+    let mut settled = before.clone();
+    let decision = alg.check(&mut settled, cost, now).expect("fits");
+    assert!(decision.allowed, "the charge to settle is admitted");
+    alg.settle(&mut settled, Charged::of(cost, now, &decision), actual, now);
+    let mut direct = before.clone();
+    assert!(alg.check(&mut direct, actual, now).expect("fits").allowed);
+    let period = alg.quota().period_micros();
+    let to = alg.idle_at(&settled).max(alg.idle_at(&direct)).max(now) + 2 * period;
+    let step = usize::try_from(((to - now) / 5_000).max(1)).expect("small");
+    for t in (now..=to).step_by(step) {
+        for c in 0..=alg.capacity() {
+            assert_eq!(
+                alg.check(&mut settled.clone(), c, t),
+                alg.check(&mut direct.clone(), c, t),
+                "cost {c} at {t}, {cost} settled at {actual} at {now}"
+            );
+        }
+    }
+    settled
+}
+
+/// A denial of `cost` at `now` whose `retry_after` is exact: admitted then,
+/// denied a microsecond before.
+#[cfg(test)]
+fn assert_retry_exact<A: Algorithm>(alg: &A, state: &A::State, cost: u64, now: Micros) -> Micros {
+    let denied = alg.check(&mut state.clone(), cost, now).expect("fits");
+    assert!(!denied.allowed, "{cost} at {now} is denied");
+    let retry = u64::try_from(denied.retry_after.expect("a denial").as_micros()).expect("small");
+    assert!(retry > 0);
+    assert!(
+        !alg.check(&mut state.clone(), cost, now + retry - 1)
+            .expect("fits")
+            .allowed
+    );
+    assert!(
+        alg.check(&mut state.clone(), cost, now + retry)
+            .expect("fits")
+            .allowed
+    );
+    retry
 }

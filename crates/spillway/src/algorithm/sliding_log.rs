@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, ensure_fits};
+use super::{Algorithm, Charged, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -267,6 +267,42 @@ impl Algorithm for SlidingLog {
         }
     }
 
+    fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
+        self.expire(state, now);
+        // The charge is in the entry stamped with its time; if that entry
+        // has left the window, the charge no longer counts.
+        let at = state.entries.iter().rposition(|e| e.at == charged.at);
+        if actual < charged.cost {
+            let Some(i) = at else {
+                return;
+            };
+            let entry = &mut state.entries[i];
+            let taken = (charged.cost - actual).min(entry.cost);
+            entry.cost -= taken;
+            state.total -= taken;
+            if entry.cost == 0 {
+                state.entries.remove(i);
+            }
+        } else if actual > charged.cost {
+            let extra = actual - charged.cost;
+            state.total = state.total.saturating_add(extra);
+            match (at, state.entries.back_mut()) {
+                (Some(i), _) => {
+                    let entry = &mut state.entries[i];
+                    entry.cost = entry.cost.saturating_add(extra);
+                }
+                // Gone from the window: the overrun was served now.
+                (None, Some(newest)) if newest.at >= now => {
+                    newest.cost = newest.cost.saturating_add(extra);
+                }
+                (None, _) => state.entries.push_back(LogEntry {
+                    at: now,
+                    cost: extra,
+                }),
+            }
+        }
+    }
+
     fn idle_at(&self, state: &Self::State) -> Micros {
         state
             .entries
@@ -380,5 +416,44 @@ mod tests {
         // A denial and a peek charge nothing, so give nothing to undo.
         assert!(a.check_undoable(&mut s, 5, 700).unwrap().1.is_none());
         assert!(a.check_undoable(&mut s, 0, 700).unwrap().1.is_none());
+    }
+
+    #[test]
+    fn a_settle_adjusts_the_entry_the_charge_went_to_and_never_another() {
+        use crate::algorithm::{Charged, assert_retry_exact, assert_settle_as_if_charged};
+        let a = log(5, 1000);
+        let mut busy = SlidingLogState::default();
+        a.check(&mut busy, 1, 100).unwrap();
+        a.check(&mut busy, 1, 600).unwrap();
+        for before in [SlidingLogState::default(), busy.clone()] {
+            for (cost, actual) in [(2, 0), (2, 1), (1, 3)] {
+                // At a time of its own, and at the newest entry's.
+                for now in [700, 600] {
+                    assert_settle_as_if_charged(&a, &before, cost, actual, now);
+                }
+            }
+        }
+        // The entry left the window: the give-back touches no other entry.
+        let mut s = busy.clone();
+        let d = a.check(&mut s, 2, 700).unwrap();
+        a.check(&mut s, 1, 1_650).unwrap();
+        let mut later = s.clone();
+        a.check(&mut later, 0, 1_750).unwrap();
+        a.settle(&mut s, Charged::of(2, 700, &d), 0, 1_750);
+        assert_eq!(s, later);
+        // An overrun after it left counts from now.
+        a.settle(&mut s, Charged::of(2, 700, &d), 4, 1_750);
+        assert_eq!(
+            s,
+            SlidingLogState::from_entries([
+                LogEntry { at: 1_650, cost: 1 },
+                LogEntry { at: 1_750, cost: 2 }
+            ])
+        );
+        // Debt: denied until the entry leaves, exactly.
+        let mut s = SlidingLogState::default();
+        let d = a.check(&mut s, 2, 100).unwrap();
+        a.settle(&mut s, Charged::of(2, 100, &d), 9, 300);
+        assert_eq!(assert_retry_exact(&a, &s, 1, 300), 800);
     }
 }

@@ -24,7 +24,7 @@
 //! assert!(sw.check(&mut state, 3, 1300).unwrap().allowed);
 //! ```
 
-use super::{Algorithm, check_keeping_a_copy, ensure_fits};
+use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -215,6 +215,27 @@ impl Algorithm for SlidingWindow {
         }
     }
 
+    fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
+        self.roll(state, now);
+        let k = charged.at / self.window();
+        // The charge's window is this one or the previous one, whose count
+        // still weighs; older, its count decides nothing any more.
+        let in_prev = k + 1 == state.window;
+        let count = if in_prev {
+            &mut state.prev
+        } else {
+            &mut state.curr
+        };
+        if actual < charged.cost {
+            if k == state.window || in_prev {
+                *count = count.saturating_sub(charged.cost - actual);
+            }
+        } else if actual > charged.cost {
+            // Older, the overrun was served since: in the window of `now`.
+            *count = count.saturating_add(actual - charged.cost);
+        }
+    }
+
     fn idle_at(&self, state: &Self::State) -> Micros {
         let w = self.window();
         if state.curr > 0 {
@@ -335,5 +356,59 @@ mod tests {
                 "{cost} at {now}"
             );
         }
+    }
+
+    #[test]
+    fn a_settle_adjusts_the_window_the_charge_went_to_while_it_weighs() {
+        use crate::algorithm::{Charged, assert_retry_exact, assert_settle_as_if_charged};
+        let a = sw(5, 1000);
+        let mut busy = SlidingWindowState::default();
+        a.check(&mut busy, 2, 500).unwrap();
+        a.check(&mut busy, 1, 1_100).unwrap();
+        for before in [SlidingWindowState::default(), busy] {
+            for (cost, actual) in [(2, 0), (2, 1), (1, 2)] {
+                assert_settle_as_if_charged(&a, &before, cost, actual, 1_200);
+            }
+        }
+        // Settled in the next window: the previous count still weighs, and
+        // is the one adjusted.
+        let mut s = SlidingWindowState::default();
+        let d = a.check(&mut s, 4, 900).unwrap();
+        a.settle(&mut s, Charged::of(4, 900, &d), 1, 1_500);
+        assert_eq!(
+            s,
+            SlidingWindowState {
+                window: 1,
+                prev: 1,
+                curr: 0
+            }
+        );
+        // Debt, paid back as the count decays.
+        let mut s = SlidingWindowState::default();
+        let d = a.check(&mut s, 2, 900).unwrap();
+        a.settle(&mut s, Charged::of(2, 900, &d), 10, 900);
+        assert_retry_exact(&a, &s, 1, 900);
+        // Two windows on, its count decides nothing: nothing to give back;
+        // an overrun counts now.
+        let mut s = SlidingWindowState::default();
+        let d = a.check(&mut s, 4, 900).unwrap();
+        a.settle(&mut s, Charged::of(4, 900, &d), 0, 2_100);
+        assert_eq!(
+            s,
+            SlidingWindowState {
+                window: 2,
+                prev: 0,
+                curr: 0
+            }
+        );
+        a.settle(&mut s, Charged::of(4, 900, &d), 6, 2_100);
+        assert_eq!(
+            s,
+            SlidingWindowState {
+                window: 2,
+                prev: 0,
+                curr: 2
+            }
+        );
     }
 }

@@ -27,7 +27,7 @@
 use std::num::NonZeroU32;
 
 use super::gcra::{self, Tat};
-use super::{Algorithm, check_keeping_a_copy, ensure_fits};
+use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -99,6 +99,10 @@ impl Algorithm for TokenBucket {
 
     fn refund(&self, state: &mut Self::State, cost: u64, _charged_at: Micros) {
         gcra::refund(state, self.interval, cost);
+    }
+
+    fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
+        gcra::settle(state, self.interval, charged, actual, now);
     }
 
     fn idle_at(&self, state: &Self::State) -> Micros {
@@ -191,5 +195,76 @@ mod tests {
                 "{cost} at {now}"
             );
         }
+    }
+
+    #[test]
+    fn a_settle_at_once_is_as_if_the_actual_cost_had_been_charged() {
+        use crate::algorithm::assert_settle_as_if_charged;
+        // A fraction of a microsecond per token, and whole ones.
+        for tb in [
+            TokenBucket::new(
+                Quota::new(nz(3), Duration::from_micros(1000)).unwrap(),
+                nz(5),
+            ),
+            TokenBucket::new(Quota::per_second(nz(10)), nz(5)),
+        ] {
+            let fresh = Tat::default();
+            let mut busy = fresh;
+            tb.check(&mut busy, 2, 10_000).unwrap();
+            for before in [fresh, busy] {
+                for (cost, actual) in [(3, 0), (3, 1), (3, 3), (1, 3)] {
+                    assert_settle_as_if_charged(&tb, &before, cost, actual, 10_000);
+                }
+            }
+            assert_settle_as_if_charged(&tb, &fresh, 2, 5, 10_000);
+        }
+    }
+
+    /// The bound docs/reliability.md left open: a refund took the cost
+    /// from the bucket's current state, whenever it was charged. A settle
+    /// gives back only what refill has not paid back yet.
+    #[test]
+    fn a_give_back_after_the_bucket_refilled_gives_nothing_twice() {
+        use crate::algorithm::{Charged, assert_retry_exact};
+        let tb = TokenBucket::new(Quota::per_second(nz(10)), nz(10));
+        let mut s = Tat::default();
+        let first = tb.check(&mut s, 5, 0).unwrap();
+        let charged = Charged::of(5, 0, &first);
+        // 10 s later the bucket is whole; a new client takes 10.
+        assert!(tb.check(&mut s, 10, 10_000_000).unwrap().allowed);
+        let after_second = s;
+        tb.settle(&mut s, charged, 0, 10_000_000);
+        assert_eq!(s, after_second, "the 5 came back by refill long ago");
+        assert_retry_exact(&tb, &s, 1, 10_000_000);
+        // Half drained: half of the give-back is still in the backlog.
+        let mut s = Tat::default();
+        let d = tb.check(&mut s, 10, 0).unwrap();
+        tb.settle(&mut s, Charged::of(10, 0, &d), 0, 600_000);
+        // Given back: the 4 units still in the backlog at 0.6 s; the bucket
+        // is whole.
+        assert_eq!(tb.check(&mut s, 0, 600_000).unwrap().remaining, 10);
+        let mut s = Tat::default();
+        let d = tb.check(&mut s, 10, 0).unwrap();
+        tb.settle(&mut s, Charged::of(10, 0, &d), 8, 600_000);
+        // 2 given back of the 4 still out: 8 fit at 0.6 s.
+        assert_eq!(tb.check(&mut s, 0, 600_000).unwrap().remaining, 8);
+    }
+
+    #[test]
+    fn an_overrun_is_debt_paid_back_by_refill() {
+        use crate::algorithm::{Charged, assert_retry_exact};
+        let tb = TokenBucket::new(Quota::per_second(nz(10)), nz(10));
+        let mut s = Tat::default();
+        let d = tb.check(&mut s, 5, 0).unwrap();
+        // Settled late: refill since the charge pays part of the overrun.
+        tb.settle(&mut s, Charged::of(5, 0, &d), 45, 1_000_000);
+        // 40 more as of 0.5 s (the charge's end): 4.5 s, of which 1 s has
+        // passed: the bucket is owed 3.5 s, 25 units over empty.
+        assert_eq!(assert_retry_exact(&tb, &s, 1, 1_000_000), 2_600_000);
+        // Settled long after, the overrun has been paid back by refill.
+        let mut s = Tat::default();
+        let d = tb.check(&mut s, 5, 0).unwrap();
+        tb.settle(&mut s, Charged::of(5, 0, &d), 45, 10_000_000);
+        assert_eq!(tb.check(&mut s, 0, 10_000_000).unwrap().remaining, 10);
     }
 }
