@@ -17,7 +17,7 @@
 //!    every request a router routes there must have been charged by its
 //!    rule (and so answered 429) or refused by the proxy.
 //!
-//! The same corpus runs through nginx, Caddy and HAProxy in front of the
+//! The same corpus runs through nginx, Caddy, HAProxy and Traefik in front of the
 //! forward-auth hook of `spillway serve` (their configurations in
 //! `examples/forward-auth/`), with the same rules: there the proxy forwards
 //! the client's bytes and the hook decides on its own reading of them, so
@@ -1787,4 +1787,11 @@ through_hook! {
     starlette_serves_no_limited_request_past_haproxy_and_the_hook: Starlette, Haproxy;
     sinatra_serves_no_limited_request_past_haproxy_and_the_hook: Sinatra, Haproxy;
     go_serves_no_limited_request_past_haproxy_and_the_hook: Go, Haproxy;
+    tomcat_serves_no_limited_request_past_traefik_and_the_hook: Tomcat, Traefik;
+    express_serves_no_limited_request_past_traefik_and_the_hook: Express, Traefik;
+    node_url_serves_no_limited_request_past_traefik_and_the_hook: PlainNode, Traefik;
+    flask_serves_no_limited_request_past_traefik_and_the_hook: Flask, Traefik;
+    starlette_serves_no_limited_request_past_traefik_and_the_hook: Starlette, Traefik;
+    sinatra_serves_no_limited_request_past_traefik_and_the_hook: Sinatra, Traefik;
+    go_serves_no_limited_request_past_traefik_and_the_hook: Go, Traefik;
 }
