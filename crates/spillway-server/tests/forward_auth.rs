@@ -458,3 +458,108 @@ burst = 3
     assert_eq!(state.held.held(), 0);
     stopped.await.expect("run ends").expect("cleanly");
 }
+
+/// The answers the hook holds for their shaping turn are bounded, all keys
+/// together, by `[proxy] max_held`: past it, a shaped request is answered
+/// 503 at once with its wait as Retry-After, and charged nothing.
+#[tokio::test(start_paused = true)]
+async fn the_answers_held_for_their_turn_are_bounded_by_max_held() {
+    let config = Config::parse(
+        r#"
+[clients]
+trusted_proxies = ["127.0.0.1/32"]
+
+[proxy]
+max_held = 1
+
+[[rules]]
+name = "slow"
+key = ["ip"]
+algorithm = "leaky_bucket"
+mode = "shape"
+limit = 1
+window = "10s"
+burst = 3
+"#,
+    )
+    .expect("a valid config");
+    let state = State::new(config).await.expect("a store");
+    let app = app(state.clone());
+    let describe = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", "/"),
+        ("x-forwarded-host", "api.example.com"),
+        ("x-forwarded-for", "203.0.113.7"),
+    ];
+    assert_eq!(
+        call(&app, PROXY, "/v1/forward-auth", &describe)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let held = {
+        let app = app.clone();
+        tokio::spawn(async move { call(&app, PROXY, "/v1/forward-auth", &describe).await })
+    };
+    // The held call reaches its wait within a few polls (no time passes).
+    for _ in 0..1_000 {
+        if state.held.held() == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(state.held.held(), 1, "the second call holds a place");
+    let refused = call(&app, PROXY, "/v1/forward-auth", &describe).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    let retry: u64 = refused.header("retry-after").parse().expect("seconds");
+    assert!((10..=20).contains(&retry), "{retry}");
+    assert_eq!(held.await.expect("the held call").status, StatusCode::OK);
+    assert_eq!(state.held.held(), 0);
+}
+
+/// A header whose `_` makes it, to a CGI or WSGI upstream, the header a
+/// rule keys by cannot be removed by the hook from what the upstream
+/// receives: the request is refused.
+#[tokio::test]
+async fn an_underscored_spelling_of_a_header_the_rules_read_is_refused() {
+    let app = app_of(
+        r#"
+[clients]
+trusted_proxies = ["127.0.0.1/32"]
+api_key = "header:x-api-key"
+
+[[rules]]
+name = "per-key"
+key = ["api_key"]
+algorithm = "sliding_log"
+limit = 5
+window = "1h"
+"#,
+    )
+    .await;
+    let described = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", "/"),
+        ("x-forwarded-host", "api.example.com"),
+        ("x-api-key", "mine"),
+    ];
+    let mut spoofed = described.to_vec();
+    spoofed.push(("x_api_key", "someone-else"));
+    let refused = call(&app, PROXY, "/v1/forward-auth", &spoofed).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(
+        refused.detail().contains("x_api_key"),
+        "{}",
+        refused.detail()
+    );
+    // An underscored header that folds onto nothing is the other proxy's
+    // business (nginx drops them all by default).
+    let mut harmless = described.to_vec();
+    harmless.push(("x_trace", "1"));
+    assert_eq!(
+        call(&app, PROXY, "/v1/forward-auth", &harmless)
+            .await
+            .status,
+        StatusCode::OK
+    );
+}

@@ -135,16 +135,10 @@ impl Rig {
 
 /// The login limit (3 a minute by IP) through `front`, as a client sees it.
 async fn limits_through(front: Front) {
-    // `_spillway` is bound, not `..`: an unbound field would be dropped,
-    // and the hook with it.
-    let Some(Rig {
-        upstream,
-        proxy,
-        _spillway,
-    }) = Rig::start(front).await
-    else {
+    let Some(rig) = Rig::start(front).await else {
         return;
     };
+    let (upstream, proxy) = (&rig.upstream, &rig.proxy);
     let name = front.name();
     let client = Clients::from("127.0.0.2");
 
@@ -246,25 +240,20 @@ async fn limits_through(front: Front) {
 /// 429 at once. Only lower bounds on time are asserted: a slow machine
 /// makes turns late, never early.
 async fn shapes_through(front: Front) {
-    // `_spillway` is bound, not `..`: an unbound field would be dropped,
-    // and the hook with it.
-    let Some(Rig {
-        upstream,
-        proxy,
-        _spillway,
-    }) = Rig::start(front).await
-    else {
+    let Some(rig) = Rig::start(front).await else {
         return;
     };
+    let (upstream, proxy) = (&rig.upstream, &rig.proxy);
     let name = front.name();
     let client = std::sync::Arc::new(Clients::from("127.0.0.2"));
+    let addr = proxy.addr;
     let t0 = Instant::now();
     let sent: Vec<_> = (0..4)
         .map(|_| {
             let client = client.clone();
             tokio::spawn(async move {
                 let seen = client
-                    .send(proxy.addr, Method::GET, "/exports/report.csv", &[])
+                    .send(addr, Method::GET, "/exports/report.csv", &[])
                     .await;
                 (seen.status, t0.elapsed())
             })

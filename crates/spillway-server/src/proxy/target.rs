@@ -90,23 +90,14 @@ fn other_readings(parts: &mut http::request::Parts, target: &[u8], options: Norm
     if options.escaped_slashes != EscapedSlashes::Keep {
         return;
     }
-    let encoded_slash = target
-        .windows(3)
-        .any(|w| w[0] == b'%' && (w[1..] == *b"2F" || w[1..].eq_ignore_ascii_case(b"5C")));
-    if !encoded_slash {
+    if !has_encoded_slash(target) {
         return;
     }
-    let decoded = Normalize {
-        path: true,
-        merge_slashes: true,
-        escaped_slashes: EscapedSlashes::Unescape,
-        ..options
-    };
     // The target was normalized once already (ASCII): it parses again.
     let Ok(target) = std::str::from_utf8(target) else {
         return;
     };
-    if let Ok(reading) = normalize_path(target, decoded)
+    if let Ok(reading) = normalize_path(target, unescaping(options))
         && let Ok(reading) = String::from_utf8(reading)
     {
         parts.extensions.insert(OtherPaths(vec![reading]));
@@ -138,16 +129,8 @@ pub(crate) fn raw_readings(raw: &str, options: Normalize) -> Vec<String> {
             readings.push(reading);
         }
     };
-    let unescape = Normalize {
-        path: true,
-        merge_slashes: true,
-        escaped_slashes: EscapedSlashes::Unescape,
-        ..options
-    };
-    let bytes = raw.as_bytes();
-    let encoded_slash = bytes.windows(3).any(|w| {
-        w[0] == b'%' && (w[1..].eq_ignore_ascii_case(b"2F") || w[1..].eq_ignore_ascii_case(b"5C"))
-    });
+    let unescape = unescaping(options);
+    let encoded_slash = has_encoded_slash(raw.as_bytes());
     if encoded_slash && options.escaped_slashes == EscapedSlashes::Keep {
         add(raw, unescape);
     }
@@ -163,6 +146,24 @@ pub(crate) fn raw_readings(raw: &str, options: Normalize) -> Vec<String> {
         }
     }
     readings
+}
+
+/// Whether a path holds `%2F` or `%5C` (either case of hex digit).
+fn has_encoded_slash(path: &[u8]) -> bool {
+    path.windows(3).any(|w| {
+        w[0] == b'%' && (w[1..].eq_ignore_ascii_case(b"2F") || w[1..].eq_ignore_ascii_case(b"5C"))
+    })
+}
+
+/// `options` reading `%2F` and `%5C` as `/` and `\`, with the path
+/// normalized and slashes merged: how WSGI servers and Rack read a path.
+fn unescaping(options: Normalize) -> Normalize {
+    Normalize {
+        path: true,
+        merge_slashes: true,
+        escaped_slashes: EscapedSlashes::Unescape,
+        ..options
+    }
 }
 
 fn bad(why: &'static str) -> ForwardError {
