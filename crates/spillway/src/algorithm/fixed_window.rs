@@ -23,7 +23,7 @@
 //! assert!(fw.check(&mut state, 1, 1_000_000).unwrap().allowed);
 //! ```
 
-use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits};
+use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits, owing_at_most_one_quota};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -132,22 +132,25 @@ impl Algorithm for FixedWindow {
 
     fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
         let w = self.window();
-        let in_its_window = charged.at / w == state.window;
+        let current = now / w;
+        if state.window < current {
+            // The stored window has ended: a give-back has nothing to
+            // change (that window's count decides nothing any more), and
+            // an overrun was served now, so it counts in the window of now.
+            if actual <= charged.cost {
+                return;
+            }
+            *state = FixedWindowState {
+                window: current,
+                count: 0,
+            };
+        }
         if actual < charged.cost {
-            // Once its window has ended, the count decides nothing.
-            if in_its_window {
+            if charged.at / w == state.window {
                 state.count = state.count.saturating_sub(charged.cost - actual);
             }
         } else if actual > charged.cost {
-            if !in_its_window && now / w > state.window {
-                // The overrun was served after the charge's window: it
-                // counts in the window of `now`.
-                *state = FixedWindowState {
-                    window: now / w,
-                    count: 0,
-                };
-            }
-            state.count = state.count.saturating_add(actual - charged.cost);
+            state.count = owing_at_most_one_quota(state.count, actual - charged.cost, self.limit());
         }
     }
 
@@ -275,6 +278,22 @@ mod tests {
                 count: 4
             }
         );
+        // Also when nothing was charged since the charge's window ended.
+        let mut s = FixedWindowState::default();
+        let d = a.check(&mut s, 4, 1_100).unwrap();
+        a.settle(&mut s, Charged::of(4, 1_100, &d), 6, 2_200);
+        assert_eq!(
+            s,
+            FixedWindowState {
+                window: 2,
+                count: 2
+            }
+        );
+        // Debt is one quota at most: 10 counted of a limit of 5.
+        let mut s = FixedWindowState::default();
+        let d = a.check(&mut s, 4, 1_100).unwrap();
+        a.settle(&mut s, Charged::of(4, 1_100, &d), 40, 1_200);
+        assert_eq!(s.count, 10);
         // Also for a key forgotten since, and after a window with no charge.
         let mut s = FixedWindowState::default();
         a.settle(&mut s, Charged::of(4, 1_100, &d), 6, 3_500);

@@ -210,7 +210,16 @@ pub(super) fn refund(tat: &mut Tat, i: Interval, cost: u64) {
 ///   would hand them out twice);
 /// - more: `actual - cost` units more, as if charged at `end`, less what
 ///   refill has paid back by `now`; past the capacity, that is debt.
-pub(super) fn settle(tat: &mut Tat, i: Interval, charged: Charged, actual: u64, now: Micros) {
+/// Settles a charge on `tat` (see `Algorithm::settle`): the backlog after an
+/// overrun is at most twice the capacity's (one quota owed at most).
+pub(super) fn settle(
+    tat: &mut Tat,
+    i: Interval,
+    capacity: u64,
+    charged: Charged,
+    actual: u64,
+    now: Micros,
+) {
     let per = u128::from(i.per);
     let unit = u128::from(i.micros);
     let now_s = u128::from(now) * per;
@@ -226,7 +235,9 @@ pub(super) fn settle(tat: &mut Tat, i: Interval, charged: Charged, actual: u64, 
         let extra = u128::from(actual - charged.cost) * unit;
         let outstanding = (end_s + extra).saturating_sub(now_s).min(extra);
         if outstanding > 0 {
-            *tat = Tat::from_scaled(stored.max(now_s) + outstanding, i.per);
+            let most = now_s + 2 * u128::from(capacity) * unit;
+            let settled = (stored.max(now_s) + outstanding).min(stored.max(most));
+            *tat = Tat::from_scaled(settled, i.per);
         }
     }
 }

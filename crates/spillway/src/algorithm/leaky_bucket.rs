@@ -162,7 +162,7 @@ impl Algorithm for LeakyBucket {
     }
 
     fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
-        gcra::settle(state, self.interval, charged, actual, now);
+        gcra::settle(state, self.interval, self.capacity(), charged, actual, now);
     }
 
     fn idle_at(&self, state: &Self::State) -> Micros {

@@ -215,6 +215,16 @@ fn to_micros(v: u128) -> Micros {
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
+/// `count` plus a settle's overrun `extra`, owing at most one quota: the
+/// result is at most `2 * quota` (or `count`, were it above already). A
+/// key in debt waits at most about one period more than a full one, and
+/// every store's arithmetic stays exact (Lua's below 2^53).
+fn owing_at_most_one_quota(count: u64, extra: u64, quota: u64) -> u64 {
+    count
+        .saturating_add(extra)
+        .min(count.max(quota.saturating_mul(2)))
+}
+
 /// An admitted charge, as a later [`settle`](Algorithm::settle) names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charged {

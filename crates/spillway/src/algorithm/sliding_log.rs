@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, Charged, ensure_fits};
+use super::{Algorithm, Charged, ensure_fits, owing_at_most_one_quota};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -284,8 +284,12 @@ impl Algorithm for SlidingLog {
                 state.entries.remove(i);
             }
         } else if actual > charged.cost {
-            let extra = actual - charged.cost;
-            state.total = state.total.saturating_add(extra);
+            let total = owing_at_most_one_quota(state.total, actual - charged.cost, self.limit());
+            let extra = total - state.total;
+            if extra == 0 {
+                return;
+            }
+            state.total = total;
             match (at, state.entries.back_mut()) {
                 (Some(i), _) => {
                     let entry = &mut state.entries[i];
@@ -450,6 +454,13 @@ mod tests {
                 LogEntry { at: 1_750, cost: 2 }
             ])
         );
+        // Debt is one quota at most: 10 counted of a limit of 5.
+        let mut s = SlidingLogState::default();
+        let d = a.check(&mut s, 2, 100).unwrap();
+        a.check(&mut s, 1, 200).unwrap();
+        a.settle(&mut s, Charged::of(2, 100, &d), 50, 300);
+        assert_eq!(s.total, 10);
+        assert_eq!(s.entries[0], LogEntry { at: 100, cost: 9 });
         // Debt: denied until the entry leaves, exactly.
         let mut s = SlidingLogState::default();
         let d = a.check(&mut s, 2, 100).unwrap();

@@ -24,7 +24,7 @@
 //! assert!(sw.check(&mut state, 3, 1300).unwrap().allowed);
 //! ```
 
-use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits};
+use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits, owing_at_most_one_quota};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -232,7 +232,7 @@ impl Algorithm for SlidingWindow {
             }
         } else if actual > charged.cost {
             // Older, the overrun was served since: in the window of `now`.
-            *count = count.saturating_add(actual - charged.cost);
+            *count = owing_at_most_one_quota(*count, actual - charged.cost, self.limit());
         }
     }
 
@@ -388,6 +388,12 @@ mod tests {
         let d = a.check(&mut s, 2, 900).unwrap();
         a.settle(&mut s, Charged::of(2, 900, &d), 10, 900);
         assert_retry_exact(&a, &s, 1, 900);
+        // Debt is one quota at most: each count 10 at most, of 5.
+        let mut s = SlidingWindowState::default();
+        let d = a.check(&mut s, 4, 900).unwrap();
+        a.check(&mut s, 1, 1_100).unwrap();
+        a.settle(&mut s, Charged::of(4, 900, &d), 40, 1_200);
+        assert_eq!((s.prev, s.curr), (10, 1));
         // Two windows on, its count decides nothing: nothing to give back;
         // an overrun counts now.
         let mut s = SlidingWindowState::default();

@@ -102,7 +102,7 @@ impl Algorithm for TokenBucket {
     }
 
     fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
-        gcra::settle(state, self.interval, charged, actual, now);
+        gcra::settle(state, self.interval, self.capacity(), charged, actual, now);
     }
 
     fn idle_at(&self, state: &Self::State) -> Micros {
@@ -257,10 +257,17 @@ mod tests {
         let mut s = Tat::default();
         let d = tb.check(&mut s, 5, 0).unwrap();
         // Settled late: refill since the charge pays part of the overrun.
+        tb.settle(&mut s, Charged::of(5, 0, &d), 25, 1_000_000);
+        // 20 more as of 0.5 s (the charge's end): 2.5 s, of which 1 s has
+        // passed: the bucket is owed 1.5 s, 5 units over empty; one unit
+        // fits once the backlog is down to 0.9 s.
+        assert_eq!(assert_retry_exact(&tb, &s, 1, 1_000_000), 600_000);
+        // 40 more would be owed 3.5 s: a settle owes at most one quota
+        // more than empty, 2 s of backlog.
+        let mut s = Tat::default();
+        let d = tb.check(&mut s, 5, 0).unwrap();
         tb.settle(&mut s, Charged::of(5, 0, &d), 45, 1_000_000);
-        // 40 more as of 0.5 s (the charge's end): 4.5 s, of which 1 s has
-        // passed: the bucket is owed 3.5 s, 25 units over empty.
-        assert_eq!(assert_retry_exact(&tb, &s, 1, 1_000_000), 2_600_000);
+        assert_eq!(assert_retry_exact(&tb, &s, 1, 1_000_000), 1_100_000);
         // Settled long after, the overrun has been paid back by refill.
         let mut s = Tat::default();
         let d = tb.check(&mut s, 5, 0).unwrap();
