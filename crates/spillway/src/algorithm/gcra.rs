@@ -209,9 +209,8 @@ pub(super) fn refund(tat: &mut Tat, i: Interval, cost: u64) {
 ///   the bucket has since refilled those units, and giving them back
 ///   would hand them out twice);
 /// - more: `actual - cost` units more, as if charged at `end`, less what
-///   refill has paid back by `now`; past the capacity, that is debt.
-/// Settles a charge on `tat` (see `Algorithm::settle`): the backlog after an
-/// overrun is at most twice the capacity's (one quota owed at most).
+///   refill has paid back by `now`; past the capacity, that is debt, and
+///   the backlog is at most twice the capacity's (one quota owed at most).
 pub(super) fn settle(
     tat: &mut Tat,
     i: Interval,
