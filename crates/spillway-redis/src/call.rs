@@ -31,11 +31,41 @@ pub(crate) struct Reply {
     pub(crate) decisions: Vec<Decision>,
 }
 
-/// A refund's time of charge and its receipt key (see `driver.lua`).
+/// What a script call does: decide, or after the decision give charges
+/// back or settle them (see `driver.lua`).
+#[derive(Clone, Copy)]
+pub(crate) enum Mode<'a> {
+    Decide,
+    Refund(Refund<'a>),
+    Settle(SettleCall<'a>),
+}
+
+/// A refund's time of charge and its receipt key.
 #[derive(Clone, Copy)]
 pub(crate) struct Refund<'a> {
     pub(crate) charged_at: u64,
     pub(crate) receipt: &'a str,
+}
+
+/// A settle: its receipt key and how long the receipt lives, and each
+/// check's charge and actual cost, by index in the request (as `Prepared`).
+#[derive(Clone, Copy)]
+pub(crate) struct SettleCall<'a> {
+    pub(crate) receipt: &'a str,
+    pub(crate) receipt_ms: u64,
+    pub(crate) parts: &'a [SettlePart],
+}
+
+/// One check's part of a settle.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SettlePart {
+    /// The charge's time (µs, the store's clock).
+    pub(crate) at: u64,
+    /// Its decision's `reset_after` (µs).
+    pub(crate) reset_after: u64,
+    /// The actual cost (no more than the charge plus twice the capacity:
+    /// past that, every algorithm's cap makes it the same).
+    pub(crate) actual: u64,
 }
 
 impl RedisStore {
@@ -48,22 +78,15 @@ impl RedisStore {
         prepared: &[Prepared],
         group: &Group,
         now: Option<u64>,
-        refund: Option<Refund<'_>>,
+        mode: Mode<'_>,
     ) -> Result<Reply, Error> {
-        let family = single_family(prepared, &group.checks, refund);
+        let family = single_family(prepared, &group.checks, mode);
         let script = match family {
             Some(family) => &scripts.single[family],
             None => &scripts.general,
         };
         let mut invocation = script.prepare_invoke();
-        assemble(
-            prepared,
-            &group.checks,
-            now,
-            refund,
-            family,
-            &mut invocation,
-        );
+        assemble(prepared, &group.checks, now, mode, family, &mut invocation);
         bump(&self.inner.counters.redis_calls);
         let timeout = self.inner.options.timeout;
         let reply: Vec<i64> = match &self.connection {
@@ -78,7 +101,7 @@ impl RedisStore {
                         keys: Vec::new(),
                         args: Vec::new(),
                     };
-                    assemble(prepared, &group.checks, now, refund, family, &mut call);
+                    assemble(prepared, &group.checks, now, mode, family, &mut call);
                     call.eval()
                 };
                 c.run_within(timeout, group.slot, Some(&invocation), eval)
@@ -96,15 +119,15 @@ impl RedisStore {
 }
 
 /// Which single-check script decides `group`: the one of its check's
-/// algorithm when it is one check and not a refund; `None` for the general
+/// algorithm when it is one check and a decision; `None` for the general
 /// script.
 pub(crate) fn single_family(
     prepared: &[Prepared],
     group: &[usize],
-    refund: Option<Refund<'_>>,
+    mode: Mode<'_>,
 ) -> Option<usize> {
-    match group {
-        &[i] if refund.is_none() => Some(script::family(&prepared[i].params)),
+    match (group, mode) {
+        (&[i], Mode::Decide) => Some(script::family(&prepared[i].params)),
         _ => None,
     }
 }
@@ -144,13 +167,14 @@ impl CallArgs for ScriptCall {
 /// The keys and arguments of the script call for `group`: for a
 /// single-check script (`family`), the parameters its algorithm reads, the
 /// cost and (only the test build sends one) the time; for the general
-/// script, the time or "", the refund's time or "", then each check's
-/// algorithm, five parameters and cost, and a refund's receipt key last.
+/// script, the time or "", the refund's time, "settle" or "", then each
+/// check's algorithm, five parameters and cost, a settle's parts and its
+/// receipt's life, and a refund's or settle's receipt key last.
 pub(crate) fn assemble(
     prepared: &[Prepared],
     group: &[usize],
     now: Option<u64>,
-    refund: Option<Refund<'_>>,
+    mode: Mode<'_>,
     family: Option<usize>,
     out: &mut impl CallArgs,
 ) {
@@ -171,9 +195,10 @@ pub(crate) fn assemble(
         Some(t) => out.number(t),
         None => out.text(""),
     }
-    match refund {
-        Some(r) => out.number(r.charged_at),
-        None => out.text(""),
+    match mode {
+        Mode::Decide => out.text(""),
+        Mode::Refund(r) => out.number(r.charged_at),
+        Mode::Settle(_) => out.text("settle"),
     }
     for &i in group {
         let p = &prepared[i];
@@ -181,8 +206,19 @@ pub(crate) fn assemble(
         p.params.iter().for_each(|&v| out.number(v));
         out.number(p.cost);
     }
-    if let Some(r) = refund {
-        out.key(r.receipt);
+    match mode {
+        Mode::Decide => {}
+        Mode::Refund(r) => out.key(r.receipt),
+        Mode::Settle(settle) => {
+            for &i in group {
+                let part = settle.parts[i];
+                out.number(part.at);
+                out.number(part.reset_after);
+                out.number(part.actual);
+            }
+            out.number(settle.receipt_ms);
+            out.key(settle.receipt);
+        }
     }
 }
 

@@ -20,7 +20,7 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
-    fn is_local(&self, check: &Check<'_>) -> bool {
+    pub(crate) fn is_local(&self, check: &Check<'_>) -> bool {
         matches!(self.policy(check), OnError::Local { .. })
     }
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use breaker::{Breakers, Gate};
-use call::{Group, Prepared, Refund, Reply};
+use call::{Group, Mode, Prepared, Refund, Reply, SettleCall, SettlePart};
 use deny_cache::DenyCache;
 use spillway::Decision;
 use spillway::store::{MemoryOptions, MemoryStore, RuleId};
@@ -28,7 +28,9 @@ pub use call::ScriptCall;
 pub use script::MAX_SLIDING_LOG_LIMIT;
 
 use redis::aio::ConnectionManagerConfig;
-use spillway::store::{Check, Rule, Store, Verdict};
+use spillway::store::{
+    Check, MAX_SETTLE_ID, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
+};
 use spillway::{Algorithm, CostTooLarge};
 
 /// Everything that can go wrong talking to Redis.
@@ -198,6 +200,12 @@ pub struct Stats {
     /// state): the failure policy decided that request, and the store was
     /// not marked down.
     pub data_errors: u64,
+    /// Settles applied (a script call each; one sent again and found
+    /// applied already is not counted).
+    pub settles: u64,
+    /// Settles that failed every attempt: their reservations stand as
+    /// charged.
+    pub settle_errors: u64,
 }
 
 #[derive(Debug, Default)]
@@ -210,6 +218,8 @@ struct Counters {
     refunds: AtomicU64,
     refund_errors: AtomicU64,
     data_errors: AtomicU64,
+    settles: AtomicU64,
+    settle_errors: AtomicU64,
     // Refund receipts: this process's random prefix and a sequence.
     receipt_prefix: u64,
     receipts: AtomicU64,
@@ -517,12 +527,24 @@ impl RedisStore {
         .map_err(|failed| failed.error)
     }
 
+    /// Settles as if the server's clock read `now` (µs): the conformance
+    /// suite's [`Store::settle`], with the `test-time` feature.
+    #[cfg(feature = "test-time")]
+    pub async fn settle_at(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+        now: u64,
+    ) -> Result<Settled, Error> {
+        self.settle_charges(id, settles, Some(now)).await
+    }
+
     /// The script call the store makes for `checks` on a standalone server
     /// (its source, keys and arguments), for inspection and benchmarks.
     pub fn script_call(&self, checks: &[Check<'_>]) -> Result<ScriptCall, Error> {
         let prepared = self.prepare(checks)?;
         let group: Vec<usize> = (0..prepared.len()).collect();
-        let family = call::single_family(&prepared, &group, None);
+        let family = call::single_family(&prepared, &group, Mode::Decide);
         let mut call = ScriptCall {
             source: match family {
                 Some(family) => script::single_source(family, false),
@@ -531,7 +553,7 @@ impl RedisStore {
             keys: Vec::new(),
             args: Vec::new(),
         };
-        call::assemble(&prepared, &group, None, None, family, &mut call);
+        call::assemble(&prepared, &group, None, Mode::Decide, family, &mut call);
         Ok(call)
     }
 
@@ -548,6 +570,8 @@ impl RedisStore {
             refunds: get(&c.refunds),
             refund_errors: get(&c.refund_errors),
             data_errors: get(&c.data_errors),
+            settles: get(&c.settles),
+            settle_errors: get(&c.settle_errors),
         }
     }
 
@@ -587,7 +611,7 @@ impl RedisStore {
         let group = &groups[0];
         let inner = &*self.inner;
         let result = self
-            .call(&inner.scripts, &prepared, group, None, None)
+            .call(&inner.scripts, &prepared, group, None, Mode::Decide)
             .await;
         match &result {
             Ok(_) => inner.breakers.answered(group.slot),
@@ -690,7 +714,7 @@ impl RedisStore {
             if open.contains(&g) {
                 return Err(Error::Unavailable);
             }
-            self.call(scripts, prepared, group, now, None).await
+            self.call(scripts, prepared, group, now, Mode::Decide).await
         });
         futures_util::future::join_all(calls).await
     }
@@ -803,7 +827,7 @@ impl RedisStore {
                     receipt: &receipt,
                 };
                 let result = self
-                    .call(scripts, prepared, &groups[g], now, Some(refund))
+                    .call(scripts, prepared, &groups[g], now, Mode::Refund(refund))
                     .await;
                 (g, charged_at, receipt, result)
             }
@@ -834,6 +858,12 @@ impl RedisStore {
     /// within its receipt's 10 s). The receipt makes a refund that did run
     /// the first time give nothing back again.
     fn refund_later(&self, prepared: Vec<Prepared>, slot: u16, charged_at: u64, receipt: String) {
+        self.send_later(prepared, slot, Later::Refund { charged_at }, receipt);
+    }
+
+    /// Sends a refund or a settle that failed to answer again, as
+    /// [`refund_later`](Self::refund_later) says.
+    fn send_later(&self, prepared: Vec<Prepared>, slot: u16, later: Later, receipt: String) {
         let store = self.clone();
         tokio::spawn(async move {
             let group = Group {
@@ -847,25 +877,175 @@ impl RedisStore {
                     .retry_interval
                     .min(Duration::from_secs(1));
                 tokio::time::sleep(pause).await;
-                let refund = Refund {
-                    charged_at,
-                    receipt: &receipt,
+                let mode = match &later {
+                    Later::Refund { charged_at } => Mode::Refund(Refund {
+                        charged_at: *charged_at,
+                        receipt: &receipt,
+                    }),
+                    Later::Settle { parts } => Mode::Settle(SettleCall {
+                        receipt: &receipt,
+                        receipt_ms: receipt_ms(),
+                        parts,
+                    }),
                 };
                 let scripts = &store.inner.scripts;
-                match store
-                    .call(scripts, &prepared, &group, None, Some(refund))
-                    .await
-                {
-                    Ok(_) => {
-                        store.refunded(&prepared, &group);
+                match store.call(scripts, &prepared, &group, None, mode).await {
+                    Ok(reply) => {
+                        match later {
+                            Later::Refund { .. } => store.refunded(&prepared, &group),
+                            Later::Settle { .. } => store.settled(&prepared, &group, &reply),
+                        }
                         return;
                     }
                     Err(error) if is_outage(&error) => continue,
                     Err(_) => break,
                 }
             }
-            bump(&store.inner.counters.refund_errors);
+            match later {
+                Later::Refund { .. } => bump(&store.inner.counters.refund_errors),
+                Later::Settle { .. } => bump(&store.inner.counters.settle_errors),
+            }
         });
+    }
+
+    /// Settles an admitted request's charges: in Redis, in the local
+    /// fallback for those it made, and nowhere for those admitted without a
+    /// decision (`charged.at` 0: nothing was charged). A group that fails
+    /// to answer is sent again in the background (on the service's clock
+    /// only: `now` is `None`) and the settle fails with its error; its
+    /// receipt makes the retries apply it once.
+    async fn settle_charges(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+        now: Option<u64>,
+    ) -> Result<Settled, Error> {
+        if id.is_empty() || id.len() > MAX_SETTLE_ID {
+            return Err(spillway::Error::SettleId { len: id.len() }.into());
+        }
+        let checks: Vec<Check<'_>> = settles
+            .iter()
+            .map(|s| Check {
+                rule: s.rule,
+                key: s.key,
+                cost: s.charged.cost,
+            })
+            .collect();
+        let prepared = self.prepare(&checks)?;
+        let mut decisions: Vec<Option<Decision>> = vec![None; settles.len()];
+        let mut applied = false;
+
+        // Charges the local fallback made (under a rule that falls back
+        // locally) are settled there.
+        let local: Vec<usize> = (0..settles.len())
+            .filter(|&i| settles[i].charged.at & fallback::LOCAL != 0 && self.is_local(&checks[i]))
+            .collect();
+        if let (false, Some(store)) = (local.is_empty(), &self.inner.local) {
+            let local_settles: Vec<Settle<'_>> = local
+                .iter()
+                .map(|&i| {
+                    let mut settle = settles[i];
+                    settle.charged.at &= !fallback::LOCAL;
+                    settle
+                })
+                .collect();
+            let settled = store.settle_now(id, &local_settles)?;
+            applied |= settled.applied;
+            for (&i, d) in local.iter().zip(settled.decisions) {
+                decisions[i] = Some(d);
+            }
+        }
+
+        let remote: Vec<usize> = (0..settles.len())
+            .filter(|&i| settles[i].charged.at != 0 && settles[i].charged.at & fallback::LOCAL == 0)
+            .collect();
+        let remote_prepared: Vec<Prepared> = remote.iter().map(|&i| prepared[i].clone()).collect();
+        let parts: Vec<SettlePart> = remote
+            .iter()
+            .map(|&i| {
+                let (settle, p) = (&settles[i], &prepared[i]);
+                SettlePart {
+                    at: settle.charged.at,
+                    reset_after: settle.charged.reset_after,
+                    actual: settle
+                        .actual
+                        .min(settle.charged.cost.saturating_add(2 * p.capacity)),
+                }
+            })
+            .collect();
+        let groups = if remote.is_empty() {
+            Vec::new()
+        } else {
+            self.groups(&remote_prepared)
+        };
+        let scripts = match now {
+            #[cfg(feature = "test-time")]
+            Some(_) => &self.inner.test_scripts,
+            _ => &self.inner.scripts,
+        };
+        let calls = groups.iter().map(|group| {
+            let receipt = format!("{}:settle:{id}", remote_prepared[group.checks[0]].key);
+            let parts = &parts;
+            let remote_prepared = &remote_prepared;
+            async move {
+                let mode = Mode::Settle(SettleCall {
+                    receipt: &receipt,
+                    receipt_ms: receipt_ms(),
+                    parts,
+                });
+                let result = self.call(scripts, remote_prepared, group, now, mode).await;
+                (receipt, result)
+            }
+        });
+        let mut first_error = None;
+        for (group, (receipt, result)) in groups
+            .iter()
+            .zip(futures_util::future::join_all(calls).await)
+        {
+            match result {
+                Ok(reply) => {
+                    self.settled(&remote_prepared, group, &reply);
+                    applied |= reply.allowed;
+                    for (&j, d) in group.checks.iter().zip(&reply.decisions) {
+                        decisions[remote[j]] = Some(*d);
+                    }
+                }
+                Err(error) => {
+                    if is_outage(&error) && now.is_none() {
+                        let prepared = group.checks.iter().map(|&j| remote_prepared[j].clone());
+                        let parts = group.checks.iter().map(|&j| parts[j]).collect();
+                        self.send_later(
+                            prepared.collect(),
+                            group.slot,
+                            Later::Settle { parts },
+                            receipt,
+                        );
+                    } else {
+                        bump(&self.inner.counters.settle_errors);
+                    }
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        let (decisions, _) = stand_in_for_unknown(decisions, &prepared);
+        Ok(Settled { applied, decisions })
+    }
+
+    /// A settle's script call answered: counted if it applied, and the deny
+    /// cache forgets its keys (a denial cached before a give-back may no
+    /// longer hold).
+    fn settled(&self, prepared: &[Prepared], group: &Group, reply: &Reply) {
+        if reply.allowed {
+            bump(&self.inner.counters.settles);
+        }
+        if let Some(cache) = &self.inner.deny_cache {
+            for &i in &group.checks {
+                cache.forget(&prepared[i].key);
+            }
+        }
     }
 
     /// A refund ran: counted, and the deny cache forgets its keys (a
@@ -1206,6 +1386,30 @@ impl Store for RedisStore {
     ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
         self.give_back(checks, charged_at)
     }
+
+    /// Settles with the script's settle mode, one call per slot, each with
+    /// a receipt in its slot that makes the settle apply once
+    /// ([`SETTLE_RECEIPT_TTL`]). A charge the local fallback made is
+    /// settled there; one admitted without a decision (fail-open) charged
+    /// nothing, and is not settled.
+    fn settle(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+    ) -> impl std::future::Future<Output = Result<Settled, Error>> + Send {
+        self.settle_charges(id, settles, None)
+    }
+}
+
+/// A refund or settle to send again (see `RedisStore::send_later`).
+enum Later {
+    Refund { charged_at: u64 },
+    Settle { parts: Vec<SettlePart> },
+}
+
+/// A settle receipt's life, in ms.
+fn receipt_ms() -> u64 {
+    u64::try_from(SETTLE_RECEIPT_TTL.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl spillway::store::StoreError for Error {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use spillway::store::{Check, MemoryStore, Rule, Store, Verdict};
+use spillway::store::{Check, MemoryStore, Rule, Settle, Settled, Store, Verdict};
 use spillway_redis::{Error as StoreError, RedisStore};
 
 /// Called with every store call's latency and outcome, for metrics.
@@ -95,5 +95,15 @@ impl Store for AnyStore {
             StoreImpl::Memory(s) => s.refund_at(checks, charged_at).map_err(StoreError::from),
             StoreImpl::Redis(s) => s.refund(checks, charged_at).await,
         }
+    }
+
+    async fn settle(&self, id: &str, settles: &[Settle<'_>]) -> Result<Settled, StoreError> {
+        let started = Instant::now();
+        let result = match &self.inner {
+            StoreImpl::Memory(s) => s.settle_now(id, settles).map_err(StoreError::from),
+            StoreImpl::Redis(s) => s.settle(id, settles).await,
+        };
+        self.observe(started, result.as_ref().err());
+        result
     }
 }

@@ -66,4 +66,14 @@ pub enum Error {
         /// The id it named.
         rule: usize,
     },
+    /// A settle's id is empty or longer than
+    /// [`MAX_SETTLE_ID`](crate::store::MAX_SETTLE_ID) bytes.
+    #[error(
+        "a settle id must be 1 to {} bytes, not {len}",
+        crate::store::MAX_SETTLE_ID
+    )]
+    SettleId {
+        /// The id's length in bytes.
+        len: usize,
+    },
 }

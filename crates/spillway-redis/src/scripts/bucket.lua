@@ -58,5 +58,40 @@ local function bucket(op, key, s, cost, now, capacity, unit, per, mode, undelaye
       s.m = s.m - 1
     end
     if s.m < 0 then s.m, s.f = 0, 0 end
+  elseif op == 'settle' then
+    -- The charge of `cost` at s.charged_at, whose decision's reset_after
+    -- was s.charged_reset, now s.actual. It held the backlog until
+    -- e = s.charged_at + s.charged_reset.
+    -- Worked relative to `now` (an absolute time in 1/per µs can pass 2^53).
+    local e = s.charged_at + s.charged_reset
+    if s.actual < cost then
+      -- The charge's tail still in the backlog at `now`, none after e.
+      if e <= now then return end
+      local back = math.min((cost - s.actual) * unit, (e - now) * per)
+      local whole = idiv(back, per)
+      s.m = s.m - whole
+      s.f = s.f - (back - whole * per)
+      if s.f < 0 then
+        s.f = s.f + per
+        s.m = s.m - 1
+      end
+      if s.m < 0 then s.m, s.f = 0, 0 end
+    elseif s.actual > cost then
+      -- As if charged at e, less what refill has paid back by `now`; the
+      -- overrun counts for two capacities at most, and the backlog after
+      -- it is at most two capacities' (or what it was, if more).
+      local extra = math.min(s.actual - cost, 2 * capacity) * unit
+      local paid = 0
+      if now > e then paid = (now - e) * per end
+      if paid >= extra then return end
+      local backlog = 0
+      if s.m > now or (s.m == now and s.f > 0) then
+        backlog = (s.m - now) * per + s.f
+      end
+      local room = math.max(2 * capacity * unit - backlog, 0)
+      local after = backlog + math.min(extra - paid, room)
+      s.m = now + idiv(after, per)
+      s.f = after - idiv(after, per) * per
+    end
   end
 end

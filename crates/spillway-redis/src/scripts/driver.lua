@@ -8,9 +8,15 @@
 --          (µs, as this script reported it), the time of the charges. A
 --          refund then has one more key, last: its receipt, which makes a
 --          refund sent again (after a lost answer) give nothing back twice.
--- then 7 numbers per check: algorithm, p1..p5, cost.
+--          Or "settle", to settle admitted charges at their actual costs:
+--          one more key, last, the settle's receipt; and after the checks,
+--          three numbers per check (the charge's time, its decision's
+--          reset_after, the actual cost), then the receipt's life in ms.
+-- then 7 numbers per check: algorithm, p1..p5, cost (for a settle, the
+-- cost charged).
 -- The reply: admitted (0/1), the time, then the seven numbers of each
--- check's decision.
+-- check's decision. A settle's: applied (0/1: 0 if its receipt was there
+-- already), the time, then each key's state as it now stands.
 local now
 -- Keys expire on the server's real clock. Under a test's virtual clock they
 -- must outlive the test's steps instead: an idle state decides like a fresh
@@ -81,6 +87,30 @@ local function save_of(i, state)
   local o = 5 * i
   save(algos[i], KEYS[i], state, params[o + 1], params[o + 2], params[o + 3], params[o + 4],
     params[o + 5])
+end
+
+if ARGV[2] == 'settle' then
+  local applied = 0
+  local extra = 2 + 7 * n
+  if redis.call('SET', KEYS[n + 1], 1, 'NX', 'PX', ARGV[extra + 3 * n + 1]) then
+    applied = 1
+    for i = 1, n do
+      local state = run(i, 'load', nil, 0, now)
+      -- A peek first rolls the windows and drops what left a log, as a
+      -- check at `now` would.
+      run(i, 'check', state, 0, now)
+      local o = extra + 3 * (i - 1)
+      state.charged_at, state.charged_reset, state.actual =
+        ARGV[o + 1] + 0, ARGV[o + 2] + 0, ARGV[o + 3] + 0
+      run(i, 'settle', state, costs[i], now)
+      save_of(i, state)
+    end
+  end
+  local reply = { applied, now }
+  for i = 1, n do
+    put(reply, i, run(i, 'check', run(i, 'load', nil, 0, now), 0, now))
+  end
+  return reply
 end
 
 if ARGV[2] ~= '' then

@@ -49,5 +49,17 @@ local function fixed_window(op, key, s, cost, now, limit, w)
     redis.call('SET', key, tag * 8589934592 + s.c, 'PX', cost)
   elseif op == 'refund' then
     if idiv(now, w) == s.w then s.c = math.max(s.c - cost, 0) end
+  elseif op == 'settle' then
+    -- After a peek at `now` (which rolled an ended window over): the
+    -- charge of `cost` at s.charged_at, now s.actual (see driver.lua). A give-back
+    -- moves the charge's window, if it is still the stored one; an overrun
+    -- counts in the stored window, owing one quota at most, and leaving
+    -- room in 33 bits for a check's cost.
+    if s.actual < cost then
+      if idiv(s.charged_at, w) == s.w then s.c = math.max(s.c - (cost - s.actual), 0) end
+    elseif s.actual > cost then
+      local most = math.max(s.c, math.min(2 * limit, 8589934591 - limit))
+      s.c = math.min(s.c + (s.actual - cost), most)
+    end
   end
 end

@@ -150,5 +150,33 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
       table.insert(s.dropped, s.n)
       s.dirty[s.n] = nil
     end
+  elseif op == 'settle' then
+    -- After a peek at `now` (which dropped what left the window): the
+    -- charge of `cost` at s.charged_at, now s.actual. It is in the entry
+    -- stamped s.charged_at, and no other; gone from the window, a give-back changes
+    -- nothing and an overrun was served now. One quota owed at most.
+    local found = nil
+    for seq = s.n - 1, s.h, -1 do
+      if log_entry(s, seq) == s.charged_at then found = seq break end
+    end
+    if s.actual < cost then
+      if found then
+        sliding_log('refund', key, s, cost - s.actual, s.charged_at, limit, w)
+      end
+    elseif s.actual > cost then
+      local total = math.min(s.t + (s.actual - cost), math.max(s.t, 2 * limit))
+      local extra = total - s.t
+      if extra == 0 then return end
+      s.t = total
+      if not found and s.h < s.n and log_entry(s, s.n - 1) >= now then found = s.n - 1 end
+      if found then
+        s.c[found] = s.c[found] + extra
+        s.dirty[found] = true
+      else
+        s.at[s.n], s.c[s.n] = now, extra
+        s.dirty[s.n] = true
+        s.n = s.n + 1
+      end
+    end
   end
 end

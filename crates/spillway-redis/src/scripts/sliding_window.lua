@@ -65,5 +65,26 @@ local function sliding_window(op, key, s, cost, now, limit, w)
     elseif k + 1 == s.w then
       s.p = math.max(s.p - cost, 0)
     end
+  elseif op == 'settle' then
+    -- After a peek at `now` (which rolled the windows): the charge of
+    -- `cost` at s.charged_at, now s.actual. Its window is the current one or the
+    -- previous one while that still weighs; older, a give-back changes
+    -- nothing and an overrun counts now. One quota owed at most.
+    local k = idiv(s.charged_at, w)
+    local in_prev = k + 1 == s.w
+    if s.actual < cost then
+      if k == s.w then
+        s.c = math.max(s.c - (cost - s.actual), 0)
+      elseif in_prev then
+        s.p = math.max(s.p - (cost - s.actual), 0)
+      end
+    elseif s.actual > cost then
+      local extra = s.actual - cost
+      if in_prev then
+        s.p = math.min(s.p + extra, math.max(s.p, 2 * limit))
+      else
+        s.c = math.min(s.c + extra, math.max(s.c, 2 * limit))
+      end
+    end
   end
 end

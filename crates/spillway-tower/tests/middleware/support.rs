@@ -17,7 +17,9 @@ use http_body_util::BodyExt;
 use spillway::Quota;
 use spillway::algorithm::TokenBucket;
 use spillway::clock::Micros;
-use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, Store, Verdict};
+use spillway::store::{
+    Check, MemoryOptions, MemoryStore, Rule, Settle, Settled, Store, Verdict,
+};
 use spillway_tower::{ClientAddr, Limited, Policy, RateLimitLayer, TokioClock, X_SPILLWAY_LIMITED};
 use tower::ServiceExt;
 
@@ -104,6 +106,14 @@ impl Store for CountingStore {
         charged_at: Micros,
     ) -> Result<(), spillway::Error> {
         self.inner.refund(checks, charged_at).await
+    }
+
+    async fn settle(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+    ) -> Result<Settled, spillway::Error> {
+        self.inner.settle(id, settles).await
     }
 }
 

@@ -150,7 +150,11 @@ impl Algorithm for FixedWindow {
                 state.count = state.count.saturating_sub(charged.cost - actual);
             }
         } else if actual > charged.cost {
-            state.count = owing_at_most_one_quota(state.count, actual - charged.cost, self.limit());
+            let limit = self.limit();
+            let count = owing_at_most_one_quota(state.count, actual - charged.cost, limit);
+            // A check on Redis adds its cost (the limit at most) before it
+            // looks, in a 33-bit count: the debt leaves room for it.
+            state.count = count.min(state.count.max(MAX_REDIS_COUNT - limit));
         }
     }
 
@@ -162,6 +166,9 @@ impl Algorithm for FixedWindow {
         }
     }
 }
+
+/// The largest count the Redis store's fixed window holds (33 bits).
+const MAX_REDIS_COUNT: u64 = (1 << 33) - 1;
 
 #[cfg(test)]
 mod tests {

@@ -209,8 +209,9 @@ pub(super) fn refund(tat: &mut Tat, i: Interval, cost: u64) {
 ///   the bucket has since refilled those units, and giving them back
 ///   would hand them out twice);
 /// - more: `actual - cost` units more, as if charged at `end`, less what
-///   refill has paid back by `now`; past the capacity, that is debt, and
-///   the backlog is at most twice the capacity's (one quota owed at most).
+///   refill has paid back by `now`; past the capacity, that is debt. The
+///   overrun counts for twice the capacity at most, and the backlog after
+///   it is at most twice the capacity's (one quota owed at most).
 pub(super) fn settle(
     tat: &mut Tat,
     i: Interval,
@@ -231,7 +232,8 @@ pub(super) fn settle(
             *tat = Tat::from_scaled(stored.saturating_sub(outstanding), i.per);
         }
     } else if actual > charged.cost {
-        let extra = u128::from(actual - charged.cost) * unit;
+        // Two quotas of overrun at most: the backlog is capped at that.
+        let extra = u128::from((actual - charged.cost).min(capacity.saturating_mul(2))) * unit;
         let outstanding = (end_s + extra).saturating_sub(now_s).min(extra);
         if outstanding > 0 {
             let most = now_s + 2 * u128::from(capacity) * unit;

@@ -180,13 +180,13 @@ pub trait Algorithm: Clone + fmt::Debug + Send + Sync + 'static {
     /// // 5 reserved at 0 s...
     /// let reserved = tb.check(&mut state, 5, 0).unwrap();
     /// let charged = Charged::of(5, 0, &reserved);
-    /// // ...but the response cost 30, 20 more than the bucket holds: the
-    /// // next unit fits once 21 have come back, at 2.1 s.
-    /// tb.settle(&mut state, charged, 30, 0);
+    /// // ...but the response cost 15, 5 more than the bucket holds: the
+    /// // next unit fits once 6 have come back, at 0.6 s.
+    /// tb.settle(&mut state, charged, 15, 0);
     /// let denied = tb.check(&mut state, 1, 0).unwrap();
     /// assert!(!denied.allowed);
-    /// assert_eq!(denied.retry_after.unwrap().as_micros(), 2_100_000);
-    /// assert!(tb.check(&mut state, 1, 2_100_000).unwrap().allowed);
+    /// assert_eq!(denied.retry_after.unwrap().as_micros(), 600_000);
+    /// assert!(tb.check(&mut state, 1, 600_000).unwrap().allowed);
     /// ```
     fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros);
 

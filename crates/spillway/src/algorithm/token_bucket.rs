@@ -262,12 +262,12 @@ mod tests {
         // passed: the bucket is owed 1.5 s, 5 units over empty; one unit
         // fits once the backlog is down to 0.9 s.
         assert_eq!(assert_retry_exact(&tb, &s, 1, 1_000_000), 600_000);
-        // 40 more would be owed 3.5 s: a settle owes at most one quota
-        // more than empty, 2 s of backlog.
+        // 40 more, settled at once, would be owed 4 s: the overrun counts
+        // for two quotas at most, 2 s, which is also the most backlog.
         let mut s = Tat::default();
         let d = tb.check(&mut s, 5, 0).unwrap();
-        tb.settle(&mut s, Charged::of(5, 0, &d), 45, 1_000_000);
-        assert_eq!(assert_retry_exact(&tb, &s, 1, 1_000_000), 1_100_000);
+        tb.settle(&mut s, Charged::of(5, 0, &d), 45, 500_000);
+        assert_eq!(assert_retry_exact(&tb, &s, 1, 500_000), 1_100_000);
         // Settled long after, the overrun has been paid back by refill.
         let mut s = Tat::default();
         let d = tb.check(&mut s, 5, 0).unwrap();

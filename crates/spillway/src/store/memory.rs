@@ -11,8 +11,11 @@ use std::time::Duration;
 use compact_str::CompactString;
 
 use super::cell::SharedState;
+use super::receipts::Receipts;
 use super::table::{ShardGuard, Table};
-use super::{Check, KeyRef, Rule, Store, Verdict};
+use super::{
+    Check, KeyRef, MAX_SETTLE_ID, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
+};
 use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState};
 use crate::clock::{Clock, Micros, MonotonicClock};
 use crate::decision::Decision;
@@ -362,6 +365,8 @@ pub struct MemoryStore<C = MonotonicClock> {
     // Shared with the stores `reconfigure` makes, so counters survive a
     // configuration reload.
     tables: Vec<Arc<Table<CompactString, AnyState>>>,
+    // Shared with the stores `reconfigure` makes, as the counters are.
+    receipts: Arc<Receipts>,
     options: MemoryOptions,
     clock: C,
 }
@@ -385,6 +390,9 @@ impl<C: Clock> MemoryStore<C> {
             in_place: in_place(&rules),
             rules,
             tables,
+            receipts: Arc::new(Receipts::new(
+                u64::try_from(SETTLE_RECEIPT_TTL.as_micros()).unwrap_or(u64::MAX),
+            )),
             options,
             clock,
         }
@@ -443,6 +451,7 @@ impl<C: Clock> MemoryStore<C> {
             in_place: in_place(&rules),
             rules,
             tables,
+            receipts: self.receipts.clone(),
             options: self.options,
             clock: self.clock.clone(),
         }
@@ -551,6 +560,61 @@ impl<C: Clock> MemoryStore<C> {
                 .refund(algorithm, check.key, hash, check.cost, charged_at);
         }
         Ok(())
+    }
+
+    /// Settles an admitted request's charges now (see [`Store::settle`]).
+    pub fn settle_now(&self, id: &str, settles: &[Settle<'_>]) -> Result<Settled, Error> {
+        self.settle_at(id, settles, self.clock.now())
+    }
+
+    /// Settles an admitted request's charges at `now`, once per `id` within
+    /// [`SETTLE_RECEIPT_TTL`]. The store remembers at most about a million
+    /// settle ids at once, the oldest forgotten first.
+    pub fn settle_at(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+        now: Micros,
+    ) -> Result<Settled, Error> {
+        if id.is_empty() || id.len() > MAX_SETTLE_ID {
+            return Err(Error::SettleId { len: id.len() });
+        }
+        let checks: Vec<Check<'_>> = settles
+            .iter()
+            .map(|s| Check {
+                rule: s.rule,
+                key: s.key,
+                cost: s.charged.cost,
+            })
+            .collect();
+        let algorithms = self.validate(&checks)?;
+        let applied = self.receipts.first(id, now);
+        let located = settles.iter().zip(&algorithms).map(|(settle, algorithm)| {
+            let table = &self.tables[settle.rule.0];
+            let hash = table.hash(settle.key);
+            (settle, *algorithm, table.lock(table.shard_of(hash)), hash)
+        });
+        if applied {
+            for (settle, algorithm, mut shard, hash) in located.clone() {
+                let Settle {
+                    key,
+                    charged,
+                    actual,
+                    ..
+                } = *settle;
+                shard.settle(algorithm, key, hash, charged, actual, now);
+            }
+        }
+        // Each key's state once every part is settled (a key may be in
+        // more than one).
+        let decisions = located
+            .map(|(settle, algorithm, mut shard, hash)| {
+                shard
+                    .check(algorithm, settle.key, hash, 0, now)
+                    .expect("a check of cost 0 always fits")
+            })
+            .collect();
+        Ok(Settled { applied, decisions })
     }
 
     /// Forgets `key` under `rule`. Returns whether it was held.
@@ -687,6 +751,14 @@ impl<C: Clock> Store for MemoryStore<C> {
         charged_at: Micros,
     ) -> impl std::future::Future<Output = Result<(), Error>> + Send {
         std::future::ready(self.refund_at(checks, charged_at))
+    }
+
+    fn settle(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+    ) -> impl std::future::Future<Output = Result<Settled, Error>> + Send {
+        std::future::ready(self.settle_now(id, settles))
     }
 
     fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {

@@ -38,15 +38,17 @@
 
 mod cell;
 mod memory;
+mod receipts;
 mod table;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use cell::{AnyCell, SharedState, Words};
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 
-use crate::algorithm::AnyAlgorithm;
+use crate::algorithm::{AnyAlgorithm, Charged};
 use crate::clock::Micros;
 use crate::decision::Decision;
 
@@ -173,6 +175,41 @@ impl Verdict {
     }
 }
 
+/// One rule's part in settling an admitted request: the charge it made and
+/// what the request turned out to cost (see [`Store::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settle<'a> {
+    /// Which rule.
+    pub rule: RuleId,
+    /// The key it counted by.
+    pub key: &'a str,
+    /// The charge as admitted: its cost, the verdict's
+    /// [`decided_at`](Verdict::decided_at), and the decision's `reset_after`
+    /// ([`Charged::of`]).
+    pub charged: Charged,
+    /// What the request actually cost.
+    pub actual: u64,
+}
+
+/// What a [`Store::settle`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// Whether this call moved any state: `false` when every part of it had
+    /// been settled before under the same id.
+    pub applied: bool,
+    /// Each key's state as it now stands (what a cost-0 check reports),
+    /// one per settle, in order.
+    pub decisions: Vec<Decision>,
+}
+
+/// The longest settle id, in bytes.
+pub const MAX_SETTLE_ID: usize = 128;
+
+/// How long a store remembers a settle id: the same settle sent again
+/// within this time changes nothing. Long enough for every retry a store or
+/// a client makes; not for ever, or the receipts would fill the store.
+pub const SETTLE_RECEIPT_TTL: Duration = Duration::from_secs(600);
+
 /// A backend that applies rules to keys, atomically per request.
 pub trait Store: Send + Sync {
     /// What can go wrong besides a denial (a bad request, an unreachable
@@ -198,6 +235,43 @@ pub trait Store: Send + Sync {
         checks: &[Check<'_>],
         charged_at: Micros,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Settles an admitted request's charges at their actual costs (a
+    /// reservation made when the request was admitted, settled when its
+    /// response has ended): each rule gives back the difference or charges
+    /// the rest, past its quota as debt, as of the charge's time
+    /// ([`Algorithm::settle`](crate::Algorithm::settle)). Each key's part
+    /// is atomic. `id` names the settle: the same id sent again within
+    /// [`SETTLE_RECEIPT_TTL`] changes nothing (a retry after a lost answer
+    /// cannot settle twice), so it must be unique to the request. An id
+    /// longer than [`MAX_SETTLE_ID`], an unknown rule or a charge above its
+    /// rule's capacity fails the whole settle, changing nothing.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::{Charged, FixedWindow};
+    /// use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId, Settle, Store};
+    /// use spillway::Quota;
+    ///
+    /// let quota = Quota::per_minute(NonZeroU32::new(100).unwrap());
+    /// let store = MemoryStore::new(vec![Rule::new("tokens", FixedWindow::new(quota))], MemoryOptions::default());
+    /// // 50 reserved when the request is admitted...
+    /// let verdict = store.check_now(&[Check { rule: RuleId(0), key: "ann", cost: 50 }]).unwrap();
+    /// let charged = Charged::of(50, verdict.decided_at, &verdict.decisions[0]);
+    /// // ...and the response cost 20: 30 come back, once.
+    /// let settle = [Settle { rule: RuleId(0), key: "ann", charged, actual: 20 }];
+    /// let settled = store.settle_now("req-1", &settle).unwrap();
+    /// assert!(settled.applied);
+    /// assert_eq!(settled.decisions[0].remaining, 80);
+    /// let again = store.settle_now("req-1", &settle).unwrap();
+    /// assert!(!again.applied);
+    /// assert_eq!(again.decisions[0].remaining, 80);
+    /// ```
+    fn settle(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+    ) -> impl Future<Output = Result<Settled, Self::Error>> + Send;
 
     /// [`check`](Store::check) without waiting, for a store that never has
     /// to (the in-memory one): callers on a hot path can then skip building

@@ -45,7 +45,7 @@ use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use parking_lot::{RwLock, RwLockWriteGuard};
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Charged};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -522,6 +522,33 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
         self.check_with(alg, key, hash, cost, now, |state| {
             alg.check_undoable(state, cost, now)
         })
+    }
+
+    /// Settles a charge on `key` at its `actual` cost (see
+    /// [`Algorithm::settle`]). A key
+    /// the table no longer holds has nothing to give back; an overrun on it
+    /// starts a new state, let in as a new key is (under
+    /// [`OnFull::DenyNew`], a full table of heavier keys turns it away).
+    pub(crate) fn settle<A, Q>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        charged: Charged,
+        actual: u64,
+        now: Micros,
+    ) where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+    {
+        // The overrun, as the cost that may grow a log and keeps the key.
+        let overrun = actual.saturating_sub(charged.cost);
+        let settled = self.check_with(alg, key, hash, overrun, now, |state| {
+            alg.settle(state, charged, actual, now);
+            alg.check(state, 0, now).map(|d| (d, ()))
+        });
+        settled.expect("a check of cost 0 always fits");
     }
 
     /// The lookup, insertion and forgetting around one decision, which
