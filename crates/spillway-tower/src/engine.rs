@@ -34,7 +34,8 @@ use std::time::Duration;
 
 use http::request::Parts;
 use smallvec::SmallVec;
-use spillway::store::{Check, RuleId, Store, StoreError, Verdict};
+use spillway::algorithm::Charged;
+use spillway::store::{Check, RuleId, Settle, Store, StoreError, Verdict};
 use spillway::{Algorithm as _, Decision};
 
 use crate::error::RuleMismatch;
@@ -294,17 +295,28 @@ impl Ruling {
     pub fn into_held(self) -> Option<Held> {
         let (charged, at) = self.charged?;
         let mut charges = self.charges;
+        let decisions = self.decisions;
         let charges = charged
             .iter()
             .map(|&i| {
                 let c = &mut charges[i];
-                Charge {
+                let charge = Charge {
                     key: std::mem::take(&mut c.key),
                     ..*c
-                }
+                };
+                let decision = decisions[i].as_ref();
+                let charged = decision.map_or(
+                    Charged {
+                        cost: charge.cost,
+                        at,
+                        reset_after: 0,
+                    },
+                    |d| Charged::of(charge.cost, at, d),
+                );
+                (charge, charged)
             })
             .collect();
-        Some(Held { charges, at })
+        Some(Held { charges })
     }
 
     /// The outcome, and (with `hold`) what the request charged
@@ -328,25 +340,42 @@ impl Ruling {
 /// The charges of an admitted request, held open until its response ends.
 #[derive(Debug)]
 pub struct Held {
-    charges: Vec<Charge>,
-    at: u64,
+    charges: Vec<(Charge, Charged)>,
 }
 
 impl Held {
     /// Gives every charge back (the request was abandoned before it was
-    /// served).
+    /// served): each settled at nothing, as of its time, so that a bucket
+    /// that has refilled since hands nothing out twice, and a sliding log
+    /// gives back only the charge's own entry.
     pub async fn give_back<St: Store>(self, engine: &Engine<St>) -> Result<(), St::Error> {
-        let checks: Small<Check<'_>> = self
+        let settles: Small<Settle<'_>> = self
             .charges
             .iter()
-            .map(|c| Check {
+            .map(|(c, charged)| Settle {
                 rule: c.id,
                 key: &c.key,
-                cost: c.cost,
+                charged: *charged,
+                actual: 0,
             })
             .collect();
-        engine.store.refund(&checks, self.at).await
+        engine.store.settle(&settle_id(), &settles).await.map(drop)
     }
+}
+
+/// A settle id no other settle of this process, nor (but with a chance of
+/// about 2^-64) of another, has: a random prefix drawn once, and a count.
+fn settle_id() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::LazyLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: LazyLock<u64> = LazyLock::new(|| RandomState::new().hash_one(0u8));
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{:016x}-{:x}",
+        *PREFIX,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// One rule's decision on a request, as a decision API reports it.
