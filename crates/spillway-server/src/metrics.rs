@@ -234,6 +234,8 @@ impl Metrics {
             r.deny_cache_hits += s.deny_cache_hits;
             r.refunds += s.refunds;
             r.refund_errors += s.refund_errors;
+            r.settles += s.settles;
+            r.settle_errors += s.settle_errors;
             r.data_errors += s.data_errors;
         }
     }
@@ -320,6 +322,8 @@ impl StoreSnapshot {
             stats.deny_cache_hits += s.deny_cache_hits;
             stats.refunds += s.refunds;
             stats.refund_errors += s.refund_errors;
+            stats.settles += s.settles;
+            stats.settle_errors += s.settle_errors;
             stats.data_errors += s.data_errors;
             healthy = redis.is_healthy();
         }
@@ -371,13 +375,23 @@ impl Collector for StoreSnapshot {
             ),
             (
                 "spillway_redis_refunds",
-                "Charges given back in Redis (a cluster request another node denied, a shaped request whose client left).",
+                "Charges given back in Redis (a cluster request another node denied).",
                 self.stats.refunds,
             ),
             (
                 "spillway_redis_refund_errors",
                 "Refunds that failed every attempt: their charges stay until their window frees them.",
                 self.stats.refund_errors,
+            ),
+            (
+                "spillway_redis_settles",
+                "Settles applied in Redis (an abandoned request's charges given back, a reservation moved to its actual cost).",
+                self.stats.settles,
+            ),
+            (
+                "spillway_redis_settle_errors",
+                "Settles that failed every attempt: their charges stand as made.",
+                self.stats.settle_errors,
             ),
             (
                 "spillway_redis_data_errors",
