@@ -1,29 +1,51 @@
 //! Running the vectors against a store: [`Harness`], [`run_all`].
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
 use spillway::Decision;
-use spillway::store::{Check, Rule, RuleId, Verdict};
+use spillway::algorithm::Charged;
+use spillway::store::{Check, Rule, RuleId, Settle, Settled, Verdict};
 
-use crate::vectors::{Case, Expected, ExpectedDecision, Step, cases};
+use crate::vectors::{Action, Case, CheckStep, Expected, ExpectedDecision, SettleStep, cases};
 
 /// A store under test, as the suite drives it.
 ///
 /// The suite builds one harness per case (with the case's rules) and calls
-/// [`check`](Harness::check) once per step. The trait is synchronous: an
-/// asynchronous store's harness blocks on its own runtime.
+/// [`check`](Harness::check) or [`settle`](Harness::settle) once per step.
+/// The trait is synchronous: an asynchronous store's harness blocks on its
+/// own runtime.
 pub trait Harness {
     /// Decides on one request, all its checks at once, at `now_us`
     /// microseconds on the store's clock: the store must use this time, not
     /// its own. `checks[i].rule` indexes the rules the harness was built
     /// with.
     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError>;
+
+    /// Settles an admitted request's charges, at `now_us` on the store's
+    /// clock, once per `id` (the store's
+    /// [`settle`](spillway::store::Store::settle)).
+    fn settle(
+        &mut self,
+        id: &str,
+        settles: &[Settle<'_>],
+        now_us: u64,
+    ) -> Result<Settled, HarnessError>;
 }
 
 impl<H: Harness + ?Sized> Harness for &mut H {
     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError> {
         (**self).check(checks, now_us)
+    }
+
+    fn settle(
+        &mut self,
+        id: &str,
+        settles: &[Settle<'_>],
+        now_us: u64,
+    ) -> Result<Settled, HarnessError> {
+        (**self).settle(id, settles, now_us)
     }
 }
 
@@ -71,12 +93,14 @@ pub struct Mismatch {
     pub line: usize,
     /// The step's time.
     pub t_us: u64,
-    /// The check within the step, counting from 1, when the field is one
-    /// check's decision.
+    /// The check within the step (of a settle: within the request it
+    /// settles), counting from 1, when the field is one check's decision.
     pub check: Option<usize>,
     /// Which field: `allowed`, `limit`, `remaining`, `reset_after_us`,
-    /// `retry_after_us`, `delay_us`, `decisions` (their number) or
-    /// `outcome` (a verdict where an error was expected, or the reverse).
+    /// `retry_after_us`, `delay_us`, `decisions` (their number), `applied`
+    /// (of a settle) or `outcome` (a verdict where an error was expected,
+    /// or the reverse; a settle that failed, or whose request charged
+    /// nothing).
     pub field: &'static str,
     /// What the vectors say.
     pub expected: String,
@@ -190,17 +214,9 @@ where
 /// and returns every mismatch.
 pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismatch> {
     let mut mismatches = Vec::new();
+    // What the store answered to each request that a settle names, by step.
+    let mut charges: HashMap<usize, Result<Verdict, HarnessError>> = HashMap::new();
     for (i, step) in case.steps.iter().enumerate() {
-        let checks: Vec<Check<'_>> = step
-            .checks
-            .iter()
-            .map(|c| Check {
-                rule: RuleId(c.rule),
-                key: &c.key,
-                cost: c.cost,
-            })
-            .collect();
-        let answer = harness.check(&checks, step.t_us);
         let mut report = |check: Option<usize>, field, expected: String, actual: String| {
             mismatches.push(Mismatch {
                 file: case.file.clone(),
@@ -214,18 +230,112 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
                 actual,
             });
         };
-        compare(case, step, answer, &mut report);
+        match &step.action {
+            Action::Check(request) => {
+                let checks: Vec<Check<'_>> = request
+                    .checks
+                    .iter()
+                    .map(|c| Check {
+                        rule: RuleId(c.rule),
+                        key: &c.key,
+                        cost: c.cost,
+                    })
+                    .collect();
+                let answer = harness.check(&checks, step.t_us);
+                compare(case, request, &answer, &mut report);
+                if request.id.is_some() {
+                    charges.insert(i, answer);
+                }
+            }
+            Action::Settle(settle) => {
+                let request = case.steps[settle.charge]
+                    .check()
+                    .expect("a settle names a request");
+                let charged = charges.get(&settle.charge);
+                match settles_of(request, settle, charged) {
+                    Ok(settles) => {
+                        let answer = harness.settle(&settle.id, &settles, step.t_us);
+                        compare_settled(case, request, settle, answer, &mut report);
+                    }
+                    Err(nothing) => report(
+                        None,
+                        "outcome",
+                        format!("a settle of step {}'s charges", settle.charge + 1),
+                        nothing,
+                    ),
+                }
+            }
+        }
     }
     mismatches
 }
 
-fn compare(
+/// The settles of `request`'s charges, built from what the store answered
+/// it (`charged`); or, when it charged nothing, what it answered instead.
+fn settles_of<'a>(
+    request: &'a CheckStep,
+    settle: &SettleStep,
+    charged: Option<&Result<Verdict, HarnessError>>,
+) -> Result<Vec<Settle<'a>>, String> {
+    let verdict = match charged {
+        Some(Ok(verdict)) if verdict.allowed => verdict,
+        Some(Ok(_)) => return Err("a denial, which charged nothing".into()),
+        Some(Err(e)) => return Err(e.to_string()),
+        None => return Err("no answer".into()),
+    };
+    if verdict.decisions.len() != request.checks.len() {
+        return Err(format!(
+            "{} decisions for {} checks",
+            verdict.decisions.len(),
+            request.checks.len()
+        ));
+    }
+    Ok(request
+        .checks
+        .iter()
+        .zip(&verdict.decisions)
+        .zip(&settle.actuals)
+        .map(|((check, decision), &actual)| Settle {
+            rule: RuleId(check.rule),
+            key: &check.key,
+            charged: Charged::of(check.cost, verdict.decided_at, decision),
+            actual,
+        })
+        .collect())
+}
+
+fn compare_settled(
     case: &Case,
-    step: &Step,
-    answer: Result<Verdict, HarnessError>,
+    request: &CheckStep,
+    settle: &SettleStep,
+    answer: Result<Settled, HarnessError>,
     report: &mut impl FnMut(Option<usize>, &'static str, String, String),
 ) {
-    match (&step.expected, answer) {
+    let settled = match answer {
+        Ok(settled) => settled,
+        Err(e) => {
+            let expected = format!("settled, applied = {}", settle.applied);
+            return report(None, "outcome", expected, e.to_string());
+        }
+    };
+    if settled.applied != settle.applied {
+        report(
+            None,
+            "applied",
+            settle.applied.to_string(),
+            settled.applied.to_string(),
+        );
+    }
+    compare_decisions(case, request, &settle.decisions, &settled.decisions, report);
+}
+
+fn compare(
+    case: &Case,
+    request: &CheckStep,
+    answer: &Result<Verdict, HarnessError>,
+    report: &mut impl FnMut(Option<usize>, &'static str, String, String),
+) {
+    match (&request.expected, answer) {
         (Expected::CostTooLarge, Err(HarnessError::CostTooLarge)) => {}
         (Expected::CostTooLarge, Err(other)) => {
             report(None, "outcome", "cost_too_large".into(), other.to_string());
@@ -255,26 +365,32 @@ fn compare(
                     verdict.allowed.to_string(),
                 );
             }
-            if verdict.decisions.len() != decisions.len() {
-                report(
-                    None,
-                    "decisions",
-                    decisions.len().to_string(),
-                    verdict.decisions.len().to_string(),
-                );
-            }
-            for (i, (check, (want, got))) in step
-                .checks
-                .iter()
-                .zip(decisions.iter().zip(&verdict.decisions))
-                .enumerate()
-            {
-                let limit = case.rules[check.rule].config.capacity();
-                compare_decision(want, limit, got, &mut |field, expected, actual| {
-                    report(Some(i + 1), field, expected, actual);
-                });
-            }
+            compare_decisions(case, request, decisions, &verdict.decisions, report);
         }
+    }
+}
+
+/// Compares one decision per check of `request`.
+fn compare_decisions(
+    case: &Case,
+    request: &CheckStep,
+    want: &[ExpectedDecision],
+    got: &[Decision],
+    report: &mut impl FnMut(Option<usize>, &'static str, String, String),
+) {
+    if got.len() != want.len() {
+        report(
+            None,
+            "decisions",
+            want.len().to_string(),
+            got.len().to_string(),
+        );
+    }
+    for (i, (check, (want, got))) in request.checks.iter().zip(want.iter().zip(got)).enumerate() {
+        let limit = case.rules[check.rule].config.capacity();
+        compare_decision(want, limit, got, &mut |field, expected, actual| {
+            report(Some(i + 1), field, expected, actual);
+        });
     }
 }
 

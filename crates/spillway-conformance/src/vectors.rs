@@ -1,7 +1,8 @@
 //! The test vectors: their file format and the parsed types.
 //!
 //! The vectors live in `crates/spillway-conformance/vectors/`, one TOML file
-//! per algorithm plus `multi_rule.toml`, and are embedded in the crate
+//! per algorithm plus `multi_rule.toml`, `settle.toml` and a few on the
+//! clock, and are embedded in the crate
 //! ([`VECTOR_FILES`]), so the suite runs from any directory. Every expected
 //! value in them was computed by hand from the definitions in
 //! `docs/algorithms.md`, with the arithmetic in a comment beside the values
@@ -60,20 +61,60 @@
 //! cases write their steps as `[[case.steps]]` tables instead of an inline
 //! `steps = [...]` array; both mean the same.
 //!
+//! **Settles.** A request that is admitted and costs something under at
+//! least one of its checks may name its charges with `id = "r1"`. A later
+//! step settles them at their actual costs (`Store::settle`):
+//!
+//! ```toml
+//! # rule = { algorithm = "fixed_window", limit = 10, window_us = 1_000 }
+//! { t_us = 100, cost = 6, id = "r1", allowed = true, remaining = 4, reset_after_us = 900 },
+//! # 6 reserved, 2 used: 4 come back
+//! { t_us = 150, settle = "r1", actual = 2, applied = true, remaining = 8, reset_after_us = 850 },
+//! # sent again: nothing changes
+//! { t_us = 200, settle = "r1", actual = 2, applied = false, remaining = 8, reset_after_us = 800 },
+//! ```
+//!
+//! The runner sends the settle id `settle` (`"r1"`), with one part per check
+//! of the request named: its rule and key, charged with
+//! [`Charged::of`](spillway::algorithm::Charged::of) its cost, the verdict's
+//! `decided_at` and that check's decision (the store's own answers), at the
+//! actual cost `actual` (a one-check request) or `actuals = [...]` (one per
+//! check, a cost-0 check included). What the store must answer: `applied`,
+//! `true` the first time and `false` when the same settle is sent again,
+//! and each key's state after it, as a cost-0 check reports it: inline
+//! `remaining` and `reset_after_us` for a one-check request, else
+//! `decisions = [{ remaining = ..., reset_after_us = ... }, ...]`, one per
+//! check. Such a decision is always allowed, never delayed and has no
+//! retry_after, so those fields are not written; its `limit` is checked as
+//! any other.
+//!
 //! When the files are parsed, they are also checked for consistency: unknown
 //! fields, a `retry_after_us` on an admission or none on a denial, a
 //! `delay_us` outside a shaping leaky bucket, an overall `allowed` that does
 //! not match the decisions, or a cost above capacity that is not expected to
-//! be `cost_too_large` (and the reverse) are all errors.
+//! be `cost_too_large` (and the reverse) are all errors. So are an `id` on a
+//! request that charges nothing (denied, an error, every cost 0) or that an
+//! earlier request has, a settle of an `id` no earlier request has, a
+//! number of `actuals` or `decisions` other than the request's checks, a
+//! request's field on a settle (`cost`, `allowed`, `retry_after_us`,
+//! `delay_us`...), and an `applied` other than `true` for the first settle
+//! of an id and `false` for a later one. A settle sent again is pinned down
+//! only within `SETTLE_RECEIPT_TTL` of the first (after it the store may
+//! have forgotten the id), so a later one is an error too.
 //!
-//! # A point the definitions leave open
+//! # Points the definitions leave open
 //!
 //! `docs/algorithms.md` gives a shaping leaky bucket's delay for an admitted
 //! request as the backlog in front of it, and says that a cost-0 request
 //! "peeks". The vectors take a peek's `delay` to be 0: it holds no place in
 //! the queue, so there is nothing to wait for.
+//!
+//! A key in debt (a settle charged it past its quota) has used more than
+//! its limit, and the formulas for `remaining` then give a negative number.
+//! The vectors take it to be 0: nothing more can be admitted. A peek stays
+//! allowed, in debt too, as "always `allowed`" says.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::OnceLock;
@@ -84,7 +125,7 @@ use spillway::Quota;
 use spillway::algorithm::{
     AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
 };
-use spillway::store::Rule;
+use spillway::store::{MAX_SETTLE_ID, Rule, SETTLE_RECEIPT_TTL};
 
 /// The vector files, embedded in the crate: `(file name, TOML text)`.
 pub const VECTOR_FILES: &[(&str, &str)] = &[
@@ -112,6 +153,7 @@ pub const VECTOR_FILES: &[(&str, &str)] = &[
         "multi_rule.toml",
         include_str!("../vectors/multi_rule.toml"),
     ),
+    ("settle.toml", include_str!("../vectors/settle.toml")),
     (
         "wall_clock.toml",
         include_str!("../vectors/wall_clock.toml"),
@@ -169,7 +211,8 @@ pub struct Case {
     pub name: String,
     /// The rules of the store, indexed by [`StepCheck::rule`].
     pub rules: Vec<RuleSpec>,
-    /// The requests, in time order, with what the store must answer.
+    /// The requests and settles, in time order, with what the store must
+    /// answer.
     pub steps: Vec<Step>,
 }
 
@@ -283,17 +326,79 @@ impl AlgorithmConfig {
     }
 }
 
-/// One request, at one time, and what the store must answer.
+/// One step of a case, at one time: a request, or the settle of an earlier
+/// request's charges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
     /// The line of the vector file it starts on, for messages.
     pub line: usize,
-    /// When the request arrives, in microseconds on the store's clock.
+    /// When it happens, in microseconds on the store's clock.
     pub t_us: u64,
+    /// What happens, and what the store must answer.
+    pub action: Action,
+}
+
+impl Step {
+    /// The request, unless the step is a settle.
+    pub fn check(&self) -> Option<&CheckStep> {
+        match &self.action {
+            Action::Check(check) => Some(check),
+            Action::Settle(_) => None,
+        }
+    }
+
+    /// The settle, unless the step is a request.
+    pub fn settle(&self) -> Option<&SettleStep> {
+        match &self.action {
+            Action::Settle(settle) => Some(settle),
+            Action::Check(_) => None,
+        }
+    }
+}
+
+/// What a step does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// A request: its checks, decided at once.
+    Check(CheckStep),
+    /// A settle of the charges an earlier request made.
+    Settle(SettleStep),
+}
+
+/// A request, and what the store must answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckStep {
     /// The request's checks, all decided at once.
     pub checks: Vec<StepCheck>,
+    /// The name later settles give the charges it made (`id = "r1"`): only
+    /// on an admitted request that charged something.
+    pub id: Option<String>,
     /// What the store must answer.
     pub expected: Expected,
+}
+
+/// A settle of an earlier request's charges (`settle = "r1"`), and what the
+/// store must answer.
+///
+/// The runner settles each check of that request: its rule and key, charged
+/// with [`Charged::of`](spillway::algorithm::Charged::of) its cost, the
+/// verdict's `decided_at` and its decision, the store's own answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleStep {
+    /// The settle's id: the `id` of the request it settles, which is also
+    /// what the store is sent, so a second settle of one request is the
+    /// same settle sent again.
+    pub id: String,
+    /// The index in [`Case::steps`] of that request.
+    pub charge: usize,
+    /// What each check of that request actually cost, in order.
+    pub actuals: Vec<u64>,
+    /// Whether the store must apply it: `true` the first time, `false` when
+    /// it is sent again.
+    pub applied: bool,
+    /// Each key's state after it, one per check, in order: what a cost-0
+    /// check would report (allowed, never delayed, no `retry_after`).
+    pub decisions: Vec<ExpectedDecision>,
 }
 
 /// One (rule, key, cost) of a request.
@@ -437,6 +542,11 @@ struct RawRule {
 #[serde(deny_unknown_fields)]
 struct RawStep {
     t_us: u64,
+    id: Option<String>,
+    settle: Option<String>,
+    actual: Option<u64>,
+    actuals: Option<Vec<u64>>,
+    applied: Option<bool>,
     rule: Option<String>,
     key: Option<String>,
     cost: Option<u64>,
@@ -461,7 +571,8 @@ struct RawCheck {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDecision {
-    allowed: bool,
+    // Required of a request's decisions; a settle's are always allowed.
+    allowed: Option<bool>,
     remaining: u64,
     reset_after_us: u64,
     retry_after_us: Option<u64>,
@@ -501,11 +612,12 @@ impl RawCase {
             return Err(problem("", "has no steps"));
         }
         let mut steps = Vec::with_capacity(self.steps.len());
+        let mut named = Named::default();
         for (i, spanned) in self.steps.into_iter().enumerate() {
             let line = line_of(text, spanned.span().start);
             let step = spanned
                 .into_inner()
-                .convert(&rules, line)
+                .convert(&rules, line, &steps, &mut named)
                 .map_err(|m| problem(format!(", step {} ({file}:{line})", i + 1), m))?;
             steps.push(step);
         }
@@ -596,17 +708,188 @@ impl RawRule {
     }
 }
 
+/// What the steps converted so far have named: the step of each charge's
+/// `id`, and when each was first settled.
+#[derive(Default)]
+struct Named {
+    charges: HashMap<String, usize>,
+    first_settled: HashMap<String, u64>,
+}
+
 impl RawStep {
-    fn convert(self, rules: &[RuleSpec], line: usize) -> Result<Step, String> {
-        let checks = self.convert_checks(rules)?;
-        let expected = self.convert_expected(checks.len())?;
-        check_definitions(rules, &checks, &expected)?;
+    /// `earlier` are the case's steps before this one.
+    fn convert(
+        self,
+        rules: &[RuleSpec],
+        line: usize,
+        earlier: &[Step],
+        named: &mut Named,
+    ) -> Result<Step, String> {
+        let action = match &self.settle {
+            Some(id) => Action::Settle(self.convert_settle(id, earlier, named)?),
+            None => Action::Check(self.convert_check(rules, earlier.len(), named)?),
+        };
         Ok(Step {
             line,
             t_us: self.t_us,
+            action,
+        })
+    }
+
+    /// A request, the step at `index`.
+    fn convert_check(
+        &self,
+        rules: &[RuleSpec],
+        index: usize,
+        named: &mut Named,
+    ) -> Result<CheckStep, String> {
+        let settle_fields = [
+            ("actual", self.actual.is_some()),
+            ("actuals", self.actuals.is_some()),
+            ("applied", self.applied.is_some()),
+        ];
+        if let Some((field, _)) = settle_fields.iter().find(|(_, set)| *set) {
+            return Err(format!("`{field}` goes with `settle`"));
+        }
+        let checks = self.convert_checks(rules)?;
+        let expected = self.convert_expected(checks.len())?;
+        check_definitions(rules, &checks, &expected)?;
+        if let Some(id) = &self.id {
+            check_charge(id, &checks, &expected)?;
+            if named.charges.insert(id.clone(), index).is_some() {
+                return Err(format!("an earlier step has `id = {id:?}`"));
+            }
+        }
+        Ok(CheckStep {
             checks,
+            id: self.id.clone(),
             expected,
         })
+    }
+
+    /// A settle of the charges of the earlier step named `id`.
+    fn convert_settle(
+        &self,
+        id: &str,
+        earlier: &[Step],
+        named: &mut Named,
+    ) -> Result<SettleStep, String> {
+        let request_fields = [
+            ("cost", self.cost.is_some()),
+            ("checks", self.checks.is_some()),
+            ("rule", self.rule.is_some()),
+            ("key", self.key.is_some()),
+            ("id", self.id.is_some()),
+            ("error", self.error.is_some()),
+        ];
+        if let Some((field, _)) = request_fields.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "`{field}` on a settle: it settles the checks of the request it names"
+            ));
+        }
+        let peek_fields = [
+            ("allowed", self.allowed.is_some()),
+            ("retry_after_us", self.retry_after_us.is_some()),
+            ("delay_us", self.delay_us.is_some()),
+        ];
+        if let Some((field, _)) = peek_fields.iter().find(|(_, set)| *set) {
+            return Err(format!("`{field}` on a settle: {PEEK}"));
+        }
+        let &charge = named
+            .charges
+            .get(id)
+            .ok_or_else(|| format!("`settle = {id:?}`: no earlier request has `id = {id:?}`"))?;
+        let checks = earlier[charge]
+            .check()
+            .map_or(0, |request| request.checks.len());
+        let actuals = match (self.actual, &self.actuals) {
+            (Some(_), Some(_)) => return Err("has both `actual` and `actuals`".into()),
+            (None, None) => {
+                return Err("needs `actual` (one check) or `actuals` (one per check)".into());
+            }
+            (Some(actual), None) if checks == 1 => vec![actual],
+            (Some(_), None) => {
+                return Err(format!(
+                    "{id:?} has {checks} checks: write `actuals`, one per check"
+                ));
+            }
+            (None, Some(_)) if checks == 1 => {
+                return Err(format!("{id:?} has one check: write `actual`"));
+            }
+            (None, Some(actuals)) if actuals.len() == checks => actuals.clone(),
+            (None, Some(actuals)) => {
+                return Err(format!(
+                    "{} `actuals` for the {checks} checks of {id:?}",
+                    actuals.len()
+                ));
+            }
+        };
+        let applied = self.applied.ok_or("`applied` is missing")?;
+        match named.first_settled.get(id) {
+            None if !applied => {
+                return Err(format!(
+                    "the first settle of {id:?} is `applied = true`: the store has not seen the id"
+                ));
+            }
+            None => {
+                named.first_settled.insert(id.to_owned(), self.t_us);
+            }
+            Some(first) if applied => {
+                return Err(format!(
+                    "{id:?} was settled at t_us = {first}: sent again, it is `applied = false`"
+                ));
+            }
+            Some(&first) => {
+                let ttl = u64::try_from(SETTLE_RECEIPT_TTL.as_micros()).unwrap_or(u64::MAX);
+                if self.t_us < first || self.t_us - first >= ttl {
+                    return Err(format!(
+                        "{id:?} was settled at t_us = {first}: a settle sent again is only \
+                         pinned down within SETTLE_RECEIPT_TTL after the first, on a clock \
+                         that has not gone back"
+                    ));
+                }
+            }
+        }
+        let decisions = self.settled_decisions(checks)?;
+        Ok(SettleStep {
+            id: id.to_owned(),
+            charge,
+            actuals,
+            applied,
+            decisions,
+        })
+    }
+
+    /// A settle's decisions: inline for a one-check charge, else one of
+    /// `decisions` per check.
+    fn settled_decisions(&self, checks: usize) -> Result<Vec<ExpectedDecision>, String> {
+        if checks == 1 {
+            if self.decisions.is_some() {
+                return Err("`decisions` goes with `actuals`; write the decision inline".into());
+            }
+            let decision = RawDecision {
+                allowed: None,
+                remaining: self.remaining.ok_or("`remaining` is missing")?,
+                reset_after_us: self.reset_after_us.ok_or("`reset_after_us` is missing")?,
+                retry_after_us: None,
+                delay_us: None,
+            };
+            return Ok(vec![decision.convert_settled()?]);
+        }
+        if self.remaining.is_some() || self.reset_after_us.is_some() {
+            return Err("with `actuals`, the decisions go inside `decisions`".into());
+        }
+        let raw = self.decisions.as_ref().ok_or("`decisions` is missing")?;
+        if raw.len() != checks {
+            return Err(format!("{} `decisions` for {checks} `actuals`", raw.len()));
+        }
+        raw.iter()
+            .enumerate()
+            .map(|(i, d)| {
+                d.convert_settled()
+                    .map_err(|m| format!("decision {}: {m}", i + 1))
+            })
+            .collect()
     }
 
     /// The step's checks: its `checks`, or the one check written inline
@@ -685,7 +968,7 @@ impl RawStep {
             return Err("`decisions` goes with `checks`; write the decision inline".into());
         }
         let decision = RawDecision {
-            allowed,
+            allowed: Some(allowed),
             remaining: self.remaining.ok_or("`remaining` is missing")?,
             reset_after_us: self.reset_after_us.ok_or("`reset_after_us` is missing")?,
             retry_after_us: self.retry_after_us,
@@ -777,22 +1060,64 @@ fn check_definitions(
     Ok(())
 }
 
+/// Why a settle's decisions are written without `allowed`,
+/// `retry_after_us` and `delay_us`.
+const PEEK: &str = "its decisions are what a cost-0 check reports: allowed, never delayed, \
+                    with no retry_after";
+
+/// Refuses an `id` on a request that charged nothing to settle, or that the
+/// store would refuse as a settle id.
+fn check_charge(id: &str, checks: &[StepCheck], expected: &Expected) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_SETTLE_ID {
+        return Err(format!(
+            "`id` must be 1 to {MAX_SETTLE_ID} bytes, as a settle id"
+        ));
+    }
+    if !matches!(expected, Expected::Verdict { allowed: true, .. }) {
+        return Err("`id` on a request that is not admitted: it charges nothing to settle".into());
+    }
+    if checks.iter().all(|c| c.cost == 0) {
+        return Err("`id` on a request of cost 0: it charges nothing to settle".into());
+    }
+    Ok(())
+}
+
 impl RawDecision {
     fn convert(&self) -> Result<ExpectedDecision, String> {
-        match (self.allowed, self.retry_after_us) {
+        let allowed = self.allowed.ok_or("`allowed` is missing")?;
+        match (allowed, self.retry_after_us) {
             (true, Some(_)) => return Err("`retry_after_us` on an admission".into()),
             (false, None) => return Err("a denial needs `retry_after_us`".into()),
             _ => {}
         }
-        if !self.allowed && self.delay_us.is_some() {
+        if !allowed && self.delay_us.is_some() {
             return Err("`delay_us` on a denial".into());
         }
         Ok(ExpectedDecision {
-            allowed: self.allowed,
+            allowed,
             remaining: self.remaining,
             reset_after_us: self.reset_after_us,
             retry_after_us: self.retry_after_us,
             delay_us: self.delay_us.unwrap_or(0),
+        })
+    }
+
+    /// A settle's decision: a cost-0 check's.
+    fn convert_settled(&self) -> Result<ExpectedDecision, String> {
+        let peek_fields = [
+            ("allowed", self.allowed.is_some()),
+            ("retry_after_us", self.retry_after_us.is_some()),
+            ("delay_us", self.delay_us.is_some()),
+        ];
+        if let Some((field, _)) = peek_fields.iter().find(|(_, set)| *set) {
+            return Err(format!("`{field}` on a settle: {PEEK}"));
+        }
+        Ok(ExpectedDecision {
+            allowed: true,
+            remaining: self.remaining,
+            reset_after_us: self.reset_after_us,
+            retry_after_us: None,
+            delay_us: 0,
         })
     }
 }

@@ -1,10 +1,11 @@
 //! The whole conformance suite against the in-memory store.
 
 use spillway::clock::FakeClock;
-use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, Verdict};
+use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, Settle, Settled, Verdict};
 use spillway_conformance::{Harness, HarnessError};
 
-/// The in-memory store, told the time of each step through `check_at`.
+/// The in-memory store, told the time of each step through `check_at` and
+/// `settle_at`.
 struct Memory(MemoryStore<FakeClock>);
 
 impl Memory {
@@ -21,6 +22,15 @@ impl Memory {
 impl Harness for Memory {
     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError> {
         Ok(self.0.check_at(checks, now_us)?)
+    }
+
+    fn settle(
+        &mut self,
+        id: &str,
+        settles: &[Settle<'_>],
+        now_us: u64,
+    ) -> Result<Settled, HarnessError> {
+        Ok(self.0.settle_at(id, settles, now_us)?)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spillway::store::{Check, Rule, Verdict};
+use spillway::store::{Check, Rule, Settle, Settled, Verdict};
 use spillway_conformance::redis_server::{RedisCluster, RedisServer};
 use spillway_conformance::{Harness, HarnessError};
 use spillway_redis::{Error, RedisOptions, RedisStore, Topology};
@@ -19,10 +19,25 @@ impl Harness for Redis<'_> {
     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError> {
         self.runtime
             .block_on(self.store.check_at(checks, now_us))
-            .map_err(|e| match e {
-                Error::Check(e) => e.into(),
-                other => HarnessError::Other(other.to_string()),
-            })
+            .map_err(harness_error)
+    }
+
+    fn settle(
+        &mut self,
+        id: &str,
+        settles: &[Settle<'_>],
+        now_us: u64,
+    ) -> Result<Settled, HarnessError> {
+        self.runtime
+            .block_on(self.store.settle_at(id, settles, now_us))
+            .map_err(harness_error)
+    }
+}
+
+fn harness_error(e: Error) -> HarnessError {
+    match e {
+        Error::Check(e) => e.into(),
+        other => HarnessError::Other(other.to_string()),
     }
 }
 

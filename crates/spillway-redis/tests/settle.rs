@@ -55,6 +55,10 @@ impl Rng {
     }
 }
 
+/// An admitted request's charges, not settled yet: its settle id, and each
+/// check's rule, key and charge.
+type Open = (String, Vec<(RuleId, &'static str, Charged)>);
+
 /// Runs random sequences of checks and settles on the memory store and on
 /// `redis`, comparing every decision and every settle's outcome.
 async fn differential(redis: impl AsyncFn(&str) -> RedisStore, seeds: u64) {
@@ -66,8 +70,8 @@ async fn differential(redis: impl AsyncFn(&str) -> RedisStore, seeds: u64) {
         let memory =
             MemoryStore::with_clock(rules.clone(), MemoryOptions::default(), FakeClock::new(0));
         let store = redis(&format!("settle:{seed}:")).await;
-        // Charges admitted so far, to settle: (id, settles).
-        let mut open: Vec<(String, Vec<(RuleId, &str, Charged)>)> = Vec::new();
+        // Charges admitted so far, to settle.
+        let mut open: Vec<Open> = Vec::new();
         let mut now = 1_000_000_000 + rng.below(1_000_000);
         for step in 0..40 {
             now += [0, 1, 999, 50_000, 333_333, 1_200_000][rng.below(6) as usize];

@@ -21,11 +21,12 @@ local function fixed_window(op, key, s, cost, now, limit, w)
       k = s.w -- time went backwards: keep counting in the stored window
     end
     local until_end = math.max((k + 1) * w - now, 0)
-    if s.c + cost <= limit then
+    -- Cost 0 only looks: allowed even over the limit (in debt).
+    if cost == 0 or s.c + cost <= limit then
       s.c = s.c + cost
       local reset = 0
       if s.c > 0 then reset = until_end end
-      return 1, limit, limit - s.c, reset, reset, -1, 0
+      return 1, limit, math.max(limit - s.c, 0), reset, reset, -1, 0
     end
     return 0, limit, limit - s.c, until_end, until_end, until_end, 0
   elseif op == 'load' then

@@ -41,10 +41,11 @@ if v then
 end
 if stored >= k then
   local until_end = (stored + 1) * w - now
-  if count <= limit then
+  -- Cost 0 only looks: allowed even over the limit (in debt).
+  if cost == 0 or count <= limit then
     local reset = until_end
     if count == 0 then reset = 0 end
-    return { 1, now, 1, limit, limit - count, reset, reset, -1, 0 }
+    return { 1, now, 1, limit, math.max(limit - count, 0), reset, reset, -1, 0 }
   end
   redis.call('DECRBY', key, ARGV[3])
   return { 0, now, 0, limit, limit - (count - cost), until_end, until_end, until_end, 0 }

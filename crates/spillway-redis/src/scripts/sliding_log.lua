@@ -76,7 +76,8 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
       if s.h == s.n then return 0 end
       return math.max(log_entry(s, s.n - 1) + w - now, 0)
     end
-    if s.t + cost <= limit then
+    -- Cost 0 only looks: allowed even over the limit (in debt).
+    if cost == 0 or s.t + cost <= limit then
       if cost > 0 then
         if s.h < s.n and log_entry(s, s.n - 1) >= now then
           -- Same microsecond, or time went backwards: charge the newest
@@ -90,8 +91,8 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
         end
         s.t = s.t + cost
       end
-      return 1, limit, limit - s.t, reset_after(), sliding_log('refill', key, s, 0, now, limit, w),
-        -1, 0
+      return 1, limit, math.max(limit - s.t, 0), reset_after(),
+        sliding_log('refill', key, s, 0, now, limit, w), -1, 0
     end
     return 0, limit, limit - s.t, reset_after(), sliding_log('refill', key, s, 0, now, limit, w),
       sliding_log('fits', key, s, cost, now, limit, w), 0

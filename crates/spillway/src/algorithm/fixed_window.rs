@@ -93,11 +93,18 @@ impl Algorithm for FixedWindow {
         }
         let window_end = (k + 1).saturating_mul(w);
         let until_end = window_end.saturating_sub(now);
-        if state.count + cost <= limit {
+        // Cost 0 only looks: allowed even over the limit (in debt, or with
+        // a lowered limit).
+        if cost == 0 || state.count + cost <= limit {
             state.count += cost;
             let reset = if state.count > 0 { until_end } else { 0 };
             // Nothing comes back before the window ends, and then all of it.
-            Ok(Decision::allow(limit, limit - state.count, reset, reset))
+            Ok(Decision::allow(
+                limit,
+                limit.saturating_sub(state.count),
+                reset,
+                reset,
+            ))
         } else {
             // A count over the limit is possible: the limit was lowered
             // and the store kept the key's count.

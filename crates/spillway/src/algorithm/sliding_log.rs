@@ -193,7 +193,9 @@ impl Algorithm for SlidingLog {
         let limit = self.limit();
         ensure_fits(cost, limit)?;
         self.expire(state, now);
-        if state.total + cost <= limit {
+        // Cost 0 only looks: allowed even over the limit (in debt, or with
+        // a lowered limit).
+        if cost == 0 || state.total + cost <= limit {
             if cost > 0 {
                 match state.entries.back_mut() {
                     // Same microsecond, or time went backwards: charge the
@@ -203,7 +205,7 @@ impl Algorithm for SlidingLog {
                 }
                 state.total += cost;
             }
-            let remaining = limit - state.total;
+            let remaining = limit.saturating_sub(state.total);
             return Ok(Decision::allow(
                 limit,
                 remaining,
