@@ -17,9 +17,7 @@ use http_body_util::BodyExt;
 use spillway::Quota;
 use spillway::algorithm::TokenBucket;
 use spillway::clock::Micros;
-use spillway::store::{
-    Check, MemoryOptions, MemoryStore, Rule, Settle, Settled, Store, Verdict,
-};
+use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, Settle, Settled, Store, Verdict};
 use spillway_tower::{ClientAddr, Limited, Policy, RateLimitLayer, TokioClock, X_SPILLWAY_LIMITED};
 use tower::ServiceExt;
 
@@ -108,11 +106,7 @@ impl Store for CountingStore {
         self.inner.refund(checks, charged_at).await
     }
 
-    async fn settle(
-        &self,
-        id: &str,
-        settles: &[Settle<'_>],
-    ) -> Result<Settled, spillway::Error> {
+    async fn settle(&self, id: &str, settles: &[Settle<'_>]) -> Result<Settled, spillway::Error> {
         self.inner.settle(id, settles).await
     }
 }
