@@ -60,8 +60,8 @@ impl Rng {
 type Open = (String, Vec<(RuleId, &'static str, Charged)>);
 
 /// Runs random sequences of checks and settles on the memory store and on
-/// `redis`, comparing every decision and every settle's outcome.
-async fn differential(redis: impl AsyncFn(&str) -> RedisStore, seeds: u64) {
+/// Redis at `topology`, comparing every decision and every settle's outcome.
+async fn differential(topology: Topology, seeds: u64) {
     let keys = ["a", "b"];
     let mut compared = 0;
     for seed in 0..seeds {
@@ -69,7 +69,10 @@ async fn differential(redis: impl AsyncFn(&str) -> RedisStore, seeds: u64) {
         let rules = rules();
         let memory =
             MemoryStore::with_clock(rules.clone(), MemoryOptions::default(), FakeClock::new(0));
-        let store = redis(&format!("settle:{seed}:")).await;
+        let prefix = format!("settle:{seed}:");
+        let store = RedisStore::connect(topology.clone(), rules.clone(), options(&prefix))
+            .await
+            .expect("connects");
         // Charges admitted so far, to settle.
         let mut open: Vec<Open> = Vec::new();
         let mut now = 1_000_000_000 + rng.below(1_000_000);
@@ -144,16 +147,7 @@ async fn a_standalone_server_settles_as_the_memory_store_does() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let url = server.url();
-    differential(
-        async |prefix| {
-            RedisStore::connect(Topology::Standalone(url.clone()), rules(), options(prefix))
-                .await
-                .expect("connects")
-        },
-        60,
-    )
-    .await;
+    differential(Topology::Standalone(server.url()), 60).await;
 }
 
 #[tokio::test]
@@ -161,16 +155,7 @@ async fn a_cluster_settles_as_the_memory_store_does_across_slots() {
     let Some(cluster) = RedisCluster::start() else {
         return;
     };
-    let urls = cluster.urls();
-    differential(
-        async |prefix| {
-            RedisStore::connect(Topology::Cluster(urls.clone()), rules(), options(prefix))
-                .await
-                .expect("connects")
-        },
-        15,
-    )
-    .await;
+    differential(Topology::Cluster(cluster.urls()), 15).await;
 }
 
 /// On the server's own clock, through [`Store::settle`]: a reservation

@@ -1153,6 +1153,48 @@ mod tests {
             .collect()
     }
 
+    /// A charge given back after its bucket refilled gives nothing: the
+    /// refill already returned it, and a refund would hand it out twice.
+    #[tokio::test]
+    async fn a_charge_given_back_after_its_bucket_refilled_hands_nothing_out_twice() {
+        let ten = NonZeroU32::new(10).expect("nonzero");
+        let policy = Policy::new([HttpRule::new("api", TokenBucket::new(per_minute(10), ten))]);
+        let clock = FakeClock::new(0);
+        let store = MemoryStore::with_clock(
+            policy.store_rules(),
+            MemoryOptions::default(),
+            clock.clone(),
+        );
+        let engine = Engine::new(policy, store).expect("the policy's rules");
+        let all = || {
+            engine
+                .charge_named("api", None, "k".into(), 10)
+                .expect("a rule")
+        };
+        let first = engine
+            .decide_now(smallvec::smallvec![all()], Asking::default())
+            .expect("in memory");
+        let held = first.into_held().expect("charged");
+        // A minute on, the bucket is full again, and emptied by another.
+        clock.advance(std::time::Duration::from_secs(60));
+        let second = engine
+            .decide_now(smallvec::smallvec![all()], Asking::default())
+            .expect("in memory");
+        assert!(matches!(second.outcome(), Outcome::Admitted { .. }));
+        held.give_back(&engine).await.expect("in memory");
+        let peek = engine
+            .decide_now(
+                smallvec::smallvec![
+                    engine
+                        .charge_named("api", None, "k".into(), 0)
+                        .expect("a rule")
+                ],
+                Asking::default(),
+            )
+            .expect("in memory");
+        assert_eq!(peek.decision(0).expect("decided").remaining, 0);
+    }
+
     #[test]
     fn one_rule_is_described_with_the_values_made_for_its_quota() {
         let policy = Policy::new([HttpRule::new("api", FixedWindow::new(per_minute(100)))]);
