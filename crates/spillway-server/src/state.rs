@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use spillway::store::{MemoryOptions, MemoryStore, RuleId, Store as _};
 use spillway_redis::{Error as StoreError, RedisOptions, RedisStore};
-use spillway_tower::{HoldCap, Observer, RateLimitLayer};
+use spillway_tower::{HoldCap, Observer, RateLimitLayer, ReadRequestLayer};
 use tokio::time::Instant;
 
 use crate::config::descriptors::{UnitLimit, override_name, override_rule};
@@ -47,6 +47,10 @@ pub struct Loaded {
     pub layer: RateLimitLayer<AnyStore>,
     /// The limit overrides Envoy has sent and still counts.
     overrides: Overrides,
+    /// What reads a request's JSON body for the rules that reserve what it
+    /// asks ([`Policy::request_fields`](spillway_tower::Policy::request_fields)):
+    /// the proxy puts it in front of the layer; none when no rule does.
+    pub read_request: Option<ReadRequestLayer>,
 }
 
 /// The limit overrides an engine counts, one slot each, whose rules follow
@@ -154,10 +158,13 @@ impl Loaded {
         let store = AnyStore { inner, observer };
         let layer = RateLimitLayer::new(config.policy.clone(), store)
             .expect("the store was built from the policy's rules");
+        let fields = config.policy.request_fields();
+        let read_request = (!fields.is_empty()).then(|| ReadRequestLayer::new(fields));
         Ok(Self {
             config,
             layer,
             overrides,
+            read_request,
         })
     }
 
@@ -300,6 +307,7 @@ impl Loaded {
             config: self.config.clone(),
             layer,
             overrides,
+            read_request: self.read_request.clone(),
         })
     }
 }

@@ -344,6 +344,11 @@ pub struct Held {
 }
 
 impl Held {
+    /// Each charge, and what the store charged for it.
+    pub(crate) fn into_charges(self) -> Vec<(Charge, Charged)> {
+        self.charges
+    }
+
     /// Gives every charge back (the request was abandoned before it was
     /// served): each settled at nothing, as of its time, so that a bucket
     /// that has refilled since hands nothing out twice, and a sliding log
@@ -365,7 +370,7 @@ impl Held {
 
 /// A settle id no other settle of this process, nor (but with a chance of
 /// about 2^-64) of another, has: a random prefix drawn once, and a count.
-fn settle_id() -> String {
+pub(crate) fn settle_id() -> String {
     use std::hash::{BuildHasher, RandomState};
     use std::sync::LazyLock;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -405,6 +410,9 @@ pub struct Engine<St> {
     // Whether a request without the client's address has been logged: an
     // error once per engine, not one per request.
     pub(crate) logged_missing_addr: AtomicBool,
+    // Whether a rule is a budget, whose responses are measured: read on
+    // every admitted request, so made once.
+    pub(crate) budgets: bool,
 }
 
 impl<St> std::fmt::Debug for Engine<St> {
@@ -451,11 +459,16 @@ impl<St: Store> Engine<St> {
         if !found.starts_with(&expected) || !same_algorithms {
             return Err(RuleMismatch { expected, found });
         }
+        let budgets = policy
+            .rules
+            .iter()
+            .any(|r| matches!(r.cost, Cost::Response(_)));
         Ok(Self {
             store,
             policy,
             observer: None,
             logged_missing_addr: AtomicBool::new(false),
+            budgets,
         })
     }
 
@@ -644,7 +657,6 @@ impl<St: Store> Engine<St> {
                 }
                 continue;
             };
-            let cost = cost_of(&rule.cost, &client, parts).map_err(Unplanned::BadRequest)?;
             let tier = match tier {
                 Ok(tier) => tier,
                 Err(_) if rule.tiers.is_empty() => None,
@@ -654,6 +666,10 @@ impl<St: Store> Engine<St> {
                 }
             };
             let quota = rule.quota_index(tier);
+            let cost = cost_of(&rule.cost, &client, parts, || {
+                rule.algorithm_of(quota).capacity()
+            })
+            .map_err(Unplanned::BadRequest)?;
             charges.push(Charge {
                 id: RuleId(rule.first_id + quota),
                 of: Some((index, quota)),
@@ -799,10 +815,17 @@ impl<St: Store> Engine<St> {
     }
 }
 
-/// A request's cost under a rule: fixed, or from a trusted header (a
-/// [`RequestCost`](crate::RequestCost) extension first).
-fn cost_of(cost: &Cost, client: &Identity, parts: &Parts) -> Result<u64, String> {
+/// A request's cost under a rule: fixed, from a trusted header (a
+/// [`RequestCost`](crate::RequestCost) extension first), by route, or (a
+/// budget) its reservation under a quota of `capacity`.
+fn cost_of(
+    cost: &Cost,
+    client: &Identity,
+    parts: &Parts,
+    capacity: impl FnOnce() -> u64,
+) -> Result<u64, String> {
     match cost {
+        Cost::Response(budget) => budget.reservation(parts, client.peer_trusted, capacity()),
         Cost::Fixed(c) => Ok(*c),
         Cost::Routes { routes, default } => Ok(Cost::of_routes(routes, *default, parts)),
         Cost::Header { name, default } => match parts.extensions.get::<crate::RequestCost>() {

@@ -31,6 +31,9 @@ mod body {
             Inner { #[pin] body: B },
             /// A body written by the rate limiter.
             Full { data: Option<bytes::Bytes> },
+            /// The inner service's body, measured for a budget rule, which
+            /// is settled when it ends or is dropped.
+            Metered { #[pin] body: B, metering: Box<crate::metered::Metering> },
         }
     }
 }
@@ -48,6 +51,14 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// A body of the limiter's own (as [`ReadRequest`](crate::ReadRequest)'s
+/// 408 is), for a service whose responses carry this body.
+impl<B> From<Bytes> for ResponseBody<B> {
+    fn from(data: Bytes) -> Self {
+        Self::full(data)
+    }
+}
+
 impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
     type Data = Bytes;
     type Error = B::Error;
@@ -59,6 +70,7 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         match self.project() {
             ResponseBodyProj::Inner { body } => body.poll_frame(cx),
             ResponseBodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ResponseBodyProj::Metered { body, metering } => metering.poll_frame(body, cx),
         }
     }
 
@@ -66,12 +78,16 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         match self {
             Self::Inner { body } => body.is_end_stream(),
             Self::Full { data } => data.is_none(),
+            // The end is seen by polling, which settles.
+            Self::Metered { .. } => false,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             Self::Inner { body } => body.size_hint(),
+            // A cut stream may end early, and with an event of its own.
+            Self::Metered { .. } => SizeHint::default(),
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -35,6 +35,7 @@
 //! it, in tower's file layout: `layer.rs` ([`RateLimitLayer`]), `service.rs`
 //! ([`RateLimit`]), `future.rs`, `error.rs`. See docs/architecture.md.
 
+pub mod budget;
 mod clock;
 pub mod engine;
 mod error;
@@ -43,10 +44,13 @@ pub mod headers;
 pub mod host;
 pub mod key;
 mod layer;
+mod metered;
 pub mod problem;
+mod read_request;
 mod response;
 mod rules;
 mod service;
+pub mod usage;
 
 pub use clock::TokioClock;
 pub use engine::{
@@ -60,6 +64,7 @@ pub use key::{
     ClientAddr, Clients, Credential, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, UserId,
 };
 pub use layer::RateLimitLayer;
+pub use read_request::{ReadBody, ReadRequest, ReadRequestLayer};
 pub use rules::{
     Action, BodyFormat, Cost, Glob, HttpRule, METHOD_OVERRIDES, MissingClientAddr, OtherPaths,
     Policy, RouteCost,

@@ -9,6 +9,7 @@ use http::{HeaderName, Method};
 use spillway::AnyAlgorithm;
 use spillway::store::{Rule, RuleId};
 
+use crate::budget::{Reserve, ResponseCost};
 use crate::engine::Small;
 use crate::headers::{HeaderOptions, Presented};
 use crate::host::host_of_authority;
@@ -281,6 +282,10 @@ pub enum Cost {
         /// The cost of a request that reaches no route.
         default: u64,
     },
+    /// Known only from the response (a budget): the request reserves an
+    /// estimate when it is admitted, and the charge is settled at what its
+    /// response cost once it has ended (see [`crate::budget`]).
+    Response(Box<ResponseCost>),
 }
 
 /// One row of a [`Cost::Routes`] table: requests of these methods (any,
@@ -794,13 +799,36 @@ impl Policy {
                     _ => {}
                 }
             }
-            if let Cost::Header { name, .. } = &rule.cost {
-                names.push(name.clone());
+            match &rule.cost {
+                Cost::Header { name, .. } => names.push(name.clone()),
+                Cost::Response(budget) => {
+                    if let Reserve::Header { name, .. } = &budget.reserve {
+                        names.push(name.clone());
+                    }
+                }
+                Cost::Fixed(_) | Cost::Routes { .. } => {}
             }
         }
         names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
         names.dedup();
         names
+    }
+
+    /// The top-level fields of a request's JSON body that budget rules
+    /// reserve by ([`Reserve::Request`]), each once, in rule order: what a
+    /// [`ReadRequestLayer`](crate::ReadRequestLayer) in front of the rate
+    /// limiter must read. Empty when no rule reserves so.
+    pub fn request_fields(&self) -> Vec<String> {
+        let mut fields: Vec<String> = Vec::new();
+        for rule in &self.rules {
+            if let Cost::Response(budget) = &rule.cost
+                && let Reserve::Request { field, .. } = &budget.reserve
+                && !fields.contains(field)
+            {
+                fields.push(field.clone());
+            }
+        }
+        fields
     }
 
     /// How clients are identified (trusted proxies, headers).

@@ -14,10 +14,12 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use spillway::store::Store;
 use tower_service::Service;
 
+use crate::budget::RequestReserve;
 use crate::engine::{
     Asking, Described, Engine, Held, Outcome, RuleOutcome, Ruling, Small, Unplanned,
 };
 use crate::future::{ResponseBody, ResponseFuture};
+use crate::metered::{Budgets, Metering};
 use crate::response;
 use crate::rules::Policy;
 
@@ -312,10 +314,10 @@ where
             .collect(),
         _ => Small::new(),
     };
-    // What to give back if a shaped request is abandoned: only needed when
-    // something waits.
-    let waits = ruling.waits();
-    let (outcome, held) = ruling.into_outcome(waits);
+    // What to give back if a shaped request is abandoned, or to settle
+    // when a budget's response ends: only needed then.
+    let hold = engine.budgets || ruling.waits();
+    let (outcome, held) = ruling.into_outcome(hold);
     let served = Served {
         outcome,
         described,
@@ -383,8 +385,20 @@ where
     let grpc = grpc();
     let limited_header = mark_limited(&mut parts, limited);
     let owner = Arc::clone(engine);
-    let finish = move |res: Response<ResBody>| {
-        let mut res = res.map(ResponseBody::inner);
+    let prompt = parts
+        .extensions
+        .get::<RequestReserve>()
+        .map_or(0, |h| h.prompt_estimate);
+    // A budget's response is measured, and settled when it ends.
+    let meter = move |held: Option<Held>, engine: &Arc<Engine<St>>| {
+        let budgets: Arc<dyn Budgets> = engine.clone();
+        held.and_then(|held| Metering::new(budgets, held, prompt))
+    };
+    let finish = move |res: Response<ResBody>, metering: Option<Metering>| {
+        let mut res = match metering {
+            Some(metering) => metering.start(res),
+            None => res.map(ResponseBody::inner),
+        };
         let headers = res.headers_mut();
         described.fields(&owner).write_to(headers);
         if let Some(v) = limited_header {
@@ -402,6 +416,7 @@ where
             engine: engine.clone(),
             held: Some(held),
         };
+        let engine = engine.clone();
         let place = match parts.extensions.get::<HoldCap>().map(HoldCap::try_hold) {
             Some(None) => {
                 drop(guard);
@@ -427,13 +442,17 @@ where
             } else {
                 tokio::time::sleep_until(turn).await;
             }
-            guard.disarm();
+            let metering = meter(guard.disarm(), &engine);
             drop(place);
-            Ok(finish(inner.call(Request::from_parts(parts, body)).await?))
+            Ok(finish(
+                inner.call(Request::from_parts(parts, body)).await?,
+                metering,
+            ))
         });
     }
+    let metering = meter(held, engine);
     let response = inner.call(Request::from_parts(parts, body));
-    Box::pin(async move { Ok(finish(response.await?)) })
+    Box::pin(async move { Ok(finish(response.await?, metering)) })
 }
 
 /// Marks a request a `degrade` rule let through (with those of any layer
@@ -483,8 +502,9 @@ struct GiveBackOnDrop<St: Store + 'static> {
 }
 
 impl<St: Store + 'static> GiveBackOnDrop<St> {
-    fn disarm(mut self) {
-        self.held = None;
+    /// What it held, no longer given back when dropped.
+    fn disarm(mut self) -> Option<Held> {
+        self.held.take()
     }
 }
 

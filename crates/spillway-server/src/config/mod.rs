@@ -7,6 +7,7 @@
 //! `[envoy] descriptors_file` names a second file, in envoyproxy/ratelimit's
 //! YAML format, whose rate limits join the rules ([`descriptors`]).
 
+mod budget;
 pub mod descriptors;
 mod errors;
 mod read;
@@ -490,6 +491,11 @@ struct RawRule {
     delay: Option<Spanned<u64>>,
     cost: Option<Spanned<RawCost>>,
     route_costs: Option<Spanned<Vec<Spanned<RawRouteCost>>>>,
+    reserve: Option<Spanned<budget::RawReserve>>,
+    reserve_default: Option<Spanned<u64>>,
+    max_reserve: Option<Spanned<u64>>,
+    on_overrun: Option<Spanned<String>>,
+    release_on_5xx: Option<Spanned<bool>>,
     action: Option<Spanned<String>>,
     on_error: Option<Spanned<String>>,
     #[serde(default)]
@@ -589,7 +595,7 @@ const DURATION: &str = "a duration: a string of a number and a unit, like \"500m
 #[derive(Debug, Deserialize)]
 #[serde(
     untagged,
-    expecting = "a cost: an integer of 0 or more, or \"header:NAME\" to read it from a header"
+    expecting = "a cost: an integer of 0 or more, \"header:NAME\" to read it from a request header, or \"response:usage\" or \"response:header:NAME\" to read it from the response"
 )]
 enum RawCost {
     Fixed(u64),

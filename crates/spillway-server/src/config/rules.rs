@@ -157,12 +157,33 @@ fn rule_key_cost_action(
     if let Some(fallback) = &r.fallback {
         rule = rule.fallback(parts(fallback, "fallback")?);
     }
-    if let Some(cost) = &r.cost {
+    let budget = match r.cost.as_ref() {
+        Some(cost) => match cost.get_ref() {
+            RawCost::Header(text) => super::budget::response_cost(r, cost, text, lines, field)?,
+            RawCost::Fixed(_) => None,
+        },
+        None => None,
+    };
+    if let Some(budget) = budget {
+        if let Some(table) = &r.route_costs {
+            return Err(lines.err(
+                table,
+                field("route_costs"),
+                "a rule whose cost is read from the response has no route costs",
+            ));
+        }
+        rule = rule.cost(budget);
+    } else if let Some(cost) = &r.cost {
+        super::budget::check_not_budget(r, lines, field)?;
         rule = rule.cost(match cost.get_ref() {
             RawCost::Fixed(n) => Cost::Fixed(*n),
             RawCost::Header(h) => {
                 let name = h.strip_prefix("header:").ok_or_else(|| {
-                    lines.err(cost, field("cost"), "must be an integer or \"header:NAME\"")
+                    lines.err(
+                        cost,
+                        field("cost"),
+                        "must be an integer, \"header:NAME\", \"response:usage\" or \"response:header:NAME\"",
+                    )
                 })?;
                 Cost::Header {
                     name: HeaderName::try_from(name).map_err(|_| {
@@ -176,6 +197,8 @@ fn rule_key_cost_action(
                 }
             }
         });
+    } else {
+        super::budget::check_not_budget(r, lines, field)?;
     }
     if let Some(table) = &r.route_costs {
         let default = match r.cost.as_ref().map(Spanned::get_ref) {

@@ -259,7 +259,7 @@ impl<C, B> Service<Request<B>> for Proxy<C>
 where
     C: Connector,
     B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B::Error: Into<BoxError> + Send,
 {
     type Response = ProxyResponse;
     type Error = Infallible;
@@ -285,7 +285,7 @@ pub(crate) fn limit<C, B>(
 where
     C: Connector,
     B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B::Error: Into<BoxError> + Send,
 {
     let (mut parts, body) = req.into_parts();
     // The engine is read per request, so a reload applies to the next
@@ -307,5 +307,10 @@ where
         parts.extensions.insert(TrustedPeer);
     }
     let limited = engine.layer.layer(forward);
-    Box::pin(limited.oneshot(Request::from_parts(parts, body)))
+    let req = Request::from_parts(parts, body);
+    match &engine.read_request {
+        None => Box::pin(limited.oneshot(req)),
+        // A budget rule reserves what the body asks: read it first.
+        Some(read) => Box::pin(read.layer(limited).oneshot(req)),
+    }
 }

@@ -12,6 +12,7 @@
 //! actions, leaky-bucket shaping and store errors (on a real Redis server).
 
 mod actions;
+mod budget;
 mod client_addr;
 mod denied;
 mod headers;

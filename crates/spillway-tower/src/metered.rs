@@ -1,0 +1,558 @@
+//! The response of a request admitted under a budget rule: measured as it
+//! passes, and settled at what it cost once it has ended or been left.
+//!
+//! What each budget charge is settled at:
+//! - a 5xx, when its rule gives those back (`release_on_5xx`): nothing;
+//! - a response header or trailer ([`Measure::Header`]): its value;
+//! - `usage` ([`Measure::Usage`]): what the upstream reported, else (an
+//!   event stream that reported nothing) one unit per content delta plus
+//!   the prompt's estimate;
+//! - a response left before its end (the client went away): what was
+//!   counted so far, if anything was;
+//! - a 4xx with nothing measured: nothing (the upstream refused the
+//!   request);
+//! - anything else measured nothing: the reservation stands, as charged.
+//!   What cannot be read is never free: a client must not be able to make
+//!   a response unmeasurable to be served for nothing.
+//!
+//! A cut stream ([`Overrun::Cut`]) is charged as it goes: whenever the
+//! count passes what its charges cover, the body charges more (at least
+//! another reservation's worth) before it lets the events through; once
+//! the key has nothing left, it ends the stream between two events.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Response};
+use http_body::{Body, Frame};
+use smallvec::SmallVec;
+use spillway::algorithm::Charged;
+use spillway::store::{Check, Settle, Store};
+use spillway::{Algorithm as _, Decision};
+
+use crate::budget::{Measure, Overrun, ResponseCost};
+use crate::engine::{Charge, Engine, Held, settle_id};
+use crate::headers::retry_after_secs;
+use crate::rules::Cost;
+use crate::usage::{UsageField, UsageMeter, cut_event};
+
+/// A boxed future that can cross threads.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// How much held-back event a cut stream keeps at most: past it, the bytes
+/// go through, and a cut may fall inside that event.
+const MAX_HELD_BACK: usize = 1 << 20;
+
+/// What became of a charge made while a response passes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Extended {
+    /// Charged: settled with the rest.
+    Charged(Charged),
+    /// Admitted by the rule's failure policy: nothing was charged.
+    Uncharged,
+    /// The key has less left than asked (`remaining`), or the store
+    /// failed a rule that fails closed; more may come in `retry` seconds.
+    Denied { remaining: u64, retry: u64 },
+}
+
+/// The engine, without its store's type, as a response body needs it.
+pub(crate) trait Budgets: Send + Sync + 'static {
+    /// Settles each charge at its actual cost, in the background of the
+    /// caller (a failure is logged: the store's own retries are done).
+    fn settle(self: Arc<Self>, parts: Vec<(Charge, Charged, u64)>) -> BoxFuture<()>;
+    /// Charges `cost` more to `charge`'s rule and key.
+    fn extend(self: Arc<Self>, charge: Charge, cost: u64) -> BoxFuture<Extended>;
+    /// The budget of `charge`'s rule, if it is a budget rule.
+    fn budget(&self, charge: &Charge) -> Option<&ResponseCost>;
+    /// The capacity of `charge`'s quota.
+    fn capacity(&self, charge: &Charge) -> u64;
+    /// The name `charge`'s rule is reported under.
+    fn name(&self, charge: &Charge) -> &str;
+}
+
+impl<St: Store + 'static> Budgets for Engine<St> {
+    fn settle(self: Arc<Self>, parts: Vec<(Charge, Charged, u64)>) -> BoxFuture<()> {
+        Box::pin(async move {
+            let settles: Vec<Settle<'_>> = parts
+                .iter()
+                .map(|(c, charged, actual)| Settle {
+                    rule: c.rule_id(),
+                    key: c.key(),
+                    charged: *charged,
+                    actual: *actual,
+                })
+                .collect();
+            if let Err(e) = self.store().settle(&settle_id(), &settles).await {
+                tracing::warn!(error = %e, "could not settle a response's cost");
+            }
+        })
+    }
+
+    fn extend(self: Arc<Self>, charge: Charge, cost: u64) -> BoxFuture<Extended> {
+        Box::pin(async move {
+            let check = [Check {
+                rule: charge.rule_id(),
+                key: charge.key(),
+                cost,
+            }];
+            let denied = |d: &Decision| Extended::Denied {
+                remaining: d.remaining,
+                retry: retry_after_secs(d.retry_after.unwrap_or_default()),
+            };
+            match self.store().check(&check).await {
+                Ok(v) if !v.is_decided(0) => Extended::Uncharged,
+                Ok(v) if v.allowed => {
+                    Extended::Charged(Charged::of(cost, v.decided_at, &v.decisions[0]))
+                }
+                Ok(v) => denied(&v.decisions[0]),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not charge a stream as it passed: cut");
+                    Extended::Denied {
+                        remaining: 0,
+                        retry: 1,
+                    }
+                }
+            }
+        })
+    }
+
+    fn budget(&self, charge: &Charge) -> Option<&ResponseCost> {
+        let index = charge.policy_rule()?;
+        match &self.policy().rules()[index].cost {
+            Cost::Response(budget) => Some(budget),
+            _ => None,
+        }
+    }
+
+    fn capacity(&self, charge: &Charge) -> u64 {
+        self.store().rules()[charge.rule_id().0]
+            .algorithm()
+            .capacity()
+    }
+
+    fn name(&self, charge: &Charge) -> &str {
+        self.rule_name(charge)
+    }
+}
+
+/// Where an event ends in a frame, and each meter's count after it.
+type EventEnd = (usize, SmallVec<[u64; 1]>);
+
+/// One budget charge of a response.
+#[derive(Debug)]
+struct Part {
+    charge: Charge,
+    // The reservation, then each charge made as the response passed.
+    charged: SmallVec<[Charged; 1]>,
+    // What the charges cover, with those a failure policy admitted
+    // without charging.
+    covered: u64,
+    // The least a charge made as the stream passes asks for: the
+    // reservation (at least 1), so that a long stream costs few store calls.
+    step: u64,
+    capacity: u64,
+    measure: Measure,
+    cut: bool,
+    release_on_5xx: bool,
+    // Which of the response's meters counts it (a usage measure).
+    meter: Option<usize>,
+    // A header measure's value, once read.
+    read: Option<u64>,
+    // The key had no more for it: events past `covered` are cut, and the
+    // client may retry in this many seconds.
+    denied: Option<u64>,
+    // A charge of what the key had left was tried after a larger one was
+    // denied.
+    tried_rest: bool,
+    // The wait the last denial gave.
+    retry: u64,
+}
+
+/// What the body of a response under a budget rule measures and settles
+/// (see [`crate::budget`]): opaque, made by the middleware.
+pub struct Metering {
+    budgets: Arc<dyn Budgets>,
+    parts: SmallVec<[Part; 1]>,
+    meters: SmallVec<[(UsageField, UsageMeter); 1]>,
+    prompt_estimate: u64,
+    status: u16,
+    // The bytes of an event not yet whole, held back from a stream that may
+    // be cut, so that a cut falls between two events.
+    tail: BytesMut,
+    // A frame's bytes waiting for the charges that cover them, and the
+    // events they end: (offset, each meter's count after it).
+    staged: Option<(Bytes, Vec<EventEnd>)>,
+    // The part being charged more, what it asked, and the store's answer.
+    extending: Option<(usize, u64, BoxFuture<Extended>)>,
+    // Each meter's count after the last event the client was sent: what a
+    // cut stream is charged.
+    sent: SmallVec<[u64; 1]>,
+    state: State,
+    // The inner body has ended: it is not polled again.
+    inner_done: bool,
+}
+
+/// How a response's metering ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The body ended (or failed).
+    Done,
+    /// The limiter cut the stream at the budget.
+    Cut,
+    /// The response was dropped before its end (the client went away).
+    Left,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    // Cut: the last event, then the end.
+    Cutting { rule: usize, retry: u64 },
+    Ended,
+}
+
+impl std::fmt::Debug for Metering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metering")
+            .field("parts", &self.parts)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Metering {
+    /// The metering of a response whose request made these charges: none
+    /// when no charge is a budget's.
+    pub(crate) fn new(budgets: Arc<dyn Budgets>, held: Held, prompt_estimate: u64) -> Option<Self> {
+        let parts: SmallVec<[Part; 1]> = held
+            .into_charges()
+            .into_iter()
+            .filter_map(|(charge, charged)| {
+                let budget = budgets.budget(&charge)?;
+                Some(Part {
+                    covered: charged.cost,
+                    step: charged.cost.max(1),
+                    capacity: budgets.capacity(&charge),
+                    measure: budget.measure.clone(),
+                    cut: budget.on_overrun == Overrun::Cut,
+                    release_on_5xx: budget.release_on_5xx,
+                    meter: None,
+                    read: None,
+                    denied: None,
+                    tried_rest: false,
+                    retry: 1,
+                    charged: SmallVec::from_buf([charged]),
+                    charge,
+                })
+            })
+            .collect();
+        (!parts.is_empty()).then(|| Self {
+            budgets,
+            parts,
+            meters: SmallVec::new(),
+            prompt_estimate,
+            status: 0,
+            tail: BytesMut::new(),
+            staged: None,
+            extending: None,
+            sent: SmallVec::new(),
+            state: State::Open,
+            inner_done: false,
+        })
+    }
+
+    /// Reads what the response's head says (its status, a measure's
+    /// header, its type) and meters its body.
+    pub(crate) fn start<B>(mut self, res: Response<B>) -> Response<crate::ResponseBody<B>> {
+        let (head, body) = res.into_parts();
+        self.status = head.status.as_u16();
+        self.read_headers(&head.headers);
+        let content_type = head.headers.get(http::header::CONTENT_TYPE);
+        for p in &mut self.parts {
+            let Measure::Usage(field) = p.measure else {
+                continue;
+            };
+            let at = match self.meters.iter().position(|(f, _)| *f == field) {
+                Some(at) => at,
+                None => {
+                    let Some(mut meter) = UsageMeter::for_content_type(content_type, field) else {
+                        continue;
+                    };
+                    meter.set_prompt_estimate(self.prompt_estimate);
+                    self.meters.push((field, meter));
+                    self.meters.len() - 1
+                }
+            };
+            p.meter = Some(at);
+        }
+        let metering = Box::new(self);
+        Response::from_parts(head, crate::ResponseBody::Metered { body, metering })
+    }
+
+    /// Takes each header measure's value from `headers` (the head's, then
+    /// the trailers') where it has none yet.
+    fn read_headers(&mut self, headers: &HeaderMap) {
+        for p in &mut self.parts {
+            if let (Measure::Header(name), None) = (&p.measure, p.read) {
+                p.read = headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|s| s.trim().parse().ok());
+            }
+        }
+    }
+
+    /// Whether some part may cut the stream (and so whole events are held
+    /// back until their charges cover them).
+    fn cuts(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| p.cut && p.meter.is_some_and(|m| self.meters[m].1.is_event_stream()))
+    }
+
+    /// The body's next frame.
+    pub(crate) fn poll_frame<B: Body<Data = Bytes>>(
+        &mut self,
+        mut body: Pin<&mut B>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        loop {
+            if let Some((p, asked, extending)) = &mut self.extending {
+                let extended = ready!(extending.as_mut().poll(cx));
+                let (p, asked) = (*p, *asked);
+                self.extending = None;
+                self.extended(p, asked, extended);
+                continue;
+            }
+            if self.staged.is_some() {
+                if let Some(frame) = self.release_staged() {
+                    return Poll::Ready(Some(Ok(Frame::data(frame))));
+                }
+                continue;
+            }
+            match self.state {
+                State::Ended => return Poll::Ready(None),
+                State::Cutting { rule, retry } => {
+                    self.end(Ending::Cut);
+                    let name = self.budgets.name(&self.parts[rule].charge);
+                    return Poll::Ready(Some(Ok(Frame::data(cut_event(name, retry)))));
+                }
+                State::Open => {}
+            }
+            if self.inner_done {
+                self.end(Ending::Done);
+                return Poll::Ready(None);
+            }
+            let frame = match ready!(body.as_mut().poll_frame(cx)) {
+                None => {
+                    self.inner_done = true;
+                    let rest = self.tail.split().freeze();
+                    if !rest.is_empty() {
+                        // A last event never ended: the client gets it as
+                        // the upstream sent it.
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                    continue;
+                }
+                Some(Err(e)) => {
+                    self.end(Ending::Done);
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Some(Ok(frame)) => frame,
+            };
+            let frame = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    if let Some(trailers) = frame.trailers_ref() {
+                        self.read_headers(trailers);
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+            };
+            let mut events: Vec<EventEnd> = Vec::new();
+            for (m, (_, meter)) in self.meters.iter_mut().enumerate() {
+                for (k, (end, count)) in meter.feed(&frame).iter().enumerate() {
+                    if m == 0 {
+                        events.push((end, SmallVec::new()));
+                    }
+                    if let Some(e) = events.get_mut(k) {
+                        e.1.push(count);
+                    }
+                }
+            }
+            if !self.cuts() {
+                return Poll::Ready(Some(Ok(Frame::data(frame))));
+            }
+            let held_back = self.tail.len();
+            self.tail.extend_from_slice(&frame);
+            let bytes = self.tail.split().freeze();
+            for e in &mut events {
+                e.0 += held_back;
+            }
+            self.staged = Some((bytes, events));
+        }
+    }
+
+    /// What a staged frame lets through: nothing yet (a charge has been
+    /// started, or there is no whole event), or its whole events up to the
+    /// first one a part cannot cover.
+    fn release_staged(&mut self) -> Option<Bytes> {
+        let (_, events) = self.staged.as_ref().expect("staged");
+        // Charges first: each part whose count passes what it covers.
+        for (i, p) in self.parts.iter().enumerate() {
+            let (true, Some(m), None) = (p.cut, p.meter, p.denied) else {
+                continue;
+            };
+            let last = events.last().map_or(0, |e| e.1[m]);
+            if last > p.covered {
+                let cost = if p.tried_rest {
+                    last - p.covered
+                } else {
+                    (last - p.covered).max(p.step)
+                };
+                let cost = cost.min(p.capacity);
+                let future = self.budgets.clone().extend(p.charge.clone(), cost);
+                self.extending = Some((i, cost, future));
+                return None;
+            }
+        }
+        let cut = events.iter().position(|(_, counts)| {
+            self.parts
+                .iter()
+                .any(|p| p.denied.is_some() && p.meter.is_some_and(|m| counts[m] > p.covered))
+        });
+        let (bytes, events) = self.staged.take().expect("staged");
+        let through = match cut {
+            Some(k) => {
+                let rule = (0..self.parts.len())
+                    .find(|&i| {
+                        let p = &self.parts[i];
+                        p.denied.is_some() && p.meter.is_some_and(|m| events[k].1[m] > p.covered)
+                    })
+                    .expect("a part cuts");
+                let retry = self.parts[rule].denied.expect("denied");
+                self.state = State::Cutting { rule, retry };
+                k.checked_sub(1).map_or(0, |j| events[j].0)
+            }
+            None => {
+                let end = events.last().map_or(0, |e| e.0);
+                if bytes.len() - end > MAX_HELD_BACK {
+                    bytes.len()
+                } else {
+                    end
+                }
+            }
+        };
+        if self.state == State::Open {
+            self.tail.extend_from_slice(&bytes[through..]);
+        }
+        let last_sent = match cut {
+            Some(k) => k.checked_sub(1),
+            None => events.len().checked_sub(1),
+        };
+        if let Some(j) = last_sent {
+            self.sent = events[j].1.clone();
+        }
+        let through = bytes.slice(..through);
+        // An empty frame is not sent: the loop polls on.
+        (!through.is_empty()).then_some(through)
+    }
+
+    /// Takes in what a charge of `asked` made while the stream passed
+    /// came to.
+    fn extended(&mut self, p: usize, asked: u64, extended: Extended) {
+        let part = &mut self.parts[p];
+        match extended {
+            Extended::Charged(charged) => part.charged.push(charged),
+            Extended::Uncharged => {}
+            Extended::Denied { remaining, retry } => {
+                part.retry = retry;
+                if remaining > 0 && !part.tried_rest {
+                    // Less than was asked is left: the stream may still
+                    // have that, then no more.
+                    part.tried_rest = true;
+                    let future = self.budgets.clone().extend(part.charge.clone(), remaining);
+                    self.extending = Some((p, remaining, future));
+                } else {
+                    part.denied = Some(retry);
+                }
+                return;
+            }
+        }
+        part.covered = part.covered.saturating_add(asked);
+        if part.tried_rest {
+            // What the key had left has been taken: no more after it.
+            part.denied = Some(part.retry);
+        }
+    }
+
+    /// Settles every part, once.
+    fn end(&mut self, ending: Ending) {
+        if self.state == State::Ended {
+            return;
+        }
+        self.state = State::Ended;
+        let sent = std::mem::take(&mut self.sent);
+        let usages: SmallVec<[Option<u64>; 1]> = std::mem::take(&mut self.meters)
+            .into_iter()
+            .enumerate()
+            .map(|(m, (_, meter))| {
+                let counted = meter.counted();
+                let usage = meter.finish();
+                match ending {
+                    Ending::Done => usage.cost(),
+                    // What the client was sent, up to the cut.
+                    Ending::Cut => Some(sent.get(m).copied().unwrap_or(0)),
+                    // What was counted, if anything was: a stream left
+                    // before its usage came pays its deltas so far.
+                    Ending::Left => {
+                        (usage.reported.is_some() || usage.deltas > 0).then_some(counted)
+                    }
+                }
+            })
+            .collect();
+        let mut settles = Vec::new();
+        for p in &self.parts {
+            let measured = match p.measure {
+                _ if p.release_on_5xx && self.status >= 500 => Some(0),
+                Measure::Header(_) => p.read,
+                Measure::Usage(_) => p.meter.and_then(|m| usages[m]),
+            };
+            let actual = match measured {
+                Some(actual) => actual,
+                None if (400..500).contains(&self.status) => 0,
+                None => continue,
+            };
+            // The first charges are filled first, the last takes the rest:
+            // what was spent early was spent in the early charges' windows.
+            let n = p.charged.len();
+            let mut left = actual;
+            for (k, charged) in p.charged.iter().enumerate() {
+                let share = if k + 1 == n {
+                    left
+                } else {
+                    left.min(charged.cost)
+                };
+                left -= share;
+                settles.push((p.charge.clone(), *charged, share));
+            }
+        }
+        if settles.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no runtime to settle a response's cost on: its reservation stands");
+            return;
+        };
+        runtime.spawn(self.budgets.clone().settle(settles));
+    }
+}
+
+impl Drop for Metering {
+    fn drop(&mut self) {
+        self.end(Ending::Left);
+    }
+}

@@ -1,0 +1,580 @@
+//! [`ReadRequestLayer`]: reads what a JSON request asks for (`max_tokens`
+//! and the like, and a rough estimate of its prompt) before the rate
+//! limiter decides, and tells it in a [`RequestReserve`] extension; then
+//! hands the inner service a body ([`ReadBody`]) that replays every byte
+//! read, so the upstream receives exactly what the client sent.
+//!
+//! What is read, and what is not:
+//!
+//! - only a body whose `Content-Type` is `application/json` or
+//!   `application/*+json` (case-insensitive, parameters ignored, exactly
+//!   one such header) and whose declared length, if any, is at most
+//!   `max_body`. Any other body is passed on untouched, without a copy.
+//! - at most `max_body` bytes (a frame that crosses the limit is kept
+//!   whole: the bytes exist already). A body longer than that, invalid
+//!   JSON, or JSON whose top level is not an object gets no extension.
+//! - of a duplicated key, the last value: Python's `json`, JavaScript's
+//!   `JSON.parse` and Go's `encoding/json` take the last, so a client
+//!   cannot reserve for `{"max_tokens":1,"max_tokens":5000}` less than the
+//!   upstream will serve.
+//!
+//! A request extension [`RequestReserve`] that was there before is always
+//! removed: only this layer says what a body asks.
+//!
+//! Two cases are settled otherwise:
+//!
+//! - a body that has not arrived (up to `max_body`, or its end) within
+//!   `read_timeout` is answered `408 Request Timeout` (a problem+json body;
+//!   `Connection: close` under HTTP/1, whose connection holds the rest of
+//!   the unread body), and the inner service is not called. That is why
+//!   the inner service's response body must be buildable from bytes
+//!   (`ResBody: From<Bytes>`: axum's `Body`, `http_body_util::Full`, and
+//!   [`ResponseBody`] are). An error type would have pushed the answer to
+//!   every caller, when a slow client is an answer, not a failure.
+//! - a body that fails while it is read is not answered here: the inner
+//!   service gets the bytes read, then the same error, where it came, as
+//!   it would have without this layer (a proxy's upstream sees the same
+//!   broken body). It gets no extension: what it asked is unknown.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use pin_project_lite::pin_project;
+use serde_json::{Map, Value};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::budget::RequestReserve;
+use crate::future::ResponseFuture;
+use crate::problem::{PROBLEM_JSON, Problem};
+
+/// Reads the JSON body of each request for the numbers a budget rule
+/// reserves ([`Reserve::Request`](crate::budget::Reserve::Request)), and
+/// sets [`RequestReserve`]. Cheap to clone: everything is behind one `Arc`.
+/// See the [module](self) for what is read and when.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use bytes::Bytes;
+/// use http::{Request, Response};
+/// use http_body_util::Full;
+/// use spillway_tower::budget::RequestReserve;
+/// use spillway_tower::{ReadBody, ReadRequestLayer};
+/// use tower::{Layer, ServiceExt, service_fn};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let inner = service_fn(|req: Request<ReadBody<Full<Bytes>>>| async move {
+///     // Tell the caller what the rate limiter would have read.
+///     let mut res = Response::new(Full::new(Bytes::new()));
+///     if let Some(reserve) = req.extensions().get::<RequestReserve>() {
+///         res.extensions_mut().insert(reserve.clone());
+///     }
+///     Ok::<_, Infallible>(res)
+/// });
+/// let service = ReadRequestLayer::new(["max_tokens"]).layer(inner);
+///
+/// let body = r#"{"max_tokens": 800, "messages": [{"role": "user", "content": "Hi there"}]}"#;
+/// let req = Request::post("/v1/chat/completions")
+///     .header("content-type", "application/json")
+///     .body(Full::new(Bytes::from(body)))
+///     .unwrap();
+/// let res = service.oneshot(req).await.unwrap();
+/// let reserve = res.extensions().get::<RequestReserve>().unwrap();
+/// assert_eq!(reserve.asked("max_tokens"), Some(800));
+/// // "user" and "Hi there": 12 bytes of string values, about 3 tokens.
+/// assert_eq!(reserve.prompt_estimate, 3);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ReadRequestLayer {
+    config: Arc<Config>,
+}
+
+#[derive(Debug, Clone)]
+struct Config {
+    /// The top-level fields to report, each once, in the order given.
+    fields: Vec<String>,
+    max_body: usize,
+    read_timeout: Duration,
+}
+
+impl ReadRequestLayer {
+    /// Reads the top-level `fields` (such as `max_tokens`) of JSON bodies
+    /// of up to 1 MiB, which must arrive within 30 seconds.
+    pub fn new(fields: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        let mut unique: Vec<String> = Vec::new();
+        for field in fields {
+            let field = field.into();
+            // A field named twice would be reported twice.
+            if !unique.contains(&field) {
+                unique.push(field);
+            }
+        }
+        Self {
+            config: Arc::new(Config {
+                fields: unique,
+                max_body: 1 << 20,
+                read_timeout: Duration::from_secs(30),
+            }),
+        }
+    }
+
+    /// The most bytes of a body that are read (default 1 MiB): a longer
+    /// body, declared or not, gets no [`RequestReserve`].
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        Arc::make_mut(&mut self.config).max_body = bytes;
+        self
+    }
+
+    /// How long the read of a body (up to `max_body`, or its end) may take
+    /// in all (default 30 s) before the request is answered `408 Request
+    /// Timeout`.
+    pub fn read_timeout(mut self, timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.config).read_timeout = timeout;
+        self
+    }
+}
+
+impl<S> Layer<S> for ReadRequestLayer {
+    type Service = ReadRequest<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ReadRequest {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// Reads what a JSON request asks for, then calls the inner service `S`
+/// with a [`ReadBody`]. See [`ReadRequestLayer`]. A body too slow to
+/// arrive is answered `408 Request Timeout`, without calling `S`.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http::{Request, Response, StatusCode};
+/// use http_body_util::Full;
+/// use spillway_tower::{ReadBody, ReadRequestLayer};
+/// use tower::{Layer, ServiceExt, service_fn};
+/// # use std::{pin::Pin, task::{Context, Poll}};
+/// # /// A client that sends its head, then nothing.
+/// # struct Silent;
+/// # impl http_body::Body for Silent {
+/// #     type Data = Bytes;
+/// #     type Error = Infallible;
+/// #     fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>)
+/// #         -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> { Poll::Pending }
+/// # }
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let inner = service_fn(|_: Request<ReadBody<Silent>>| async {
+///     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("never called"))))
+/// });
+/// let service = ReadRequestLayer::new(["max_tokens"])
+///     .read_timeout(Duration::from_secs(5))
+///     .layer(inner);
+/// let req = Request::post("/").header("content-type", "application/json").body(Silent).unwrap();
+/// let res = service.oneshot(req).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+/// assert_eq!(res.headers()["content-type"], "application/problem+json");
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ReadRequest<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> ReadRequest<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for ReadRequest<S>
+where
+    S: Service<Request<ReadBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Send,
+    ResBody: From<Bytes> + Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Response<ResBody>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let (mut parts, body) = req.into_parts();
+        // Whoever set it before (a layer in front, a client of an
+        // in-process service), the budget must not believe it.
+        parts.extensions.remove::<RequestReserve>();
+        let config = &self.config;
+        // An empty body has nothing to ask, nor to wait for.
+        if !is_json(&parts.headers)
+            || body.is_end_stream()
+            || declared_too_big(&parts.headers, &body, config.max_body)
+        {
+            let req = Request::from_parts(parts, ReadBody::untouched(body));
+            return Box::pin(self.inner.call(req));
+        }
+        // The read is awaited before the call: the clone takes the place of
+        // the service that was made ready, which goes into the future.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = config.clone();
+        Box::pin(async move {
+            let read = read_prefix(Box::pin(body), config.max_body);
+            let Ok(mut prefix) = tokio::time::timeout(config.read_timeout, read).await else {
+                return Ok(request_timeout(parts.version, config.read_timeout));
+            };
+            if let Some(reserve) = prefix.reserve(&config.fields) {
+                parts.extensions.insert(reserve);
+            }
+            inner
+                .call(Request::from_parts(parts, prefix.into_body()))
+                .await
+        })
+    }
+}
+
+/// Whether the request has one `Content-Type`, and it is JSON.
+fn is_json(headers: &HeaderMap) -> bool {
+    let mut values = headers.get_all(CONTENT_TYPE).iter();
+    // Two media types: which one the upstream believes is anyone's guess.
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return false;
+    };
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    let structured = subtype.len() > "+json".len()
+        && subtype
+            .get(subtype.len() - "+json".len()..)
+            .is_some_and(|suffix| suffix.eq_ignore_ascii_case("+json"));
+    kind.eq_ignore_ascii_case("application") && (subtype.eq_ignore_ascii_case("json") || structured)
+}
+
+/// Whether the body says it is longer than `max`: its `Content-Length`, or
+/// its size hint (a body made in process may have no header).
+fn declared_too_big(headers: &HeaderMap, body: &impl Body, max: usize) -> bool {
+    let max = max as u64;
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    declared.is_some_and(|n| n > max) || body.size_hint().lower() > max
+}
+
+/// The answer to a body that did not arrive within `timeout`.
+fn request_timeout<ResBody: From<Bytes>>(version: Version, timeout: Duration) -> Response<ResBody> {
+    let detail = format!("The request body did not arrive within {timeout:?}.");
+    let body = Problem::new(StatusCode::REQUEST_TIMEOUT, &detail).into_json();
+    let mut res = Response::new(ResBody::from(Bytes::from(body)));
+    *res.status_mut() = StatusCode::REQUEST_TIMEOUT;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    // The rest of the body is still on the connection, unread. HTTP/2
+    // resets the stream instead, and forbids the header.
+    if version == Version::HTTP_10 || version == Version::HTTP_11 {
+        res.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
+}
+
+/// What was read of a body before the inner service is called.
+struct Prefix<B: Body> {
+    data: Vec<Bytes>,
+    len: usize,
+    /// A frame that is not data (the trailers), which ends the body.
+    last: Option<Frame<Bytes>>,
+    then: Then<B>,
+}
+
+/// What follows the frames read, in the body the inner service gets.
+enum Then<B: Body> {
+    /// The rest of the original body, boxed to be moved after it was
+    /// polled (only a body that is read pays for the box).
+    Body(Pin<Box<B>>),
+    /// The error the body failed with while it was read.
+    Error(B::Error),
+    /// Nothing: the body had ended.
+    End,
+}
+
+/// Reads `body` until its data ends or passes `max` bytes, or it fails.
+async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, max: usize) -> Prefix<B> {
+    let mut prefix = Prefix {
+        data: Vec::new(),
+        len: 0,
+        last: None,
+        then: Then::End,
+    };
+    while prefix.len <= max {
+        match body.frame().await {
+            None => return prefix,
+            Some(Err(error)) => {
+                prefix.then = Then::Error(error);
+                return prefix;
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    prefix.len = prefix.len.saturating_add(data.len());
+                    prefix.data.push(data);
+                }
+                Err(frame) => {
+                    // Trailers are a body's last frame: the end is known,
+                    // and the size hint exact.
+                    prefix.last = Some(frame);
+                    return prefix;
+                }
+            },
+        }
+    }
+    prefix.then = Then::Body(body);
+    prefix
+}
+
+impl<B: Body<Data = Bytes>> Prefix<B> {
+    /// What the body asks, if all its data was read and is a JSON object.
+    fn reserve(&mut self, fields: &[String]) -> Option<RequestReserve> {
+        if !matches!(self.then, Then::End) {
+            return None;
+        }
+        if self.data.len() > 1 {
+            // One copy, replayed in place of the frames it was made of.
+            let mut all = BytesMut::with_capacity(self.len);
+            for data in &self.data {
+                all.extend_from_slice(data);
+            }
+            self.data = vec![all.freeze()];
+        }
+        let json = self.data.first().map_or(&[][..], |data| &data[..]);
+        // `Map` keeps the last value of a duplicated key, as the upstream's
+        // parser does (see the module docs).
+        let Ok(Value::Object(top)) = serde_json::from_slice::<Value>(json) else {
+            return None;
+        };
+        let asked = fields
+            .iter()
+            .filter_map(|field| Some((field.clone(), top.get(field)?.as_u64()?)))
+            .collect();
+        Some(RequestReserve {
+            asked,
+            prompt_estimate: prompt_estimate(&top),
+        })
+    }
+
+    fn into_body(self) -> ReadBody<B> {
+        let frames: VecDeque<_> = self
+            .data
+            .into_iter()
+            .map(Frame::data)
+            .chain(self.last)
+            .collect();
+        ReadBody {
+            kind: Kind::Replay {
+                frames,
+                pending: self.len as u64,
+                then: self.then,
+            },
+        }
+    }
+}
+
+/// A rough estimate of the tokens of a JSON body: a quarter of the UTF-8
+/// bytes of all its string values at any depth (not its keys), rounded up,
+/// about what common tokenizers make of English text. It counts every
+/// string (a model's name, an id) and no number, and saturates at
+/// `u64::MAX`.
+fn prompt_estimate(top: &Map<String, Value>) -> u64 {
+    let mut bytes = 0u64;
+    // A stack rather than recursion: serde_json bounds the depth (128),
+    // but the stack does not need it to.
+    let mut values: Vec<&Value> = top.values().collect();
+    while let Some(value) = values.pop() {
+        match value {
+            Value::String(s) => bytes = bytes.saturating_add(s.len() as u64),
+            Value::Array(items) => values.extend(items),
+            Value::Object(members) => values.extend(members.values()),
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    bytes.div_ceil(4)
+}
+
+pin_project! {
+    /// The body [`ReadRequest`]'s inner service gets: the frames read of
+    /// the request's body (a JSON body read whole comes as one frame, a
+    /// longer one as it came), then the rest of the original body, its
+    /// trailers, or the error it failed with, byte for byte what the client
+    /// sent. A body that was not read is the original, not copied. Its size
+    /// hint is exact when the original's was or the body was read to its
+    /// end.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use bytes::Bytes;
+    /// use http::{Request, Response};
+    /// use http_body::Body;
+    /// use http_body_util::{BodyExt, Full};
+    /// use spillway_tower::{ReadBody, ReadRequestLayer};
+    /// use tower::{Layer, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let echo = service_fn(|req: Request<ReadBody<Full<Bytes>>>| async move {
+    ///     assert_eq!(req.body().size_hint().exact(), Some(16));
+    ///     let bytes = req.into_body().collect().await.unwrap().to_bytes();
+    ///     Ok::<_, Infallible>(Response::new(Full::new(bytes)))
+    /// });
+    /// let service = ReadRequestLayer::new(["max_tokens"]).layer(echo);
+    /// let req = Request::post("/")
+    ///     .header("content-type", "application/json")
+    ///     .body(Full::new(Bytes::from_static(br#"{"max_tokens":7}"#)))
+    ///     .unwrap();
+    /// let res = service.oneshot(req).await.unwrap();
+    /// let echoed = res.into_body().collect().await.unwrap().to_bytes();
+    /// assert_eq!(echoed, &br#"{"max_tokens":7}"#[..]);
+    /// # }
+    /// ```
+    pub struct ReadBody<B: Body> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B: Body> {
+        Untouched { #[pin] body: B },
+        Replay {
+            frames: VecDeque<Frame<Bytes>>,
+            // The data bytes still in `frames`, for the size hint.
+            pending: u64,
+            then: Then<B>,
+        },
+    }
+}
+
+impl<B: Body> ReadBody<B> {
+    fn untouched(body: B) -> Self {
+        Self {
+            kind: Kind::Untouched { body },
+        }
+    }
+}
+
+impl<B: Body> fmt::Debug for ReadBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut debug = f.debug_struct("ReadBody");
+        match &self.kind {
+            Kind::Untouched { .. } => debug.field("read", &false),
+            Kind::Replay { pending, .. } => debug.field("read", &true).field("pending", pending),
+        };
+        debug.finish_non_exhaustive()
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for ReadBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Untouched { body } => body.poll_frame(cx),
+            KindProj::Replay {
+                frames,
+                pending,
+                then,
+            } => {
+                if let Some(frame) = frames.pop_front() {
+                    if let Some(data) = frame.data_ref() {
+                        *pending -= data.len() as u64;
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                match std::mem::replace(then, Then::End) {
+                    Then::Body(mut body) => {
+                        let poll = body.as_mut().poll_frame(cx);
+                        *then = Then::Body(body);
+                        poll
+                    }
+                    Then::Error(error) => Poll::Ready(Some(Err(error))),
+                    Then::End => Poll::Ready(None),
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Untouched { body } => body.is_end_stream(),
+            Kind::Replay { frames, then, .. } => {
+                frames.is_empty()
+                    && match then {
+                        Then::Body(body) => body.is_end_stream(),
+                        Then::Error(_) => false,
+                        Then::End => true,
+                    }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Untouched { body } => body.size_hint(),
+            Kind::Replay { pending, then, .. } => match then {
+                Then::Body(body) => {
+                    let rest = body.size_hint();
+                    let mut hint = SizeHint::new();
+                    hint.set_lower(rest.lower().saturating_add(*pending));
+                    if let Some(upper) = rest.upper() {
+                        hint.set_upper(upper.saturating_add(*pending));
+                    }
+                    hint
+                }
+                Then::Error(_) | Then::End => SizeHint::with_exact(*pending),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,398 @@
+//! The tests of [`ReadRequest`](super::ReadRequest).
+use std::convert::Infallible;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_body_util::Full;
+use tokio::sync::mpsc;
+use tower::{ServiceExt, service_fn};
+
+use super::*;
+use crate::future::ResponseBody;
+
+/// What the inner service saw, returned in its response's extensions.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    reserve: Option<RequestReserve>,
+    hint: (u64, Option<u64>),
+    bytes: Vec<u8>,
+    frames: Vec<Bytes>,
+    trailers: Option<HeaderMap>,
+    error: Option<String>,
+    ended: bool,
+}
+
+/// A body fed by a channel: frames as the test sends them, a failure,
+/// or a client that stops sending while the sender is kept.
+struct Chan(mpsc::UnboundedReceiver<Result<Frame<Bytes>, Broken>>);
+
+#[derive(Debug)]
+struct Broken;
+
+impl fmt::Display for Broken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("connection reset")
+    }
+}
+
+impl std::error::Error for Broken {}
+
+impl Body for Chan {
+    type Data = Bytes;
+    type Error = Broken;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Broken>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+type Sender = mpsc::UnboundedSender<Result<Frame<Bytes>, Broken>>;
+
+fn open() -> (Sender, Chan) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (tx, Chan(rx))
+}
+
+/// A body of these chunks, then `end` (trailers or an error) if any.
+fn chunks(parts: &[&[u8]], end: Option<Result<Frame<Bytes>, Broken>>) -> Chan {
+    let (tx, body) = open();
+    for part in parts {
+        tx.send(Ok(Frame::data(Bytes::copy_from_slice(part))))
+            .unwrap();
+    }
+    if let Some(end) = end {
+        tx.send(end).unwrap();
+    }
+    body
+}
+
+fn trailers() -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert("x-checksum", HeaderValue::from_static("abc"));
+    map
+}
+
+fn json<B>(body: B) -> Request<B> {
+    with_type("application/json", body)
+}
+
+fn with_type<B>(content_type: &str, body: B) -> Request<B> {
+    Request::post("/v1/chat/completions")
+        .header(CONTENT_TYPE, content_type)
+        .body(body)
+        .unwrap()
+}
+
+async fn record<B>(req: Request<ReadBody<B>>) -> Result<Response<Full<Bytes>>, Infallible>
+where
+    B: Body<Data = Bytes>,
+    B::Error: fmt::Display,
+{
+    let (parts, body) = req.into_parts();
+    let hint = body.size_hint();
+    let mut seen = Seen {
+        reserve: parts.extensions.get().cloned(),
+        hint: (hint.lower(), hint.upper()),
+        ..Seen::default()
+    };
+    let mut body = pin!(body);
+    while let Some(frame) = body.frame().await {
+        match frame.map(Frame::into_data) {
+            Ok(Ok(data)) => {
+                seen.bytes.extend_from_slice(&data);
+                seen.frames.push(data);
+            }
+            Ok(Err(frame)) => seen.trailers = frame.into_trailers().ok(),
+            Err(error) => {
+                seen.error = Some(error.to_string());
+                break;
+            }
+        }
+    }
+    seen.ended = body.is_end_stream();
+    let mut res = Response::new(Full::default());
+    res.extensions_mut().insert(seen);
+    Ok(res)
+}
+
+/// `req` through a layer reading `max_tokens` of bodies up to `max`.
+async fn send<B>(max: usize, req: Request<B>) -> Seen
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: fmt::Display + Send,
+{
+    let service = ReadRequestLayer::new(["max_tokens", "n"])
+        .max_body(max)
+        .layer(service_fn(record::<B>));
+    let res = service.oneshot(req).await.unwrap();
+    res.extensions().get::<Seen>().cloned().unwrap()
+}
+
+fn reserve(asked: &[(&str, u64)], prompt_estimate: u64) -> Option<RequestReserve> {
+    let asked = asked.iter().map(|(f, n)| (f.to_string(), *n)).collect();
+    Some(RequestReserve {
+        asked,
+        prompt_estimate,
+    })
+}
+
+#[tokio::test]
+async fn reads_the_fields_and_estimates_the_prompt() {
+    let body = r#"{"model":"m","max_tokens":800,"messages":[{"role":"user","content":"héllo"}]}"#;
+    let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
+    // "m", "user", "héllo": 1 + 4 + 6 bytes, rounded up to 3 tokens.
+    assert_eq!(seen.reserve, reserve(&[("max_tokens", 800)], 3));
+    assert_eq!(seen.bytes, body.as_bytes());
+    let len = body.len() as u64;
+    assert_eq!(seen.hint, (len, Some(len)), "exact once read");
+    assert!(seen.ended);
+
+    // Keys are not counted, nor are numbers; `n` and `max_tokens` as
+    // given, in the layer's order.
+    let body = r#"{"n":2,"a_very_long_key_indeed":"abcd","max_tokens":0}"#;
+    let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
+    assert_eq!(seen.reserve, reserve(&[("max_tokens", 0), ("n", 2)], 1));
+}
+
+#[tokio::test]
+async fn the_last_of_duplicate_keys_counts() {
+    // serde_json's `Map` keeps the last value, as the upstream will.
+    let value: Value = serde_json::from_str(r#"{"a":1,"a":2}"#).unwrap();
+    assert_eq!(value, serde_json::json!({"a": 2}));
+
+    let body = r#"{"max_tokens":1,"max_tokens":5000}"#;
+    let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
+    assert_eq!(seen.reserve, reserve(&[("max_tokens", 5000)], 0));
+    // The prompt too: the upstream never sees the first.
+    let body = r#"{"p":"aaaaaaaaaaaa","max_tokens":5000,"p":"b"}"#;
+    let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
+    assert_eq!(seen.reserve, reserve(&[("max_tokens", 5000)], 1));
+}
+
+#[tokio::test]
+async fn only_non_negative_top_level_integers_are_taken() {
+    for value in [
+        "-1",
+        "1.5",
+        "8e2",
+        "-0",
+        r#""800""#,
+        "true",
+        "null",
+        "[800]",
+        "18446744073709551616",
+    ] {
+        let body = format!(r#"{{"max_tokens":{value}}}"#);
+        let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
+        let estimate = u64::from(value == r#""800""#);
+        assert_eq!(seen.reserve, reserve(&[], estimate), "{value}");
+    }
+    let body = r#"{"options":{"max_tokens":5},"messages":[{"max_tokens":6}]}"#;
+    let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
+    assert_eq!(seen.reserve, reserve(&[], 0), "nested fields are not taken");
+}
+
+#[tokio::test]
+async fn other_bodies_go_on_unchanged_without_a_reserve() {
+    let object = br#"{"max_tokens":800}"#;
+    for (content_type, body) in [
+        ("text/plain", &object[..]),
+        ("application/x-www-form-urlencoded", object),
+        ("application/json", br#"[{"max_tokens":800}]"#),
+        ("application/json", br#""max_tokens""#),
+        ("application/json", br#"{"max_tokens":800"#),
+        ("application/json", b""),
+        ("application/json", b"{\"max_tokens\":800,\"p\":\"\xff\"}"),
+    ] {
+        let req = with_type(content_type, Full::new(Bytes::from_static(body)));
+        let seen = send(1024, req).await;
+        assert_eq!(seen.reserve, None, "{content_type} {body:?}");
+        assert_eq!(seen.bytes, body);
+    }
+    // No Content-Type at all.
+    let req = Request::new(Full::new(Bytes::from_static(object)));
+    assert_eq!(send(1024, req).await.reserve, None);
+}
+
+#[test]
+fn json_media_types() {
+    let is = |value: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_str(value).unwrap());
+        is_json(&headers)
+    };
+    assert!(is("application/json"));
+    assert!(is("Application/JSON; charset=utf-8"));
+    assert!(is("application/vnd.api+json"));
+    assert!(is("application/merge-patch+JSON ; q=1"));
+    assert!(!is("application/+json"));
+    assert!(!is("application/jsonl"));
+    assert!(!is("application/x-ndjson"));
+    assert!(!is("text/json"));
+    assert!(!is("json"));
+    let mut two = HeaderMap::new();
+    two.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    two.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    assert!(!is_json(&two), "two types are ambiguous");
+}
+
+#[tokio::test]
+async fn a_body_declared_too_big_is_not_read_nor_copied() {
+    let data = Bytes::from(format!(r#"{{"max_tokens":800,"p":"{}"}}"#, "x".repeat(100)));
+    let len = data.len();
+    let mut req = json(chunks(&[&data[..10], &data[10..]], None));
+    req.headers_mut().insert(CONTENT_LENGTH, len.into());
+    let seen = send(len - 1, req).await;
+    assert_eq!(seen.reserve, None);
+    assert_eq!(seen.bytes, data);
+    assert_eq!(seen.hint, (0, None), "the original body's hint");
+
+    // A body whose size hint says it is too big; the inner service
+    // gets its very bytes.
+    let seen = send(len - 1, json(Full::new(data.clone()))).await;
+    assert_eq!(seen.reserve, None);
+    assert_eq!(seen.frames[0].as_ptr(), data.as_ptr(), "not copied");
+    assert_eq!(
+        send(len, json(Full::new(data))).await.hint,
+        (len as u64, Some(len as u64))
+    );
+}
+
+#[tokio::test]
+async fn a_body_too_big_is_replayed_whole() {
+    // "é" is split across two frames; the body passes `max` in the
+    // third frame, and goes on after.
+    let data = r#"{"max_tokens":800,"p":"héllo wörld"}"#.as_bytes();
+    let split = data.iter().position(|&b| b == 0xc3).unwrap() + 1;
+    let parts = [&data[..split], &data[split..26], &data[26..30], &data[30..]];
+    let end = Some(Ok(Frame::trailers(trailers())));
+    let seen = send(27, json(chunks(&parts, end))).await;
+    assert_eq!(seen.reserve, None);
+    assert_eq!(seen.bytes, data, "byte for byte");
+    assert_eq!(seen.frames.len(), 4, "as they came");
+    assert_eq!(seen.hint, (30, None), "what was read, then unknown");
+    assert_eq!(seen.trailers, Some(trailers()));
+}
+
+#[tokio::test]
+async fn a_body_in_frames_is_read_and_replayed_with_its_trailers() {
+    let data = r#"{"max_tokens":800,"p":"héllo wörld"}"#.as_bytes();
+    let split = data.iter().position(|&b| b == 0xc3).unwrap() + 1;
+    let parts = [&data[..split], &data[split..26], &data[26..]];
+    let end = Some(Ok(Frame::trailers(trailers())));
+    let seen = send(data.len(), json(chunks(&parts, end))).await;
+    // "héllo wörld": 13 bytes.
+    assert_eq!(seen.reserve, reserve(&[("max_tokens", 800)], 4));
+    assert_eq!(seen.bytes, data);
+    assert_eq!(seen.trailers, Some(trailers()));
+    let len = data.len() as u64;
+    assert_eq!(seen.hint, (len, Some(len)), "exact: the trailers end it");
+    assert!(seen.ended);
+}
+
+#[tokio::test]
+async fn a_broken_body_fails_where_it_did() {
+    let data = br#"{"max_tokens":800,"p":"#;
+    let seen = send(
+        1024,
+        json(chunks(&[&data[..5], &data[5..]], Some(Err(Broken)))),
+    )
+    .await;
+    assert_eq!(seen.reserve, None);
+    assert_eq!(seen.bytes, data, "the bytes before the error");
+    assert_eq!(seen.error.as_deref(), Some("connection reset"));
+}
+
+#[tokio::test]
+async fn a_reserve_set_before_is_removed() {
+    let forged = || RequestReserve {
+        asked: vec![("max_tokens".into(), 1)],
+        prompt_estimate: 0,
+    };
+    let mut req = with_type("text/plain", Full::new(Bytes::from("hello")));
+    req.extensions_mut().insert(forged());
+    assert_eq!(send(1024, req).await.reserve, None);
+
+    let mut req = json(Full::new(Bytes::from(r#"{"max_tokens":"1"}"#)));
+    req.extensions_mut().insert(forged());
+    let seen = send(1024, req).await;
+    assert_eq!(
+        seen.reserve,
+        reserve(&[], 1),
+        "the layer's own, without the string"
+    );
+
+    let mut req = json(Full::new(Bytes::from(r#"{"max_tokens":900}"#)));
+    req.extensions_mut().insert(forged());
+    assert_eq!(
+        send(1024, req).await.reserve,
+        reserve(&[("max_tokens", 900)], 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_too_slow_is_answered_408_without_the_inner_service() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let inner = service_fn(move |_: Request<ReadBody<Chan>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        // The body the proxy's responses have.
+        async { Ok::<_, Infallible>(Response::new(ResponseBody::inner(Full::default()))) }
+    });
+    let service = ReadRequestLayer::new(["max_tokens"])
+        .read_timeout(Duration::from_secs(10))
+        .layer(inner);
+
+    // The client sends a frame every 6 s: each in time, all too late.
+    let (tx, body) = open();
+    tokio::spawn(async move {
+        for part in [&b"{\"max_tokens\""[..], b":800", b"}"] {
+            tx.send(Ok(Frame::data(Bytes::from_static(part)))).ok();
+            tokio::time::sleep(Duration::from_secs(6)).await;
+        }
+    });
+    let start = tokio::time::Instant::now();
+    let res = service.clone().oneshot(json(body)).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(res.headers()[CONTENT_TYPE], PROBLEM_JSON);
+    assert_eq!(res.headers()[CONNECTION], "close");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let problem: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["status"], 408);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // A body that is not read is not timed; one read in time goes on.
+    let (_stalled, body) = open();
+    let res = service.clone().oneshot(with_type("text/plain", body)).await;
+    assert_eq!(res.unwrap().status(), StatusCode::OK);
+    let (tx, body) = open();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        tx.send(Ok(Frame::data(Bytes::from_static(b"{}")))).ok();
+    });
+    let res = service.oneshot(json(body)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn the_replay_reports_its_size_and_end() {
+    let data = Bytes::from_static(br#"{"max_tokens":3}"#);
+    let (tx, body) = open();
+    tx.send(Ok(Frame::data(data.clone()))).unwrap();
+    drop(tx);
+    let mut prefix = read_prefix(Box::pin(body), 1024).await;
+    assert!(prefix.reserve(&[]).is_some());
+    let mut body = pin!(prefix.into_body());
+    assert_eq!(body.size_hint().exact(), Some(data.len() as u64));
+    assert!(!body.is_end_stream());
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), data);
+    assert_eq!(body.size_hint().exact(), Some(0));
+    assert!(body.is_end_stream());
+    assert!(body.frame().await.is_none());
+}

@@ -1,0 +1,346 @@
+//! Budgets: a rule whose cost is read from the response reserves when the
+//! request is admitted, and is settled at what the response cost once it
+//! has ended, been left, or been cut at the budget.
+
+use std::collections::VecDeque;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Path;
+use axum::routing::get;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use spillway::Quota;
+use spillway::algorithm::FixedWindow;
+use spillway::store::{Check, MemoryStore, RuleId};
+use spillway_tower::budget::{Overrun, Reserve, ResponseCost};
+use spillway_tower::usage::UsageField;
+use spillway_tower::{Cost, HttpRule, Policy, RateLimitLayer, TokioClock};
+use tower::ServiceExt;
+
+use crate::support::{body_string, header_u64, memory_layer, req};
+
+const CLIENT: &str = "192.0.2.7";
+
+/// A body of frames given in advance.
+struct Frames(VecDeque<Frame<Bytes>>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+fn frames(chunks: impl IntoIterator<Item = String>, trailers: Option<HeaderMap>) -> Body {
+    let mut all: VecDeque<Frame<Bytes>> =
+        chunks.into_iter().map(|c| Frame::data(c.into())).collect();
+    if let Some(t) = trailers {
+        all.push_back(Frame::trailers(t));
+    }
+    Body::new(Frames(all))
+}
+
+/// An OpenAI-style stream of `n` content deltas, one event per chunk,
+/// then (when given) the usage, then `[DONE]`.
+fn stream(n: u64, usage: Option<u64>) -> Response<Body> {
+    let mut chunks: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"
+            )
+        })
+        .collect();
+    if let Some(total) = usage {
+        chunks.push(format!(
+            "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":0,\"completion_tokens\":{total},\"total_tokens\":{total}}}}}\n\n"
+        ));
+    }
+    chunks.push("data: [DONE]\n\n".to_string());
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(frames(chunks, None))
+        .expect("a response")
+}
+
+/// The upstream: each route answers with what its path says.
+fn upstream() -> Router {
+    Router::new()
+        .route(
+            "/json/{n}",
+            get(|Path(n): Path<u64>| async move {
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Body::from(format!(
+                        r#"{{"id":"c1","choices":[{{"message":{{"content":"usage"}}}}],"usage":{{"total_tokens":{n}}}}}"#
+                    )))
+                    .expect("a response")
+            }),
+        )
+        .route(
+            "/sse/{n}",
+            get(|Path(n): Path<u64>| async move { stream(n, Some(n)) }),
+        )
+        .route(
+            "/deltas/{n}",
+            get(|Path(n): Path<u64>| async move { stream(n, None) }),
+        )
+        .route(
+            "/header/{n}",
+            get(|Path(n): Path<u64>| async move {
+                Response::builder()
+                    .header("x-usage", n)
+                    .body(Body::from("ok"))
+                    .expect("a response")
+            }),
+        )
+        .route(
+            "/trailer/{n}",
+            get(|Path(n): Path<u64>| async move {
+                let mut trailers = HeaderMap::new();
+                trailers.insert("x-usage", n.into());
+                Response::new(frames(["ok".to_string()], Some(trailers)))
+            }),
+        )
+        .route(
+            "/status/{code}",
+            get(|Path(code): Path<u16>| async move {
+                Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Body::from(r#"{"error":{"message":"no"}}"#))
+                    .expect("a response")
+            }),
+        )
+        .route("/text", get(|| async { "no usage here" }))
+}
+
+const LIMIT: u32 = 1_000;
+
+fn budget_rule(cost: ResponseCost) -> HttpRule {
+    let quota = Quota::per_hour(NonZeroU32::new(LIMIT).expect("nonzero"));
+    HttpRule::new("tokens", FixedWindow::new(quota)).cost(Cost::Response(Box::new(cost)))
+}
+
+fn app(cost: ResponseCost) -> (Router, RateLimitLayer<MemoryStore<TokioClock>>) {
+    let layer = memory_layer(Policy::new([budget_rule(cost)]));
+    (upstream().layer(layer.clone()), layer)
+}
+
+/// What the client's key has left, once every settle spawned so far has
+/// run (the settles are the runtime's tasks: yielding lets them).
+async fn left(layer: &RateLimitLayer<MemoryStore<TokioClock>>) -> u64 {
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    let key = format!("ip={CLIENT}");
+    let check = [Check {
+        rule: RuleId(0),
+        key: &key,
+        cost: 0,
+    }];
+    layer.store().check_now(&check).expect("a peek").decisions[0].remaining
+}
+
+fn reserving(n: u64) -> ResponseCost {
+    ResponseCost::usage(UsageField::Total).reserve(Reserve::Fixed(n))
+}
+
+fn by_header(n: u64) -> ResponseCost {
+    ResponseCost::header(HeaderName::from_static("x-usage")).reserve(Reserve::Fixed(n))
+}
+
+async fn get_through(app: &Router, uri: &str) -> Response<Body> {
+    let request = req(uri, CLIENT).body(Body::empty()).expect("a request");
+    let res = app.clone().oneshot(request).await.expect("infallible");
+    res.map(Body::new)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_json_response_is_settled_at_its_usage() {
+    let (app, layer) = app(reserving(300));
+    let res = get_through(&app, "/json/120").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // The headers tell the state after the reservation.
+    assert_eq!(
+        header_u64(&res, "x-ratelimit-remaining"),
+        u64::from(LIMIT) - 300
+    );
+    assert!(body_string(res).await.contains("\"total_tokens\":120"));
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 120);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_is_settled_at_its_last_usage() {
+    let (app, layer) = app(reserving(300));
+    let res = get_through(&app, "/sse/40").await;
+    let body = body_string(res).await;
+    assert_eq!(
+        body.matches("\"content\"").count(),
+        40,
+        "every event passed"
+    );
+    assert!(body.ends_with("data: [DONE]\n\n"));
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 40);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_without_usage_pays_a_unit_per_delta() {
+    let (app, layer) = app(reserving(300));
+    let body = body_string(get_through(&app, "/deltas/25").await).await;
+    assert!(body.ends_with("data: [DONE]\n\n"));
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 25);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_in_a_header_or_a_trailer_is_read() {
+    let (app, layer) = app(by_header(100));
+    body_string(get_through(&app, "/header/42").await).await;
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 42);
+    body_string(get_through(&app, "/trailer/7").await).await;
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 49);
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_cannot_be_measured_keeps_its_reservation_unless_refused() {
+    let (app, layer) = app(reserving(300));
+    body_string(get_through(&app, "/text").await).await;
+    assert_eq!(
+        left(&layer).await,
+        u64::from(LIMIT) - 300,
+        "a 200 with no usage"
+    );
+    // The upstream refused the request: it cost nothing.
+    body_string(get_through(&app, "/status/400").await).await;
+    assert_eq!(
+        left(&layer).await,
+        u64::from(LIMIT) - 300,
+        "a 4xx costs nothing"
+    );
+    // A 5xx is measured as any other, unless the rule gives it back.
+    body_string(get_through(&app, "/status/502").await).await;
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 600);
+    let (app, layer) = self::app(reserving(300).release_on_5xx(true));
+    body_string(get_through(&app, "/status/502").await).await;
+    assert_eq!(left(&layer).await, u64::from(LIMIT));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_overrun_is_debt_that_later_requests_wait_out() {
+    let (app, layer) = app(reserving(300));
+    body_string(get_through(&app, "/json/1500").await).await;
+    assert_eq!(left(&layer).await, 0);
+    let res = get_through(&app, "/json/1").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    // A fixed window of an hour: the debt is the window's, and it ends
+    // with it.
+    assert!(header_u64(&res, "retry-after") > 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_mid_stream_pays_what_it_was_sent() {
+    let (app, layer) = app(reserving(300));
+    let res = get_through(&app, "/deltas/50").await;
+    let mut body = res.into_body();
+    for _ in 0..3 {
+        let frame = body.frame().await.expect("a frame").expect("no error");
+        assert!(frame.is_data());
+    }
+    drop(body);
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_response_dropped_before_its_head_keeps_its_reservation() {
+    let (app, layer) = app(reserving(300));
+    let request = req("/json/5", CLIENT)
+        .body(Body::empty())
+        .expect("a request");
+    let fut = app.clone().oneshot(request);
+    drop(fut);
+    assert_eq!(left(&layer).await, u64::from(LIMIT));
+    // Polled up to the head, then dropped with its body unread: nothing
+    // measured, the reservation stands.
+    let res = get_through(&app, "/json/5").await;
+    drop(res);
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 300);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_stream_ends_at_the_budget_between_two_events() {
+    let limit = 10;
+    let quota = Quota::per_hour(NonZeroU32::new(limit).expect("nonzero"));
+    let cost = reserving(2).on_overrun(Overrun::Cut);
+    let rule =
+        HttpRule::new("tokens", FixedWindow::new(quota)).cost(Cost::Response(Box::new(cost)));
+    let layer = memory_layer(Policy::new([rule]));
+    let app = upstream().layer(layer.clone());
+    let body = body_string(get_through(&app, "/deltas/30").await).await;
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    let deltas = events.iter().filter(|e| e.contains("\"content\"")).count();
+    assert_eq!(
+        deltas, limit as usize,
+        "the client gets the budget, not more"
+    );
+    // Then the cut event, well formed, and the end.
+    let cut = events[deltas];
+    assert!(cut.starts_with("event: error\ndata: {"), "{cut}");
+    assert!(cut.contains("budget"), "{cut}");
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    assert_eq!(events.len(), deltas + 2);
+    assert_eq!(left(&layer).await, 0);
+    // The key is spent: the next request is denied.
+    let res = get_through(&app, "/deltas/1").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_cut_streams_of_one_key_share_its_budget() {
+    let limit = 30;
+    let quota = Quota::per_hour(NonZeroU32::new(limit).expect("nonzero"));
+    let cost = reserving(4).on_overrun(Overrun::Cut);
+    let rule =
+        HttpRule::new("tokens", FixedWindow::new(quota)).cost(Cost::Response(Box::new(cost)));
+    let layer = memory_layer(Policy::new([rule]));
+    let app = upstream().layer(layer.clone());
+    // Both admitted, then read in turns, a frame at a time.
+    let mut a = get_through(&app, "/deltas/40").await.into_body();
+    let mut b = get_through(&app, "/deltas/40").await.into_body();
+    let (mut got_a, mut got_b) = (String::new(), String::new());
+    let (mut a_done, mut b_done) = (false, false);
+    while !(a_done && b_done) {
+        for (body, got, done) in [
+            (&mut a, &mut got_a, &mut a_done),
+            (&mut b, &mut got_b, &mut b_done),
+        ] {
+            if *done {
+                continue;
+            }
+            match body.frame().await {
+                Some(frame) => {
+                    if let Ok(data) = frame.expect("no error").into_data() {
+                        got.push_str(std::str::from_utf8(&data).expect("utf-8"));
+                    }
+                }
+                None => *done = true,
+            }
+        }
+    }
+    let sent = got_a.matches("\"content\"").count() + got_b.matches("\"content\"").count();
+    assert_eq!(
+        sent, limit as usize,
+        "together, the budget: {got_a}\n{got_b}"
+    );
+    assert!(got_a.contains("event: error") && got_b.contains("event: error"));
+    assert_eq!(left(&layer).await, 0);
+}
