@@ -264,6 +264,13 @@ impl Metering {
         })
     }
 
+    /// Whether a part reads the response's body (a usage measure).
+    pub(crate) fn reads_body(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p.measure, Measure::Usage(_)))
+    }
+
     /// Reads what the response's head says (its status, a measure's
     /// header, its type) and meters its body.
     pub(crate) fn start<B>(mut self, res: Response<B>) -> Response<crate::ResponseBody<B>> {
@@ -271,10 +278,19 @@ impl Metering {
         self.status = head.status.as_u16();
         self.read_headers(&head.headers);
         let content_type = head.headers.get(http::header::CONTENT_TYPE);
+        // A coded body (one the upstream compressed all the same) cannot be
+        // read: nothing is measured, and the reservations stand.
+        let coded = head
+            .headers
+            .get(http::header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
         for p in &mut self.parts {
             let Measure::Usage(field) = p.measure else {
                 continue;
             };
+            if coded {
+                continue;
+            }
             let at = match self.meters.iter().position(|(f, _)| *f == field) {
                 Some(at) => at,
                 None => {

@@ -443,6 +443,7 @@ where
                 tokio::time::sleep_until(turn).await;
             }
             let metering = meter(guard.disarm(), &engine);
+            unencoded(&mut parts, metering.as_ref());
             drop(place);
             Ok(finish(
                 inner.call(Request::from_parts(parts, body)).await?,
@@ -451,8 +452,20 @@ where
         });
     }
     let metering = meter(held, engine);
+    unencoded(&mut parts, metering.as_ref());
     let response = inner.call(Request::from_parts(parts, body));
     Box::pin(async move { Ok(finish(response.await?, metering)) })
+}
+
+/// Asks for a response whose body a budget rule reads in no content
+/// coding: a gzipped body cannot be measured, and a client that could make
+/// its responses unmeasurable by sending `Accept-Encoding` would pay only
+/// its reservations. A compression layer outside this one still
+/// compresses what this one has measured.
+fn unencoded(parts: &mut Parts, metering: Option<&Metering>) {
+    if metering.is_some_and(Metering::reads_body) {
+        parts.headers.remove(http::header::ACCEPT_ENCODING);
+    }
 }
 
 /// Marks a request a `degrade` rule let through (with those of any layer

@@ -123,6 +123,24 @@ fn upstream() -> Router {
             }),
         )
         .route("/text", get(|| async { "no usage here" }))
+        .route(
+            "/coded/{n}",
+            get(|Path(n): Path<u64>, headers: HeaderMap| async move {
+                // Compressed when the client accepts it, as a compression
+                // layer inside the limiter would.
+                if headers.contains_key("accept-encoding") {
+                    return Response::builder()
+                        .header("content-type", "application/json")
+                        .header("content-encoding", "gzip")
+                        .body(Body::from(vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0]))
+                        .expect("a response");
+                }
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Body::from(format!(r#"{{"usage":{{"total_tokens":{n}}}}}"#)))
+                    .expect("a response")
+            }),
+        )
 }
 
 const LIMIT: u32 = 1_000;
@@ -343,4 +361,17 @@ async fn two_cut_streams_of_one_key_share_its_budget() {
     );
     assert!(got_a.contains("event: error") && got_b.contains("event: error"));
     assert_eq!(left(&layer).await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn accepting_a_compressed_body_does_not_make_a_response_unmeasurable() {
+    let (app, layer) = app(reserving(300));
+    let request = req("/coded/40", CLIENT)
+        .header("accept-encoding", "gzip, br")
+        .body(Body::empty())
+        .expect("a request");
+    let res = app.clone().oneshot(request).await.expect("infallible");
+    assert!(!res.headers().contains_key("content-encoding"));
+    body_string(res).await;
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 40);
 }
