@@ -17,6 +17,10 @@
 //! | `spillway_http_requests_in_flight` | gauge | | HTTP requests being served |
 //! | `spillway_http_connections` | gauge | | client connections open (`[server] max_connections` at most) |
 //! | `spillway_http_connections_refused_total` | counter | | connections refused past `[server] max_connections` (answered 503 and closed) |
+//! | `spillway_budget_open` | gauge | `rule` | budget reservations whose response has not ended (docs/budgets.md) |
+//! | `spillway_budget_settled_total` | counter | `rule`, `how` | budget reservations closed: `measured`, `left` (the client left mid-response), `cut` (at the budget), `released` (a refused 4xx, a 5xx given back), `kept` (nothing measured: the reservation stands) |
+//! | `spillway_budget_overruns_total` | counter | `rule` | responses that cost more than their charges: the rest was charged, in debt if the key had nothing left |
+//! | `spillway_budget_units_total` | counter | `rule`, `kind` | units `charged` before the settles, and the `actual` cost they were settled at: how far the reservations are from the real costs |
 //!
 //! The Redis figures come from the store's own counters. A reload builds a
 //! new store, so the old one's counts are kept aside and added in: the
@@ -36,7 +40,7 @@ use prometheus_client::registry::Registry;
 use spillway::Decision;
 use spillway::store::{RuleId, Store};
 use spillway_redis::{Error as StoreError, Stats};
-use spillway_tower::{Observer, RuleOutcome};
+use spillway_tower::{BudgetEvent, Observer, RuleOutcome};
 
 use crate::store::{AnyStore, StoreObserver};
 
@@ -47,6 +51,32 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 struct DecisionLabels {
     rule: String,
     outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RuleLabels {
+    rule: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RuleHowLabels {
+    rule: String,
+    how: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RuleKindLabels {
+    rule: String,
+    kind: &'static str,
+}
+
+/// The budget metrics: reservations open and closed, overruns, units.
+#[derive(Debug, Default)]
+struct BudgetMetrics {
+    open: Family<RuleLabels, Gauge>,
+    settled: Family<RuleHowLabels, Counter>,
+    overruns: Family<RuleLabels, Counter>,
+    units: Family<RuleKindLabels, Counter>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -103,6 +133,7 @@ pub struct Metrics {
     in_flight: Gauge,
     connections: Gauge,
     connections_refused: Counter,
+    budgets: BudgetMetrics,
     // The Redis counters of stores replaced by a reload.
     retired: Mutex<Stats>,
 }
@@ -159,6 +190,27 @@ impl Metrics {
             "HTTP client connections refused past [server] max_connections",
             connections_refused.clone(),
         );
+        let budgets = BudgetMetrics::default();
+        registry.register(
+            "spillway_budget_open",
+            "Budget reservations whose response has not ended",
+            budgets.open.clone(),
+        );
+        registry.register(
+            "spillway_budget_settled",
+            "Budget reservations closed, by how they were settled",
+            budgets.settled.clone(),
+        );
+        registry.register(
+            "spillway_budget_overruns",
+            "Responses that cost more than their budget charges",
+            budgets.overruns.clone(),
+        );
+        registry.register(
+            "spillway_budget_units",
+            "Budget units charged before the settles, and the actual costs settled",
+            budgets.units.clone(),
+        );
         // Zeros from the start, so that the series exist before the first
         // error or reload (a rate over a missing series is no rate at all).
         for kind in ["redis", "timeout", "unavailable", "reply", "rule"] {
@@ -177,7 +229,44 @@ impl Metrics {
             in_flight,
             connections,
             connections_refused,
+            budgets,
             retired: Mutex::default(),
+        }
+    }
+
+    /// Counts what became of a budget rule's reservation.
+    pub fn budget(&self, rule: &str, event: BudgetEvent) {
+        let b = &self.budgets;
+        let labels = RuleLabels {
+            rule: rule.to_string(),
+        };
+        let BudgetEvent::Closed {
+            how,
+            charged,
+            actual,
+        } = event
+        else {
+            b.open.get_or_create(&labels).inc();
+            return;
+        };
+        b.open.get_or_create(&labels).dec();
+        let how = how.name();
+        b.settled
+            .get_or_create(&RuleHowLabels {
+                rule: rule.to_string(),
+                how,
+            })
+            .inc();
+        if actual > charged {
+            b.overruns.get_or_create(&labels).inc();
+        }
+        for (kind, n) in [("charged", charged), ("actual", actual)] {
+            b.units
+                .get_or_create(&RuleKindLabels {
+                    rule: rule.to_string(),
+                    kind,
+                })
+                .inc_by(n);
         }
     }
 
@@ -293,6 +382,10 @@ pub struct DecisionObserver(pub Arc<Metrics>);
 impl Observer for DecisionObserver {
     fn observe(&self, rule: &str, outcome: RuleOutcome, _decision: Option<&Decision>) {
         self.0.decision(rule, outcome);
+    }
+
+    fn budget(&self, rule: &str, event: BudgetEvent) {
+        self.0.budget(rule, event);
     }
 }
 
@@ -502,5 +595,61 @@ impl<F: std::future::Future> std::future::Future for CountedFuture<F> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
         self.project().inner.poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spillway_tower::{BudgetEvent, Settled};
+
+    use super::Metrics;
+
+    /// The value of the series `series` in the text of `metrics`.
+    fn value(metrics: &Metrics, series: &str) -> Option<f64> {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &metrics.registry)
+            .expect("encoded");
+        out.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn budget_reservations_are_counted_open_and_closed() {
+        let m = Metrics::new();
+        for _ in 0..3 {
+            m.budget("tokens", BudgetEvent::Opened);
+        }
+        let closed = |how, charged, actual| BudgetEvent::Closed {
+            how,
+            charged,
+            actual,
+        };
+        m.budget("tokens", closed(Settled::Measured, 100, 250));
+        m.budget("tokens", closed(Settled::Kept, 100, 100));
+        assert_eq!(
+            value(&m, "spillway_budget_open{rule=\"tokens\"}"),
+            Some(1.0)
+        );
+        let settled = |how: &str| {
+            value(
+                &m,
+                &format!("spillway_budget_settled_total{{rule=\"tokens\",how=\"{how}\"}}"),
+            )
+        };
+        assert_eq!(settled("measured"), Some(1.0));
+        assert_eq!(settled("kept"), Some(1.0));
+        assert_eq!(
+            value(&m, "spillway_budget_overruns_total{rule=\"tokens\"}"),
+            Some(1.0)
+        );
+        let units = |kind: &str| {
+            value(
+                &m,
+                &format!("spillway_budget_units_total{{rule=\"tokens\",kind=\"{kind}\"}}"),
+            )
+        };
+        assert_eq!(units("charged"), Some(200.0));
+        assert_eq!(units("actual"), Some(350.0));
     }
 }

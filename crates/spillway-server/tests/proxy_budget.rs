@@ -15,6 +15,7 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use spillway::store::{Check, RuleId, Store};
+use spillway_conformance::redis_server::RedisServer;
 use spillway_server::config::Config;
 use spillway_server::proxy::serve;
 use spillway_server::state::{Live, Loaded};
@@ -259,4 +260,38 @@ async fn a_body_that_is_not_json_reserves_the_default_and_reaches_the_upstream_i
         proxy.received.lock().expect("not poisoned")[0],
         body.as_bytes()
     );
+}
+
+/// The same budget on a real redis-server: the reservation, the settle and
+/// the charges a cut stream makes as it goes are script calls.
+fn on_redis(config: &str, url: &str) -> String {
+    format!(
+        "[store]\nkind = \"redis\"\nurl = \"{url}\"\ntimeout = \"2s\"\non_error = \"fail_closed\"\n{config}"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_request_pays_its_usage_and_a_stream_is_cut_at_the_budget() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let proxy = start(&on_redis(&config("cut"), &redis.url())).await;
+    let body = r#"{"max_tokens":30,"deltas":12}"#;
+    let (status, headers, _) = proxy.post(body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers["x-ratelimit-remaining"],
+        (BUDGET - 30).to_string().as_str()
+    );
+    let paid = PROMPT_TOKENS + 12;
+    assert_eq!(proxy.left_once(BUDGET - paid).await, BUDGET - paid);
+
+    let (status, _, answer) = proxy
+        .post(r#"{"max_tokens":10,"stream":true,"deltas":500}"#)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let deltas = answer.matches("\"content\"").count() as u64;
+    assert_eq!(deltas, BUDGET - paid, "{answer}");
+    assert!(answer.contains("event: error\ndata: "), "{answer}");
+    assert_eq!(proxy.left_once(0).await, 0);
 }

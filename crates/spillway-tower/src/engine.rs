@@ -83,6 +83,59 @@ pub trait Observer: Send + Sync + 'static {
     /// `rule` decided `outcome`; `decision` is the store's answer, when
     /// there was one.
     fn observe(&self, rule: &str, outcome: RuleOutcome, decision: Option<&Decision>);
+
+    /// A budget rule's reservation opened (its response began) or closed
+    /// (see [`BudgetEvent`]). Nothing by default.
+    fn budget(&self, rule: &str, event: BudgetEvent) {
+        let _ = (rule, event);
+    }
+}
+
+/// What became of a budget rule's reservation, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetEvent {
+    /// A response under the rule began: its reservation is open.
+    Opened,
+    /// Its response ended, and the reservation was settled (or kept).
+    Closed {
+        /// How it was settled.
+        how: Settled,
+        /// What the request's charges came to before the settle (the
+        /// reservation, and what a cut stream charged as it went).
+        charged: u64,
+        /// What it was settled at (`charged` when the reservation was
+        /// kept).
+        actual: u64,
+    },
+}
+
+/// How a budget reservation was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// At what its response was measured to cost.
+    Measured,
+    /// At what was counted when the client left mid-response.
+    Left,
+    /// At what the client was sent before the stream was cut at the budget.
+    Cut,
+    /// At nothing: a 4xx that measured nothing, or a 5xx its rule gives
+    /// back.
+    Released,
+    /// Not: nothing could be measured, and the reservation stands.
+    Kept,
+}
+
+impl Settled {
+    /// The name metrics give it.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::Measured => "measured",
+            Self::Left => "left",
+            Self::Cut => "cut",
+            Self::Released => "released",
+            Self::Kept => "kept",
+        }
+    }
 }
 
 /// What became of a request.

@@ -54,8 +54,8 @@ pub mod usage;
 
 pub use clock::TokioClock;
 pub use engine::{
-    Asking, Charge, Charges, Engine, Held, Observer, Outcome, OverCapacity, Reported, RuleOutcome,
-    Ruling, Unplanned, retry_after_secs,
+    Asking, BudgetEvent, Charge, Charges, Engine, Held, Observer, Outcome, OverCapacity, Reported,
+    RuleOutcome, Ruling, Settled, Unplanned, retry_after_secs,
 };
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};

@@ -34,7 +34,7 @@ use spillway::store::{Check, Settle, Store};
 use spillway::{Algorithm as _, Decision};
 
 use crate::budget::{Measure, Overrun, ResponseCost};
-use crate::engine::{Charge, Engine, Held, settle_id};
+use crate::engine::{BudgetEvent, Charge, Engine, Held, Settled, settle_id};
 use crate::headers::retry_after_secs;
 use crate::rules::Cost;
 use crate::usage::{UsageField, UsageMeter, cut_event};
@@ -71,6 +71,8 @@ pub(crate) trait Budgets: Send + Sync + 'static {
     fn capacity(&self, charge: &Charge) -> u64;
     /// The name `charge`'s rule is reported under.
     fn name(&self, charge: &Charge) -> &str;
+    /// Tells the observer what became of `charge`'s reservation.
+    fn observe(&self, charge: &Charge, event: BudgetEvent);
 }
 
 impl<St: Store + 'static> Budgets for Engine<St> {
@@ -135,6 +137,12 @@ impl<St: Store + 'static> Budgets for Engine<St> {
 
     fn name(&self, charge: &Charge) -> &str {
         self.rule_name(charge)
+    }
+
+    fn observe(&self, charge: &Charge, event: BudgetEvent) {
+        if let Some(observer) = self.observer() {
+            observer.budget(self.rule_name(charge), event);
+        }
     }
 }
 
@@ -249,6 +257,9 @@ impl Metering {
                 })
             })
             .collect();
+        for p in &parts {
+            budgets.observe(&p.charge, BudgetEvent::Opened);
+        }
         (!parts.is_empty()).then(|| Self {
             budgets,
             parts,
@@ -532,16 +543,36 @@ impl Metering {
             .collect();
         let mut settles = Vec::new();
         for p in &self.parts {
+            let released = p.release_on_5xx && self.status >= 500;
             let measured = match p.measure {
-                _ if p.release_on_5xx && self.status >= 500 => Some(0),
+                _ if released => Some(0),
                 Measure::Header(_) => p.read,
                 Measure::Usage(_) => p.meter.and_then(|m| usages[m]),
             };
-            let actual = match measured {
-                Some(actual) => actual,
-                None if (400..500).contains(&self.status) => 0,
-                None => continue,
+            let charged: u64 = p.charged.iter().map(|c| c.cost).sum();
+            let how = match (measured, ending) {
+                _ if released => Settled::Released,
+                (None, _) if (400..500).contains(&self.status) => Settled::Released,
+                (None, _) => Settled::Kept,
+                (Some(_), Ending::Done) => Settled::Measured,
+                (Some(_), Ending::Cut) => Settled::Cut,
+                (Some(_), Ending::Left) => Settled::Left,
             };
+            let actual = match how {
+                Settled::Kept => charged,
+                _ => measured.unwrap_or(0),
+            };
+            self.budgets.observe(
+                &p.charge,
+                BudgetEvent::Closed {
+                    how,
+                    charged,
+                    actual,
+                },
+            );
+            if how == Settled::Kept {
+                continue;
+            }
             // The first charges are filled first, the last takes the rest:
             // what was spent early was spent in the early charges' windows.
             let n = p.charged.len();

@@ -20,7 +20,9 @@ use spillway::algorithm::FixedWindow;
 use spillway::store::{Check, MemoryStore, RuleId};
 use spillway_tower::budget::{Overrun, Reserve, ResponseCost};
 use spillway_tower::usage::UsageField;
-use spillway_tower::{Cost, HttpRule, Policy, RateLimitLayer, TokioClock};
+use spillway_tower::{
+    BudgetEvent, Cost, HttpRule, Observer, Policy, RateLimitLayer, Settled, TokioClock,
+};
 use tower::ServiceExt;
 
 use crate::support::{body_string, header_u64, memory_layer, req};
@@ -374,4 +376,63 @@ async fn accepting_a_compressed_body_does_not_make_a_response_unmeasurable() {
     assert!(!res.headers().contains_key("content-encoding"));
     body_string(res).await;
     assert_eq!(left(&layer).await, u64::from(LIMIT) - 40);
+}
+
+/// Every budget event an observer hears, as (rule, event).
+#[derive(Clone, Default)]
+struct Heard(std::sync::Arc<std::sync::Mutex<Vec<(String, BudgetEvent)>>>);
+
+impl Observer for Heard {
+    fn observe(&self, _: &str, _: spillway_tower::RuleOutcome, _: Option<&spillway::Decision>) {}
+
+    fn budget(&self, rule: &str, event: BudgetEvent) {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .push((rule.to_string(), event));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_hears_each_reservation_open_and_close_once() {
+    let heard = Heard::default();
+    let layer = memory_layer(Policy::new([budget_rule(reserving(100))])).observer(heard.clone());
+    let app = upstream().layer(layer.clone());
+    let closed = |how, charged, actual| BudgetEvent::Closed {
+        how,
+        charged,
+        actual,
+    };
+    let cases = [
+        ("/json/120", closed(Settled::Measured, 100, 120)),
+        ("/status/429", closed(Settled::Released, 100, 0)),
+        ("/json/450", closed(Settled::Measured, 100, 450)),
+        ("/text", closed(Settled::Kept, 100, 100)),
+    ];
+    for (uri, expected) in cases {
+        body_string(get_through(&app, uri).await).await;
+        left(&layer).await;
+        let events = std::mem::take(&mut *heard.0.lock().expect("not poisoned"));
+        let events: Vec<BudgetEvent> = events
+            .into_iter()
+            .map(|(rule, e)| {
+                assert_eq!(rule, "tokens");
+                e
+            })
+            .collect();
+        assert_eq!(events, [BudgetEvent::Opened, expected], "{uri}");
+    }
+    // Left mid-stream: closed once, at what was sent.
+    let mut body = get_through(&app, "/deltas/9").await.into_body();
+    body.frame().await.expect("a frame").expect("no error");
+    drop(body);
+    left(&layer).await;
+    let events: Vec<BudgetEvent> = heard
+        .0
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .map(|(_, e)| *e)
+        .collect();
+    assert_eq!(events, [BudgetEvent::Opened, closed(Settled::Left, 100, 1)]);
 }
