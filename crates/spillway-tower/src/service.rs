@@ -385,14 +385,20 @@ where
     let grpc = grpc();
     let limited_header = mark_limited(&mut parts, limited);
     let owner = Arc::clone(engine);
-    let prompt = parts
-        .extensions
-        .get::<RequestReserve>()
-        .map_or(0, |h| h.prompt_estimate);
+    // Looked for only under a policy with budgets: this is every admitted
+    // request's path.
+    let prompt = match engine.budgets {
+        true => parts
+            .extensions
+            .get::<RequestReserve>()
+            .map_or(0, |h| h.prompt_estimate),
+        false => 0,
+    };
     // A budget's response is measured, and settled when it ends.
     let meter = move |held: Option<Held>, engine: &Arc<Engine<St>>| {
+        let held = held.filter(|_| engine.budgets)?;
         let budgets: Arc<dyn Budgets> = engine.clone();
-        held.and_then(|held| Metering::new(budgets, held, prompt))
+        Metering::new(budgets, held, prompt)
     };
     let finish = move |res: Response<ResBody>, metering: Option<Metering>| {
         let mut res = match metering {
