@@ -21,6 +21,10 @@ pub struct Architecture;
 #[cfg(doctest)]
 pub struct Algorithms;
 
+#[doc = include_str!("../../../docs/budgets.md")]
+#[cfg(doctest)]
+pub struct Budgets;
+
 #[doc = include_str!("../../../docs/distributed.md")]
 #[cfg(doctest)]
 pub struct Distributed;
