@@ -68,6 +68,14 @@ pub enum Overrun {
     Cut,
 }
 
+/// A response extension, set by a front end on an answer of its own
+/// written because the upstream's never came (a response timeout, a
+/// connection lost after the request was sent): the upstream may have done
+/// the work all the same, so a budget keeps the reservation, whatever its
+/// `release_on_5xx` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unanswered;
+
 /// A request extension, set by a layer that read the request's JSON body
 /// (the proxy's, for a rule that reserves what the request asks): the
 /// top-level numbers the rules name (`max_tokens`: the most the response

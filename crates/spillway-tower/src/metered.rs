@@ -33,7 +33,7 @@ use spillway::algorithm::Charged;
 use spillway::store::{Check, Settle, Store};
 use spillway::{Algorithm as _, Decision};
 
-use crate::budget::{Measure, Overrun, ResponseCost};
+use crate::budget::{Measure, Overrun, ResponseCost, Unanswered};
 use crate::engine::{BudgetEvent, Charge, Engine, Held, Settled, settle_id};
 use crate::headers::retry_after_secs;
 use crate::rules::Cost;
@@ -201,6 +201,11 @@ pub struct Metering {
     state: State,
     // The inner body has ended: it is not polled again.
     inner_done: bool,
+    // Trailers held until the held-back bytes before them have gone out.
+    trailers: Option<HeaderMap>,
+    // The response is the front end's own, written because the upstream's
+    // answer never came ([`Unanswered`]).
+    unanswered: bool,
 }
 
 /// How a response's metering ends.
@@ -240,10 +245,11 @@ impl Metering {
             .into_iter()
             .filter_map(|(charge, charged)| {
                 let budget = budgets.budget(&charge)?;
+                let capacity = budgets.capacity(&charge);
                 Some(Part {
                     covered: charged.cost,
-                    step: charged.cost.max(1),
-                    capacity: budgets.capacity(&charge),
+                    step: charged.cost.max(capacity / 100).max(1),
+                    capacity,
                     measure: budget.measure.clone(),
                     cut: budget.on_overrun == Overrun::Cut,
                     release_on_5xx: budget.release_on_5xx,
@@ -272,6 +278,8 @@ impl Metering {
             sent: SmallVec::new(),
             state: State::Open,
             inner_done: false,
+            trailers: None,
+            unanswered: false,
         })
     }
 
@@ -287,6 +295,7 @@ impl Metering {
     pub(crate) fn start<B>(mut self, res: Response<B>) -> Response<crate::ResponseBody<B>> {
         let (head, body) = res.into_parts();
         self.status = head.status.as_u16();
+        self.unanswered = head.extensions.get::<Unanswered>().is_some();
         self.read_headers(&head.headers);
         let content_type = head.headers.get(http::header::CONTENT_TYPE);
         // A coded body (one the upstream compressed all the same) cannot be
@@ -315,6 +324,14 @@ impl Metering {
             };
             p.meter = Some(at);
         }
+        // A stream cut at its budget ends early: no length can be promised.
+        let mut head = head;
+        if self.cuts() {
+            head.headers.remove(http::header::CONTENT_LENGTH);
+        }
+        // What the client has been sent so far: the prompt's estimate, which
+        // a stream cut before its first event still costs.
+        self.sent = self.meters.iter().map(|(_, m)| m.counted()).collect();
         let metering = Box::new(self);
         Response::from_parts(head, crate::ResponseBody::Metered { body, metering })
     }
@@ -330,6 +347,13 @@ impl Metering {
                     .and_then(|s| s.trim().parse().ok());
             }
         }
+    }
+
+    /// At the end of the body, the events whose end only the end of the
+    /// stream shows, staged as any others; whether there were any. (None
+    /// yet: the meter reports every boundary as its bytes come.)
+    fn ends_stream(&mut self) -> bool {
+        false
     }
 
     /// Whether some part may cut the stream (and so whole events are held
@@ -370,16 +394,22 @@ impl Metering {
                 State::Open => {}
             }
             if self.inner_done {
+                if let Some(trailers) = self.trailers.take() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
                 self.end(Ending::Done);
                 return Poll::Ready(None);
             }
             let frame = match ready!(body.as_mut().poll_frame(cx)) {
                 None => {
                     self.inner_done = true;
+                    if self.ends_stream() {
+                        continue;
+                    }
                     let rest = self.tail.split().freeze();
                     if !rest.is_empty() {
                         // A last event never ended: the client gets it as
-                        // the upstream sent it.
+                        // the upstream sent it (an SSE client drops it).
                         return Poll::Ready(Some(Ok(Frame::data(rest))));
                     }
                     continue;
@@ -393,10 +423,22 @@ impl Metering {
             let frame = match frame.into_data() {
                 Ok(data) => data,
                 Err(frame) => {
-                    if let Some(trailers) = frame.trailers_ref() {
-                        self.read_headers(trailers);
+                    let Ok(trailers) = frame.into_trailers() else {
+                        continue;
+                    };
+                    self.read_headers(&trailers);
+                    // The trailers end the body: what is held back goes
+                    // first (as the end of the body sends it).
+                    self.inner_done = true;
+                    self.trailers = Some(trailers);
+                    if self.ends_stream() {
+                        continue;
                     }
-                    return Poll::Ready(Some(Ok(frame)));
+                    let rest = self.tail.split().freeze();
+                    if !rest.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                    continue;
                 }
             };
             let mut events: Vec<EventEnd> = Vec::new();
@@ -493,7 +535,15 @@ impl Metering {
     fn extended(&mut self, p: usize, asked: u64, extended: Extended) {
         let part = &mut self.parts[p];
         match extended {
-            Extended::Charged(charged) => part.charged.push(charged),
+            Extended::Charged(charged) => {
+                part.charged.push(charged);
+                // A long stream asks for more each time: few store calls
+                // however small its reservation.
+                part.step = part
+                    .step
+                    .saturating_mul(2)
+                    .min((part.capacity / 10).max(part.step));
+            }
             Extended::Uncharged => {}
             Extended::Denied { remaining, retry } => {
                 part.retry = retry;
@@ -531,8 +581,15 @@ impl Metering {
                 let usage = meter.finish();
                 match ending {
                     Ending::Done => usage.cost(),
-                    // What the client was sent, up to the cut.
-                    Ending::Cut => Some(sent.get(m).copied().unwrap_or(0)),
+                    // What the client was sent, up to the cut, or what the
+                    // upstream reported if that is more (the usage of an
+                    // event that was cut is still what it spent).
+                    Ending::Cut => Some(
+                        sent.get(m)
+                            .copied()
+                            .unwrap_or(0)
+                            .max(usage.reported.unwrap_or(0)),
+                    ),
                     // What was counted, if anything was: a stream left
                     // before its usage came pays its deltas so far.
                     Ending::Left => {
@@ -543,12 +600,14 @@ impl Metering {
             .collect();
         let mut settles = Vec::new();
         for p in &self.parts {
-            let released = p.release_on_5xx && self.status >= 500;
             let measured = match p.measure {
-                _ if released => Some(0),
                 Measure::Header(_) => p.read,
                 Measure::Usage(_) => p.meter.and_then(|m| usages[m]),
             };
+            // Only a failure that measured nothing, and that the upstream
+            // answered itself, is given back.
+            let released =
+                p.release_on_5xx && self.status >= 500 && measured.is_none() && !self.unanswered;
             let charged: u64 = p.charged.iter().map(|c| c.cost).sum();
             let how = match (measured, ending) {
                 _ if released => Settled::Released,

@@ -831,6 +831,20 @@ impl Policy {
         fields
     }
 
+    /// Whether a budget rule that reserves what the request's body asks
+    /// may apply to a request with these parts: whether a
+    /// [`ReadRequestLayer`](crate::ReadRequestLayer) in front should read
+    /// its body. Any other request is passed on unread, so that reading
+    /// bodies costs nothing to the requests no budget counts. (A host
+    /// compared with a forwarded one counts as matching: reading a body too
+    /// many is the safe side.)
+    pub fn reads_body(&self, parts: &Parts) -> bool {
+        self.rules.iter().any(|rule| {
+            matches!(&rule.cost, Cost::Response(b) if matches!(b.reserve, Reserve::Request { .. }))
+                && rule.matches(parts, true).unwrap_or(true)
+        })
+    }
+
     /// How clients are identified (trusted proxies, headers).
     pub fn client_settings(&self) -> &Clients {
         &self.clients

@@ -116,6 +116,12 @@ impl ForwardError {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if let Self::ResponseTimeout(_) | Self::Unreachable(_) = self {
+            // The request may have reached the upstream, which may have
+            // worked on it: a budget must not give its reservation back.
+            res.extensions_mut()
+                .insert(spillway_tower::budget::Unanswered);
+        }
         res
     }
 

@@ -307,8 +307,12 @@ where
         parts.extensions.insert(TrustedPeer);
     }
     let limited = engine.layer.layer(forward);
+    let read = engine
+        .read_request
+        .as_ref()
+        .filter(|_| engine.layer.policy().reads_body(&parts));
     let req = Request::from_parts(parts, body);
-    match &engine.read_request {
+    match read {
         None => Box::pin(limited.oneshot(req)),
         // A budget rule reserves what the body asks: read it first.
         Some(read) => Box::pin(read.layer(limited).oneshot(req)),

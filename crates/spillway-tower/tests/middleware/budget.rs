@@ -18,14 +18,14 @@ use http_body_util::BodyExt;
 use spillway::Quota;
 use spillway::algorithm::FixedWindow;
 use spillway::store::{Check, MemoryStore, RuleId};
-use spillway_tower::budget::{Overrun, Reserve, ResponseCost};
+use spillway_tower::budget::{Overrun, RequestReserve, Reserve, ResponseCost, Unanswered};
 use spillway_tower::usage::UsageField;
 use spillway_tower::{
     BudgetEvent, Cost, HttpRule, Observer, Policy, RateLimitLayer, Settled, TokioClock,
 };
 use tower::ServiceExt;
 
-use crate::support::{body_string, header_u64, memory_layer, req};
+use crate::support::{CountingStore, body_string, header_u64, memory_layer, req};
 
 const CLIENT: &str = "192.0.2.7";
 
@@ -125,6 +125,55 @@ fn upstream() -> Router {
             }),
         )
         .route("/text", get(|| async { "no usage here" }))
+        .route(
+            "/reported/{n}/{total}",
+            get(|Path((n, total)): Path<(u64, u64)>| async move {
+                let delta = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+                let usage = format!(
+                    "data: {{\"choices\":[],\"usage\":{{\"total_tokens\":{total}}}}}\n\n"
+                );
+                let chunks = (0..n).map(|_| delta.to_string()).chain([usage]);
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(frames(chunks, None))
+                    .expect("a response")
+            }),
+        )
+        .route(
+            "/unanswered",
+            get(|| async {
+                let mut res = Response::new(Body::from("upstream timed out"));
+                *res.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+                res.extensions_mut().insert(Unanswered);
+                res
+            }),
+        )
+        .route(
+            "/failed-after/{n}",
+            get(|Path(n): Path<u64>| async move {
+                Response::builder()
+                    .status(500)
+                    .header("content-type", "application/json")
+                    .body(Body::from(format!(r#"{{"usage":{{"total_tokens":{n}}}}}"#)))
+                    .expect("a response")
+            }),
+        )
+        .route(
+            "/trailed",
+            get(|| async {
+                let mut trailers = HeaderMap::new();
+                trailers.insert("x-usage", 1.into());
+                let mut res = Response::new(frames(
+                    [
+                        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n".to_string(),
+                        "data: {\"choices\":[".to_string(),
+                    ],
+                    Some(trailers),
+                ));
+                res.headers_mut().insert("content-type", "text/event-stream".parse().expect("a value"));
+                res
+            }),
+        )
         .route(
             "/coded/{n}",
             get(|Path(n): Path<u64>, headers: HeaderMap| async move {
@@ -435,4 +484,92 @@ async fn the_observer_hears_each_reservation_open_and_close_once() {
         .map(|(_, e)| *e)
         .collect();
     assert_eq!(events, [BudgetEvent::Opened, closed(Settled::Left, 100, 1)]);
+}
+
+fn cut_rule(limit: u32, cost: ResponseCost) -> (Router, RateLimitLayer<MemoryStore<TokioClock>>) {
+    let quota = Quota::per_hour(NonZeroU32::new(limit).expect("nonzero"));
+    let rule = HttpRule::new("tokens", FixedWindow::new(quota))
+        .cost(Cost::Response(Box::new(cost.on_overrun(Overrun::Cut))));
+    let layer = memory_layer(Policy::new([rule]));
+    (upstream().layer(layer.clone()), layer)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_cut_before_its_first_event_still_pays_its_prompt() {
+    let (app, layer) = cut_rule(100, reserving(10));
+    let request = req("/deltas/30", CLIENT)
+        .extension(RequestReserve {
+            asked: Vec::new(),
+            prompt_estimate: 500,
+        })
+        .body(Body::empty())
+        .expect("a request");
+    let res = app.clone().oneshot(request).await.expect("infallible");
+    let body = body_string(res).await;
+    assert!(!body.contains("\"content\""), "{body}");
+    assert!(body.starts_with("event: error"), "{body}");
+    assert_eq!(left(&layer).await, 0, "the prompt is charged, as debt");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_whose_usage_event_is_cut_pays_the_usage() {
+    let (app, layer) = cut_rule(100, reserving(10));
+    let body = body_string(get_through(&app, "/reported/5/500").await).await;
+    assert_eq!(body.matches("\"content\"").count(), 5);
+    assert!(body.contains("event: error"), "{body}");
+    assert_eq!(
+        left(&layer).await,
+        0,
+        "the usage reported, not the 5 deltas"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_5xx_is_given_back_only_if_the_upstream_answered_it_and_measured_nothing() {
+    let (app, layer) = app(reserving(300).release_on_5xx(true));
+    body_string(get_through(&app, "/unanswered").await).await;
+    assert_eq!(
+        left(&layer).await,
+        u64::from(LIMIT) - 300,
+        "its answer never came"
+    );
+    body_string(get_through(&app, "/failed-after/40").await).await;
+    assert_eq!(
+        left(&layer).await,
+        u64::from(LIMIT) - 340,
+        "measured: charged"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_stream_on_a_small_reservation_costs_few_store_calls() {
+    let quota = Quota::per_hour(NonZeroU32::new(100_000).expect("nonzero"));
+    let cost = reserving(1).on_overrun(Overrun::Cut);
+    let policy = Policy::new([
+        HttpRule::new("tokens", FixedWindow::new(quota)).cost(Cost::Response(Box::new(cost)))
+    ]);
+    let store = CountingStore::new(policy.store_rules());
+    let layer = RateLimitLayer::new(policy, store).expect("the store fits");
+    let app = upstream().layer(layer.clone());
+    let body = body_string(get_through(&app, "/deltas/2000").await).await;
+    assert_eq!(body.matches("\"content\"").count(), 2000);
+    let calls = layer.store().take_calls().len();
+    assert!(calls <= 4, "{calls} store calls");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_stream_sends_its_trailers_last() {
+    let (app, _layer) = cut_rule(100, reserving(10));
+    let mut body = get_through(&app, "/trailed").await.into_body();
+    let mut kinds = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("no error");
+        kinds.push(if frame.is_trailers() {
+            "trailers"
+        } else {
+            "data"
+        });
+    }
+    assert_eq!(kinds.last(), Some(&"trailers"), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "trailers").count(), 1);
 }
