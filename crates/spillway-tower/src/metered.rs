@@ -350,10 +350,30 @@ impl Metering {
     }
 
     /// At the end of the body, the events whose end only the end of the
-    /// stream shows, staged as any others; whether there were any. (None
-    /// yet: the meter reports every boundary as its bytes come.)
+    /// stream shows (one ended by a lone CR), staged as any others, so that
+    /// a cut stream's last event is charged or cut too; whether there were
+    /// any.
     fn ends_stream(&mut self) -> bool {
-        false
+        if !self.cuts() {
+            return false;
+        }
+        let mut events: Vec<EventEnd> = Vec::new();
+        for (m, (_, meter)) in self.meters.iter_mut().enumerate() {
+            for (k, (end, count)) in meter.end_of_stream().iter().enumerate() {
+                if m == 0 {
+                    events.push((self.tail.len() + end, SmallVec::new()));
+                }
+                if let Some(e) = events.get_mut(k) {
+                    e.1.push(count);
+                }
+            }
+        }
+        if events.is_empty() {
+            return false;
+        }
+        let bytes = self.tail.split().freeze();
+        self.staged = Some((bytes, events));
+        true
     }
 
     /// Whether some part may cut the stream (and so whole events are held

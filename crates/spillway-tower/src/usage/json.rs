@@ -117,6 +117,24 @@ impl JsonScanner {
         self.phase = Phase::Done;
     }
 
+    /// The report [`finish`](Self::finish) would leave in `tally` if the
+    /// body ended now, the scan left as it is.
+    pub(super) fn reported_at_end(&self, tally: &Tally) -> Option<u64> {
+        if self.phase != Phase::Value {
+            return tally.reported;
+        }
+        // As `end_value` then `Tally::replace` would have it: a value that
+        // does not parse, or does not give the field, reports nothing.
+        match &self.capture {
+            Capture::Off => tally.reported,
+            Capture::On(value) => read_usage(value)
+                .ok()
+                .flatten()
+                .and_then(|counts| counts.value(tally.field)),
+            Capture::TooLarge => None,
+        }
+    }
+
     fn byte(&mut self, b: u8, tally: &mut Tally) {
         match self.phase {
             Phase::Start => match b {
@@ -322,7 +340,7 @@ mod tests {
             reported(7)
         );
         // Anthropic's Messages API.
-        let anthropic = r#"{"type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":10,"output_tokens":5,"cache_read_input_tokens":2}}"#;
+        let anthropic = r#"{"type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":10,"output_tokens":5}}"#;
         assert_eq!(total(anthropic), reported(15));
         assert_eq!(
             measure(anthropic.as_bytes(), UsageField::Completion),
@@ -330,6 +348,78 @@ mod tests {
         );
         // Only one of the two: the total is not known.
         assert_eq!(total(r#"{"usage":{"prompt_tokens":3}}"#), MALFORMED);
+    }
+
+    #[test]
+    fn anthropic_cache_tokens_are_prompt_tokens() {
+        // Anthropic counts the tokens its cache wrote and read apart from
+        // `input_tokens`; they are billed, so they are the prompt's.
+        let body = r#"{"type":"message","usage":{"input_tokens":3,"cache_creation_input_tokens":1000,"cache_read_input_tokens":20000,"output_tokens":5}}"#;
+        assert_eq!(total(body), reported(21_008));
+        assert_eq!(
+            measure(body.as_bytes(), UsageField::Prompt),
+            reported(21_003)
+        );
+        assert_eq!(
+            measure(body.as_bytes(), UsageField::Completion),
+            reported(5)
+        );
+        // Each is optional; null is absent; the sum saturates.
+        let body = r#"{"usage":{"input_tokens":3,"cache_creation_input_tokens":null,"cache_read_input_tokens":7,"output_tokens":1}}"#;
+        assert_eq!(total(body), reported(11));
+        let body = r#"{"usage":{"input_tokens":18446744073709551615,"cache_read_input_tokens":7,"output_tokens":1}}"#;
+        assert_eq!(total(body), reported(u64::MAX));
+        // A cache count that is not a count is malformed, as any count.
+        let body =
+            r#"{"usage":{"input_tokens":3,"cache_read_input_tokens":"7","output_tokens":1}}"#;
+        assert_eq!(total(body), MALFORMED);
+        // OpenAI's `prompt_tokens` already includes its cached tokens, and
+        // so does a proxy's that adds Anthropic's cache counts beside it.
+        let openai = r#"{"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,"prompt_tokens_details":{"cached_tokens":1920}}}"#;
+        assert_eq!(
+            measure(openai.as_bytes(), UsageField::Prompt),
+            reported(2006)
+        );
+        let proxy = r#"{"usage":{"prompt_tokens":2006,"completion_tokens":300,"cache_read_input_tokens":1920}}"#;
+        assert_eq!(total(proxy), reported(2306));
+    }
+
+    #[test]
+    fn a_responses_api_body_has_its_usage_at_the_top() {
+        let body = r#"{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"Hi"}]}],"usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":32},"output_tokens":87,"output_tokens_details":{"reasoning_tokens":64},"total_tokens":123}}"#;
+        assert_eq!(total(body), reported(123));
+        // Cached tokens are a part of `input_tokens` here, not added to it.
+        assert_eq!(measure(body.as_bytes(), UsageField::Prompt), reported(36));
+        assert_eq!(
+            measure(body.as_bytes(), UsageField::Completion),
+            reported(87)
+        );
+    }
+
+    #[test]
+    fn reported_is_what_finish_would_report() {
+        let body = br#"{"id":"x","usage":{"total_tokens":5},"choices":[]}"#;
+        for i in 0..=body.len() {
+            let mut meter = UsageMeter::json(UsageField::Total);
+            meter.feed(&body[..i]);
+            let now = meter.reported();
+            // Asking changes nothing.
+            assert_eq!(meter.reported(), now);
+            assert!(meter.end_of_stream().is_empty());
+            assert_eq!(meter.finish().reported, now, "cut at {i}");
+        }
+        let mut meter = UsageMeter::json(UsageField::Total);
+        meter.feed(br#"{"usage":{"total_tokens":5}"#);
+        assert_eq!(meter.reported(), Some(5));
+        meter.feed(b",\"usage\":{\"total_tok");
+        // A later duplicate, cut: it replaces the first, and reads as nothing.
+        assert_eq!(meter.reported(), None);
+        meter.feed(br#"ens":9}}"#);
+        assert_eq!(meter.reported(), Some(9));
+        let mut meter = UsageMeter::json(UsageField::Total);
+        meter.feed(br#"{"usage":{"total_tokens":5,"pad":""#);
+        meter.feed("x".repeat(MAX_USAGE).as_bytes());
+        assert_eq!(meter.reported(), None);
     }
 
     #[test]

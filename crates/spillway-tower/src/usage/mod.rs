@@ -3,7 +3,8 @@
 //!
 //! A [`UsageMeter`] looks at each chunk of a response body as the caller
 //! forwards it; it never holds the body back and never buffers it. It reads
-//! the OpenAI-compatible `usage` object (and Anthropic's split one) of:
+//! the OpenAI-compatible `usage` object (Chat Completions, legacy
+//! Completions and the Responses API; Anthropic's split one too) of:
 //!
 //! - a **JSON body** (`application/json`): a streaming scanner finds the
 //!   top-level object's own `usage` member (never one inside a string or
@@ -11,9 +12,20 @@
 //!   bytes, at most 64 KiB;
 //! - an **event stream** (`text/event-stream`), parsed by the WHATWG
 //!   server-sent events rules: each event's data (at most 1 MiB) is read as
-//!   JSON for its `usage` and its content deltas. [`UsageMeter::feed`]
-//!   also tells where each event ends, so that a stream can be cut exactly
-//!   between two events and ended with [`cut_event`].
+//!   JSON for its `usage` (top-level, or the Responses API's
+//!   `response.usage`) and its deltas. Every kind of output counts as a
+//!   delta, not only text: reasoning, tool calls, audio, refusals and
+//!   whatever an upstream adds (see [`UsageMeter::event_stream`]).
+//!   [`UsageMeter::feed`] also tells where each event ends, so that a
+//!   stream can be cut exactly between two events and ended with
+//!   [`cut_event`]; [`UsageMeter::end_of_stream`] tells where the last one
+//!   ends when only the end of the body could tell.
+//!
+//! A prompt's count includes the tokens of a prompt cache. OpenAI's
+//! `prompt_tokens` (and the Responses API's `input_tokens`) count them
+//! already; Anthropic's `input_tokens` does not, so there the prompt's
+//! count is `input_tokens` plus `cache_creation_input_tokens` plus
+//! `cache_read_input_tokens`.
 //!
 //! Its memory stays bounded whatever the upstream sends; what it cannot
 //! read makes the result [`malformed`](Usage::malformed), never a panic.
@@ -120,17 +132,48 @@ impl UsageMeter {
     /// makes the result malformed) is read as JSON, except `[DONE]`:
     ///
     /// - a top-level `usage` object (OpenAI's last chunk, Anthropic's
-    ///   `message_delta`) and the prompt count of Anthropic's
-    ///   `message_start` (`message.usage.input_tokens`) are merged over
-    ///   the counts seen before, the latest winning; the field's value,
-    ///   once they give it, is the report (for [`UsageField::Total`] with
-    ///   Anthropic: the input of `message_start` plus the output of the
-    ///   latest `message_delta`);
-    /// - each choice whose `delta` has a non-empty `content`,
-    ///   `reasoning_content`, `refusal` or `tool_calls` counts one delta,
-    ///   as does each Anthropic `content_block_delta` event;
+    ///   `message_delta`), the `response.usage` of an OpenAI Responses API
+    ///   event (one whose `type` starts with `response.`, such as
+    ///   `response.completed`) and the prompt count of Anthropic's
+    ///   `message_start` (`message.usage`) are merged over the counts seen
+    ///   before, the latest winning; the field's value, once they give it,
+    ///   is the report (for [`UsageField::Total`] with Anthropic: the
+    ///   input of `message_start` plus the output of the latest
+    ///   `message_delta`);
+    /// - deltas are counted, one for each:
+    ///   - choice (in `choices`) whose `delta` has any member but `role`
+    ///     with a value that is not empty (a non-empty string, array or
+    ///     object, a number or a boolean): `content`, `reasoning_content`,
+    ///     `reasoning`, `refusal`, `tool_calls`, `function_call`, `audio`
+    ///     and whatever an upstream adds, so that no kind of output streams
+    ///     free; or, in a legacy completions stream, whose `text` is a
+    ///     non-empty string;
+    ///   - Responses API event whose `type` ends with `.delta` (such as
+    ///     `response.output_text.delta` or
+    ///     `response.reasoning_summary_text.delta`) and whose `delta` is
+    ///     not empty;
+    ///   - Anthropic `content_block_delta` event;
     /// - data that is not JSON, or a `usage` that cannot be read, makes
     ///   the result malformed and counts nothing.
+    ///
+    /// The prompt's count in a `usage` is OpenAI's `prompt_tokens` (which
+    /// includes its cached tokens) or else Anthropic's `input_tokens` plus
+    /// its `cache_creation_input_tokens` and `cache_read_input_tokens`
+    /// (which it does not include).
+    ///
+    /// ```
+    /// use spillway_tower::usage::{UsageField, UsageMeter};
+    ///
+    /// let mut meter = UsageMeter::event_stream(UsageField::Total);
+    /// meter.feed(b"data: {\"choices\":[{\"delta\":{\"reasoning\":\"Hm\"}}]}\n\n");
+    /// meter.feed(b"data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n");
+    /// assert_eq!(meter.counted(), 2);
+    /// meter.feed(concat!(
+    ///     "data: {\"type\":\"response.completed\",\"response\":",
+    ///     "{\"usage\":{\"input_tokens\":5,\"output_tokens\":2,\"total_tokens\":7}}}\n\n",
+    /// ).as_bytes());
+    /// assert_eq!(meter.reported(), Some(7));
+    /// ```
     pub fn event_stream(field: UsageField) -> Self {
         Self {
             body: Body::EventStream(EventStream::default()),
@@ -182,7 +225,8 @@ impl UsageMeter {
     /// a caller can cut the stream exactly between two events. A blank
     /// line ended by a CR that is the last byte of a chunk is reported with
     /// the next chunk, at offset 0 (or 1 when that chunk starts with the
-    /// LF of a CRLF): only then is it known where the line end ends. For
+    /// LF of a CRLF), or by [`end_of_stream`](Self::end_of_stream) if no
+    /// chunk follows: only then is it known where the line end ends. For
     /// JSON, returns no boundaries.
     pub fn feed(&mut self, chunk: &[u8]) -> Boundaries {
         let mut boundaries = Boundaries::default();
@@ -197,9 +241,11 @@ impl UsageMeter {
     /// The running count so far: the largest of the usage reported so far
     /// (by the field) and the estimate (for [`UsageField::Total`], the
     /// prompt's cost plus the deltas counted; for `Prompt`, the prompt's
-    /// cost; for `Completion`, the deltas). The prompt's cost is the
-    /// upstream's own count once it sent one (Anthropic's
-    /// `message_start`), else [`set_prompt_estimate`](Self::set_prompt_estimate)'s.
+    /// cost; for `Completion`, the deltas). The prompt's cost is
+    /// [`set_prompt_estimate`](Self::set_prompt_estimate)'s, or the
+    /// upstream's own count (Anthropic's `message_start`) once it sent one
+    /// if that is more: a count from the upstream never lowers the
+    /// estimate.
     ///
     /// It never decreases, even when a later report is smaller than what
     /// was counted before: a caller charges as the body goes, by the
@@ -207,6 +253,68 @@ impl UsageMeter {
     /// have it refund in the middle of a response.
     pub fn counted(&self) -> u64 {
         self.tally.counted
+    }
+
+    /// The usage the upstream has reported so far for the field, if it has:
+    /// what [`finish`](Self::finish) would give as
+    /// [`Usage::reported`] if the body ended now.
+    ///
+    /// A caller settling a stream left midway charges this when there is
+    /// one (it counts tokens) rather than the high-water
+    /// [`counted`](Self::counted). Unlike `counted`, it follows the
+    /// upstream: a later report may be smaller than an earlier one. For a
+    /// JSON body cut in its `usage` value, what there is of the value is
+    /// parsed (as `finish` would), each time this is called.
+    ///
+    /// ```
+    /// use spillway_tower::usage::{UsageField, UsageMeter};
+    ///
+    /// let mut meter = UsageMeter::event_stream(UsageField::Total);
+    /// meter.set_prompt_estimate(50);
+    /// meter.feed(b"data: {\"choices\":[],\"usage\":{\"total_tokens\":30}}\n\n");
+    /// assert_eq!((meter.counted(), meter.reported()), (50, Some(30)));
+    /// ```
+    pub fn reported(&self) -> Option<u64> {
+        match &self.body {
+            Body::Json(scanner) => scanner.reported_at_end(&self.tally),
+            Body::EventStream(_) => self.tally.reported,
+        }
+    }
+
+    /// The body has ended: its last chunk was fed. Settles what only the
+    /// end tells, and returns the boundaries it resolves.
+    ///
+    /// An event stream whose last blank line ends with a lone CR (which
+    /// [`feed`](Self::feed) holds, waiting to see whether a LF follows)
+    /// has that event's boundary reported here. Its offset is relative to
+    /// the end of the last chunk fed: 0 means "at the end of what was
+    /// fed", so the whole stream ends with whole events. An event not
+    /// ended by a blank line is discarded, never read (as a client would
+    /// discard it, by the WHATWG rules). For JSON, there are no
+    /// boundaries, and nothing changes: [`finish`](Self::finish) reads a
+    /// `usage` value the body was cut in.
+    ///
+    /// Call it once, then [`finish`](Self::finish); calling it again
+    /// returns no boundaries. The meter is not meant to be fed after it
+    /// (what is, is read as new events, never as the rest of a discarded
+    /// one).
+    ///
+    /// ```
+    /// use spillway_tower::usage::{UsageField, UsageMeter};
+    ///
+    /// let mut meter = UsageMeter::event_stream(UsageField::Completion);
+    /// let chunk = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\r\r";
+    /// // The last CR may be the start of a CRLF: the boundary waits.
+    /// assert!(meter.feed(chunk).is_empty());
+    /// assert_eq!(meter.end_of_stream().as_slice(), &[(0, 1)]);
+    /// assert_eq!(meter.finish().cost(), Some(1));
+    /// ```
+    pub fn end_of_stream(&mut self) -> Boundaries {
+        let mut boundaries = Boundaries::default();
+        if let Body::EventStream(stream) = &mut self.body {
+            stream.end_metered(&mut self.tally, &mut boundaries);
+        }
+        boundaries
     }
 
     /// Sets an estimate of the prompt's cost (known from the request), used
@@ -222,7 +330,9 @@ impl UsageMeter {
     /// The body has ended (or was abandoned): what was measured. An event
     /// that was not ended by its blank line is not read (as a client would
     /// not dispatch it); a JSON `usage` member whose value is complete
-    /// counts even when the body was cut after it.
+    /// counts even when the body was cut after it. It may follow
+    /// [`end_of_stream`](Self::end_of_stream) or not: the usage is the
+    /// same.
     pub fn finish(mut self) -> Usage {
         if let Body::Json(scanner) = &mut self.body {
             scanner.finish(&mut self.tally);
@@ -285,12 +395,13 @@ pub struct Usage {
     /// usage object seen, merged with the earlier ones of a stream; see
     /// [`UsageField`]), if it did.
     pub reported: Option<u64>,
-    /// Content deltas counted in an event stream (0 for JSON).
+    /// Deltas counted in an event stream (0 for JSON): chunks of output of
+    /// any kind (see [`UsageMeter::event_stream`]).
     pub deltas: u64,
     /// The cost as estimated from the stream, when any delta was counted:
-    /// for [`UsageField::Total`], the prompt's cost (the upstream's count
-    /// if it sent one, else the estimate set) plus the deltas; for
-    /// `Completion`, the deltas; for `Prompt`, always None (deltas say
+    /// for [`UsageField::Total`], the prompt's cost (the estimate set, or
+    /// the upstream's count if it sent one that is more) plus the deltas;
+    /// for `Completion`, the deltas; for `Prompt`, always None (deltas say
     /// nothing of a prompt).
     pub estimated: Option<u64>,
     /// Something could not be read: a usage object of the wrong shape or
@@ -389,8 +500,25 @@ impl Counts {
                 Some(v) => v.as_u64().map(Some).ok_or(Malformed),
             }
         };
+        // OpenAI's `prompt_tokens` already counts its cached tokens
+        // (`prompt_tokens_details.cached_tokens` is a part of it), and so
+        // does a proxy's that adds Anthropic's cache counts beside it.
+        // Anthropic's `input_tokens` does not: the tokens written to and
+        // read from its cache are billed, and counted, apart.
+        let input = match count(&["prompt_tokens"])? {
+            Some(prompt) => Some(prompt),
+            None => {
+                let parts = [
+                    count(&["input_tokens"])?,
+                    count(&["cache_creation_input_tokens"])?,
+                    count(&["cache_read_input_tokens"])?,
+                ];
+                // Saturating: hostile counts must not overflow.
+                parts.into_iter().flatten().reduce(u64::saturating_add)
+            }
+        };
         let counts = Self {
-            input: count(&["prompt_tokens", "input_tokens"])?,
+            input,
             output: count(&["completion_tokens", "output_tokens"])?,
             total: count(&["total_tokens"])?,
         };
@@ -474,10 +602,16 @@ impl Tally {
         }
     }
 
-    /// The prompt's cost: the upstream's count when it sent one, else the
-    /// caller's estimate.
+    /// The prompt's cost while no full report settles it: the larger of
+    /// the caller's estimate and the upstream's count, if it sent one.
+    ///
+    /// Never the upstream's count alone: Anthropic sends its prompt's
+    /// count first, in `message_start`, and a stream left after it, before
+    /// the report that ends it, would otherwise cost less than was
+    /// estimated for it before a byte came back. Only a report that gives
+    /// the field (`reported`) is taken as it is.
     fn prompt(&self) -> u64 {
-        self.counts.input.unwrap_or(self.prompt_estimate)
+        self.counts.input.unwrap_or(0).max(self.prompt_estimate)
     }
 
     /// The cost from the deltas, without a report.

@@ -103,14 +103,32 @@ impl EventStream {
     /// Reads the next chunk into `tally`, and where its events end into
     /// `boundaries`.
     pub(super) fn meter(&mut self, chunk: &[u8], tally: &mut Tally, boundaries: &mut Boundaries) {
-        self.feed(chunk, &mut |step| match step {
-            Step::Event(data) => {
-                read_event(data, tally);
-                tally.update_counted();
-            }
-            Step::TooLarge => tally.malformed = true,
-            Step::Boundary(end) => boundaries.push(end, tally.counted),
-        });
+        self.feed(chunk, &mut |step| take_step(step, tally, boundaries));
+    }
+
+    /// The stream has ended: reads what only its end tells into `tally`
+    /// and `boundaries`.
+    pub(super) fn end_metered(&mut self, tally: &mut Tally, boundaries: &mut Boundaries) {
+        self.end(&mut |step| take_step(step, tally, boundaries));
+    }
+
+    /// The stream has ended. A blank line ended by a lone CR was a line
+    /// end after all (no LF can follow now): its boundary is at the end,
+    /// offset 0 past the last chunk. An event not ended by a blank line is
+    /// discarded, undispatched (WHATWG: "If the file ends in the middle of
+    /// an event, before the final empty line, the incomplete event is not
+    /// dispatched").
+    pub(super) fn end(&mut self, sink: &mut impl FnMut(Step<'_>)) {
+        if std::mem::take(&mut self.cr_blank) {
+            sink(Step::Boundary(0));
+        }
+        // Whatever comes after, if anything is fed still, starts anew: the
+        // discarded event's data must not join a later one's, and its
+        // memory (up to MAX_EVENT) is not kept for nothing.
+        *self = Self {
+            bom: None,
+            ..Self::default()
+        };
     }
 
     /// Parses the next chunk.
@@ -281,6 +299,18 @@ impl EventStream {
     }
 }
 
+/// Applies what the parser found to what is measured.
+fn take_step(step: Step<'_>, tally: &mut Tally, boundaries: &mut Boundaries) {
+    match step {
+        Step::Event(data) => {
+            read_event(data, tally);
+            tally.update_counted();
+        }
+        Step::TooLarge => tally.malformed = true,
+        Step::Boundary(end) => boundaries.push(end, tally.counted),
+    }
+}
+
 /// What an event's data says: a `usage` (OpenAI's, or Anthropic's in
 /// `message_delta`, and its prompt's in `message_start`) and deltas.
 fn read_event(data: &[u8], tally: &mut Tally) {
@@ -311,6 +341,15 @@ fn read_event(data: &[u8], tally: &mut Tally) {
     if let Some(usage) = event.get("usage") {
         merge(tally, Counts::read(usage));
     }
+    // The Responses API nests its usage in the response object, which its
+    // `response.completed` (and `.incomplete`, `.failed`) events carry;
+    // earlier ones have it null. Only there: any other event may well
+    // echo an object named `response` that is none of this meter's.
+    if kind.is_some_and(|kind| kind.starts_with("response."))
+        && let Some(usage) = event.get("response").and_then(|r| r.get("usage"))
+    {
+        merge(tally, Counts::read(usage));
+    }
     tally.deltas = tally.deltas.saturating_add(deltas_in(&event, kind));
 }
 
@@ -323,34 +362,60 @@ fn merge(tally: &mut Tally, usage: Result<Option<Counts>, Malformed>) {
     }
 }
 
-/// The content deltas of an event: one per choice whose delta says
-/// something (OpenAI), or one for a `content_block_delta` (Anthropic).
+/// The deltas of an event: one for an Anthropic `content_block_delta`,
+/// one for a Responses API `*.delta` event that says something, and one
+/// per choice that says something (Chat Completions, legacy Completions).
+///
+/// What says something is any member but a delta's `role`, not by a list
+/// of known names: upstreams keep adding kinds of output (`reasoning`,
+/// `audio`, ...), and one left off the list would stream for free.
 fn deltas_in(event: &Value, kind: Option<&str>) -> u64 {
-    if kind == Some("content_block_delta") {
-        return 1;
-    }
-    let Some(choices) = event.get("choices").and_then(Value::as_array) else {
-        return 0;
+    let typed = match kind {
+        Some("content_block_delta") => true,
+        Some(kind) if kind.ends_with(".delta") => event.get("delta").is_some_and(says_something),
+        _ => false,
     };
-    let says_something = |delta: &Value| {
-        let text = |name| {
+    let choices = event
+        .get("choices")
+        .and_then(Value::as_array)
+        .map_or(0, |choices| {
+            choices
+                .iter()
+                .filter(|choice| choice_says_something(choice))
+                .count()
+        });
+    u64::from(typed).saturating_add(choices as u64)
+}
+
+/// Whether a choice of a stream's chunk carries output: its `delta` has a
+/// member other than `role` that says something, or (a legacy completion)
+/// its `text` is a non-empty string.
+fn choice_says_something(choice: &Value) -> bool {
+    let delta = choice
+        .get("delta")
+        .and_then(Value::as_object)
+        .is_some_and(|delta| {
             delta
-                .get(name)
-                .and_then(Value::as_str)
-                .is_some_and(|s| !s.is_empty())
-        };
-        text("content")
-            || text("reasoning_content")
-            || text("refusal")
-            || delta
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .is_some_and(|calls| !calls.is_empty())
-    };
-    choices
-        .iter()
-        .filter(|choice| choice.get("delta").is_some_and(says_something))
-        .count() as u64
+                .iter()
+                .any(|(name, value)| name != "role" && says_something(value))
+        });
+    let text = choice
+        .get("text")
+        .and_then(Value::as_str)
+        .is_some_and(|text| !text.is_empty());
+    delta || text
+}
+
+/// Whether a value is not empty: a non-empty string, array or object, a
+/// number or a boolean (null and `""`, `[]`, `{}` say nothing).
+fn says_something(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Bool(_) | Value::Number(_) => true,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(items) => !items.is_empty(),
+        Value::Object(members) => !members.is_empty(),
+    }
 }
 
 #[cfg(test)]
@@ -455,6 +520,45 @@ mod tests {
     fn an_unterminated_event_is_not_dispatched() {
         assert!(events("data: a\n").is_empty());
         assert!(events("data: a").is_empty());
+        // Not at the end of the stream either.
+        for stream in ["data: a\n", "data: a\r", "data: a\r\n", "data: a"] {
+            let mut parser = EventStream::default();
+            let mut steps = 0;
+            parser.feed(stream.as_bytes(), &mut |_| steps += 1);
+            parser.end(&mut |_| steps += 1);
+            assert_eq!(steps, 0, "{stream:?}");
+            // Nor does it join what is fed after.
+            let mut events = Vec::new();
+            parser.feed(b"data: b\n\n", &mut |step| {
+                if let Step::Event(data) = step {
+                    events.push(data.to_vec());
+                }
+            });
+            assert_eq!(events, [b"b".to_vec()], "{stream:?}");
+        }
+    }
+
+    #[test]
+    fn the_end_resolves_a_blank_line_ended_by_a_cr() {
+        let mut parser = EventStream::default();
+        let mut steps = Vec::new();
+        parser.feed(b"data: a\r\r", &mut |step| {
+            steps.push(format!("{step:?}"));
+        });
+        assert_eq!(steps, ["Event([97])"]);
+        parser.end(&mut |step| steps.push(format!("{step:?}")));
+        assert_eq!(steps, ["Event([97])", "Boundary(0)"]);
+        // Once.
+        parser.end(&mut |step| steps.push(format!("{step:?}")));
+        assert_eq!(steps.len(), 2);
+        // Nothing to resolve when the blank line's end was known.
+        for stream in ["data: a\n\n", "data: a\r\n\r\n", "data: a\r\r\n", ""] {
+            let mut parser = EventStream::default();
+            parser.feed(stream.as_bytes(), &mut |_| {});
+            let mut steps = 0;
+            parser.end(&mut |_| steps += 1);
+            assert_eq!(steps, 0, "{stream:?}");
+        }
     }
 
     #[test]
@@ -518,6 +622,109 @@ mod tests {
     }
 
     #[test]
+    fn every_kind_of_output_is_a_delta() {
+        let counted = [
+            // Ollama's and OpenRouter's reasoning.
+            r#"{"choices":[{"delta":{"role":"assistant","reasoning":"Let me think"}}]}"#,
+            r#"{"choices":[{"delta":{"content":null,"reasoning_details":[{"type":"reasoning.text","text":"x"}]}}]}"#,
+            // The deprecated function calls, audio, an upstream's own.
+            r#"{"choices":[{"delta":{"function_call":{"arguments":"{\"a\""}}}]}"#,
+            r#"{"choices":[{"delta":{"audio":{"id":"a1","data":"UklGR"}}}]}"#,
+            r#"{"choices":[{"delta":{"thinking":"hm"}}]}"#,
+            r#"{"choices":[{"delta":{"x":0}}]}"#,
+            r#"{"choices":[{"delta":{"x":false}}]}"#,
+            // Legacy completions (`/v1/completions`).
+            r#"{"object":"text_completion","choices":[{"text":"Hello","index":0,"finish_reason":null}]}"#,
+            // The Responses API.
+            r#"{"type":"response.output_text.delta","item_id":"m1","output_index":0,"content_index":0,"delta":"Hi"}"#,
+            r#"{"type":"response.reasoning_summary_text.delta","item_id":"r1","delta":"Thinking"}"#,
+            r#"{"type":"response.function_call_arguments.delta","item_id":"f1","delta":"{\"a\""}"#,
+            r#"{"type":"response.audio.delta","delta":"UklGR"}"#,
+        ];
+        for data in counted {
+            let usage = meter(&format!("data: {data}\n\n"), UsageField::Completion);
+            assert_eq!((usage.deltas, usage.malformed), (1, false), "{data}");
+        }
+        let not_counted = [
+            r#"{"choices":[{"delta":{"role":"assistant"}}]}"#,
+            r#"{"choices":[{"delta":{"role":"assistant","content":"","reasoning":null,"tool_calls":[],"audio":{}}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"text":"","finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"text":null,"delta":null}]}"#,
+            r#"{"choices":[{"message":{"content":"x"}}]}"#,
+            r#"{"type":"response.output_text.delta","delta":""}"#,
+            r#"{"type":"response.created","response":{"output":[{"content":"x"}],"usage":null}}"#,
+            r#"{"type":"response.output_text.done","text":"Hi"}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"}}"#,
+        ];
+        for data in not_counted {
+            let usage = meter(&format!("data: {data}\n\n"), UsageField::Completion);
+            assert_eq!((usage.deltas, usage.malformed), (0, false), "{data}");
+        }
+        // One per choice that says something, however much it says.
+        let two = r#"{"choices":[{"delta":{"content":"a","reasoning":"b"}},{"text":"c","delta":{"content":"d"}},{"delta":{"role":"assistant"}}]}"#;
+        assert_eq!(
+            meter(&format!("data: {two}\n\n"), UsageField::Total).deltas,
+            2
+        );
+    }
+
+    /// An OpenAI Responses API stream, as `stream: true` sends it.
+    const RESPONSES: &str = concat!(
+        "event: response.created\n",
+        "data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[],\"usage\":null}}\n\n",
+        "event: response.reasoning_summary_text.delta\n",
+        "data: {\"type\":\"response.reasoning_summary_text.delta\",\"sequence_number\":1,\"item_id\":\"rs_1\",\"output_index\":0,\"summary_index\":0,\"delta\":\"Hm\"}\n\n",
+        "event: response.output_text.delta\n",
+        "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":2,\"item_id\":\"msg_1\",\"output_index\":1,\"content_index\":0,\"delta\":\"Hi\"}\n\n",
+        "event: response.output_text.delta\n",
+        "data: {\"type\":\"response.output_text.delta\",\"sequence_number\":3,\"item_id\":\"msg_1\",\"output_index\":1,\"content_index\":0,\"delta\":\"!\"}\n\n",
+        "event: response.output_text.done\n",
+        "data: {\"type\":\"response.output_text.done\",\"sequence_number\":4,\"item_id\":\"msg_1\",\"text\":\"Hi!\"}\n\n",
+        "event: response.completed\n",
+        "data: {\"type\":\"response.completed\",\"sequence_number\":5,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"usage\":{\"input_tokens\":36,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":87,\"output_tokens_details\":{\"reasoning_tokens\":64},\"total_tokens\":123}}}\n\n",
+    );
+
+    #[test]
+    fn a_responses_api_stream_reports_its_nested_usage() {
+        let usage = meter(RESPONSES, UsageField::Total);
+        assert_eq!(
+            usage,
+            Usage {
+                reported: Some(123),
+                deltas: 3,
+                // The upstream's prompt count (no estimate set) and the deltas.
+                estimated: Some(39),
+                malformed: false
+            }
+        );
+        assert_eq!(meter(RESPONSES, UsageField::Prompt).reported, Some(36));
+        assert_eq!(meter(RESPONSES, UsageField::Completion).reported, Some(87));
+        // Left before it completed: its deltas, over the estimate.
+        let early = &RESPONSES[..RESPONSES.find("event: response.completed").unwrap()];
+        let mut early_meter = UsageMeter::event_stream(UsageField::Total);
+        early_meter.set_prompt_estimate(40);
+        early_meter.feed(early.as_bytes());
+        assert_eq!((early_meter.counted(), early_meter.reported()), (43, None));
+        // A `response` member is read only in a `response.*` event.
+        for data in [
+            r#"{"type":"tool_result","response":{"usage":{"total_tokens":1}}}"#,
+            r#"{"response":{"usage":{"total_tokens":1}}}"#,
+        ] {
+            let usage = meter(&format!("data: {data}\n\n"), UsageField::Total);
+            assert_eq!((usage.reported, usage.malformed), (None, false), "{data}");
+        }
+        // A failed or incomplete response reports what it spent.
+        let incomplete = r#"{"type":"response.incomplete","response":{"status":"incomplete","usage":{"input_tokens":5,"output_tokens":7,"total_tokens":12}}}"#;
+        let usage = meter(&format!("data: {incomplete}\n\n"), UsageField::Total);
+        assert_eq!(usage.reported, Some(12));
+        // Its usage, unreadable, is malformed as any other.
+        let bad = r#"{"type":"response.completed","response":{"usage":{"total_tokens":"12"}}}"#;
+        let usage = meter(&format!("data: {bad}\n\n"), UsageField::Total);
+        assert_eq!((usage.reported, usage.malformed), (None, true));
+    }
+
+    #[test]
     fn the_latest_usage_wins() {
         let stream = concat!(
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,\"total_tokens\":6}}\n\n",
@@ -577,15 +784,68 @@ mod tests {
         let mut meter = UsageMeter::event_stream(UsageField::Total);
         meter.set_prompt_estimate(100);
         meter.feed(early.as_bytes());
-        // The estimate counted first stays: the count never goes back.
-        assert_eq!(meter.counted(), 100);
+        // The upstream's prompt count (25) does not lower the estimate:
+        // each delta counts over it.
+        assert_eq!(meter.counted(), 102);
+        assert_eq!(meter.reported(), None);
         let usage = meter.finish();
         assert_eq!(usage.reported, None);
-        // The upstream's prompt count replaces the estimate.
-        assert_eq!(usage.cost(), Some(27));
+        assert_eq!(usage.cost(), Some(102));
+        // When it is more than the estimate, it is the prompt's cost.
+        let mut meter = UsageMeter::event_stream(UsageField::Total);
+        meter.set_prompt_estimate(10);
+        meter.feed(early.as_bytes());
+        assert_eq!(meter.counted(), 27);
+        assert_eq!(meter.finish().cost(), Some(27));
         let mut meter = UsageMeter::event_stream(UsageField::Completion);
         meter.feed(early.as_bytes());
         assert_eq!(meter.finish().cost(), Some(2));
+    }
+
+    #[test]
+    fn an_anthropic_prompt_report_never_lowers_the_running_count() {
+        let mut meter = UsageMeter::event_stream(UsageField::Total);
+        meter.set_prompt_estimate(100);
+        let mut counts = Vec::new();
+        for event in ANTHROPIC.split_inclusive("\n\n") {
+            meter.feed(event.as_bytes());
+            counts.push(meter.counted());
+        }
+        // message_start, block start, ping, two deltas, block stop, the
+        // report (40, below the count), stop.
+        assert_eq!(counts, [100, 100, 100, 101, 102, 102, 102, 102]);
+        // The complete report is the cost, as the upstream counted it.
+        assert_eq!(meter.reported(), Some(40));
+        assert_eq!(meter.finish().cost(), Some(40));
+        // For the prompt alone, message_start's count is the report.
+        let mut meter = UsageMeter::event_stream(UsageField::Prompt);
+        meter.set_prompt_estimate(100);
+        meter.feed(ANTHROPIC.as_bytes());
+        assert_eq!((meter.counted(), meter.reported()), (100, Some(25)));
+    }
+
+    #[test]
+    fn an_anthropic_stream_counts_its_cache_tokens() {
+        let stream = ANTHROPIC.replace(
+            "\"usage\":{\"input_tokens\":25,\"output_tokens\":1}",
+            "\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":300,\"cache_read_input_tokens\":4000,\"output_tokens\":1}",
+        );
+        assert_ne!(stream, ANTHROPIC);
+        assert_eq!(meter(&stream, UsageField::Prompt).reported, Some(4325));
+        assert_eq!(meter(&stream, UsageField::Total).reported, Some(4340));
+        assert_eq!(meter(&stream, UsageField::Completion).reported, Some(15));
+        // Left early: the upstream's prompt count, past the estimate.
+        let early = &stream[..stream.find("event: message_delta").unwrap()];
+        let mut early_meter = UsageMeter::event_stream(UsageField::Total);
+        early_meter.set_prompt_estimate(100);
+        early_meter.feed(early.as_bytes());
+        assert_eq!(early_meter.counted(), 4327);
+        // The newer `message_delta`, with every count, cumulative.
+        let stream = stream.replace(
+            "\"usage\":{\"output_tokens\":15}",
+            "\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":300,\"cache_read_input_tokens\":4000,\"output_tokens\":15}",
+        );
+        assert_eq!(meter(&stream, UsageField::Total).reported, Some(4340));
     }
 
     #[test]

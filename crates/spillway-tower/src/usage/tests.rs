@@ -19,9 +19,9 @@ const OPENAI: &str = concat!(
     "data: [DONE]\n\n",
 );
 
-/// Feeds `chunks` to a meter with a prompt estimate of 10: what it
-/// measured, its boundaries at their offsets in the whole stream, and its
-/// count after each chunk.
+/// Feeds `chunks` to a meter with a prompt estimate of 10, then ends the
+/// stream: what it measured, its boundaries at their offsets in the whole
+/// stream, and its count after each chunk.
 fn run(chunks: &[&[u8]], field: UsageField) -> (Usage, Vec<(usize, u64)>, Vec<u64>) {
     let mut meter = UsageMeter::event_stream(field);
     meter.set_prompt_estimate(10);
@@ -36,6 +36,12 @@ fn run(chunks: &[&[u8]], field: UsageField) -> (Usage, Vec<(usize, u64)>, Vec<u6
         at += chunk.len();
         counts.push(meter.counted());
     }
+    for (end, n) in meter.end_of_stream().iter() {
+        // At the end of what was fed: nothing is past it.
+        assert_eq!(end, 0);
+        ends.push((at, n));
+    }
+    assert_eq!(meter.counted(), *counts.last().unwrap_or(&10));
     (meter.finish(), ends, counts)
 }
 
@@ -76,8 +82,9 @@ fn every_split_gives_the_same_usage_and_boundaries() {
         let stream = stream.as_bytes();
         let whole = run(&[stream], UsageField::Total);
         assert_eq!(whole.0.reported, Some(15), "{end:?}");
-        // A trailing lone CR leaves the last boundary unknown.
-        assert_eq!(whole.1.len(), if end == "\r" { 6 } else { 7 });
+        // A trailing lone CR holds the last boundary until the end.
+        assert_eq!(whole.1.len(), 7, "{end:?}");
+        assert_eq!(whole.1.last().unwrap().0, stream.len(), "{end:?}");
         for i in 0..=stream.len() {
             let split = run(&[&stream[..i], &stream[i..]], UsageField::Total);
             assert_eq!(
@@ -232,4 +239,77 @@ fn a_stream_cut_between_events_reads_as_one() {
     let (usage, cut_ends, _) = run(&[&cut], UsageField::Total);
     assert_eq!(cut_ends.last().unwrap().0, cut.len());
     assert_eq!((usage.deltas, usage.malformed), (1, false));
+}
+
+#[test]
+fn the_end_of_stream_releases_a_boundary_held_by_a_cr() {
+    let first = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\r";
+    let last = "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\r";
+    let mut meter = UsageMeter::event_stream(UsageField::Completion);
+    // The first one's boundary is held until the next byte tells.
+    assert!(meter.feed(first.as_bytes()).is_empty());
+    let ends = meter.feed(last.as_bytes());
+    assert_eq!(ends.as_slice(), &[(0, 1)]);
+    // The last event was read (the count has it); its boundary waits.
+    assert_eq!(meter.counted(), 2);
+    // Only the end tells it: at the end of what was fed.
+    assert_eq!(meter.end_of_stream().as_slice(), &[(0, 2)]);
+    // Once; and finish after it reads the same.
+    assert!(meter.end_of_stream().is_empty());
+    let usage = meter.finish();
+    assert_eq!((usage.deltas, usage.cost()), (2, Some(2)));
+}
+
+#[test]
+fn the_end_of_stream_reads_no_unfinished_event() {
+    for tail in [
+        "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r",
+        "data: {\"choices\":[],\"usage\":{\"total_tokens\":99}}\r\n",
+    ] {
+        let mut meter = UsageMeter::event_stream(UsageField::Total);
+        meter.set_prompt_estimate(10);
+        let ends = meter.feed(
+            format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"a\"}}}}]}}\n\n{tail}")
+                .as_bytes(),
+        );
+        assert_eq!(ends.len(), 1);
+        assert!(meter.end_of_stream().is_empty(), "{tail:?}");
+        assert_eq!((meter.counted(), meter.reported()), (11, None), "{tail:?}");
+        let usage = meter.finish();
+        assert_eq!((usage.deltas, usage.cost()), (1, Some(11)), "{tail:?}");
+    }
+}
+
+#[test]
+fn the_end_of_a_json_body_changes_nothing() {
+    let mut meter = UsageMeter::json(UsageField::Total);
+    meter.feed(b"{\"usage\":{\"total_tokens\":4}\r");
+    assert!(meter.end_of_stream().is_empty());
+    // The value the body was cut after is still finish's to read.
+    assert_eq!(meter.reported(), Some(4));
+    assert_eq!(meter.finish().reported, Some(4));
+}
+
+#[test]
+fn reported_is_the_upstreams_report_so_far() {
+    let mut meter = UsageMeter::event_stream(UsageField::Total);
+    meter.set_prompt_estimate(10);
+    assert_eq!(meter.reported(), None);
+    let mut reports = Vec::new();
+    for event in OPENAI.split_inclusive("\n\n") {
+        meter.feed(event.as_bytes());
+        reports.push(meter.reported());
+    }
+    let mut expected = [None; 7];
+    expected[5..].fill(Some(15));
+    assert_eq!(reports, expected);
+    assert_eq!(meter.finish().reported, Some(15));
+    // It follows the upstream down, where the count does not.
+    let mut meter = UsageMeter::event_stream(UsageField::Completion);
+    meter.feed(b"data: {\"usage\":{\"completion_tokens\":8}}\n\n");
+    meter.feed(b"data: {\"usage\":{\"completion_tokens\":5}}\n\n");
+    assert_eq!((meter.counted(), meter.reported()), (8, Some(5)));
+    assert_eq!(meter.finish().reported, Some(5));
 }

@@ -140,6 +140,18 @@ fn upstream() -> Router {
             }),
         )
         .route(
+            "/cr/{n}",
+            get(|Path(n): Path<u64>| async move {
+                // Every event ended by a lone CR: the last one's end shows
+                // only at the end of the stream.
+                let delta = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\r\r";
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(frames((0..n).map(|_| delta.to_string()), None))
+                    .expect("a response")
+            }),
+        )
+        .route(
             "/unanswered",
             get(|| async {
                 let mut res = Response::new(Body::from("upstream timed out"));
@@ -572,4 +584,13 @@ async fn a_cut_stream_sends_its_trailers_last() {
     }
     assert_eq!(kinds.last(), Some(&"trailers"), "{kinds:?}");
     assert_eq!(kinds.iter().filter(|k| **k == "trailers").count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_last_event_ended_by_a_lone_cr_is_cut_too() {
+    let (app, layer) = cut_rule(10, reserving(2));
+    let body = body_string(get_through(&app, "/cr/11").await).await;
+    assert_eq!(body.matches("\"content\"").count(), 10, "{body:?}");
+    assert!(body.contains("event: error"), "{body:?}");
+    assert_eq!(left(&layer).await, 0);
 }
