@@ -37,7 +37,7 @@ use crate::budget::{Measure, Overrun, ResponseCost, Unanswered};
 use crate::engine::{BudgetEvent, Charge, Engine, Held, Settled, settle_id};
 use crate::headers::retry_after_secs;
 use crate::rules::Cost;
-use crate::usage::{UsageField, UsageMeter, cut_event};
+use crate::usage::{Boundaries, UsageField, UsageMeter, cut_event};
 
 /// A boxed future that can cross threads.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -349,6 +349,37 @@ impl Metering {
         }
     }
 
+    /// The events each meter saw end in what `look` gave it: where each
+    /// ended (the meters parse the same bytes, so they agree) and each
+    /// meter's count after it.
+    fn events(&mut self, mut look: impl FnMut(&mut UsageMeter) -> Boundaries) -> Vec<EventEnd> {
+        let mut events: Vec<EventEnd> = Vec::new();
+        for (m, (_, meter)) in self.meters.iter_mut().enumerate() {
+            for (k, (end, count)) in look(meter).iter().enumerate() {
+                if m == 0 {
+                    events.push((end, SmallVec::new()));
+                }
+                if let Some(e) = events.get_mut(k) {
+                    e.1.push(count);
+                }
+            }
+        }
+        events
+    }
+
+    /// The inner body has ended (or sent its trailers): a cut stream's
+    /// last events are staged, or what is held back is returned to go out
+    /// as the upstream sent it (an event never ended, which an SSE client
+    /// drops).
+    fn inner_ended(&mut self) -> Option<Bytes> {
+        self.inner_done = true;
+        if self.ends_stream() {
+            return None;
+        }
+        let rest = self.tail.split().freeze();
+        (!rest.is_empty()).then_some(rest)
+    }
+
     /// At the end of the body, the events whose end only the end of the
     /// stream shows (one ended by a lone CR), staged as any others, so that
     /// a cut stream's last event is charged or cut too; whether there were
@@ -357,16 +388,9 @@ impl Metering {
         if !self.cuts() {
             return false;
         }
-        let mut events: Vec<EventEnd> = Vec::new();
-        for (m, (_, meter)) in self.meters.iter_mut().enumerate() {
-            for (k, (end, count)) in meter.end_of_stream().iter().enumerate() {
-                if m == 0 {
-                    events.push((self.tail.len() + end, SmallVec::new()));
-                }
-                if let Some(e) = events.get_mut(k) {
-                    e.1.push(count);
-                }
-            }
+        let mut events = self.events(UsageMeter::end_of_stream);
+        for e in &mut events {
+            e.0 += self.tail.len();
         }
         if events.is_empty() {
             return false;
@@ -422,14 +446,7 @@ impl Metering {
             }
             let frame = match ready!(body.as_mut().poll_frame(cx)) {
                 None => {
-                    self.inner_done = true;
-                    if self.ends_stream() {
-                        continue;
-                    }
-                    let rest = self.tail.split().freeze();
-                    if !rest.is_empty() {
-                        // A last event never ended: the client gets it as
-                        // the upstream sent it (an SSE client drops it).
+                    if let Some(rest) = self.inner_ended() {
                         return Poll::Ready(Some(Ok(Frame::data(rest))));
                     }
                     continue;
@@ -448,30 +465,15 @@ impl Metering {
                     };
                     self.read_headers(&trailers);
                     // The trailers end the body: what is held back goes
-                    // first (as the end of the body sends it).
-                    self.inner_done = true;
+                    // first.
                     self.trailers = Some(trailers);
-                    if self.ends_stream() {
-                        continue;
-                    }
-                    let rest = self.tail.split().freeze();
-                    if !rest.is_empty() {
+                    if let Some(rest) = self.inner_ended() {
                         return Poll::Ready(Some(Ok(Frame::data(rest))));
                     }
                     continue;
                 }
             };
-            let mut events: Vec<EventEnd> = Vec::new();
-            for (m, (_, meter)) in self.meters.iter_mut().enumerate() {
-                for (k, (end, count)) in meter.feed(&frame).iter().enumerate() {
-                    if m == 0 {
-                        events.push((end, SmallVec::new()));
-                    }
-                    if let Some(e) = events.get_mut(k) {
-                        e.1.push(count);
-                    }
-                }
-            }
+            let mut events = self.events(|meter| meter.feed(&frame));
             if !self.cuts() {
                 return Poll::Ready(Some(Ok(Frame::data(frame))));
             }
