@@ -262,6 +262,21 @@ async fn a_body_that_is_not_json_reserves_the_default_and_reaches_the_upstream_i
     );
 }
 
+#[tokio::test]
+async fn a_body_json_cannot_read_reserves_the_most_and_reaches_the_upstream_intact() {
+    // Python's json reads `NaN`; serde_json does not. What the request
+    // asks is unknown: it reserves `max_reserve` (half the budget), not
+    // the default.
+    let proxy = start(&config("finish")).await;
+    let body = r#"{"max_tokens":90,"temperature":NaN,"deltas":3}"#;
+    let (_, headers, _) = proxy.post(body).await;
+    assert_eq!(headers["x-ratelimit-remaining"], (BUDGET / 2).to_string());
+    assert_eq!(
+        proxy.received.lock().expect("not poisoned")[0],
+        body.as_bytes()
+    );
+}
+
 /// The same budget on a real redis-server: the reservation, the settle and
 /// the charges a cut stream makes as it goes are script calls.
 fn on_redis(config: &str, url: &str) -> String {

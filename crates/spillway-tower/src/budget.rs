@@ -87,9 +87,23 @@ pub struct RequestReserve {
     pub asked: Vec<(String, u64)>,
     /// An estimate of what the request itself costs (its prompt).
     pub prompt_estimate: u64,
+    /// The body could not be read: longer than the reader takes, or not
+    /// JSON its parser accepts, when the upstream's may. What the request
+    /// asks is unknown, so it reserves the most one request may
+    /// ([`ResponseCost::reservation_cap`]): a client gains nothing by
+    /// writing its body for one parser and not the other.
+    pub unreadable: bool,
 }
 
 impl RequestReserve {
+    /// A body that could not be read (see [`unreadable`](Self::unreadable)).
+    pub fn unreadable() -> Self {
+        Self {
+            unreadable: true,
+            ..Self::default()
+        }
+    }
+
     /// The body's `field`, if it has it.
     pub fn asked(&self, field: &str) -> Option<u64> {
         self.asked.iter().find(|(f, _)| f == field).map(|(_, n)| *n)
@@ -224,6 +238,9 @@ impl ResponseCost {
                     (Measure::Usage(UsageField::Completion), _) | (_, None) => 0,
                     (_, Some(h)) => h.prompt_estimate,
                 };
+                if hint.is_some_and(|h| h.unreadable) {
+                    return Ok(self.reservation_cap(capacity));
+                }
                 let output = hint
                     .and_then(|h| h.asked(field))
                     .unwrap_or_else(|| default(*d));
@@ -260,6 +277,7 @@ mod tests {
                     .into_iter()
                     .collect(),
                 prompt_estimate,
+                unreadable: false,
             };
             cost.reservation(&parts(&[], Some(hint)), false, 10_000)
                 .unwrap()
@@ -282,10 +300,20 @@ mod tests {
         let hint = RequestReserve {
             asked: vec![("max_tokens".to_string(), 800)],
             prompt_estimate: 200,
+            unreadable: false,
         };
         assert_eq!(
             completion.reservation(&parts(&[], Some(hint)), false, 10_000),
             Ok(800)
+        );
+        // A body that could not be read reserves the most.
+        let unreadable = RequestReserve {
+            unreadable: true,
+            ..RequestReserve::default()
+        };
+        assert_eq!(
+            completion.reservation(&parts(&[], Some(unreadable)), false, 10_000),
+            Ok(5_000)
         );
     }
 

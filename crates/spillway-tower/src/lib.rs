@@ -46,7 +46,7 @@ pub mod key;
 mod layer;
 mod metered;
 pub mod problem;
-mod read_request;
+pub mod read_request;
 mod response;
 mod rules;
 mod service;

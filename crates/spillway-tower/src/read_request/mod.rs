@@ -6,17 +6,24 @@
 //!
 //! What is read, and what is not:
 //!
-//! - only a body whose `Content-Type` is `application/json` or
-//!   `application/*+json` (case-insensitive, parameters ignored, exactly
-//!   one such header) and whose declared length, if any, is at most
-//!   `max_body`. Any other body is passed on untouched, without a copy.
-//! - at most `max_body` bytes (a frame that crosses the limit is kept
-//!   whole: the bytes exist already). A body longer than that, invalid
-//!   JSON, or JSON whose top level is not an object gets no extension.
-//! - of a duplicated key, the last value: Python's `json`, JavaScript's
-//!   `JSON.parse` and Go's `encoding/json` take the last, so a client
-//!   cannot reserve for `{"max_tokens":1,"max_tokens":5000}` less than the
-//!   upstream will serve.
+//! - a body with no `Content-Type` (Python's FastAPI parses such a body as
+//!   JSON) or with one that is `application/json` or `application/*+json`
+//!   (case-insensitive, parameters ignored; if several are sent, any).
+//!   Any other body is passed on untouched, without a copy or an
+//!   extension, and a rule reserves its default: an upstream that parses
+//!   a body of another type as JSON should get a header reservation.
+//! - at most `max_body` bytes, copied into one buffer as they come (a
+//!   body in one frame is not copied). A longer body, declared or not, is
+//!   [unreadable](RequestReserve::unreadable), as is one that is not JSON
+//!   `serde_json` accepts: what it asks is unknown, so it reserves the
+//!   most a request may, and a client gains nothing by writing a body one
+//!   parser reads and another does not.
+//! - the numbers and keys as the laxest common upstream reads them:
+//!   UTF-16 and UTF-32 bodies (Python), `"8000"`, `8000.0` and `true`
+//!   (pydantic's lax mode), a key in another case (Go). Of a field sent
+//!   more than once, the largest.
+//! - JSON whose top level is not an object asks nothing: the request
+//!   reserves its rule's default (the upstream refuses it).
 //!
 //! A request extension [`RequestReserve`] that was there before is always
 //! removed: only this layer says what a body asks.
@@ -29,7 +36,7 @@
 //!   the unread body), and the inner service is not called. That is why
 //!   the inner service's response body must be buildable from bytes
 //!   (`ResBody: From<Bytes>`: axum's `Body`, `http_body_util::Full`, and
-//!   [`ResponseBody`] are). An error type would have pushed the answer to
+//!   [`ResponseBody`](crate::ResponseBody) are). An error type would have pushed the answer to
 //!   every caller, when a slow client is an answer, not a failure.
 //! - a body that fails while it is read is not answered here: the inner
 //!   service gets the bytes read, then the same error, where it came, as
@@ -49,7 +56,6 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
-use serde_json::{Map, Value};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -239,10 +245,12 @@ where
         parts.extensions.remove::<RequestReserve>();
         let config = &self.config;
         // An empty body has nothing to ask, nor to wait for.
-        if !is_json(&parts.headers)
-            || body.is_end_stream()
-            || declared_too_big(&parts.headers, &body, config.max_body)
-        {
+        if !may_be_json(&parts.headers) || body.is_end_stream() {
+            let req = Request::from_parts(parts, ReadBody::untouched(body));
+            return Box::pin(self.inner.call(req));
+        }
+        if declared_too_big(&parts.headers, &body, config.max_body) {
+            parts.extensions.insert(RequestReserve::unreadable());
             let req = Request::from_parts(parts, ReadBody::untouched(body));
             return Box::pin(self.inner.call(req));
         }
@@ -253,7 +261,7 @@ where
         let config = config.clone();
         Box::pin(async move {
             let read = read_prefix(Box::pin(body), config.max_body);
-            let Ok(mut prefix) = tokio::time::timeout(config.read_timeout, read).await else {
+            let Ok(prefix) = tokio::time::timeout(config.read_timeout, read).await else {
                 return Ok(request_timeout(parts.version, config.read_timeout));
             };
             if let Some(reserve) = prefix.reserve(&config.fields) {
@@ -266,13 +274,16 @@ where
     }
 }
 
-/// Whether the request has one `Content-Type`, and it is JSON.
-fn is_json(headers: &HeaderMap) -> bool {
-    let mut values = headers.get_all(CONTENT_TYPE).iter();
-    // Two media types: which one the upstream believes is anyone's guess.
-    let (Some(value), None) = (values.next(), values.next()) else {
-        return false;
-    };
+/// Whether an upstream may read the body as JSON: it has no
+/// `Content-Type`, or one of its `Content-Type`s is JSON (which one the
+/// upstream believes is anyone's guess).
+fn may_be_json(headers: &HeaderMap) -> bool {
+    let mut values = headers.get_all(CONTENT_TYPE).iter().peekable();
+    values.peek().is_none() || values.any(is_json)
+}
+
+/// Whether a `Content-Type` is JSON.
+fn is_json(value: &HeaderValue) -> bool {
     let Ok(value) = value.to_str() else {
         return false;
     };
@@ -317,8 +328,12 @@ fn request_timeout<ResBody: From<Bytes>>(version: Version, timeout: Duration) ->
 
 /// What was read of a body before the inner service is called.
 struct Prefix<B: Body> {
-    data: Vec<Bytes>,
-    len: usize,
+    /// The data read, in one piece: the body's only frame, or a copy of
+    /// its frames. Never more than `max` bytes.
+    data: Bytes,
+    /// The frame that took the body past `max`, kept whole: its bytes
+    /// exist already.
+    over: Option<Bytes>,
     /// A frame that is not data (the trailers), which ends the body.
     last: Option<Frame<Bytes>>,
     then: Then<B>,
@@ -336,104 +351,97 @@ enum Then<B: Body> {
 }
 
 /// Reads `body` until its data ends or passes `max` bytes, or it fails.
+/// What it holds is at most `max` bytes of data (in a buffer that may be
+/// twice that, as it grows), and the one frame that passed `max`.
 async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, max: usize) -> Prefix<B> {
-    let mut prefix = Prefix {
-        data: Vec::new(),
-        len: 0,
-        last: None,
-        then: Then::End,
-    };
-    while prefix.len <= max {
+    // A body in one frame is kept as it came; a second frame starts the
+    // copy, sized by what the body declares.
+    let mut first = Bytes::new();
+    let mut copy: Option<BytesMut> = None;
+    let mut len = 0usize;
+    let (over, last, then) = loop {
         match body.frame().await {
-            None => return prefix,
-            Some(Err(error)) => {
-                prefix.then = Then::Error(error);
-                return prefix;
-            }
+            None => break (None, None, Then::End),
+            Some(Err(error)) => break (None, None, Then::Error(error)),
             Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if len.saturating_add(data.len()) > max => {
+                    break (Some(data), None, Then::Body(body));
+                }
                 Ok(data) => {
-                    prefix.len = prefix.len.saturating_add(data.len());
-                    prefix.data.push(data);
+                    len += data.len();
+                    match &mut copy {
+                        Some(copy) => copy.extend_from_slice(&data),
+                        None if first.is_empty() => first = data,
+                        None => {
+                            // What is left, as far as the body knows.
+                            let rest = body.size_hint().lower();
+                            let expected = (len as u64).saturating_add(rest).min(max as u64);
+                            let mut buf = BytesMut::with_capacity(expected as usize);
+                            buf.extend_from_slice(&first);
+                            buf.extend_from_slice(&data);
+                            first = Bytes::new();
+                            copy = Some(buf);
+                        }
+                    }
                 }
-                Err(frame) => {
-                    // Trailers are a body's last frame: the end is known,
-                    // and the size hint exact.
-                    prefix.last = Some(frame);
-                    return prefix;
-                }
+                // Trailers are a body's last frame: the end is known, and
+                // the size hint exact.
+                Err(frame) => break (None, Some(frame), Then::End),
             },
         }
+    };
+    Prefix {
+        data: copy.map_or(first, BytesMut::freeze),
+        over,
+        last,
+        then,
     }
-    prefix.then = Then::Body(body);
-    prefix
 }
 
 impl<B: Body<Data = Bytes>> Prefix<B> {
-    /// What the body asks, if all its data was read and is a JSON object.
-    fn reserve(&mut self, fields: &[String]) -> Option<RequestReserve> {
-        if !matches!(self.then, Then::End) {
-            return None;
+    /// What the body asks, if it was read whole (nothing if it failed:
+    /// the upstream gets the same error).
+    fn reserve(&self, fields: &[String]) -> Option<RequestReserve> {
+        match &self.then {
+            Then::Error(_) => return None,
+            Then::Body(_) => return Some(RequestReserve::unreadable()),
+            Then::End => {}
         }
-        if self.data.len() > 1 {
-            // One copy, replayed in place of the frames it was made of.
-            let mut all = BytesMut::with_capacity(self.len);
-            for data in &self.data {
-                all.extend_from_slice(data);
-            }
-            self.data = vec![all.freeze()];
+        match parse::read(&self.data, fields) {
+            parse::Read::Object {
+                asked,
+                string_bytes,
+            } => Some(RequestReserve {
+                asked: fields
+                    .iter()
+                    .zip(asked)
+                    .filter_map(|(field, n)| Some((field.clone(), n?)))
+                    .collect(),
+                prompt_estimate: string_bytes.div_ceil(4),
+                unreadable: false,
+            }),
+            parse::Read::NotObject => Some(RequestReserve::default()),
+            parse::Read::Unreadable => Some(RequestReserve::unreadable()),
         }
-        let json = self.data.first().map_or(&[][..], |data| &data[..]);
-        // `Map` keeps the last value of a duplicated key, as the upstream's
-        // parser does (see the module docs).
-        let Ok(Value::Object(top)) = serde_json::from_slice::<Value>(json) else {
-            return None;
-        };
-        let asked = fields
-            .iter()
-            .filter_map(|field| Some((field.clone(), top.get(field)?.as_u64()?)))
-            .collect();
-        Some(RequestReserve {
-            asked,
-            prompt_estimate: prompt_estimate(&top),
-        })
     }
 
     fn into_body(self) -> ReadBody<B> {
-        let frames: VecDeque<_> = self
-            .data
+        let pending = (self.data.len() + self.over.as_ref().map_or(0, Bytes::len)) as u64;
+        let frames: VecDeque<_> = Some(self.data)
+            .filter(|data| !data.is_empty())
             .into_iter()
+            .chain(self.over)
             .map(Frame::data)
             .chain(self.last)
             .collect();
         ReadBody {
             kind: Kind::Replay {
                 frames,
-                pending: self.len as u64,
+                pending,
                 then: self.then,
             },
         }
     }
-}
-
-/// A rough estimate of the tokens of a JSON body: a quarter of the UTF-8
-/// bytes of all its string values at any depth (not its keys), rounded up,
-/// about what common tokenizers make of English text. It counts every
-/// string (a model's name, an id) and no number, and saturates at
-/// `u64::MAX`.
-fn prompt_estimate(top: &Map<String, Value>) -> u64 {
-    let mut bytes = 0u64;
-    // A stack rather than recursion: serde_json bounds the depth (128),
-    // but the stack does not need it to.
-    let mut values: Vec<&Value> = top.values().collect();
-    while let Some(value) = values.pop() {
-        match value {
-            Value::String(s) => bytes = bytes.saturating_add(s.len() as u64),
-            Value::Array(items) => values.extend(items),
-            Value::Object(members) => values.extend(members.values()),
-            Value::Null | Value::Bool(_) | Value::Number(_) => {}
-        }
-    }
-    bytes.div_ceil(4)
 }
 
 pin_project! {
@@ -575,6 +583,8 @@ impl<B: Body<Data = Bytes>> Body for ReadBody<B> {
         }
     }
 }
+
+mod parse;
 
 #[cfg(test)]
 mod tests;

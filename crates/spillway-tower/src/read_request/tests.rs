@@ -7,6 +7,8 @@ use http_body_util::Full;
 use tokio::sync::mpsc;
 use tower::{ServiceExt, service_fn};
 
+use serde_json::Value;
+
 use super::*;
 use crate::future::ResponseBody;
 
@@ -136,7 +138,12 @@ fn reserve(asked: &[(&str, u64)], prompt_estimate: u64) -> Option<RequestReserve
     Some(RequestReserve {
         asked,
         prompt_estimate,
+        unreadable: false,
     })
+}
+
+fn unreadable() -> Option<RequestReserve> {
+    Some(RequestReserve::unreadable())
 }
 
 #[tokio::test]
@@ -158,37 +165,38 @@ async fn reads_the_fields_and_estimates_the_prompt() {
 }
 
 #[tokio::test]
-async fn the_last_of_duplicate_keys_counts() {
-    // serde_json's `Map` keeps the last value, as the upstream will.
-    let value: Value = serde_json::from_str(r#"{"a":1,"a":2}"#).unwrap();
-    assert_eq!(value, serde_json::json!({"a": 2}));
-
-    let body = r#"{"max_tokens":1,"max_tokens":5000}"#;
-    let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
-    assert_eq!(seen.reserve, reserve(&[("max_tokens", 5000)], 0));
-    // The prompt too: the upstream never sees the first.
-    let body = r#"{"p":"aaaaaaaaaaaa","max_tokens":5000,"p":"b"}"#;
-    let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
-    assert_eq!(seen.reserve, reserve(&[("max_tokens", 5000)], 1));
+async fn of_duplicate_keys_the_largest_counts() {
+    // The upstream takes one of them (Python, JavaScript and Go the last),
+    // never more than the largest.
+    for body in [
+        r#"{"max_tokens":1,"max_tokens":5000}"#,
+        r#"{"max_tokens":5000,"max_tokens":1}"#,
+        r#"{"max_tokens":5000,"MAX_TOKENS":1}"#,
+    ] {
+        let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
+        assert_eq!(seen.reserve, reserve(&[("max_tokens", 5000)], 0), "{body}");
+    }
 }
 
 #[tokio::test]
-async fn only_non_negative_top_level_integers_are_taken() {
-    for value in [
-        "-1",
-        "1.5",
-        "8e2",
-        "-0",
-        r#""800""#,
-        "true",
-        "null",
-        "[800]",
-        "18446744073709551616",
+async fn numbers_are_read_as_lax_validators_read_them() {
+    for (value, asked) in [
+        ("-1", None),
+        ("1.5", None),
+        ("8e2", Some(800)),
+        ("800.0", Some(800)),
+        ("-0", Some(0)),
+        (r#""800""#, Some(800)),
+        ("true", Some(1)),
+        ("null", None),
+        ("[800]", None),
+        ("18446744073709551616", Some(u64::MAX)),
     ] {
         let body = format!(r#"{{"max_tokens":{value}}}"#);
         let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
         let estimate = u64::from(value == r#""800""#);
-        assert_eq!(seen.reserve, reserve(&[], estimate), "{value}");
+        let asked: Vec<_> = asked.map(|n| ("max_tokens", n)).into_iter().collect();
+        assert_eq!(seen.reserve, reserve(&asked, estimate), "{value}");
     }
     let body = r#"{"options":{"max_tokens":5},"messages":[{"max_tokens":6}]}"#;
     let seen = send(1024, json(Full::new(Bytes::from(body)))).await;
@@ -198,45 +206,50 @@ async fn only_non_negative_top_level_integers_are_taken() {
 #[tokio::test]
 async fn other_bodies_go_on_unchanged_without_a_reserve() {
     let object = br#"{"max_tokens":800}"#;
-    for (content_type, body) in [
-        ("text/plain", &object[..]),
-        ("application/x-www-form-urlencoded", object),
-        ("application/json", br#"[{"max_tokens":800}]"#),
-        ("application/json", br#""max_tokens""#),
-        ("application/json", br#"{"max_tokens":800"#),
-        ("application/json", b""),
-        ("application/json", b"{\"max_tokens\":800,\"p\":\"\xff\"}"),
+    for content_type in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "application/grpc",
     ] {
-        let req = with_type(content_type, Full::new(Bytes::from_static(body)));
+        let req = with_type(content_type, Full::new(Bytes::from_static(object)));
         let seen = send(1024, req).await;
-        assert_eq!(seen.reserve, None, "{content_type} {body:?}");
+        assert_eq!(seen.reserve, None, "{content_type}");
+        assert_eq!(seen.bytes, object);
+    }
+    // JSON that is not an object asks nothing; JSON the parser refuses,
+    // whatever the upstream's makes of it, reserves the most.
+    for (body, expected) in [
+        (&br#"[{"max_tokens":800}]"#[..], reserve(&[], 0)),
+        (br#""max_tokens""#, reserve(&[], 0)),
+        (br#"{"max_tokens":800"#, unreadable()),
+        (br#"{"max_tokens":800,"t":NaN}"#, unreadable()),
+        (b"{\"max_tokens\":800,\"p\":\"\xff\"}", unreadable()),
+    ] {
+        let seen = send(1024, json(Full::new(Bytes::from_static(body)))).await;
+        assert_eq!(seen.reserve, expected, "{body:?}");
         assert_eq!(seen.bytes, body);
     }
-    // No Content-Type at all.
-    let req = Request::new(Full::new(Bytes::from_static(object)));
-    assert_eq!(send(1024, req).await.reserve, None);
+    // An empty body is not waited for, nor read.
+    let seen = send(1024, json(Full::new(Bytes::new()))).await;
+    assert_eq!(seen.reserve, None);
 }
 
-#[test]
-fn json_media_types() {
-    let is = |value: &str| {
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_str(value).unwrap());
-        is_json(&headers)
-    };
-    assert!(is("application/json"));
-    assert!(is("Application/JSON; charset=utf-8"));
-    assert!(is("application/vnd.api+json"));
-    assert!(is("application/merge-patch+JSON ; q=1"));
-    assert!(!is("application/+json"));
-    assert!(!is("application/jsonl"));
-    assert!(!is("application/x-ndjson"));
-    assert!(!is("text/json"));
-    assert!(!is("json"));
-    let mut two = HeaderMap::new();
-    two.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    two.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    assert!(!is_json(&two), "two types are ambiguous");
+#[tokio::test]
+async fn a_body_without_a_type_or_with_a_json_one_among_several_is_read() {
+    // FastAPI reads a body without a Content-Type as JSON.
+    let object = br#"{"max_tokens":800}"#;
+    let req = Request::new(Full::new(Bytes::from_static(object)));
+    assert_eq!(
+        send(1024, req).await.reserve,
+        reserve(&[("max_tokens", 800)], 0)
+    );
+    let mut req = with_type("text/plain", Full::new(Bytes::from_static(object)));
+    req.headers_mut()
+        .append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    assert_eq!(
+        send(1024, req).await.reserve,
+        reserve(&[("max_tokens", 800)], 0)
+    );
 }
 
 #[tokio::test]
@@ -246,14 +259,14 @@ async fn a_body_declared_too_big_is_not_read_nor_copied() {
     let mut req = json(chunks(&[&data[..10], &data[10..]], None));
     req.headers_mut().insert(CONTENT_LENGTH, len.into());
     let seen = send(len - 1, req).await;
-    assert_eq!(seen.reserve, None);
+    assert_eq!(seen.reserve, unreadable(), "what it asks is unknown");
     assert_eq!(seen.bytes, data);
     assert_eq!(seen.hint, (0, None), "the original body's hint");
 
     // A body whose size hint says it is too big; the inner service
     // gets its very bytes.
     let seen = send(len - 1, json(Full::new(data.clone()))).await;
-    assert_eq!(seen.reserve, None);
+    assert_eq!(seen.reserve, unreadable());
     assert_eq!(seen.frames[0].as_ptr(), data.as_ptr(), "not copied");
     assert_eq!(
         send(len, json(Full::new(data))).await.hint,
@@ -270,9 +283,11 @@ async fn a_body_too_big_is_replayed_whole() {
     let parts = [&data[..split], &data[split..26], &data[26..30], &data[30..]];
     let end = Some(Ok(Frame::trailers(trailers())));
     let seen = send(27, json(chunks(&parts, end))).await;
-    assert_eq!(seen.reserve, None);
+    assert_eq!(seen.reserve, unreadable());
     assert_eq!(seen.bytes, data, "byte for byte");
-    assert_eq!(seen.frames.len(), 4, "as they came");
+    // The two frames read in one, the one that passed `max`, the rest.
+    let frames: Vec<usize> = seen.frames.iter().map(Bytes::len).collect();
+    assert_eq!(frames, [26, 4, data.len() - 30]);
     assert_eq!(seen.hint, (30, None), "what was read, then unknown");
     assert_eq!(seen.trailers, Some(trailers()));
 }
@@ -311,19 +326,16 @@ async fn a_reserve_set_before_is_removed() {
     let forged = || RequestReserve {
         asked: vec![("max_tokens".into(), 1)],
         prompt_estimate: 0,
+        unreadable: false,
     };
     let mut req = with_type("text/plain", Full::new(Bytes::from("hello")));
     req.extensions_mut().insert(forged());
     assert_eq!(send(1024, req).await.reserve, None);
 
-    let mut req = json(Full::new(Bytes::from(r#"{"max_tokens":"1"}"#)));
+    let mut req = json(Full::new(Bytes::from(r#"{"n":"1"}"#)));
     req.extensions_mut().insert(forged());
     let seen = send(1024, req).await;
-    assert_eq!(
-        seen.reserve,
-        reserve(&[], 1),
-        "the layer's own, without the string"
-    );
+    assert_eq!(seen.reserve, reserve(&[("n", 1)], 1), "the layer's own");
 
     let mut req = json(Full::new(Bytes::from(r#"{"max_tokens":900}"#)));
     req.extensions_mut().insert(forged());
@@ -385,7 +397,7 @@ async fn the_replay_reports_its_size_and_end() {
     let (tx, body) = open();
     tx.send(Ok(Frame::data(data.clone()))).unwrap();
     drop(tx);
-    let mut prefix = read_prefix(Box::pin(body), 1024).await;
+    let prefix = read_prefix(Box::pin(body), 1024).await;
     assert!(prefix.reserve(&[]).is_some());
     let mut body = pin!(prefix.into_body());
     assert_eq!(body.size_hint().exact(), Some(data.len() as u64));
@@ -395,4 +407,36 @@ async fn the_replay_reports_its_size_and_end() {
     assert_eq!(body.size_hint().exact(), Some(0));
     assert!(body.is_end_stream());
     assert!(body.frame().await.is_none());
+}
+
+#[tokio::test]
+async fn a_body_in_many_small_frames_is_held_in_one_buffer() {
+    // One byte a frame: each frame held as it came would cost its own
+    // allocation, many times the byte.
+    let data = format!(r#"{{"max_tokens":800,"p":"{}"}}"#, "x".repeat(10_000));
+    let (tx, body) = open();
+    for byte in data.as_bytes() {
+        tx.send(Ok(Frame::data(Bytes::copy_from_slice(&[*byte]))))
+            .unwrap();
+    }
+    drop(tx);
+    let prefix = read_prefix(Box::pin(body), data.len()).await;
+    assert_eq!(prefix.data, data.as_bytes());
+    assert!(prefix.over.is_none() && prefix.last.is_none());
+    let bytes: Vec<&[u8]> = data.as_bytes().chunks(1).collect();
+    let seen = send(data.len(), json(chunks(&bytes, None))).await;
+    assert_eq!(seen.frames.len(), 1, "replayed as one frame");
+    assert_eq!(seen.reserve, reserve(&[("max_tokens", 800)], 2_500));
+
+    // Past `max`, the read stops at the frame that passed it.
+    let (tx, body) = open();
+    for byte in data.as_bytes() {
+        tx.send(Ok(Frame::data(Bytes::copy_from_slice(&[*byte]))))
+            .unwrap();
+    }
+    let prefix = read_prefix(Box::pin(body), 100).await;
+    assert_eq!(prefix.data.len(), 100);
+    assert_eq!(prefix.over.as_deref(), Some(&data.as_bytes()[100..101]));
+    assert!(matches!(prefix.then, Then::Body(_)));
+    drop(tx);
 }

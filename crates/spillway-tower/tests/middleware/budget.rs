@@ -511,8 +511,8 @@ async fn a_stream_cut_before_its_first_event_still_pays_its_prompt() {
     let (app, layer) = cut_rule(100, reserving(10));
     let request = req("/deltas/30", CLIENT)
         .extension(RequestReserve {
-            asked: Vec::new(),
             prompt_estimate: 500,
+            ..RequestReserve::default()
         })
         .body(Body::empty())
         .expect("a request");
