@@ -38,6 +38,7 @@ use spillway::algorithm::Charged;
 use spillway::store::{Check, RuleId, Settle, Store, StoreError, Verdict};
 use spillway::{Algorithm as _, Decision};
 
+use crate::budget::ResponseCost;
 use crate::error::RuleMismatch;
 use crate::headers::{self, Applied, RateLimitFields};
 use crate::key::{Identity, KeyPart};
@@ -344,13 +345,17 @@ impl Ruling {
 
     /// What the request charged, held until the caller lets it go: given
     /// back if the request is abandoned ([`Held::give_back`]). `None` when
-    /// nothing was charged.
+    /// nothing was charged. A charge the store could not decide (admitted
+    /// by its failure policy) was never made, and is not held: settling it
+    /// would give back what was never taken.
     pub fn into_held(self) -> Option<Held> {
         let (charged, at) = self.charged?;
         let mut charges = self.charges;
         let decisions = self.decisions;
+        let undecided = self.undecided;
         let charges = charged
             .iter()
+            .filter(|&&i| !undecided[i])
             .map(|&i| {
                 let c = &mut charges[i];
                 let charge = Charge {
@@ -400,6 +405,12 @@ impl Held {
     /// Each charge, and what the store charged for it.
     pub(crate) fn into_charges(self) -> Vec<(Charge, Charged)> {
         self.charges
+    }
+
+    /// Each charge held, and what the store charged for it: what a
+    /// [`Settle`] of it must say.
+    pub fn charges(&self) -> &[(Charge, Charged)] {
+        &self.charges
     }
 
     /// Gives every charge back (the request was abandoned before it was
@@ -529,6 +540,15 @@ impl<St: Store> Engine<St> {
     /// request.
     pub fn observed(self, observer: Option<Arc<dyn Observer>>) -> Self {
         Self { observer, ..self }
+    }
+
+    /// The budget of `charge`'s rule, if it is a budget rule (its cost is
+    /// [`Cost::Response`]).
+    pub fn response_cost(&self, charge: &Charge) -> Option<&ResponseCost> {
+        match &self.policy.rules()[charge.policy_rule()?].cost {
+            Cost::Response(budget) => Some(budget),
+            _ => None,
+        }
     }
 
     /// The name a charge is reported under: its policy rule's, or its store

@@ -36,7 +36,6 @@ use spillway::{Algorithm as _, Decision};
 use crate::budget::{Measure, Overrun, ResponseCost, Unanswered};
 use crate::engine::{BudgetEvent, Charge, Engine, Held, Settled, settle_id};
 use crate::headers::retry_after_secs;
-use crate::rules::Cost;
 use crate::usage::{Boundaries, UsageField, UsageMeter, cut_event};
 
 /// A boxed future that can cross threads.
@@ -122,11 +121,7 @@ impl<St: Store + 'static> Budgets for Engine<St> {
     }
 
     fn budget(&self, charge: &Charge) -> Option<&ResponseCost> {
-        let index = charge.policy_rule()?;
-        match &self.policy().rules()[index].cost {
-            Cost::Response(budget) => Some(budget),
-            _ => None,
-        }
+        self.response_cost(charge)
     }
 
     fn capacity(&self, charge: &Charge) -> u64 {
