@@ -395,6 +395,9 @@ pub struct State {
     /// together: at most `[proxy] max_held` (read at start), as in
     /// `spillway proxy`; past it a shaped request is answered 503.
     pub held: HoldCap,
+    /// Signs the settle tokens of budget rules when the configuration
+    /// names no `settle_key` (drawn at start).
+    pub(crate) settle_key: crate::api::SettleKey,
 }
 
 impl State {
@@ -408,6 +411,7 @@ impl State {
             live: Arc::new(Live::new(engine)),
             metrics,
             held,
+            settle_key: crate::api::SettleKey::random(),
         })
     }
 }

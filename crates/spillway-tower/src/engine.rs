@@ -551,6 +551,12 @@ impl<St: Store> Engine<St> {
         }
     }
 
+    /// Whether any rule is a budget rule ([`Cost::Response`]), whose
+    /// charges a front end holds until the response ends.
+    pub fn has_budgets(&self) -> bool {
+        self.budgets
+    }
+
     /// The name a charge is reported under: its policy rule's, or its store
     /// rule's.
     pub fn rule_name(&self, charge: &Charge) -> &str {

@@ -27,7 +27,7 @@ pub(crate) struct Answer {
 
 impl Answer {
     /// A JSON answer.
-    fn json(status: StatusCode, body: &impl Serialize) -> Self {
+    pub(crate) fn json(status: StatusCode, body: &impl Serialize) -> Self {
         let body = serde_json::to_vec(body).unwrap_or_else(|e| {
             // Our own types always serialize; should one not, say so.
             format!("{{\"error\":\"cannot serialize the answer: {e}\"}}").into_bytes()

@@ -12,15 +12,15 @@ use axum::response::{IntoResponse, Response};
 use http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde::Deserialize;
-use spillway_tower::{Asking, ClientAddr, Engine as TowerEngine, Outcome, Reported, Ruling};
+use spillway_tower::{Asking, ClientAddr, Outcome, Reported, Ruling};
 
 use crate::state::Loaded;
 use crate::state::State;
-use crate::store::AnyStore;
 
 use super::MAX_KEY_BYTES;
 use super::admin::same_secret;
 use super::answer::{Answer, bad_request, ms, problem, unavailable};
+use super::settle::{self, SettleKey};
 
 /// The body of `POST /v1/check`, parsed in one pass: the fields of both
 /// forms, told apart afterwards (see [`CheckBody::into_check`]).
@@ -241,9 +241,13 @@ pub(crate) async fn check_answer(state: &State, body: &[u8]) -> Answer {
         Err(message) => return bad_request(message),
     };
     let engine = state.live.current();
-    match check {
+    let ruling = match check {
         CheckKind::Rule(c) => check_rule(&engine, c).await,
         CheckKind::Request(c) => check_request(&engine, c).await,
+    };
+    match ruling {
+        Ok(ruling) => decision_response(&engine, ruling, &state.settle_key),
+        Err(answer) => *answer,
     }
 }
 
@@ -259,26 +263,26 @@ fn is_descriptor_key(key: &str, names: &[String]) -> bool {
         })
 }
 
-async fn check_rule(loaded: &Loaded, c: RuleCheck<'_>) -> Answer {
+async fn check_rule(loaded: &Loaded, c: RuleCheck<'_>) -> Result<Ruling, Box<Answer>> {
     let engine = loaded.layer.engine();
     if !engine.policy().rules().iter().any(|r| r.name() == c.rule) {
-        return bad_request(format!("Unknown rule `{}`.", c.rule));
+        return refuse(format!("Unknown rule `{}`.", c.rule));
     }
     let cost = match &c.cost {
         None => 1,
         Some(n) => match n.as_u64() {
             Some(cost) => cost,
             None if n.as_i64().is_some() => {
-                return bad_request(format!("`cost` must not be negative (got {n})."));
+                return refuse(format!("`cost` must not be negative (got {n})."));
             }
-            None => return bad_request(format!("`cost` must be an integer (got {n}).")),
+            None => return refuse(format!("`cost` must be an integer (got {n}).")),
         },
     };
     if c.key.is_empty() {
-        return bad_request("`key` must not be empty.");
+        return refuse("`key` must not be empty.");
     }
     if c.key.len() > MAX_KEY_BYTES {
-        return bad_request(format!(
+        return refuse(format!(
             "`key` is {} bytes long; the most is {MAX_KEY_BYTES}.",
             c.key.len()
         ));
@@ -296,29 +300,28 @@ async fn check_rule(loaded: &Loaded, c: RuleCheck<'_>) -> Answer {
     let free_form = c.free_form_key || descriptor_keyed;
     let charge = match engine.charge_for_key(&c.rule, c.tier.as_deref(), key, cost, free_form) {
         Ok(charge) => charge,
-        Err(message) => return bad_request(message),
+        Err(message) => return refuse(message),
     };
-    let ruling = engine
+    Ok(engine
         .decide(smallvec::smallvec![charge], Asking::default())
-        .await;
-    decision_response(engine, &ruling)
+        .await)
 }
 
-async fn check_request(engine: &Loaded, c: RequestCheck) -> Answer {
+async fn check_request(loaded: &Loaded, c: RequestCheck) -> Result<Ruling, Box<Answer>> {
     let method = c.method.as_deref().unwrap_or("GET");
     let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
-        return bad_request(format!("`method`: `{method}` is not an HTTP method."));
+        return refuse(format!("`method`: `{method}` is not an HTTP method."));
     };
     if !c.path.starts_with('/') {
-        return bad_request(format!("`path` must start with `/` (got `{}`).", c.path));
+        return refuse(format!("`path` must start with `/` (got `{}`).", c.path));
     }
     let Ok(uri) = http::Uri::try_from(c.path.as_str()) else {
-        return bad_request(format!("`path`: `{}` is not a valid path.", c.path));
+        return refuse(format!("`path`: `{}` is not a valid path.", c.path));
     };
     let mut headers = HeaderMap::new();
     for (name, values) in &c.headers {
         let Ok(header) = HeaderName::try_from(name.as_str()) else {
-            return bad_request(format!("`headers`: `{name}` is not a header name."));
+            return refuse(format!("`headers`: `{name}` is not a header name."));
         };
         let values = match values {
             HeaderValues::One(v) => std::slice::from_ref(v),
@@ -326,14 +329,14 @@ async fn check_request(engine: &Loaded, c: RequestCheck) -> Answer {
         };
         for v in values {
             let Ok(value) = HeaderValue::try_from(v.as_str()) else {
-                return bad_request(format!("`headers.{name}`: not a valid header value."));
+                return refuse(format!("`headers.{name}`: not a valid header value."));
             };
             headers.append(header.clone(), value);
         }
     }
     if let Some(host) = &c.host {
         let Ok(value) = HeaderValue::try_from(host.as_str()) else {
-            return bad_request(format!("`host`: `{host}` is not a valid host."));
+            return refuse(format!("`host`: `{host}` is not a valid host."));
         };
         headers.insert(http::header::HOST, value);
     }
@@ -345,7 +348,7 @@ async fn check_request(engine: &Loaded, c: RequestCheck) -> Answer {
             .or_else(|_| ip.parse::<SocketAddr>())
         {
             Ok(addr) => Some(addr),
-            Err(_) => return bad_request(format!("`ip`: `{ip}` is not an IP address.")),
+            Err(_) => return refuse(format!("`ip`: `{ip}` is not an IP address.")),
         },
     };
     let (mut parts, ()) = http::Request::new(()).into_parts();
@@ -355,16 +358,20 @@ async fn check_request(engine: &Loaded, c: RequestCheck) -> Answer {
     if let Some(addr) = peer {
         parts.extensions.insert(ClientAddr(addr));
     }
-    let engine = engine.layer.engine();
-    let ruling = engine.decide_parts(&parts).await;
-    decision_response(engine, &ruling)
+    Ok(loaded.layer.engine().decide_parts(&parts).await)
+}
+
+/// A check refused with a 400 before it reached the engine.
+fn refuse(detail: impl Into<String>) -> Result<Ruling, Box<Answer>> {
+    Err(Box::new(bad_request(detail)))
 }
 
 /// The answer of `/v1/check` on a ruling: a 400 or a 503 when it could
 /// not be decided; otherwise 200 with the outcome, every rule's decision,
 /// and the rate-limit fields the middleware would have sent. The JSON (see
 /// docs/openapi.json) is written field by field, in the documented order.
-fn decision_response(engine: &TowerEngine<AnyStore>, ruling: &Ruling) -> Answer {
+fn decision_response(loaded: &Loaded, ruling: Ruling, settle_key: &SettleKey) -> Answer {
+    let engine = loaded.layer.engine();
     let json = match ruling.outcome() {
         Outcome::BadRequest(message) => return bad_request(message.clone()),
         Outcome::Unavailable(_) => {
@@ -379,12 +386,28 @@ fn decision_response(engine: &TowerEngine<AnyStore>, ruling: &Ruling) -> Answer 
         .filter(|&i| ruling.is_undecided(i))
         .map(|i| engine.rule_name(&charges[i]))
         .collect();
+    let mut body = json.write(&undecided, engine.report(&ruling));
+    let fields = engine.fields(&ruling);
+    // A budget rule's reservation, to be settled by `POST /v1/settle`.
+    if engine.has_budgets()
+        && let Some(held) = ruling.into_held()
+        && let Some((token, within)) = settle::issue(loaded, settle_key, &held)
+    {
+        body.pop();
+        let mut out = Json(body);
+        out.raw(",\"settle\":{\"token\":");
+        out.str(&token);
+        out.raw(",\"expires_in_ms\":");
+        out.u64(ms(within));
+        out.raw("}}");
+        body = out.0;
+    }
     Answer {
         status: StatusCode::OK,
         content_type: "application/json",
-        fields: engine.fields(ruling),
+        fields,
         other: None,
-        body: json.write(&undecided, engine.report(ruling)),
+        body,
     }
 }
 

@@ -13,7 +13,10 @@ mod answer;
 mod check;
 mod forward_auth;
 mod health;
+mod settle;
 mod site;
+
+pub(crate) use settle::SettleKey;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -108,6 +111,7 @@ fn router(state: State, with_check: bool) -> Router {
     let router = if with_check {
         Router::new()
             .route("/v1/check", axum::routing::post(check::check))
+            .route("/v1/settle", axum::routing::post(settle::settle))
             .route(
                 "/v1/forward-auth",
                 axum::routing::any(forward_auth::forward_auth),

@@ -172,6 +172,14 @@ pub struct ServerConfig {
     /// (SIGTERM to exit): past it, the connections still open are closed
     /// and the process exits, so that a stuck client cannot hold it.
     pub drain_timeout: Duration,
+    /// The key that signs the settle tokens `POST /v1/check` hands out for
+    /// budget rules (the file's `settle_key`, or `SPILLWAY_SETTLE_KEY`):
+    /// instances that share it settle each other's tokens. `None`: a key
+    /// drawn at start, good for this process only.
+    pub settle_key: Option<String>,
+    /// How long a settle token is good for (`settle_within`, default 5
+    /// minutes, at most 10): a reservation not settled by then stands.
+    pub settle_within: Duration,
 }
 
 impl ServerConfig {
@@ -191,6 +199,8 @@ impl ServerConfig {
     /// 30 s a supervisor commonly waits before SIGKILL (Kubernetes'
     /// `terminationGracePeriodSeconds`).
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+    /// The default of [`settle_within`](Self::settle_within).
+    pub const SETTLE_WITHIN: Duration = Duration::from_secs(300);
 }
 
 /// `[envoy]`'s bounds on one `ShouldRateLimit` call, refused whole
@@ -372,6 +382,8 @@ struct RawServer {
     idle_timeout: Option<Spanned<RawDuration>>,
     max_connections: Option<Spanned<u64>>,
     drain_timeout: Option<Spanned<RawDuration>>,
+    settle_key: Option<Spanned<String>>,
+    settle_within: Option<Spanned<RawDuration>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -943,6 +955,8 @@ fn convert_server(raw: &RawServer, lines: &Text<'_>) -> Result<ServerConfig, Con
             ServerConfig::DRAIN_TIMEOUT,
             lines,
         )?,
+        settle_key: budget::settle_key(raw.settle_key.as_ref(), lines)?,
+        settle_within: budget::settle_within(raw.settle_within.as_ref(), lines)?,
     })
 }
 

@@ -1,0 +1,415 @@
+//! `POST /v1/settle`: a budget rule's reservation, made by `POST /v1/check`,
+//! settled at what the request cost (docs/budgets.md).
+//!
+//! The check hands its caller a *settle token*: the charges it made (store
+//! rule, key, cost, time), a settle id drawn from the OS, and when it
+//! expires, signed with HMAC-SHA-256 under the server's settle key. The
+//! server keeps nothing: any instance with the same key settles it, and the
+//! store's receipt of the id makes a settle sent twice change nothing. A
+//! token expires within the time a store remembers a receipt
+//! ([`SETTLE_RECEIPT_TTL`](spillway::store::SETTLE_RECEIPT_TTL)), so it cannot outlive its receipt and settle
+//! twice; an expired token is refused, and its reservation stands (what
+//! was reserved is what it costs: no client is served for free).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State as Extract;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hmac::{Hmac, KeyInit, Mac};
+use http::header::AUTHORIZATION;
+use http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use spillway::algorithm::Charged;
+use spillway::store::{RuleId, Settle, Store, StoreError as _};
+use spillway_tower::{BudgetEvent, Engine as TowerEngine, Held, Settled};
+
+use crate::state::{Loaded, State};
+use crate::store::AnyStore;
+
+use super::answer::{Answer, bad_request, ms, problem, unavailable};
+use super::check::check_authorized;
+
+/// What a settle token says, signed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct Token {
+    /// The settle id: the store's receipt is kept under it.
+    id: String,
+    /// When the token expires, in milliseconds since the Unix epoch.
+    exp: u64,
+    /// The charges to settle.
+    charges: Vec<TokenCharge>,
+}
+
+/// One charge of a token.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct TokenCharge {
+    /// The store rule, and its name then: a reload that renumbered the
+    /// rules is seen, not settled against another rule.
+    rule: usize,
+    name: String,
+    key: String,
+    cost: u64,
+    at: u64,
+    reset_after: u64,
+}
+
+/// What signs and checks tokens: the configured key, or one drawn at start.
+#[derive(Clone)]
+pub(crate) struct SettleKey(std::sync::Arc<[u8; 32]>);
+
+impl std::fmt::Debug for SettleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SettleKey(..)")
+    }
+}
+
+impl SettleKey {
+    /// A key drawn from the OS, for a server whose configuration has none.
+    pub(crate) fn random() -> Self {
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).expect("the OS's random numbers");
+        Self(std::sync::Arc::new(key))
+    }
+
+    /// The MAC under the configured key if there is one, else this one.
+    fn mac(&self, configured: Option<&str>) -> Hmac<Sha256> {
+        let key = configured.map_or(&self.0[..], str::as_bytes);
+        <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length")
+    }
+}
+
+/// The prefix of every token, and the version of its form.
+const PREFIX: &str = "st1.";
+
+fn now_ms() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The settle token of the budget charges `held` made, and how long it is
+/// good for; `None` when none of them is a budget rule's.
+pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(String, Duration)> {
+    let engine = loaded.layer.engine();
+    let charges: Vec<TokenCharge> = held
+        .charges()
+        .iter()
+        .filter(|(charge, _)| engine.response_cost(charge).is_some())
+        .map(|(charge, charged)| TokenCharge {
+            rule: charge.rule_id().0,
+            name: engine.store().rules()[charge.rule_id().0]
+                .name()
+                .to_string(),
+            key: charge.key().to_string(),
+            cost: charged.cost,
+            at: charged.at,
+            reset_after: charged.reset_after,
+        })
+        .collect();
+    if charges.is_empty() {
+        return None;
+    }
+    let within = loaded.config.server.settle_within;
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).expect("the OS's random numbers");
+    let token = Token {
+        id: format!("st-{}", hex(&id)),
+        exp: now_ms().saturating_add(ms(within)),
+        charges,
+    };
+    let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).expect("serializable"));
+    let mut mac = key.mac(loaded.config.server.settle_key.as_deref());
+    mac.update(PREFIX.as_bytes());
+    mac.update(payload.as_bytes());
+    let signature = URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
+    Some((format!("{PREFIX}{payload}.{signature}"), within))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Why a token is refused.
+#[derive(Debug, PartialEq, Eq)]
+enum Refused {
+    /// Not a token this server (or one with its key) signed.
+    Forged,
+    /// Signed, but past its time.
+    Expired,
+}
+
+/// The token `text` says, if its signature holds and it has not expired.
+fn verify(text: &str, key: &SettleKey, configured: Option<&str>) -> Result<Token, Refused> {
+    let rest = text.strip_prefix(PREFIX).ok_or(Refused::Forged)?;
+    let (payload, signature) = rest.split_once('.').ok_or(Refused::Forged)?;
+    let signature = URL_SAFE_NO_PAD
+        .decode(signature)
+        .map_err(|_| Refused::Forged)?;
+    let mut mac = key.mac(configured);
+    mac.update(PREFIX.as_bytes());
+    mac.update(payload.as_bytes());
+    // In time independent of where the signatures differ.
+    mac.verify_slice(&signature).map_err(|_| Refused::Forged)?;
+    let json = URL_SAFE_NO_PAD
+        .decode(payload)
+        .map_err(|_| Refused::Forged)?;
+    let token: Token = serde_json::from_slice(&json).map_err(|_| Refused::Forged)?;
+    if token.exp <= now_ms() {
+        return Err(Refused::Expired);
+    }
+    Ok(token)
+}
+
+/// The body of `POST /v1/settle`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleBody {
+    /// The token `POST /v1/check` answered.
+    token: String,
+    /// What the request cost, in the rule's units.
+    actual: serde_json::Number,
+}
+
+pub(super) async fn settle(
+    Extract(state): Extract<State>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let mut authorization = headers.get_all(AUTHORIZATION).iter();
+    let authorization = match (authorization.next(), authorization.next()) {
+        (Some(one), None) => Some(one.as_bytes()),
+        _ => None,
+    };
+    if let Err(refused) = check_authorized(&state, authorization) {
+        return (*refused).into_response();
+    }
+    match body {
+        Ok(body) => settle_answer(&state, &body).await.into_response(),
+        Err(rejection) => problem(rejection.status(), rejection.body_text()),
+    }
+}
+
+async fn settle_answer(state: &State, body: &[u8]) -> Answer {
+    let parsed = match serde_json::from_slice::<SettleBody>(body) {
+        Ok(parsed) => parsed,
+        Err(e) => return bad_request(format!("Invalid settle: {e}.")),
+    };
+    let actual = match parsed.actual.as_u64() {
+        Some(n) => n,
+        None if parsed.actual.as_i64().is_some() => {
+            return bad_request(format!(
+                "`actual` must not be negative (got {}).",
+                parsed.actual
+            ));
+        }
+        None => {
+            return bad_request(format!(
+                "`actual` must be an integer (got {}).",
+                parsed.actual
+            ));
+        }
+    };
+    let loaded = state.live.current();
+    let configured = loaded.config.server.settle_key.as_deref();
+    let token = match verify(&parsed.token, &state.settle_key, configured) {
+        Ok(token) => token,
+        Err(Refused::Forged) => {
+            return bad_request("`token` is not a settle token this server issued.");
+        }
+        Err(Refused::Expired) => {
+            return Answer::problem(
+                StatusCode::GONE,
+                "The settle token has expired (`[server] settle_within`): its reservation stands.",
+            );
+        }
+    };
+    let engine = loaded.layer.engine();
+    let rules = engine.store().rules();
+    for c in &token.charges {
+        if rules.get(c.rule).map(|r| r.name()) != Some(c.name.as_str()) {
+            return Answer::problem(
+                StatusCode::CONFLICT,
+                format!(
+                    "Rule `{}` has changed since the check (the configuration was reloaded): its reservation stands.",
+                    c.name
+                ),
+            );
+        }
+    }
+    let settles: Vec<Settle<'_>> = token
+        .charges
+        .iter()
+        .map(|c| Settle {
+            rule: RuleId(c.rule),
+            key: &c.key,
+            charged: Charged {
+                cost: c.cost,
+                at: c.at,
+                reset_after: c.reset_after,
+            },
+            actual,
+        })
+        .collect();
+    match engine.store().settle(&token.id, &settles).await {
+        Ok(settled) => {
+            if settled.applied {
+                observe(engine, &token, actual);
+            }
+            settled_answer(&token, &settled)
+        }
+        Err(e) => match e.invalid_request() {
+            Some(invalid) => Answer::problem(
+                StatusCode::CONFLICT,
+                format!("The settle does not fit the rules as they are now: {invalid}."),
+            ),
+            None => unavailable(
+                "The rate limiter cannot reach its store; send the same settle again shortly.",
+            ),
+        },
+    }
+}
+
+/// Tells the metrics of a settle applied: each reservation opened and
+/// closed at once (the server holds none open between the two calls).
+fn observe(engine: &TowerEngine<AnyStore>, token: &Token, actual: u64) {
+    let Some(observer) = engine.observer() else {
+        return;
+    };
+    for c in &token.charges {
+        observer.budget(&c.name, BudgetEvent::Opened);
+        observer.budget(
+            &c.name,
+            BudgetEvent::Closed {
+                how: Settled::Measured,
+                charged: c.cost,
+                actual,
+            },
+        );
+    }
+}
+
+#[derive(Serialize)]
+struct SettledJson<'a> {
+    applied: bool,
+    rules: Vec<SettledRule<'a>>,
+}
+
+#[derive(Serialize)]
+struct SettledRule<'a> {
+    rule: &'a str,
+    key: &'a str,
+    limit: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+    retry_after_ms: Option<u64>,
+}
+
+fn settled_answer(token: &Token, settled: &spillway::store::Settled) -> Answer {
+    let rules = token
+        .charges
+        .iter()
+        .zip(&settled.decisions)
+        .map(|(c, d)| SettledRule {
+            rule: &c.name,
+            key: &c.key,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after_ms: ms(d.reset_after),
+            retry_after_ms: d.retry_after.map(ms),
+        })
+        .collect();
+    Answer::json(
+        StatusCode::OK,
+        &SettledJson {
+            applied: settled.applied,
+            rules,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token() -> Token {
+        Token {
+            id: "st-1".into(),
+            exp: now_ms() + 60_000,
+            charges: vec![TokenCharge {
+                rule: 0,
+                name: "tokens".into(),
+                key: "api_key=k".into(),
+                cost: 500,
+                at: 1,
+                reset_after: 2,
+            }],
+        }
+    }
+
+    fn sign(token: &Token, key: &SettleKey, configured: Option<&str>) -> String {
+        let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(token).unwrap());
+        let mut mac = key.mac(configured);
+        mac.update(PREFIX.as_bytes());
+        mac.update(payload.as_bytes());
+        let signature = URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
+        format!("{PREFIX}{payload}.{signature}")
+    }
+
+    #[test]
+    fn a_token_holds_only_under_its_key_and_unchanged() {
+        let key = SettleKey::random();
+        let token = token();
+        let text = sign(&token, &key, None);
+        assert_eq!(verify(&text, &key, None), Ok(token.clone()));
+        // Another process's key, or a configured one.
+        assert_eq!(
+            verify(&text, &SettleKey::random(), None),
+            Err(Refused::Forged)
+        );
+        let shared = "k".repeat(32);
+        assert_eq!(verify(&text, &key, Some(&shared)), Err(Refused::Forged));
+        let text = sign(&token, &SettleKey::random(), Some(&shared));
+        assert_eq!(verify(&text, &key, Some(&shared)), Ok(token.clone()));
+
+        // A payload changed (a smaller cost, another key) under the old
+        // signature.
+        let (payload, signature) = text[PREFIX.len()..].split_once('.').unwrap();
+        let mut changed = token.clone();
+        changed.charges[0].cost = 1;
+        let forged_payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&changed).unwrap());
+        assert_ne!(forged_payload, payload);
+        let forged = format!("{PREFIX}{forged_payload}.{signature}");
+        assert_eq!(verify(&forged, &key, Some(&shared)), Err(Refused::Forged));
+        for bad in [
+            "",
+            "st1.",
+            "st1..",
+            "st1.e30.",
+            "st0.e30.AAAA",
+            &text[..text.len() - 1],
+        ] {
+            assert_eq!(
+                verify(bad, &key, Some(&shared)),
+                Err(Refused::Forged),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_expired_token_is_refused() {
+        let key = SettleKey::random();
+        let mut old = token();
+        old.exp = now_ms() - 1;
+        assert_eq!(
+            verify(&sign(&old, &key, None), &key, None),
+            Err(Refused::Expired)
+        );
+    }
+}

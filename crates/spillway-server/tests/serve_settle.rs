@@ -1,0 +1,193 @@
+//! `POST /v1/settle`: a budget rule's reservation made by `POST /v1/check`
+//! settled at its actual cost, once, by a token only the server (or an
+//! instance with its key) can make: in memory, and across two instances
+//! sharing one redis-server.
+
+mod serve_support;
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+use serve_support::{Http, Service};
+use spillway_conformance::redis_server::RedisServer;
+use spillway_server::config::Config;
+
+const RULES: &str = r#"
+[[rules]]
+name = "tokens"
+key = ["api_key"]
+algorithm = "token_bucket"
+limit = 1000
+window = "1h"
+cost = "response:usage"
+reserve = 300
+
+[[rules]]
+name = "requests"
+key = ["api_key"]
+algorithm = "fixed_window"
+limit = 100
+window = "1h"
+"#;
+
+async fn settle(http: &Http, body: Value) -> serve_support::Answer {
+    http.send(
+        Method::POST,
+        "/v1/settle",
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await
+}
+
+/// `POST /v1/check` for `api_key=k`, described as a request.
+async fn check(http: &Http) -> Value {
+    let a = http
+        .check(json!({"path": "/v1/chat/completions", "method": "POST", "headers": {"x-api-key": "k"}}))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    a.json()
+}
+
+fn remaining(answer: &Value, rule: &str) -> u64 {
+    answer["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| r["rule"] == rule)
+        .and_then(|r| r["remaining"].as_u64())
+        .unwrap_or_else(|| panic!("{rule} in {answer}"))
+}
+
+#[tokio::test]
+async fn a_reservation_is_settled_once_by_its_token() {
+    let service = Service::start(Config::parse(RULES).expect("valid"), None).await;
+    let http = &service.http;
+    let answer = check(http).await;
+    assert_eq!(remaining(&answer, "tokens"), 700, "300 reserved");
+    let token = answer["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    assert_eq!(answer["settle"]["expires_in_ms"], 300_000);
+
+    // The request cost 120: 180 given back, the request rule untouched.
+    let a = settle(http, json!({"token": token, "actual": 120})).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let settled = a.json();
+    assert_eq!(settled["applied"], true);
+    assert_eq!(settled["rules"][0]["rule"], "tokens");
+    assert_eq!(settled["rules"][0]["remaining"], 880);
+    assert_eq!(settled["rules"].as_array().map(Vec::len), Some(1));
+
+    // Sent again (a retry after a lost answer), or with another cost: it
+    // changes nothing.
+    let a = settle(http, json!({"token": token, "actual": 0})).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["applied"], false);
+    assert_eq!(a.json()["rules"][0]["remaining"], 880);
+
+    // Above the reservation: the rest is charged.
+    let token = check(http).await["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    let a = settle(http, json!({"token": token, "actual": 500})).await;
+    assert_eq!(a.json()["rules"][0]["remaining"], 380);
+
+    let metric =
+        |how: &str| format!("spillway_budget_settled_total{{rule=\"tokens\",how=\"{how}\"}}");
+    assert_eq!(http.metric(&metric("measured")).await, Some(2.0));
+}
+
+#[tokio::test]
+async fn a_token_not_signed_by_the_server_is_refused() {
+    let service = Service::start(Config::parse(RULES).expect("valid"), None).await;
+    let http = &service.http;
+    let token = check(http).await["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    // The payload changed to a cost of 1000 (all given back), under the
+    // server's signature.
+    let (payload, signature) = token["st1.".len()..].split_once('.').expect("two parts");
+    let forged_payload = {
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let mut claims: Value = serde_json::from_slice(&engine.decode(payload).unwrap()).unwrap();
+        claims["charges"][0]["cost"] = json!(1000);
+        engine.encode(claims.to_string())
+    };
+    for bad in [
+        format!("st1.{forged_payload}.{signature}"),
+        "st1.e30.AAAA".to_string(),
+        String::new(),
+    ] {
+        let a = settle(http, json!({"token": bad, "actual": 0})).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+        assert!(a.text().contains("not a settle token"), "{}", a.text());
+    }
+    // Bad bodies name the field.
+    for (body, field) in [
+        (
+            json!({"token": token, "actual": -1}),
+            "`actual` must not be negative",
+        ),
+        (
+            json!({"token": token, "actual": 1.5}),
+            "`actual` must be an integer",
+        ),
+        (json!({"token": token}), "missing field `actual`"),
+        (
+            json!({"token": token, "actual": 1, "x": 1}),
+            "unknown field `x`",
+        ),
+    ] {
+        let a = settle(http, body).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST);
+        assert!(a.text().contains(field), "{field}: {}", a.text());
+    }
+    // A rule without a budget gets no token.
+    let plain = Config::parse(
+        "[[rules]]\nname = \"r\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n",
+    )
+    .expect("valid");
+    let service = Service::start(plain, None).await;
+    assert_eq!(check(&service.http).await.get("settle"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_an_instance_settles_another_ones_token_if_they_share_a_key() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let with_key = |key: Option<&str>| {
+        let server = key.map_or(String::new(), |k| {
+            format!("[server]\nsettle_key = \"{k}\"\n")
+        });
+        let text = format!(
+            "{server}[store]\nkind = \"redis\"\nurl = \"{}\"\n{RULES}",
+            redis.url()
+        );
+        Config::parse(&text).expect("valid")
+    };
+    let shared = "0123456789abcdef0123456789abcdef";
+    let a = Service::start(with_key(Some(shared)), None).await;
+    let b = Service::start(with_key(Some(shared)), None).await;
+    let stranger = Service::start(with_key(None), None).await;
+
+    let answer = check(&a.http).await;
+    assert_eq!(remaining(&answer, "tokens"), 700);
+    let token = answer["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    let refused = settle(&stranger.http, json!({"token": token, "actual": 100})).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    let settled = settle(&b.http, json!({"token": token, "actual": 100})).await;
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.text());
+    assert_eq!(settled.json()["rules"][0]["remaining"], 900);
+    // Once: a retry on the first instance changes nothing.
+    let again = settle(&a.http, json!({"token": token, "actual": 100})).await;
+    assert_eq!(again.json()["applied"], false);
+    assert_eq!(again.json()["rules"][0]["remaining"], 900);
+}
