@@ -1002,6 +1002,7 @@ async fn every_documented_path_answers_as_documented() {
     let documented: std::collections::BTreeSet<&str> = paths.keys().map(String::as_str).collect();
     let served: std::collections::BTreeSet<&str> = [
         "/v1/check",
+        "/v1/settle",
         "/v1/forward-auth",
         "/healthz",
         "/readyz",
@@ -1062,6 +1063,19 @@ async fn every_documented_path_answers_as_documented() {
         vec![],
         413,
     );
+    // A settle whose token was not signed here, and a bad body; the
+    // settles that apply are tried in tests/serve_settle.rs.
+    let example = &doc["paths"]["/v1/settle"]["post"]["requestBody"]["content"]["application/json"]
+        ["examples"]["settle"]["value"];
+    add(
+        "/v1/settle",
+        "post",
+        "/v1/settle",
+        example.to_string(),
+        vec![],
+        400,
+    );
+    add("/v1/settle", "post", "/v1/settle", "{}".into(), vec![], 400);
     let hook = "/v1/forward-auth";
     let login = vec![
         ("x-forwarded-method", "POST"),

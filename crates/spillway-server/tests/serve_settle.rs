@@ -77,6 +77,12 @@ async fn a_reservation_is_settled_once_by_its_token() {
     assert_eq!(settled["applied"], true);
     assert_eq!(settled["rules"][0]["rule"], "tokens");
     assert_eq!(settled["rules"][0]["remaining"], 880);
+    assert_eq!(settled["rules"][0]["key"], "api_key=k");
+    // 120 of 1,000 an hour to refill, less the time since the check
+    // (docs/server.md shows this answer).
+    let reset = settled["rules"][0]["reset_after_ms"].as_u64().expect("ms");
+    assert!((430_000..=432_000).contains(&reset), "{reset}");
+    assert_eq!(settled["rules"][0]["retry_after_ms"], Value::Null);
     assert_eq!(settled["rules"].as_array().map(Vec::len), Some(1));
 
     // Sent again (a retry after a lost answer), or with another cost: it
