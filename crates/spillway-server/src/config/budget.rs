@@ -9,12 +9,8 @@ use spillway_tower::budget::{Measure, Overrun, Reserve, ResponseCost};
 use spillway_tower::usage::UsageField;
 use toml::Spanned;
 
-use std::time::Duration;
-
-use spillway::store::SETTLE_RECEIPT_TTL;
-
+use super::RawRule;
 use super::errors::{ConfigError, Text, not_one_of};
-use super::{RawDuration, RawRule, ServerConfig, parse_duration};
 
 /// A budget rule's `reserve`: a number, or where to read it.
 #[derive(Debug, Clone, Deserialize)]
@@ -191,68 +187,6 @@ pub(super) fn check_not_budget(
         return only(lines, at, field("release_on_5xx"));
     }
     Ok(())
-}
-
-/// `[server] settle_key`, or `SPILLWAY_SETTLE_KEY` when set (it wins, as
-/// the other secrets' variables do): at least 32 bytes, so that a token's
-/// signature cannot be forged by guessing the key.
-pub(super) fn settle_key(
-    raw: Option<&Spanned<String>>,
-    lines: &Text<'_>,
-) -> Result<Option<String>, ConfigError> {
-    const MIN: usize = 32;
-    if let Ok(env) = std::env::var("SPILLWAY_SETTLE_KEY")
-        && !env.is_empty()
-    {
-        if env.len() < MIN {
-            return Err(ConfigError {
-                file: None,
-                line: None,
-                field: "SPILLWAY_SETTLE_KEY".into(),
-                message: format!("must be at least {MIN} bytes long (got {})", env.len()),
-            });
-        }
-        return Ok(Some(env));
-    }
-    let Some(raw) = raw else {
-        return Ok(None);
-    };
-    if raw.get_ref().len() < MIN {
-        return Err(lines.err(
-            raw,
-            "server.settle_key",
-            format!(
-                "must be at least {MIN} bytes long (got {}); `openssl rand -hex 32` makes one",
-                raw.get_ref().len()
-            ),
-        ));
-    }
-    Ok(Some(raw.get_ref().clone()))
-}
-
-/// `[server] settle_within`: longer than a second, and at most the time a
-/// store remembers a settle ([`SETTLE_RECEIPT_TTL`]), or a token used again
-/// after its receipt was forgotten would settle twice.
-pub(super) fn settle_within(
-    raw: Option<&Spanned<RawDuration>>,
-    lines: &Text<'_>,
-) -> Result<Duration, ConfigError> {
-    let Some(raw) = raw else {
-        return Ok(ServerConfig::SETTLE_WITHIN);
-    };
-    let d =
-        parse_duration(&raw.get_ref().0).map_err(|m| lines.err(raw, "server.settle_within", m))?;
-    if d < Duration::from_secs(1) || d > SETTLE_RECEIPT_TTL {
-        return Err(lines.err(
-            raw,
-            "server.settle_within",
-            format!(
-                "must be between 1s and {}s (how long a store remembers a settle)",
-                SETTLE_RECEIPT_TTL.as_secs()
-            ),
-        ));
-    }
-    Ok(d)
 }
 
 #[cfg(test)]

@@ -1,5 +1,12 @@
 //! The configuration's unit tests: each section's conversions and errors.
 
+use std::num::NonZeroU32;
+
+use http::HeaderName;
+use spillway::store::OnFull;
+use spillway_redis::{OnError, Topology};
+use spillway_tower::{BodyFormat, Credential, Ipv6Prefix};
+
 use super::*;
 
 #[test]
