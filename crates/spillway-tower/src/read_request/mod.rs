@@ -13,7 +13,8 @@
 //!   extension, and a rule reserves its default: an upstream that parses
 //!   a body of another type as JSON should get a header reservation.
 //! - at most `max_body` bytes, copied into one buffer as they come (a
-//!   body in one frame is not copied). A longer body, declared or not, is
+//!   body in one frame is not copied), and, all the bodies of the layer
+//!   together, at most `max_buffered` bytes until they have been sent on. A longer body, declared or not, is
 //!   [unreadable](RequestReserve::unreadable), as is one that is not JSON
 //!   `serde_json` accepts: what it asks is unknown, so it reserves the
 //!   most a request may, and a client gains nothing by writing a body one
@@ -47,6 +48,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -112,6 +114,41 @@ struct Config {
     fields: Vec<String>,
     max_body: usize,
     read_timeout: Duration,
+    /// The bytes all the bodies being read or replayed may hold at once.
+    max_buffered: usize,
+    /// The bytes they hold now, shared by every service of this layer.
+    buffered: Arc<AtomicUsize>,
+}
+
+impl Config {
+    /// Takes `n` bytes of the shared allowance, if they fit.
+    fn hold(&self, held: &mut Held, n: usize) -> bool {
+        let fits = self
+            .buffered
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                now.checked_add(n)
+                    .filter(|&after| after <= self.max_buffered)
+            })
+            .is_ok();
+        if fits {
+            held.bytes += n;
+        }
+        fits
+    }
+}
+
+/// Bytes of the shared allowance a body holds, given back when it is
+/// dropped (its replay sent, or the request abandoned).
+#[derive(Debug)]
+struct Held {
+    buffered: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.buffered.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 impl ReadRequestLayer {
@@ -131,8 +168,20 @@ impl ReadRequestLayer {
                 fields: unique,
                 max_body: 1 << 20,
                 read_timeout: Duration::from_secs(30),
+                max_buffered: 256 << 20,
+                buffered: Arc::new(AtomicUsize::new(0)),
             }),
         }
+    }
+
+    /// The most bytes all the bodies this layer reads may hold at once
+    /// (default 256 MiB), so that many clients sending large bodies slowly
+    /// cannot make it hold `max_body` each. A body that does not fit is not
+    /// read further: it is [unreadable](RequestReserve::unreadable), and
+    /// reserves the most.
+    pub fn max_buffered(mut self, bytes: usize) -> Self {
+        Arc::make_mut(&mut self.config).max_buffered = bytes;
+        self
     }
 
     /// The most bytes of a body that are read (default 1 MiB): a longer
@@ -260,7 +309,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = config.clone();
         Box::pin(async move {
-            let read = read_prefix(Box::pin(body), config.max_body);
+            let read = read_prefix(Box::pin(body), &config);
             let Ok(prefix) = tokio::time::timeout(config.read_timeout, read).await else {
                 return Ok(request_timeout(parts.version, config.read_timeout));
             };
@@ -331,12 +380,14 @@ struct Prefix<B: Body> {
     /// The data read, in one piece: the body's only frame, or a copy of
     /// its frames. Never more than `max` bytes.
     data: Bytes,
-    /// The frame that took the body past `max`, kept whole: its bytes
-    /// exist already.
+    /// The frame that took the body past `max`, or past what the layer may
+    /// hold, kept whole: its bytes exist already.
     over: Option<Bytes>,
     /// A frame that is not data (the trailers), which ends the body.
     last: Option<Frame<Bytes>>,
     then: Then<B>,
+    /// The share of the layer's allowance `data` holds.
+    held: Held,
 }
 
 /// What follows the frames read, in the body the inner service gets.
@@ -350,10 +401,16 @@ enum Then<B: Body> {
     End,
 }
 
-/// Reads `body` until its data ends or passes `max` bytes, or it fails.
-/// What it holds is at most `max` bytes of data (in a buffer that may be
-/// twice that, as it grows), and the one frame that passed `max`.
-async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, max: usize) -> Prefix<B> {
+/// Reads `body` until its data ends, passes `max_body` bytes or what the
+/// layer may still hold, or it fails. What it holds is at most `max_body`
+/// bytes of data (in a buffer that may be twice that, as it grows), and the
+/// one frame that did not fit.
+async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, config: &Config) -> Prefix<B> {
+    let max = config.max_body;
+    let mut held = Held {
+        buffered: config.buffered.clone(),
+        bytes: 0,
+    };
     // A body in one frame is kept as it came; a second frame starts the
     // copy, sized by what the body declares.
     let mut first = Bytes::new();
@@ -364,7 +421,10 @@ async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, max: usize) -
             None => break (None, None, Then::End),
             Some(Err(error)) => break (None, None, Then::Error(error)),
             Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) if len.saturating_add(data.len()) > max => {
+                Ok(data)
+                    if len.saturating_add(data.len()) > max
+                        || !config.hold(&mut held, data.len()) =>
+                {
                     break (Some(data), None, Then::Body(body));
                 }
                 Ok(data) => {
@@ -395,6 +455,7 @@ async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, max: usize) -
         over,
         last,
         then,
+        held,
     }
 }
 
@@ -439,6 +500,7 @@ impl<B: Body<Data = Bytes>> Prefix<B> {
                 frames,
                 pending,
                 then: self.then,
+                _held: self.held,
             },
         }
     }
@@ -494,6 +556,8 @@ pin_project! {
             // The data bytes still in `frames`, for the size hint.
             pending: u64,
             then: Then<B>,
+            // Given back when the body is dropped.
+            _held: Held,
         },
     }
 }
@@ -531,6 +595,7 @@ impl<B: Body<Data = Bytes>> Body for ReadBody<B> {
                 frames,
                 pending,
                 then,
+                ..
             } => {
                 if let Some(frame) = frames.pop_front() {
                     if let Some(data) = frame.data_ref() {

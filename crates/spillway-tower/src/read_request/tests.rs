@@ -142,6 +142,11 @@ fn reserve(asked: &[(&str, u64)], prompt_estimate: u64) -> Option<RequestReserve
     })
 }
 
+/// The layer's settings for bodies of up to `max` bytes.
+fn limits(max: usize) -> Arc<Config> {
+    ReadRequestLayer::new(["max_tokens"]).max_body(max).config
+}
+
 fn unreadable() -> Option<RequestReserve> {
     Some(RequestReserve::unreadable())
 }
@@ -397,7 +402,7 @@ async fn the_replay_reports_its_size_and_end() {
     let (tx, body) = open();
     tx.send(Ok(Frame::data(data.clone()))).unwrap();
     drop(tx);
-    let prefix = read_prefix(Box::pin(body), 1024).await;
+    let prefix = read_prefix(Box::pin(body), &limits(1024)).await;
     assert!(prefix.reserve(&[]).is_some());
     let mut body = pin!(prefix.into_body());
     assert_eq!(body.size_hint().exact(), Some(data.len() as u64));
@@ -420,7 +425,7 @@ async fn a_body_in_many_small_frames_is_held_in_one_buffer() {
             .unwrap();
     }
     drop(tx);
-    let prefix = read_prefix(Box::pin(body), data.len()).await;
+    let prefix = read_prefix(Box::pin(body), &limits(data.len())).await;
     assert_eq!(prefix.data, data.as_bytes());
     assert!(prefix.over.is_none() && prefix.last.is_none());
     let bytes: Vec<&[u8]> = data.as_bytes().chunks(1).collect();
@@ -434,9 +439,57 @@ async fn a_body_in_many_small_frames_is_held_in_one_buffer() {
         tx.send(Ok(Frame::data(Bytes::copy_from_slice(&[*byte]))))
             .unwrap();
     }
-    let prefix = read_prefix(Box::pin(body), 100).await;
+    let prefix = read_prefix(Box::pin(body), &limits(100)).await;
     assert_eq!(prefix.data.len(), 100);
     assert_eq!(prefix.over.as_deref(), Some(&data.as_bytes()[100..101]));
     assert!(matches!(prefix.then, Then::Body(_)));
     drop(tx);
+}
+
+#[tokio::test]
+async fn bodies_read_at_once_share_one_allowance_given_back_when_sent() {
+    // Room for 100 bytes in all: a first body of 60 is read whole, a
+    // second one is not (unreadable: it reserves the most), until the
+    // first has been sent on.
+    let config = ReadRequestLayer::new(["max_tokens"])
+        .max_buffered(100)
+        .config;
+    let body = |n: usize| {
+        let data = format!(r#"{{"max_tokens":5,"p":"{}"}}"#, "x".repeat(n - 23));
+        assert_eq!(data.len(), n);
+        let parts: Vec<&[u8]> = data.as_bytes().chunks(10).collect();
+        chunks(&parts, None)
+    };
+    let first = read_prefix(Box::pin(body(60)), &config).await;
+    assert_eq!(
+        first.reserve(&config.fields),
+        reserve(&[("max_tokens", 5)], 10)
+    );
+    assert_eq!(config.buffered.load(Ordering::Acquire), 60);
+    let second = read_prefix(Box::pin(body(60)), &config).await;
+    assert_eq!(second.reserve(&config.fields), unreadable());
+    assert_eq!(second.data.len(), 40, "read until the allowance ran out");
+    // The second body is replayed whole all the same.
+    let mut replay = Box::pin(second.into_body());
+    let mut bytes = Vec::new();
+    while let Some(frame) = replay.frame().await {
+        bytes.extend_from_slice(&frame.unwrap().into_data().unwrap());
+    }
+    assert_eq!(bytes.len(), 60);
+    drop(replay);
+    assert_eq!(
+        config.buffered.load(Ordering::Acquire),
+        60,
+        "the first still holds"
+    );
+
+    let mut sent = Box::pin(first.into_body());
+    while sent.frame().await.is_some() {}
+    drop(sent);
+    assert_eq!(config.buffered.load(Ordering::Acquire), 0);
+    let third = read_prefix(Box::pin(body(60)), &config).await;
+    assert_eq!(
+        third.reserve(&config.fields),
+        reserve(&[("max_tokens", 5)], 10)
+    );
 }
