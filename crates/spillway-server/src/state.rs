@@ -159,7 +159,12 @@ impl Loaded {
         let layer = RateLimitLayer::new(config.policy.clone(), store)
             .expect("the store was built from the policy's rules");
         let fields = config.policy.request_fields();
-        let read_request = (!fields.is_empty()).then(|| ReadRequestLayer::new(fields));
+        let bounds = config.proxy_bounds;
+        let read_request = (!fields.is_empty()).then(|| {
+            ReadRequestLayer::new(fields)
+                .max_body(bounds.max_read_body.get())
+                .max_buffered(bounds.max_read_bodies.get())
+        });
         Ok(Self {
             config,
             layer,

@@ -6,6 +6,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::errors::{ConfigError, Text, not_one_of};
+use super::store::{RawSize, parse_size};
 
 /// What to do with `%2F` and `%5C` in a path: whether an encoded slash is
 /// a slash is where upstreams differ most.
@@ -89,6 +90,7 @@ impl Default for Normalize {
 /// assert_eq!(bounds.http2_max_streams.get(), 100);
 /// assert_eq!(bounds.pool_max_connections.get(), 1_000);
 /// assert_eq!(bounds.max_held.get(), 10_000);
+/// assert_eq!(bounds.max_read_body.get(), 1 << 20);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProxyBounds {
@@ -105,6 +107,14 @@ pub struct ProxyBounds {
     /// = "shape"`) at once, all rules and clients together; one more is
     /// answered 503. Default 10,000.
     pub max_held: NonZeroUsize,
+    /// The longest request body read for a budget rule that reserves what
+    /// the body asks (`reserve = "request:json:FIELD"`); a longer one
+    /// reserves the rule's `max_reserve`. Default 1 MiB.
+    pub max_read_body: NonZeroUsize,
+    /// The most bytes all the bodies being read for such rules may hold at
+    /// once; past it, a body is forwarded unread and reserves the most.
+    /// Default 256 MiB.
+    pub max_read_bodies: NonZeroUsize,
 }
 
 impl Default for ProxyBounds {
@@ -114,6 +124,8 @@ impl Default for ProxyBounds {
             http2_max_streams: NonZeroU32::new(100).expect("nonzero"),
             pool_max_connections: NonZeroUsize::new(1_000).expect("nonzero"),
             max_held: NonZeroUsize::new(10_000).expect("nonzero"),
+            max_read_body: NonZeroUsize::new(1 << 20).expect("nonzero"),
+            max_read_bodies: NonZeroUsize::new(256 << 20).expect("nonzero"),
         }
     }
 }
@@ -125,6 +137,8 @@ pub(super) struct RawProxy {
     http2_max_streams: Option<Spanned<u64>>,
     pool_max_connections: Option<Spanned<u64>>,
     max_held: Option<Spanned<u64>>,
+    max_read_body: Option<Spanned<RawSize>>,
+    max_read_bodies: Option<Spanned<RawSize>>,
     normalize_path: Option<bool>,
     merge_slashes: Option<bool>,
     escaped_slashes: Option<Spanned<String>>,
@@ -184,5 +198,44 @@ pub(super) fn convert_proxy_bounds(
             defaults.pool_max_connections,
         )?,
         max_held: count(&raw.max_held, "proxy.max_held", defaults.max_held)?,
+        max_read_body: size(
+            &raw.max_read_body,
+            "proxy.max_read_body",
+            defaults.max_read_body,
+            lines,
+        )?,
+        max_read_bodies: size(
+            &raw.max_read_bodies,
+            "proxy.max_read_bodies",
+            defaults.max_read_bodies,
+            lines,
+        )?,
     })
+}
+
+/// A size of 1 KiB to 1 GiB: a number of bytes or a string with a unit.
+fn size(
+    raw: &Option<Spanned<RawSize>>,
+    field: &str,
+    default: NonZeroUsize,
+    lines: &Text<'_>,
+) -> Result<NonZeroUsize, ConfigError> {
+    let Some(v) = raw else {
+        return Ok(default);
+    };
+    let bytes = match v.get_ref() {
+        RawSize::Bytes(n) => u64::try_from(*n).ok(),
+        RawSize::Fraction(_) => None,
+        RawSize::Text(t) => Some(parse_size(t).map_err(|m| lines.err(v, field, m))?),
+    };
+    bytes
+        .filter(|n| (1 << 10..=1 << 30).contains(n))
+        .and_then(|n| NonZeroUsize::new(usize::try_from(n).ok()?))
+        .ok_or_else(|| {
+            lines.err(
+                v,
+                field,
+                "must be a size between 1KiB and 1GiB, like \"4MiB\"",
+            )
+        })
 }

@@ -323,6 +323,27 @@ fn the_proxy_section_bounds_what_clients_hold() {
     assert_eq!((e.line, e.field.as_str()), (Some(2), "proxy.max_held"));
     let e = error("[proxy]\nhttp2 = \"yes\"\n");
     assert_eq!(e.line, Some(2), "{e}");
+
+    // What a budget rule's body reader may hold.
+    let c = Config::parse("[proxy]\nmax_read_body = \"4MiB\"\nmax_read_bodies = 65536\n").unwrap();
+    assert_eq!(c.proxy_bounds.max_read_body.get(), 4 << 20);
+    assert_eq!(c.proxy_bounds.max_read_bodies.get(), 65_536);
+    for (text, line) in [
+        ("[proxy]\nmax_read_body = \"2GiB\"\n", 2),
+        ("[proxy]\n\nmax_read_body = 10\n", 3),
+        ("[proxy]\nmax_read_body = 1.5\n", 2),
+        ("[proxy]\nmax_read_body = \"lots\"\n", 2),
+    ] {
+        let e = error(text);
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(line), "proxy.max_read_body"),
+            "{e}"
+        );
+    }
+    let e = error("[proxy]\nmax_read_bodies = -1\n");
+    assert_eq!(e.field, "proxy.max_read_bodies");
+    assert!(e.message.contains("between 1KiB and 1GiB"), "{e}");
 }
 
 #[test]
