@@ -124,6 +124,9 @@ pub enum Settled {
     Released,
     /// Not: nothing could be measured, and the reservation stands.
     Kept,
+    /// Not: its settle token was sent after it expired (`POST /v1/settle`
+    /// of `spillway serve`), and the reservation stands.
+    Expired,
 }
 
 impl Settled {
@@ -135,6 +138,7 @@ impl Settled {
             Self::Cut => "cut",
             Self::Released => "released",
             Self::Kept => "kept",
+            Self::Expired => "expired",
         }
     }
 }

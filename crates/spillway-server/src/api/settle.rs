@@ -26,10 +26,9 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use spillway::algorithm::Charged;
 use spillway::store::{RuleId, Settle, Store, StoreError as _};
-use spillway_tower::{BudgetEvent, Engine as TowerEngine, Held, Settled};
+use spillway_tower::{BudgetEvent, Held, Settled};
 
 use crate::state::{Loaded, State};
-use crate::store::AnyStore;
 
 use super::answer::{Answer, bad_request, ms, problem, unavailable};
 use super::check::check_authorized;
@@ -141,11 +140,22 @@ enum Refused {
     /// Not a token this server (or one with its key) signed.
     Forged,
     /// Signed, but past its time.
-    Expired,
+    Expired(Token),
 }
 
 /// The token `text` says, if its signature holds and it has not expired.
 fn verify(text: &str, key: &SettleKey, configured: Option<&str>) -> Result<Token, Refused> {
+    verified(text, key, configured).and_then(|token| {
+        if token.exp <= now_ms() {
+            Err(Refused::Expired(token))
+        } else {
+            Ok(token)
+        }
+    })
+}
+
+/// The token `text` says, if its signature holds, expired or not.
+fn verified(text: &str, key: &SettleKey, configured: Option<&str>) -> Result<Token, Refused> {
     let rest = text.strip_prefix(PREFIX).ok_or(Refused::Forged)?;
     let (payload, signature) = rest.split_once('.').ok_or(Refused::Forged)?;
     let signature = URL_SAFE_NO_PAD
@@ -159,11 +169,7 @@ fn verify(text: &str, key: &SettleKey, configured: Option<&str>) -> Result<Token
     let json = URL_SAFE_NO_PAD
         .decode(payload)
         .map_err(|_| Refused::Forged)?;
-    let token: Token = serde_json::from_slice(&json).map_err(|_| Refused::Forged)?;
-    if token.exp <= now_ms() {
-        return Err(Refused::Expired);
-    }
-    Ok(token)
+    serde_json::from_slice(&json).map_err(|_| Refused::Forged)
 }
 
 /// The body of `POST /v1/settle`.
@@ -222,7 +228,8 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
         Err(Refused::Forged) => {
             return bad_request("`token` is not a settle token this server issued.");
         }
-        Err(Refused::Expired) => {
+        Err(Refused::Expired(token)) => {
+            observe(&loaded, &token, Settled::Expired, None);
             return Answer::problem(
                 StatusCode::GONE,
                 "The settle token has expired (`[server] settle_within`): its reservation stands.",
@@ -259,7 +266,7 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
     match engine.store().settle(&token.id, &settles).await {
         Ok(settled) => {
             if settled.applied {
-                observe(engine, &token, actual);
+                observe(&loaded, &token, Settled::Measured, Some(actual));
             }
             settled_answer(&token, &settled)
         }
@@ -275,10 +282,11 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
     }
 }
 
-/// Tells the metrics of a settle applied: each reservation opened and
-/// closed at once (the server holds none open between the two calls).
-fn observe(engine: &TowerEngine<AnyStore>, token: &Token, actual: u64) {
-    let Some(observer) = engine.observer() else {
+/// Tells the metrics what became of a token's reservations: each opened
+/// and closed at once (the server holds none open between the two calls),
+/// at `actual`, or kept as charged.
+fn observe(loaded: &Loaded, token: &Token, how: Settled, actual: Option<u64>) {
+    let Some(observer) = loaded.layer.engine().observer() else {
         return;
     };
     for c in &token.charges {
@@ -286,9 +294,9 @@ fn observe(engine: &TowerEngine<AnyStore>, token: &Token, actual: u64) {
         observer.budget(
             &c.name,
             BudgetEvent::Closed {
-                how: Settled::Measured,
+                how,
                 charged: c.cost,
-                actual,
+                actual: actual.unwrap_or(c.cost),
             },
         );
     }
@@ -409,7 +417,7 @@ mod tests {
         old.exp = now_ms() - 1;
         assert_eq!(
             verify(&sign(&old, &key, None), &key, None),
-            Err(Refused::Expired)
+            Err(Refused::Expired(old))
         );
     }
 }
