@@ -316,7 +316,12 @@ where
     };
     // What to give back if a shaped request is abandoned, or to settle
     // when a budget's response ends: only needed then.
-    let hold = engine.budgets || ruling.waits();
+    let hold = ruling.waits()
+        || (engine.budgets
+            && ruling
+                .charges()
+                .iter()
+                .any(|c| engine.response_cost(c).is_some()));
     let (outcome, held) = ruling.into_outcome(hold);
     let served = Served {
         outcome,
