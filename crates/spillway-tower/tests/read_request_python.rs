@@ -79,6 +79,8 @@ fn hostile() -> Vec<Vec<u8>> {
         r#"{"max_tokens":99999999999999999999999}"#,
         r#"{"max_tokens":"99999999999999999999999"}"#,
         r#"{"max_tokens":-0}"#,
+        r#"{"max_tokens":100000.0000000000069}"#,
+        r#"{"max_tokens":8000.000000000000000000001}"#,
         r#"{"max_tokens":1,"max_tokens":8000}"#,
         r#"{"max_tokens":8000,"max_tokens":1}"#,
         r#"{"max_\u0074okens":8000}"#,

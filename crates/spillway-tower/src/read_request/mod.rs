@@ -42,7 +42,9 @@
 //! - a body that fails while it is read is not answered here: the inner
 //!   service gets the bytes read, then the same error, where it came, as
 //!   it would have without this layer (a proxy's upstream sees the same
-//!   broken body). It gets no extension: what it asked is unknown.
+//!   broken body, of the length the client declared, never a whole body of
+//!   the bytes that came). The request is unreadable: what it asked is
+//!   unknown.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -52,7 +54,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
@@ -143,6 +145,18 @@ impl Config {
 struct Held {
     buffered: Arc<AtomicUsize>,
     bytes: usize,
+}
+
+impl Held {
+    /// Gives back what is held past `bytes` (a buffer smaller than was
+    /// allowed for).
+    fn shrink_to(&mut self, bytes: usize) {
+        if self.bytes > bytes {
+            self.buffered
+                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
 }
 
 impl Drop for Held {
@@ -298,7 +312,8 @@ where
             let req = Request::from_parts(parts, ReadBody::untouched(body));
             return Box::pin(self.inner.call(req));
         }
-        if declared_too_big(&parts.headers, &body, config.max_body) {
+        if declared_too_big(&parts.headers, &body, config.max_body) || other_charset(&parts.headers)
+        {
             parts.extensions.insert(RequestReserve::unreadable());
             let req = Request::from_parts(parts, ReadBody::untouched(body));
             return Box::pin(self.inner.call(req));
@@ -324,27 +339,59 @@ where
 }
 
 /// Whether an upstream may read the body as JSON: it has no
-/// `Content-Type`, or one of its `Content-Type`s is JSON (which one the
-/// upstream believes is anyone's guess).
+/// `Content-Type` or an empty one (FastAPI reads the body as JSON then), or
+/// one of its `Content-Type`s is JSON (which one the upstream believes is
+/// anyone's guess).
 fn may_be_json(headers: &HeaderMap) -> bool {
     let mut values = headers.get_all(CONTENT_TYPE).iter().peekable();
-    values.peek().is_none() || values.any(is_json)
+    values.peek().is_none()
+        || headers
+            .get_all(CONTENT_TYPE)
+            .iter()
+            .any(|v| v.is_empty() || is_json(v))
 }
 
-/// Whether a `Content-Type` is JSON.
+/// The media type's essence and parameters of a `Content-Type`, read as
+/// Python's `email` package reads it for FastAPI: the bytes as Latin-1,
+/// and Python's whitespace (NBSP, NEL and the separators `\x1c`-`\x1f`
+/// included) trimmed.
+fn media_type(value: &HeaderValue) -> (String, impl Iterator<Item = (String, String)>) {
+    let text: String = value.as_bytes().iter().map(|&b| char::from(b)).collect();
+    let space = |c: char| c.is_whitespace() || ('\x1c'..='\x1f').contains(&c);
+    let mut parts = text
+        .split(';')
+        .map(|p| p.trim_matches(space).to_string())
+        .collect::<Vec<_>>()
+        .into_iter();
+    let essence = parts.next().unwrap_or_default().to_ascii_lowercase();
+    let params = parts.filter_map(move |p| {
+        let (name, value) = p.split_once('=')?;
+        let value = value.trim_matches(space).trim_matches('"').to_string();
+        Some((name.trim_matches(space).to_ascii_lowercase(), value))
+    });
+    (essence, params)
+}
+
+/// Whether a `Content-Type` is JSON: `application/json`, or any
+/// `application/*+json` (FastAPI takes `application/+json` too).
 fn is_json(value: &HeaderValue) -> bool {
-    let Ok(value) = value.to_str() else {
-        return false;
-    };
-    let essence = value.split(';').next().unwrap_or_default().trim();
+    let (essence, _) = media_type(value);
     let Some((kind, subtype)) = essence.split_once('/') else {
         return false;
     };
-    let structured = subtype.len() > "+json".len()
-        && subtype
-            .get(subtype.len() - "+json".len()..)
-            .is_some_and(|suffix| suffix.eq_ignore_ascii_case("+json"));
-    kind.eq_ignore_ascii_case("application") && (subtype.eq_ignore_ascii_case("json") || structured)
+    kind == "application" && (subtype == "json" || subtype.ends_with("+json"))
+}
+
+/// Whether a `Content-Type` names a charset other than UTF-8: Express's
+/// body parser decodes the body by it (UTF-7 and UTF-16 spell
+/// `max_tokens` where this reader does not see it), Python ignores it.
+fn other_charset(headers: &HeaderMap) -> bool {
+    headers.get_all(CONTENT_TYPE).iter().any(|value| {
+        let (_, mut params) = media_type(value);
+        params.any(|(name, charset)| {
+            name == "charset" && !matches!(charset.to_ascii_lowercase().as_str(), "utf-8" | "utf8")
+        })
+    })
 }
 
 /// Whether the body says it is longer than `max`: its `Content-Length`, or
@@ -395,16 +442,20 @@ enum Then<B: Body> {
     /// The rest of the original body, boxed to be moved after it was
     /// polled (only a body that is read pays for the box).
     Body(Pin<Box<B>>),
-    /// The error the body failed with while it was read.
-    Error(B::Error),
+    /// The error the body failed with while it was read, and what the body
+    /// said was left of it then: the replay keeps the length the client
+    /// declared, so that the upstream sees a body cut short, never a whole
+    /// one of the bytes that came.
+    Error(B::Error, SizeHint),
     /// Nothing: the body had ended.
     End,
 }
 
 /// Reads `body` until its data ends, passes `max_body` bytes or what the
 /// layer may still hold, or it fails. What it holds is at most `max_body`
-/// bytes of data (in a buffer that may be twice that, as it grows), and the
-/// one frame that did not fit.
+/// bytes of data, in a buffer grown as the data comes (never sized by what
+/// the client declares), and the one frame that did not fit; the layer's
+/// allowance is charged for the buffer's capacity, not only its bytes.
 async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, config: &Config) -> Prefix<B> {
     let max = config.max_body;
     let mut held = Held {
@@ -412,37 +463,46 @@ async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, config: &Conf
         bytes: 0,
     };
     // A body in one frame is kept as it came; a second frame starts the
-    // copy, sized by what the body declares.
+    // copy.
     let mut first = Bytes::new();
-    let mut copy: Option<BytesMut> = None;
-    let mut len = 0usize;
+    let mut copy: Vec<u8> = Vec::new();
     let (over, last, then) = loop {
         match body.frame().await {
             None => break (None, None, Then::End),
-            Some(Err(error)) => break (None, None, Then::Error(error)),
+            Some(Err(error)) => {
+                let rest = body.size_hint();
+                break (None, None, Then::Error(error, rest));
+            }
             Some(Ok(frame)) => match frame.into_data() {
-                Ok(data)
-                    if len.saturating_add(data.len()) > max
-                        || !config.hold(&mut held, data.len()) =>
-                {
-                    break (Some(data), None, Then::Body(body));
-                }
                 Ok(data) => {
-                    len += data.len();
-                    match &mut copy {
-                        Some(copy) => copy.extend_from_slice(&data),
-                        None if first.is_empty() => first = data,
-                        None => {
-                            // What is left, as far as the body knows.
-                            let rest = body.size_hint().lower();
-                            let expected = (len as u64).saturating_add(rest).min(max as u64);
-                            let mut buf = BytesMut::with_capacity(expected as usize);
-                            buf.extend_from_slice(&first);
-                            buf.extend_from_slice(&data);
-                            first = Bytes::new();
-                            copy = Some(buf);
-                        }
+                    let len = first.len() + copy.len();
+                    let needed = len.saturating_add(data.len());
+                    if needed > max {
+                        break (Some(data), None, Then::Body(body));
                     }
+                    if len == 0 {
+                        if !config.hold(&mut held, data.len()) {
+                            break (Some(data), None, Then::Body(body));
+                        }
+                        first = data;
+                        continue;
+                    }
+                    if needed > copy.capacity() {
+                        // Doubling, within `max`; the first frame's charge
+                        // moves to the copy.
+                        let capacity = needed.max(copy.capacity() * 2).min(max);
+                        let had = copy.capacity() + first.len();
+                        if capacity > had && !config.hold(&mut held, capacity - had) {
+                            break (Some(data), None, Then::Body(body));
+                        }
+                        let mut grown = Vec::with_capacity(capacity);
+                        grown.extend_from_slice(&first);
+                        grown.extend_from_slice(&copy);
+                        first = Bytes::new();
+                        copy = grown;
+                        held.shrink_to(copy.capacity());
+                    }
+                    copy.extend_from_slice(&data);
                 }
                 // Trailers are a body's last frame: the end is known, and
                 // the size hint exact.
@@ -451,7 +511,11 @@ async fn read_prefix<B: Body<Data = Bytes>>(mut body: Pin<Box<B>>, config: &Conf
         }
     };
     Prefix {
-        data: copy.map_or(first, BytesMut::freeze),
+        data: if copy.is_empty() {
+            first
+        } else {
+            Bytes::from(copy)
+        },
         over,
         last,
         then,
@@ -464,8 +528,9 @@ impl<B: Body<Data = Bytes>> Prefix<B> {
     /// the upstream gets the same error).
     fn reserve(&self, fields: &[String]) -> Option<RequestReserve> {
         match &self.then {
-            Then::Error(_) => return None,
-            Then::Body(_) => return Some(RequestReserve::unreadable()),
+            // What it asked is unknown (and the upstream gets the same
+            // error, the same length declared).
+            Then::Error(..) | Then::Body(_) => return Some(RequestReserve::unreadable()),
             Then::End => {}
         }
         match parse::read(&self.data, fields) {
@@ -609,7 +674,7 @@ impl<B: Body<Data = Bytes>> Body for ReadBody<B> {
                         *then = Then::Body(body);
                         poll
                     }
-                    Then::Error(error) => Poll::Ready(Some(Err(error))),
+                    Then::Error(error, _) => Poll::Ready(Some(Err(error))),
                     Then::End => Poll::Ready(None),
                 }
             }
@@ -623,7 +688,7 @@ impl<B: Body<Data = Bytes>> Body for ReadBody<B> {
                 frames.is_empty()
                     && match then {
                         Then::Body(body) => body.is_end_stream(),
-                        Then::Error(_) => false,
+                        Then::Error(..) => false,
                         Then::End => true,
                     }
             }
@@ -643,7 +708,15 @@ impl<B: Body<Data = Bytes>> Body for ReadBody<B> {
                     }
                     hint
                 }
-                Then::Error(_) | Then::End => SizeHint::with_exact(*pending),
+                Then::Error(_, rest) => {
+                    let mut hint = SizeHint::new();
+                    hint.set_lower(rest.lower().saturating_add(*pending));
+                    if let Some(upper) = rest.upper() {
+                        hint.set_upper(upper.saturating_add(*pending));
+                    }
+                    hint
+                }
+                Then::End => SizeHint::with_exact(*pending),
             },
         }
     }

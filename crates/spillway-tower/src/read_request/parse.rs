@@ -330,6 +330,8 @@ mod tests {
             ("8e2", Some(800)),
             ("8E+2", Some(800)),
             ("18446744073709551616", Some(u64::MAX)),
+            // Python and JavaScript round this to 100000 exactly.
+            ("100000.0000000000069", Some(100_000)),
             (r#""800""#, Some(800)),
             (r#"" +8_000 ""#, Some(8000)),
             (r#""800.0""#, Some(800)),

@@ -239,8 +239,55 @@ async fn other_bodies_go_on_unchanged_without_a_reserve() {
     assert_eq!(seen.reserve, None);
 }
 
+#[test]
+fn json_media_types_as_fastapi_reads_them() {
+    let is = |value: &[u8]| is_json(&HeaderValue::from_bytes(value).unwrap());
+    assert!(is(b"application/json"));
+    assert!(is(b"Application/JSON; charset=utf-8"));
+    assert!(is(b"application/vnd.api+json"));
+    assert!(is(b"application/merge-patch+JSON ; q=1"));
+    // Python's `email` reads these as JSON too: `+json` alone, Latin-1
+    // bytes and whitespace (NBSP) around the type.
+    assert!(is(b"application/+json"));
+    assert!(is(b"application/json\xa0"));
+    assert!(is(b"application/json; x=\xe9"));
+    assert!(!is(b"application/jsonl"));
+    assert!(!is(b"application/x-ndjson"));
+    assert!(!is(b"text/json"));
+    assert!(!is(b"json"));
+    assert!(
+        may_be_json(&HeaderMap::new()),
+        "no type: FastAPI reads JSON"
+    );
+}
+
+#[tokio::test]
+async fn a_body_in_another_charset_reserves_the_most_unread() {
+    // Express decodes the body by its charset: in UTF-7 this body asks
+    // 100,000, where a UTF-8 reader sees 1.
+    let body = r#"{"max_tokens":1,"x":"+ACI-,+ACI-max_tokens+ACI-:100000,+ACI-y+ACI-:+ACI-"}"#;
+    for charset in ["utf-7", "UTF-16", "\"latin1\""] {
+        let content_type = format!("application/json; charset={charset}");
+        let seen = send(1024, with_type(&content_type, Full::new(Bytes::from(body)))).await;
+        assert_eq!(seen.reserve, unreadable(), "{charset}");
+        assert_eq!(seen.bytes, body.as_bytes());
+    }
+    for charset in ["utf-8", "UTF8", "\"utf-8\""] {
+        let content_type = format!("application/json; charset={charset}");
+        let seen = send(1024, with_type(&content_type, Full::new(Bytes::from(body)))).await;
+        assert_eq!(seen.reserve, reserve(&[("max_tokens", 1)], 13), "{charset}");
+    }
+}
+
 #[tokio::test]
 async fn a_body_without_a_type_or_with_a_json_one_among_several_is_read() {
+    // Nor with an empty one.
+    let object = br#"{"max_tokens":800}"#;
+    let req = with_type("", Full::new(Bytes::from_static(object)));
+    assert_eq!(
+        send(1024, req).await.reserve,
+        reserve(&[("max_tokens", 800)], 0)
+    );
     // FastAPI reads a body without a Content-Type as JSON.
     let object = br#"{"max_tokens":800}"#;
     let req = Request::new(Full::new(Bytes::from_static(object)));
@@ -321,9 +368,35 @@ async fn a_broken_body_fails_where_it_did() {
         json(chunks(&[&data[..5], &data[5..]], Some(Err(Broken)))),
     )
     .await;
-    assert_eq!(seen.reserve, None);
+    assert_eq!(seen.reserve, unreadable(), "what it asked is unknown");
     assert_eq!(seen.bytes, data, "the bytes before the error");
     assert_eq!(seen.error.as_deref(), Some("connection reset"));
+    assert_eq!(seen.hint, (data.len() as u64, None), "not a whole body");
+
+    // A body that declared 1,000 bytes and broke after 23: the replay says
+    // 1,000 still, so that a proxy frames it so and the upstream sees it
+    // cut short, not a whole request of 23 bytes.
+    struct Declared(Chan);
+    impl Body for Declared {
+        type Data = Bytes;
+        type Error = Broken;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Broken>>> {
+            Pin::new(&mut self.0).poll_frame(cx)
+        }
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(1_000 - data_len())
+        }
+    }
+    fn data_len() -> u64 {
+        br#"{"max_tokens":800,"p":"#.len() as u64
+    }
+    let body = Declared(chunks(&[&data[..]], Some(Err(Broken))));
+    let seen = send(1024, json(body)).await;
+    assert_eq!(seen.hint, (1_000, Some(1_000)));
+    assert_eq!(seen.reserve, unreadable());
 }
 
 #[tokio::test]
@@ -448,9 +521,10 @@ async fn a_body_in_many_small_frames_is_held_in_one_buffer() {
 
 #[tokio::test]
 async fn bodies_read_at_once_share_one_allowance_given_back_when_sent() {
-    // Room for 100 bytes in all: a first body of 60 is read whole, a
-    // second one is not (unreadable: it reserves the most), until the
-    // first has been sent on.
+    // Room for 100 bytes in all: a first body of 60, in frames of 10, is
+    // read whole into a buffer of 80 (grown by doubling: the allowance
+    // counts what is allocated), a second one is not (unreadable: it
+    // reserves the most), until the first has been sent on.
     let config = ReadRequestLayer::new(["max_tokens"])
         .max_buffered(100)
         .config;
@@ -465,10 +539,11 @@ async fn bodies_read_at_once_share_one_allowance_given_back_when_sent() {
         first.reserve(&config.fields),
         reserve(&[("max_tokens", 5)], 10)
     );
-    assert_eq!(config.buffered.load(Ordering::Acquire), 60);
+    assert_eq!(config.buffered.load(Ordering::Acquire), 80);
     let second = read_prefix(Box::pin(body(60)), &config).await;
     assert_eq!(second.reserve(&config.fields), unreadable());
-    assert_eq!(second.data.len(), 40, "read until the allowance ran out");
+    // 10, then a buffer of 20: 100 in all; 40 would not fit.
+    assert_eq!(second.data.len(), 20, "read until the allowance ran out");
     // The second body is replayed whole all the same.
     let mut replay = Box::pin(second.into_body());
     let mut bytes = Vec::new();
@@ -479,7 +554,7 @@ async fn bodies_read_at_once_share_one_allowance_given_back_when_sent() {
     drop(replay);
     assert_eq!(
         config.buffered.load(Ordering::Acquire),
-        60,
+        80,
         "the first still holds"
     );
 
