@@ -152,6 +152,37 @@ async fn a_token_not_signed_by_the_server_is_refused() {
         assert_eq!(a.status, StatusCode::BAD_REQUEST);
         assert!(a.text().contains(field), "{field}: {}", a.text());
     }
+    // A check that charges nothing (a peek) has nothing to settle.
+    let peek = http
+        .check(json!({"rule": "tokens", "key": "api_key=k", "cost": 0}))
+        .await;
+    assert_eq!(peek.json().get("settle"), None, "{}", peek.text());
+
+    // Another in-memory store (another instance, or this one restarted)
+    // with the same key: the charges are not there, and are not settled
+    // against its own keys.
+    let shared = "0123456789abcdef0123456789abcdef";
+    let keyed =
+        || Config::parse(&format!("[server]\nsettle_key = \"{shared}\"\n{RULES}")).expect("valid");
+    let first = Service::start(keyed(), None).await;
+    let second = Service::start(keyed(), None).await;
+    let token = check(&first.http).await["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    let answer = check(&second.http).await;
+    assert_eq!(remaining(&answer, "tokens"), 700);
+    let a = settle(&second.http, json!({"token": token, "actual": 0})).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.text());
+    assert!(a.text().contains("another store"), "{}", a.text());
+    assert_eq!(
+        remaining(&check(&second.http).await, "tokens"),
+        400,
+        "nothing given back"
+    );
+    let a = settle(&first.http, json!({"token": token, "actual": 0})).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+
     // A rule without a budget gets no token.
     let plain = Config::parse(
         "[[rules]]\nname = \"r\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n",

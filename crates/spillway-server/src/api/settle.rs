@@ -23,11 +23,16 @@ use hmac::{Hmac, KeyInit, Mac};
 use http::header::AUTHORIZATION;
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
+use spillway::Algorithm as _;
 use spillway::algorithm::Charged;
-use spillway::store::{RuleId, Settle, Store, StoreError as _};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+
+use spillway::store::{Check, RuleId, Settle, Store, StoreError as _};
 use spillway_tower::{BudgetEvent, Held, Settled};
 
+use crate::config::StoreKind;
 use crate::state::{Loaded, State};
 
 use super::answer::{Answer, bad_request, ms, problem, unavailable};
@@ -40,6 +45,10 @@ struct Token {
     id: String,
     /// When the token expires, in milliseconds since the Unix epoch.
     exp: u64,
+    /// The store that holds the charges ([`SettleKey::store_id`]): a token
+    /// of an in-memory store that has since restarted, or of another
+    /// store, is not settled against this one.
+    store: String,
     /// The charges to settle.
     charges: Vec<TokenCharge>,
 }
@@ -55,11 +64,45 @@ struct TokenCharge {
     cost: u64,
     at: u64,
     reset_after: u64,
+    /// The rule's capacity then: a reload that resized it is seen.
+    capacity: u64,
 }
 
-/// What signs and checks tokens: the configured key, or one drawn at start.
+/// What signs and checks tokens (the configured key, or one drawn at
+/// start), names this process's in-memory store, and remembers the tokens
+/// settled here.
 #[derive(Clone)]
-pub(crate) struct SettleKey(std::sync::Arc<[u8; 32]>);
+pub(crate) struct SettleKey(std::sync::Arc<Inner>);
+
+struct Inner {
+    key: [u8; 32],
+    /// Drawn at start: an in-memory store lives and dies with the process.
+    memory_store: String,
+    spent: Mutex<Spent>,
+}
+
+/// The ids of the tokens settled by this process, until they expire: a
+/// token is settled once here even if the store's receipt of it is gone
+/// (the in-memory store keeps at most 2^20 receipts, the oldest dropped
+/// first).
+#[derive(Default)]
+struct Spent {
+    ids: HashSet<String>,
+    /// (expiry, id), in the order the tokens were settled.
+    order: VecDeque<(u64, String)>,
+}
+
+/// The most tokens remembered as settled at once: past it, a settle is
+/// answered 503 until the oldest expire (at most `settle_within`).
+const MAX_SPENT: usize = if cfg!(test) { 4 } else { 1 << 20 };
+
+/// Whether a token may be settled now.
+#[derive(Debug, PartialEq, Eq)]
+enum Spend {
+    First,
+    Again,
+    Full,
+}
 
 impl std::fmt::Debug for SettleKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -72,13 +115,58 @@ impl SettleKey {
     pub(crate) fn random() -> Self {
         let mut key = [0u8; 32];
         getrandom::fill(&mut key).expect("the OS's random numbers");
-        Self(std::sync::Arc::new(key))
+        let mut store = [0u8; 16];
+        getrandom::fill(&mut store).expect("the OS's random numbers");
+        Self(std::sync::Arc::new(Inner {
+            key,
+            memory_store: format!("memory-{}", hex(&store)),
+            spent: Mutex::default(),
+        }))
     }
 
     /// The MAC under the configured key if there is one, else this one.
     fn mac(&self, configured: Option<&str>) -> Hmac<Sha256> {
-        let key = configured.map_or(&self.0[..], str::as_bytes);
+        let key = configured.map_or(&self.0.key[..], str::as_bytes);
         <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length")
+    }
+
+    /// The store `loaded` counts in: this process's memory, or the Redis
+    /// servers it names (hashed: a token is readable, and a URL may hold a
+    /// password).
+    fn store_id(&self, loaded: &Loaded) -> String {
+        match &loaded.config.store.kind {
+            StoreKind::Memory => self.0.memory_store.clone(),
+            StoreKind::Redis(topology) => {
+                let digest = Sha256::digest(format!("{topology:?}").as_bytes());
+                format!("redis-{}", hex(&digest[..16]))
+            }
+        }
+    }
+
+    /// Records token `id`, good until `exp`, as settled at `now`.
+    fn spend(&self, id: &str, exp: u64, now: u64) -> Spend {
+        let mut spent = self.0.spent.lock().unwrap_or_else(|p| p.into_inner());
+        let Spent { ids, order } = &mut *spent;
+        while order.front().is_some_and(|(e, _)| *e <= now) {
+            if let Some((_, old)) = order.pop_front() {
+                ids.remove(&old);
+            }
+        }
+        if ids.contains(id) {
+            return Spend::Again;
+        }
+        if ids.len() >= MAX_SPENT {
+            return Spend::Full;
+        }
+        ids.insert(id.to_string());
+        order.push_back((exp, id.to_string()));
+        Spend::First
+    }
+
+    /// Forgets token `id` (its settle failed, and may be sent again).
+    fn unspend(&self, id: &str) {
+        let mut spent = self.0.spent.lock().unwrap_or_else(|p| p.into_inner());
+        spent.ids.remove(id);
     }
 }
 
@@ -99,7 +187,8 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
     let charges: Vec<TokenCharge> = held
         .charges()
         .iter()
-        .filter(|(charge, _)| engine.response_cost(charge).is_some())
+        // A charge of nothing (a peek) has nothing to settle.
+        .filter(|(charge, charged)| engine.response_cost(charge).is_some() && charged.cost > 0)
         .map(|(charge, charged)| TokenCharge {
             rule: charge.rule_id().0,
             name: engine.store().rules()[charge.rule_id().0]
@@ -109,6 +198,9 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
             cost: charged.cost,
             at: charged.at,
             reset_after: charged.reset_after,
+            capacity: engine.store().rules()[charge.rule_id().0]
+                .algorithm()
+                .capacity(),
         })
         .collect();
     if charges.is_empty() {
@@ -120,6 +212,7 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
     let token = Token {
         id: format!("st-{}", hex(&id)),
         exp: now_ms().saturating_add(ms(within)),
+        store: key.store_id(loaded),
         charges,
     };
     let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).expect("serializable"));
@@ -229,17 +322,26 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
             return bad_request("`token` is not a settle token this server issued.");
         }
         Err(Refused::Expired(token)) => {
-            observe(&loaded, &token, Settled::Expired, None);
+            observe(&loaded, &token, Settled::Expired, Some(0));
             return Answer::problem(
                 StatusCode::GONE,
                 "The settle token has expired (`[server] settle_within`): its reservation stands.",
             );
         }
     };
+    if token.store != state.settle_key.store_id(&loaded) {
+        return Answer::problem(
+            StatusCode::CONFLICT,
+            "The token's charges are in another store (an in-memory store since restarted, or one the configuration no longer names): there is nothing here to settle.",
+        );
+    }
     let engine = loaded.layer.engine();
     let rules = engine.store().rules();
     for c in &token.charges {
-        if rules.get(c.rule).map(|r| r.name()) != Some(c.name.as_str()) {
+        let same = rules
+            .get(c.rule)
+            .is_some_and(|r| r.name() == c.name && r.algorithm().capacity() == c.capacity);
+        if !same {
             return Answer::problem(
                 StatusCode::CONFLICT,
                 format!(
@@ -263,22 +365,60 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
             actual,
         })
         .collect();
+    match state.settle_key.spend(&token.id, token.exp, now_ms()) {
+        Spend::First => {}
+        Spend::Again => return again(&loaded, &token).await,
+        Spend::Full => {
+            return unavailable(
+                "Too many settles in the last `settle_within` to remember them all; send this one again shortly.",
+            );
+        }
+    }
     match engine.store().settle(&token.id, &settles).await {
+        Err(e) if e.invalid_request().is_none() => {
+            state.settle_key.unspend(&token.id);
+            unavailable(
+                "The rate limiter cannot reach its store; send the same settle again shortly.",
+            )
+        }
         Ok(settled) => {
             if settled.applied {
                 observe(&loaded, &token, Settled::Measured, Some(actual));
             }
             settled_answer(&token, &settled)
         }
-        Err(e) => match e.invalid_request() {
-            Some(invalid) => Answer::problem(
-                StatusCode::CONFLICT,
-                format!("The settle does not fit the rules as they are now: {invalid}."),
+        Err(e) => Answer::problem(
+            StatusCode::CONFLICT,
+            format!(
+                "The settle does not fit the rules as they are now: {}.",
+                e.invalid_request()
+                    .map_or_else(|| e.to_string(), ToString::to_string)
             ),
-            None => unavailable(
-                "The rate limiter cannot reach its store; send the same settle again shortly.",
-            ),
-        },
+        ),
+    }
+}
+
+/// The answer to a token settled before by this process: nothing applied,
+/// each key as it stands.
+async fn again(loaded: &Loaded, token: &Token) -> Answer {
+    let checks: Vec<Check<'_>> = token
+        .charges
+        .iter()
+        .map(|c| Check {
+            rule: RuleId(c.rule),
+            key: &c.key,
+            cost: 0,
+        })
+        .collect();
+    match loaded.layer.engine().store().check(&checks).await {
+        Ok(verdict) => settled_answer(
+            token,
+            &spillway::store::Settled {
+                applied: false,
+                decisions: verdict.decisions,
+            },
+        ),
+        Err(_) => unavailable("The rate limiter cannot reach its store; try again shortly."),
     }
 }
 
@@ -286,6 +426,9 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
 /// and closed at once (the server holds none open between the two calls),
 /// at `actual`, or kept as charged.
 fn observe(loaded: &Loaded, token: &Token, how: Settled, actual: Option<u64>) {
+    // An expired token may be sent any number of times: counted each time,
+    // it adds no units.
+    let expired = how == Settled::Expired;
     let Some(observer) = loaded.layer.engine().observer() else {
         return;
     };
@@ -295,7 +438,7 @@ fn observe(loaded: &Loaded, token: &Token, how: Settled, actual: Option<u64>) {
             &c.name,
             BudgetEvent::Closed {
                 how,
-                charged: c.cost,
+                charged: if expired { 0 } else { c.cost },
                 actual: actual.unwrap_or(c.cost),
             },
         );
@@ -349,6 +492,7 @@ mod tests {
         Token {
             id: "st-1".into(),
             exp: now_ms() + 60_000,
+            store: "memory-0".into(),
             charges: vec![TokenCharge {
                 rule: 0,
                 name: "tokens".into(),
@@ -356,6 +500,7 @@ mod tests {
                 cost: 500,
                 at: 1,
                 reset_after: 2,
+                capacity: 1000,
             }],
         }
     }
@@ -419,5 +564,22 @@ mod tests {
             verify(&sign(&old, &key, None), &key, None),
             Err(Refused::Expired(old))
         );
+    }
+
+    #[test]
+    fn a_token_is_spent_once_until_it_expires_and_the_memory_is_bounded() {
+        let key = SettleKey::random();
+        assert_eq!(key.spend("a", 100, 0), Spend::First);
+        assert_eq!(key.spend("a", 100, 50), Spend::Again);
+        for id in ["b", "c", "d"] {
+            assert_eq!(key.spend(id, 200, 50), Spend::First);
+        }
+        // Full of tokens not yet expired: refused, none forgotten.
+        assert_eq!(key.spend("e", 200, 60), Spend::Full);
+        assert_eq!(key.spend("a", 100, 60), Spend::Again);
+        // Once `a` has expired (it can be settled no more), its room is free.
+        assert_eq!(key.spend("e", 200, 100), Spend::First);
+        key.unspend("e");
+        assert_eq!(key.spend("e", 200, 100), Spend::First);
     }
 }

@@ -52,7 +52,7 @@ pub struct ServerConfig {
     /// drawn at start, good for this process only.
     pub settle_key: Option<String>,
     /// How long a settle token is good for (`settle_within`, default 5
-    /// minutes, at most 10): a reservation not settled by then stands.
+    /// minutes, at most 9): a reservation not settled by then stands.
     pub settle_within: Duration,
 }
 
@@ -264,9 +264,11 @@ pub(super) fn settle_key(
     Ok(Some(raw.get_ref().clone()))
 }
 
-/// `[server] settle_within`: longer than a second, and at most the time a
-/// store remembers a settle ([`SETTLE_RECEIPT_TTL`]), or a token used again
-/// after its receipt was forgotten would settle twice.
+/// `[server] settle_within`: a second at least, and a minute less than the
+/// time a store remembers a settle ([`SETTLE_RECEIPT_TTL`]): a token must
+/// expire before its receipt, with room for a store's own retries of a
+/// settle and for clocks that differ a little (a token expires on the wall
+/// clock of the instance that issued it, a receipt on the store's).
 pub(super) fn settle_within(
     raw: Option<&Spanned<RawDuration>>,
     lines: &Text<'_>,
@@ -276,13 +278,14 @@ pub(super) fn settle_within(
     };
     let d =
         parse_duration(&raw.get_ref().0).map_err(|m| lines.err(raw, "server.settle_within", m))?;
-    if d < Duration::from_secs(1) || d > SETTLE_RECEIPT_TTL {
+    let most = SETTLE_RECEIPT_TTL.saturating_sub(Duration::from_secs(60));
+    if d < Duration::from_secs(1) || d > most {
         return Err(lines.err(
             raw,
             "server.settle_within",
             format!(
-                "must be between 1s and {}s (how long a store remembers a settle)",
-                SETTLE_RECEIPT_TTL.as_secs()
+                "must be between 1s and {}s (a minute less than a store remembers a settle)",
+                most.as_secs()
             ),
         ));
     }

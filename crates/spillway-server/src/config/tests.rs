@@ -582,3 +582,28 @@ fn values_of_the_wrong_kind_say_what_is_expected() {
         assert!(!e.message.contains("untagged"), "{e}");
     }
 }
+
+#[test]
+fn settle_tokens_are_signed_with_a_long_key_and_expire_before_their_receipts() {
+    let c = Config::parse("").unwrap();
+    assert_eq!(c.server.settle_key, None);
+    assert_eq!(c.server.settle_within, ServerConfig::SETTLE_WITHIN);
+    let key = "k".repeat(32);
+    let c = Config::parse(&format!(
+        "[server]\nsettle_key = \"{key}\"\nsettle_within = \"9m\"\n"
+    ))
+    .unwrap();
+    assert_eq!(c.server.settle_key.as_deref(), Some(key.as_str()));
+    assert_eq!(c.server.settle_within.as_secs(), 540);
+    let e = error("[server]\n\nsettle_key = \"short\"\n");
+    assert_eq!((e.line, e.field.as_str()), (Some(3), "server.settle_key"));
+    assert!(e.message.contains("at least 32 bytes"), "{e}");
+    for within in ["\"10m\"", "\"500ms\"", "\"soon\""] {
+        let e = error(&format!("[server]\nsettle_within = {within}\n"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(2), "server.settle_within"),
+            "{within}: {e}"
+        );
+    }
+}
