@@ -161,9 +161,15 @@ impl Loaded {
         let fields = config.policy.request_fields();
         let bounds = config.proxy_bounds;
         let read_request = (!fields.is_empty()).then(|| {
-            ReadRequestLayer::new(fields)
+            let layer = ReadRequestLayer::new(fields)
                 .max_body(bounds.max_read_body.get())
-                .max_buffered(bounds.max_read_bodies.get())
+                .max_buffered(bounds.max_read_bodies.get());
+            // The bodies read before a reload still hold their bytes: one
+            // allowance for them and the new ones.
+            match previous.and_then(|p| p.read_request.as_ref()) {
+                Some(old) => layer.sharing_buffers_with(old),
+                None => layer,
+            }
         });
         Ok(Self {
             config,

@@ -198,6 +198,23 @@ impl ReadRequestLayer {
         self
     }
 
+    /// Counts the bytes this layer's bodies hold in the same allowance as
+    /// `other`'s (whose bodies may still be held: a layer replaced on a
+    /// configuration reload), so that two layers do not hold twice
+    /// `max_buffered`.
+    ///
+    /// ```
+    /// use spillway_tower::ReadRequestLayer;
+    ///
+    /// let old = ReadRequestLayer::new(["max_tokens"]);
+    /// let new = ReadRequestLayer::new(["max_tokens", "n"]).sharing_buffers_with(&old);
+    /// # let _ = new;
+    /// ```
+    pub fn sharing_buffers_with(mut self, other: &ReadRequestLayer) -> Self {
+        Arc::make_mut(&mut self.config).buffered = other.config.buffered.clone();
+        self
+    }
+
     /// The most bytes of a body that are read (default 1 MiB): a longer
     /// body, declared or not, gets no [`RequestReserve`].
     pub fn max_body(mut self, bytes: usize) -> Self {

@@ -12,7 +12,8 @@
 //!   Go), never more than the largest.
 //! - a field's value: a non-negative integer, and also what lax validators
 //!   (pydantic, which OpenAI-compatible servers in Python use) turn into
-//!   one: `8000.0`, `8e3`, `"8000"`, `" +8_000 "`, `true`. An integer past
+//!   one: `8000.0`, `8e3`, `"8000"`, `" +8_000 "`, `true`; and what
+//!   JavaScript's `Number()` reads as one (`"0x186a0"`). An integer past
 //!   `u64::MAX` is `u64::MAX` (the reservation is capped anyway).
 //! - the prompt: the bytes of every string value at any depth, not keys.
 //!
@@ -301,6 +302,19 @@ fn lax_integer(s: &str) -> Option<u64> {
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         return Some(digits.parse().unwrap_or(u64::MAX));
     }
+    // JavaScript's `Number()` reads "0x186a0", "0o303240" and "0b1..." as
+    // integers too.
+    for (prefix, radix) in [("0x", 16), ("0o", 8), ("0b", 2)] {
+        if let Some(rest) = digits
+            .get(..2)
+            .filter(|p| p.eq_ignore_ascii_case(prefix))
+            .and_then(|_| digits.get(2..))
+        {
+            return u64::from_str_radix(rest, radix).ok().or_else(|| {
+                (!rest.is_empty() && rest.chars().all(|c| c.is_digit(radix))).then_some(u64::MAX)
+            });
+        }
+    }
     // Rust reads "inf" and "NaN" too; `whole` refuses them.
     digits.parse::<f64>().ok().and_then(whole)
 }
@@ -342,7 +356,11 @@ mod tests {
             (r#""inf""#, None),
             (r#""NaN""#, None),
             (r#""""#, None),
-            (r#""0x10""#, None),
+            (r#""0x186a0""#, Some(100_000)),
+            (r#""0X10""#, Some(16)),
+            (r#""0b101""#, Some(5)),
+            (r#""0x""#, None),
+            (r#""0xg""#, None),
             ("true", Some(1)),
             ("false", Some(0)),
             ("null", None),

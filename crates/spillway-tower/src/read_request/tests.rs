@@ -568,3 +568,20 @@ async fn bodies_read_at_once_share_one_allowance_given_back_when_sent() {
         reserve(&[("max_tokens", 5)], 10)
     );
 }
+
+#[tokio::test]
+async fn a_layer_that_replaces_another_shares_its_allowance() {
+    let old = ReadRequestLayer::new(["max_tokens"]).max_buffered(100);
+    let new = ReadRequestLayer::new(["max_tokens"])
+        .max_buffered(100)
+        .sharing_buffers_with(&old);
+    let body = |n: usize| Full::new(Bytes::from(vec![b' '; n]));
+    // A body still held by the old layer's service...
+    let held = read_prefix(Box::pin(body(90)), &old.config).await;
+    assert_eq!(old.config.buffered.load(Ordering::Acquire), 90);
+    // ...leaves the new one room for 10 bytes, not 100.
+    let next = read_prefix(Box::pin(body(20)), &new.config).await;
+    assert_eq!(next.reserve(&new.config.fields), unreadable());
+    drop((held, next));
+    assert_eq!(new.config.buffered.load(Ordering::Acquire), 0);
+}
