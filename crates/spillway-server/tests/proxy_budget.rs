@@ -277,6 +277,34 @@ async fn a_body_json_cannot_read_reserves_the_most_and_reaches_the_upstream_inta
     );
 }
 
+#[tokio::test]
+async fn a_body_cut_short_never_reaches_the_upstream_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The client declares 1,000 bytes, sends a short JSON body that asks
+    // for 90, then half-closes. Replayed with the length of what came, it
+    // was a whole request to the upstream, served in full for a default
+    // reservation.
+    let proxy = start(&config("finish")).await;
+    let body = r#"{"max_tokens":90,"deltas":3,"stream":false}"#;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\
+                Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.expect("write");
+    stream.write_all(body.as_bytes()).await.expect("write");
+    stream.shutdown().await.expect("half-close");
+    let mut answer = Vec::new();
+    let read = stream.read_to_end(&mut answer);
+    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        proxy.received.lock().expect("not poisoned").is_empty(),
+        "the upstream got a whole body"
+    );
+}
+
 /// The same budget on a real redis-server: the reservation, the settle and
 /// the charges a cut stream makes as it goes are script calls.
 fn on_redis(config: &str, url: &str) -> String {
