@@ -420,3 +420,38 @@ async fn an_http2_request_whose_body_never_comes_gets_a_408() {
         "answered after {waited:?}"
     );
 }
+
+/// An unknown caller is refused before its body is read: on HTTP/2, a
+/// check or settle whose body never comes is answered 401 at once, not
+/// after the body's deadline. (The HTTP/1.1 server reads a body of at most
+/// 64 KiB, within `body_timeout`, before it answers.)
+#[tokio::test]
+async fn a_caller_without_a_token_is_refused_before_its_body_is_read_on_http2() {
+    /// A client that sends its head, then nothing.
+    struct Silent;
+    impl http_body::Body for Silent {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            std::task::Poll::Pending
+        }
+    }
+    let service = start(CONFIG).await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Silent>();
+    for path in ["/v1/check", "/v1/settle"] {
+        let req = Request::post(format!("http://{}{path}", service.addr))
+            .header("content-type", "application/json")
+            .body(Silent)
+            .expect("a request");
+        let res = tokio::time::timeout(WAIT, client.request(req))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer before the body came"))
+            .expect("an HTTP/2 answer");
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{path}");
+    }
+}

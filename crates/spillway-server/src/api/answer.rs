@@ -80,6 +80,28 @@ pub(super) fn problem(status: StatusCode, detail: impl Into<String>) -> Response
     Answer::problem(status, detail).into_response()
 }
 
+/// A request body read whole, up to [`MAX_BODY_BYTES`](super::MAX_BODY_BYTES)
+/// (413 past it). Read only once the caller is authorized: an unknown
+/// caller gets its 401 without the server reading a byte of its body.
+pub(super) async fn read_body(body: axum::body::Body) -> Result<axum::body::Bytes, Response> {
+    axum::body::to_bytes(body, super::MAX_BODY_BYTES)
+        .await
+        .map_err(|e| {
+            let inner = e.into_inner();
+            if inner.is::<http_body_util::LengthLimitError>() {
+                problem(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("The body is larger than {} bytes.", super::MAX_BODY_BYTES),
+                )
+            } else {
+                problem(
+                    StatusCode::BAD_REQUEST,
+                    format!("The body could not be read: {inner}."),
+                )
+            }
+        })
+}
+
 pub(super) fn bad_request(detail: impl Into<String>) -> Answer {
     Answer::problem(StatusCode::BAD_REQUEST, detail)
 }

@@ -5,9 +5,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
-use axum::body::Bytes;
 use axum::extract::State as Extract;
-use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
@@ -19,7 +17,7 @@ use crate::state::State;
 
 use super::MAX_KEY_BYTES;
 use super::admin::same_secret;
-use super::answer::{Answer, bad_request, ms, problem, unavailable};
+use super::answer::{Answer, bad_request, ms, read_body, unavailable};
 use super::settle::{self, SettleKey};
 
 /// The body of `POST /v1/check`, parsed in one pass: the fields of both
@@ -152,7 +150,7 @@ impl<'a> CheckBody<'a> {
 pub(super) async fn check(
     Extract(state): Extract<State>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> Response {
     let mut authorization = headers.get_all(AUTHORIZATION).iter();
     // Two `Authorization` lines are no credentials.
@@ -163,9 +161,9 @@ pub(super) async fn check(
     if let Err(refused) = check_authorized(&state, authorization) {
         return (*refused).into_response();
     }
-    match body {
+    match read_body(body).await {
         Ok(body) => check_answer(&state, &body).await.into_response(),
-        Err(rejection) => problem(rejection.status(), rejection.body_text()),
+        Err(refused) => refused,
     }
 }
 

@@ -13,9 +13,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
 use axum::extract::State as Extract;
-use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -35,7 +33,7 @@ use spillway_tower::{BudgetEvent, Held, Settled};
 use crate::config::StoreKind;
 use crate::state::{Loaded, State};
 
-use super::answer::{Answer, bad_request, ms, problem, unavailable};
+use super::answer::{Answer, bad_request, ms, read_body, unavailable};
 use super::check::check_authorized;
 
 /// What a settle token says, signed.
@@ -278,7 +276,7 @@ struct SettleBody {
 pub(super) async fn settle(
     Extract(state): Extract<State>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> Response {
     let mut authorization = headers.get_all(AUTHORIZATION).iter();
     let authorization = match (authorization.next(), authorization.next()) {
@@ -288,9 +286,9 @@ pub(super) async fn settle(
     if let Err(refused) = check_authorized(&state, authorization) {
         return (*refused).into_response();
     }
-    match body {
+    match read_body(body).await {
         Ok(body) => settle_answer(&state, &body).await.into_response(),
-        Err(rejection) => problem(rejection.status(), rejection.body_text()),
+        Err(refused) => refused,
     }
 }
 
