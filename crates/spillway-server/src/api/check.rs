@@ -152,19 +152,28 @@ pub(super) async fn check(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
+    match authorized_body(&state, &headers, body).await {
+        Ok(body) => check_answer(&state, &body).await.into_response(),
+        Err(refused) => refused,
+    }
+}
+
+/// The body of a request to `POST /v1/check` or `/v1/settle`, read once
+/// its caller is authorized ([`check_authorized`]); `Err` is the 401, or
+/// the 413 of a body too large.
+pub(super) async fn authorized_body(
+    state: &State,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<axum::body::Bytes, Response> {
     let mut authorization = headers.get_all(AUTHORIZATION).iter();
     // Two `Authorization` lines are no credentials.
     let authorization = match (authorization.next(), authorization.next()) {
         (Some(one), None) => Some(one.as_bytes()),
         _ => None,
     };
-    if let Err(refused) = check_authorized(&state, authorization) {
-        return (*refused).into_response();
-    }
-    match read_body(body).await {
-        Ok(body) => check_answer(&state, &body).await.into_response(),
-        Err(refused) => refused,
-    }
+    check_authorized(state, authorization).map_err(|refused| (*refused).into_response())?;
+    read_body(body).await
 }
 
 /// The credentials of an `Authorization: Bearer <token>` value.

@@ -18,7 +18,6 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
-use http::header::AUTHORIZATION;
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -33,8 +32,8 @@ use spillway_tower::{BudgetEvent, Held, Settled};
 use crate::config::StoreKind;
 use crate::state::{Loaded, State};
 
-use super::answer::{Answer, bad_request, ms, read_body, unavailable};
-use super::check::check_authorized;
+use super::answer::{Answer, bad_request, ms, unavailable};
+use super::check::authorized_body;
 
 /// What a settle token says, signed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -278,15 +277,7 @@ pub(super) async fn settle(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let mut authorization = headers.get_all(AUTHORIZATION).iter();
-    let authorization = match (authorization.next(), authorization.next()) {
-        (Some(one), None) => Some(one.as_bytes()),
-        _ => None,
-    };
-    if let Err(refused) = check_authorized(&state, authorization) {
-        return (*refused).into_response();
-    }
-    match read_body(body).await {
+    match authorized_body(&state, &headers, body).await {
         Ok(body) => settle_answer(&state, &body).await.into_response(),
         Err(refused) => refused,
     }
