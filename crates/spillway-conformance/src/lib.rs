@@ -15,7 +15,8 @@
 //!
 //! ```
 //! use spillway::clock::FakeClock;
-//! use spillway::store::{Check, MemoryOptions, MemoryStore, Settle, Settled, Verdict};
+//! use spillway::algorithm::Renewed;
+//! use spillway::store::{Check, MemoryOptions, MemoryStore, Renew, Settle, Settled, Verdict};
 //! use spillway_conformance::{Harness, HarnessError};
 //!
 //! struct Memory(MemoryStore<FakeClock>);
@@ -32,6 +33,10 @@
 //!         now_us: u64,
 //!     ) -> Result<Settled, HarnessError> {
 //!         Ok(self.0.settle_at(id, settles, now_us)?)
+//!     }
+//!
+//!     fn renew(&mut self, renews: &[Renew<'_>], now_us: u64) -> Result<Vec<Renewed>, HarnessError> {
+//!         Ok(self.0.renew_at(renews, now_us)?)
 //!     }
 //! }
 //!
@@ -50,5 +55,5 @@ pub mod vectors;
 pub use runner::{Harness, HarnessError, Mismatch, Report, run, run_all, run_case};
 pub use vectors::{
     ALGORITHMS, Action, AlgorithmConfig, Case, CheckStep, DEFAULT_KEY, Expected, ExpectedDecision,
-    RuleSpec, SettleStep, Step, StepCheck, VECTOR_FILES, VectorError, cases, parse,
+    RenewStep, RuleSpec, SettleStep, Step, StepCheck, VECTOR_FILES, VectorError, cases, parse,
 };

@@ -5,15 +5,18 @@ use std::fmt;
 use std::time::Duration;
 
 use spillway::Decision;
-use spillway::algorithm::Charged;
-use spillway::store::{Check, Rule, RuleId, Settle, Settled, Verdict};
+use spillway::algorithm::{Charged, Renewed};
+use spillway::store::{Check, Renew, Rule, RuleId, Settle, Settled, Verdict};
 
-use crate::vectors::{Action, Case, CheckStep, Expected, ExpectedDecision, SettleStep, cases};
+use crate::vectors::{
+    Action, Case, CheckStep, Expected, ExpectedDecision, RenewStep, SettleStep, cases,
+};
 
 /// A store under test, as the suite drives it.
 ///
 /// The suite builds one harness per case (with the case's rules) and calls
-/// [`check`](Harness::check) or [`settle`](Harness::settle) once per step.
+/// [`check`](Harness::check), [`settle`](Harness::settle) or
+/// [`renew`](Harness::renew) once per step.
 /// The trait is synchronous: an asynchronous store's harness blocks on its
 /// own runtime.
 pub trait Harness {
@@ -32,6 +35,10 @@ pub trait Harness {
         settles: &[Settle<'_>],
         now_us: u64,
     ) -> Result<Settled, HarnessError>;
+
+    /// Renews concurrency leases at `now_us` on the store's clock (the
+    /// store's [`renew`](spillway::store::Store::renew)).
+    fn renew(&mut self, renews: &[Renew<'_>], now_us: u64) -> Result<Vec<Renewed>, HarnessError>;
 }
 
 impl<H: Harness + ?Sized> Harness for &mut H {
@@ -46,6 +53,10 @@ impl<H: Harness + ?Sized> Harness for &mut H {
         now_us: u64,
     ) -> Result<Settled, HarnessError> {
         (**self).settle(id, settles, now_us)
+    }
+
+    fn renew(&mut self, renews: &[Renew<'_>], now_us: u64) -> Result<Vec<Renewed>, HarnessError> {
+        (**self).renew(renews, now_us)
     }
 }
 
@@ -252,7 +263,7 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
                     .check()
                     .expect("a settle names a request");
                 let charged = charges.get(&settle.charge);
-                match settles_of(request, settle, charged) {
+                match settles_of(request, &settle.actuals, charged) {
                     Ok(settles) => {
                         let answer = harness.settle(&settle.id, &settles, step.t_us);
                         compare_settled(case, request, settle, answer, &mut report);
@@ -261,6 +272,33 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
                         None,
                         "outcome",
                         format!("a settle of step {}'s charges", settle.charge + 1),
+                        nothing,
+                    ),
+                }
+            }
+            Action::Renew(renew) => {
+                let request = case.steps[renew.charge]
+                    .check()
+                    .expect("a renew names a request");
+                let lease = charges.get_mut(&renew.charge);
+                match settles_of(request, &[0], lease.as_deref()) {
+                    Ok(settles) => {
+                        let [
+                            Settle {
+                                rule, key, charged, ..
+                            },
+                        ] = settles[..]
+                        else {
+                            unreachable!("a renew names a one-check request")
+                        };
+                        let answer = harness.renew(&[Renew { rule, key, charged }], step.t_us);
+                        let lease = lease.expect("it answered");
+                        compare_renewed(case, request, renew, answer, lease, &mut report);
+                    }
+                    Err(nothing) => report(
+                        None,
+                        "outcome",
+                        format!("a renew of step {}'s lease", renew.charge + 1),
                         nothing,
                     ),
                 }
@@ -274,7 +312,7 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
 /// it (`charged`); or, when it charged nothing, what it answered instead.
 fn settles_of<'a>(
     request: &'a CheckStep,
-    settle: &SettleStep,
+    actuals: &[u64],
     charged: Option<&Result<Verdict, HarnessError>>,
 ) -> Result<Vec<Settle<'a>>, String> {
     let verdict = match charged {
@@ -294,7 +332,7 @@ fn settles_of<'a>(
         .checks
         .iter()
         .zip(&verdict.decisions)
-        .zip(&settle.actuals)
+        .zip(actuals)
         .map(|((check, decision), &actual)| Settle {
             rule: RuleId(check.rule),
             key: &check.key,
@@ -327,6 +365,48 @@ fn compare_settled(
         );
     }
     compare_decisions(case, request, &settle.decisions, &settled.decisions, report);
+}
+
+/// Compares a renew's answer, and when the lease is held, makes `lease`
+/// (the answer to the request that took it) the lease as it now runs: the
+/// one later renews and settles name.
+fn compare_renewed(
+    case: &Case,
+    request: &CheckStep,
+    renew: &RenewStep,
+    answer: Result<Vec<Renewed>, HarnessError>,
+    lease: &mut Result<Verdict, HarnessError>,
+    report: &mut impl FnMut(Option<usize>, &'static str, String, String),
+) {
+    let renewed = match answer.as_deref() {
+        Ok([renewed]) => *renewed,
+        Ok(other) => {
+            return report(None, "renewed", "1".into(), other.len().to_string());
+        }
+        Err(e) => {
+            let expected = format!("renewed, was_held = {}", renew.was_held);
+            return report(None, "outcome", expected, e.to_string());
+        }
+    };
+    if renewed.was_held != renew.was_held {
+        report(
+            None,
+            "was_held",
+            renew.was_held.to_string(),
+            renewed.was_held.to_string(),
+        );
+    }
+    compare_decisions(
+        case,
+        request,
+        std::slice::from_ref(&renew.decision),
+        &[renewed.decision],
+        report,
+    );
+    if let (Ok(verdict), true) = (lease, renewed.decision.allowed) {
+        verdict.decided_at = renewed.at;
+        verdict.decisions[0] = renewed.decision;
+    }
 }
 
 fn compare(

@@ -36,6 +36,7 @@
 //! | `fixed_window`, `sliding_log`, `sliding_window` | `window_us` |
 //! | `token_bucket` | `period_us` (the rate is `limit` per `period_us`), `burst` |
 //! | `leaky_bucket` | `period_us`, `capacity`, `mode` (`"shape"`, the default, or `"police"`), `delay` (nginx's `delay=n`; shape only, default 0) |
+//! | `concurrency` | `lease_us` (`limit` is the slots) |
 //!
 //! **Steps.** A step happens at `t_us`. Its request is either one check,
 //! written inline as `rule` (a rule name; only needed when the case has
@@ -88,6 +89,21 @@
 //! retry_after, so those fields are not written; its `limit` is checked as
 //! any other.
 //!
+//! **Renews.** A concurrency lease that an admitted one-check request
+//! named with `id = "r1"` is renewed by `renew = "r1"` (`Store::renew`),
+//! with the lease as it stands: as admitted, or as the last admitted renew
+//! of that id left it (its time and decision). Later settles of `"r1"` (a
+//! release is `actual = 0`) name that lease too. What the store must
+//! answer: `was_held` (the lease was still held), and the decision inline
+//! as for a one-check request (`allowed`, `remaining`, `reset_after_us`,
+//! and `retry_after_us` exactly when denied).
+//!
+//! ```toml
+//! # rule = { algorithm = "concurrency", limit = 1, lease_us = 1_000 }
+//! { t_us = 0, cost = 1, id = "r1", allowed = true, remaining = 0, reset_after_us = 1_000 },
+//! { t_us = 900, renew = "r1", was_held = true, allowed = true, remaining = 0, reset_after_us = 1_000 },
+//! ```
+//!
 //! When the files are parsed, they are also checked for consistency: unknown
 //! fields, a `retry_after_us` on an admission or none on a denial, a
 //! `delay_us` outside a shaping leaky bucket, an overall `allowed` that does
@@ -123,7 +139,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use spillway::Quota;
 use spillway::algorithm::{
-    AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
+    AnyAlgorithm, Concurrency, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow,
+    TokenBucket,
 };
 use spillway::store::{MAX_SETTLE_ID, Rule, SETTLE_RECEIPT_TTL};
 
@@ -155,6 +172,10 @@ pub const VECTOR_FILES: &[(&str, &str)] = &[
     ),
     ("settle.toml", include_str!("../vectors/settle.toml")),
     (
+        "concurrency.toml",
+        include_str!("../vectors/concurrency.toml"),
+    ),
+    (
         "wall_clock.toml",
         include_str!("../vectors/wall_clock.toml"),
     ),
@@ -164,14 +185,15 @@ pub const VECTOR_FILES: &[(&str, &str)] = &[
     ),
 ];
 
-/// The five algorithms' names, as written in the vectors (and in
+/// The six algorithms' names, as written in the vectors (and in
 /// configuration files).
-pub const ALGORITHMS: [&str; 5] = [
+pub const ALGORITHMS: [&str; 6] = [
     "fixed_window",
     "sliding_log",
     "sliding_window",
     "token_bucket",
     "leaky_bucket",
+    "concurrency",
 ];
 
 /// The key of a check that does not name one.
@@ -280,6 +302,11 @@ pub enum AlgorithmConfig {
         /// policing.
         delay: u32,
     },
+    /// `concurrency`.
+    Concurrency {
+        /// `limit` slots, each lease lasting `period`.
+        quota: Quota,
+    },
 }
 
 impl AlgorithmConfig {
@@ -291,6 +318,7 @@ impl AlgorithmConfig {
             Self::SlidingWindow { .. } => "sliding_window",
             Self::TokenBucket { .. } => "token_bucket",
             Self::LeakyBucket { .. } => "leaky_bucket",
+            Self::Concurrency { .. } => "concurrency",
         }
     }
 
@@ -301,7 +329,8 @@ impl AlgorithmConfig {
         match self {
             Self::FixedWindow { quota }
             | Self::SlidingLog { quota }
-            | Self::SlidingWindow { quota } => u64::from(quota.limit().get()),
+            | Self::SlidingWindow { quota }
+            | Self::Concurrency { quota } => u64::from(quota.limit().get()),
             Self::TokenBucket { burst, .. } => u64::from(burst.get()),
             Self::LeakyBucket { capacity, .. } => u64::from(capacity.get()),
         }
@@ -322,12 +351,13 @@ impl AlgorithmConfig {
             } => LeakyBucket::new(quota, capacity, mode)
                 .with_delay(delay)
                 .into(),
+            Self::Concurrency { quota } => Concurrency::new(quota).into(),
         }
     }
 }
 
-/// One step of a case, at one time: a request, or the settle of an earlier
-/// request's charges.
+/// One step of a case, at one time: a request, the settle of an earlier
+/// request's charges, or the renew of its lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
     /// The line of the vector file it starts on, for messages.
@@ -343,7 +373,7 @@ impl Step {
     pub fn check(&self) -> Option<&CheckStep> {
         match &self.action {
             Action::Check(check) => Some(check),
-            Action::Settle(_) => None,
+            Action::Settle(_) | Action::Renew(_) => None,
         }
     }
 
@@ -351,7 +381,7 @@ impl Step {
     pub fn settle(&self) -> Option<&SettleStep> {
         match &self.action {
             Action::Settle(settle) => Some(settle),
-            Action::Check(_) => None,
+            Action::Check(_) | Action::Renew(_) => None,
         }
     }
 }
@@ -363,6 +393,20 @@ pub enum Action {
     Check(CheckStep),
     /// A settle of the charges an earlier request made.
     Settle(SettleStep),
+    /// A renew of the lease an earlier request took.
+    Renew(RenewStep),
+}
+
+/// A renew of the lease an earlier one-check request took (`renew = "r1"`),
+/// and what the store must answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewStep {
+    /// The index in [`Case::steps`] of that request.
+    pub charge: usize,
+    /// Whether the lease was still held.
+    pub was_held: bool,
+    /// The lease's decision: admitted when the slots are held now.
+    pub decision: ExpectedDecision,
 }
 
 /// A request, and what the store must answer.
@@ -536,6 +580,7 @@ struct RawRule {
     capacity: Option<u32>,
     mode: Option<String>,
     delay: Option<u32>,
+    lease_us: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -544,6 +589,8 @@ struct RawStep {
     t_us: u64,
     id: Option<String>,
     settle: Option<String>,
+    renew: Option<String>,
+    was_held: Option<bool>,
     actual: Option<u64>,
     actuals: Option<Vec<u64>>,
     applied: Option<bool>,
@@ -647,11 +694,13 @@ impl RawRule {
             ("capacity", self.capacity.is_some()),
             ("mode", self.mode.is_some()),
             ("delay", self.delay.is_some()),
+            ("lease_us", self.lease_us.is_some()),
         ];
         let (allowed_fields, period_field): (&[&str], _) = match self.algorithm.as_str() {
             "fixed_window" | "sliding_log" | "sliding_window" => (&["window_us"], "window_us"),
             "token_bucket" => (&["period_us", "burst"], "period_us"),
             "leaky_bucket" => (&["period_us", "capacity", "mode", "delay"], "period_us"),
+            "concurrency" => (&["lease_us"], "lease_us"),
             other => {
                 return Err(format!(
                     "unknown `algorithm` {other:?}; expected one of {ALGORITHMS:?}"
@@ -667,6 +716,7 @@ impl RawRule {
         let period = self
             .window_us
             .or(self.period_us)
+            .or(self.lease_us)
             .ok_or_else(|| format!("`{period_field}` is missing"))?;
         let quota = Quota::new(limit, Duration::from_micros(period))
             .map_err(|e| format!("`{period_field}`: {}", e.message()))?;
@@ -678,6 +728,7 @@ impl RawRule {
             "fixed_window" => AlgorithmConfig::FixedWindow { quota },
             "sliding_log" => AlgorithmConfig::SlidingLog { quota },
             "sliding_window" => AlgorithmConfig::SlidingWindow { quota },
+            "concurrency" => AlgorithmConfig::Concurrency { quota },
             "token_bucket" => AlgorithmConfig::TokenBucket {
                 quota,
                 burst: nonzero(self.burst, "burst")?,
@@ -725,9 +776,11 @@ impl RawStep {
         earlier: &[Step],
         named: &mut Named,
     ) -> Result<Step, String> {
-        let action = match &self.settle {
-            Some(id) => Action::Settle(self.convert_settle(id, earlier, named)?),
-            None => Action::Check(self.convert_check(rules, earlier.len(), named)?),
+        let action = match (&self.settle, &self.renew) {
+            (Some(_), Some(_)) => return Err("has both `settle` and `renew`".into()),
+            (Some(id), None) => Action::Settle(self.convert_settle(id, earlier, named)?),
+            (None, Some(id)) => Action::Renew(self.convert_renew(rules, id, earlier, named)?),
+            (None, None) => Action::Check(self.convert_check(rules, earlier.len(), named)?),
         };
         Ok(Step {
             line,
@@ -750,6 +803,9 @@ impl RawStep {
         ];
         if let Some((field, _)) = settle_fields.iter().find(|(_, set)| *set) {
             return Err(format!("`{field}` goes with `settle`"));
+        }
+        if self.was_held.is_some() {
+            return Err("`was_held` goes with `renew`".into());
         }
         let checks = self.convert_checks(rules)?;
         let expected = self.convert_expected(checks.len())?;
@@ -781,6 +837,7 @@ impl RawStep {
             ("key", self.key.is_some()),
             ("id", self.id.is_some()),
             ("error", self.error.is_some()),
+            ("was_held", self.was_held.is_some()),
         ];
         if let Some((field, _)) = request_fields.iter().find(|(_, set)| *set) {
             return Err(format!(
@@ -857,6 +914,63 @@ impl RawStep {
             actuals,
             applied,
             decisions,
+        })
+    }
+
+    /// A renew of the lease of the earlier step named `id`.
+    fn convert_renew(
+        &self,
+        rules: &[RuleSpec],
+        id: &str,
+        earlier: &[Step],
+        named: &Named,
+    ) -> Result<RenewStep, String> {
+        let other_fields = [
+            ("cost", self.cost.is_some()),
+            ("checks", self.checks.is_some()),
+            ("rule", self.rule.is_some()),
+            ("key", self.key.is_some()),
+            ("id", self.id.is_some()),
+            ("error", self.error.is_some()),
+            ("actual", self.actual.is_some()),
+            ("actuals", self.actuals.is_some()),
+            ("applied", self.applied.is_some()),
+            ("decisions", self.decisions.is_some()),
+            ("delay_us", self.delay_us.is_some()),
+        ];
+        if let Some((field, _)) = other_fields.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "`{field}` on a renew: it renews the lease of the request it names"
+            ));
+        }
+        let &charge = named
+            .charges
+            .get(id)
+            .ok_or_else(|| format!("`renew = {id:?}`: no earlier request has `id = {id:?}`"))?;
+        let checks = earlier[charge].check().map_or(&[][..], |r| &r.checks[..]);
+        match checks {
+            [check]
+                if matches!(
+                    rules[check.rule].config,
+                    AlgorithmConfig::Concurrency { .. }
+                ) => {}
+            _ => {
+                return Err(format!(
+                    "`renew = {id:?}`: only a one-check request of a concurrency rule has a lease"
+                ));
+            }
+        }
+        let decision = RawDecision {
+            allowed: Some(self.allowed.ok_or("`allowed` is missing")?),
+            remaining: self.remaining.ok_or("`remaining` is missing")?,
+            reset_after_us: self.reset_after_us.ok_or("`reset_after_us` is missing")?,
+            retry_after_us: self.retry_after_us,
+            delay_us: None,
+        };
+        Ok(RenewStep {
+            charge,
+            was_held: self.was_held.ok_or("`was_held` is missing")?,
+            decision: decision.convert()?,
         })
     }
 

@@ -1,7 +1,8 @@
 //! The whole conformance suite against the in-memory store.
 
+use spillway::algorithm::Renewed;
 use spillway::clock::FakeClock;
-use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, Settle, Settled, Verdict};
+use spillway::store::{Check, MemoryOptions, MemoryStore, Renew, Rule, Settle, Settled, Verdict};
 use spillway_conformance::{Harness, HarnessError};
 
 /// The in-memory store, told the time of each step through `check_at` and
@@ -31,6 +32,10 @@ impl Harness for Memory {
         now_us: u64,
     ) -> Result<Settled, HarnessError> {
         Ok(self.0.settle_at(id, settles, now_us)?)
+    }
+
+    fn renew(&mut self, renews: &[Renew<'_>], now_us: u64) -> Result<Vec<Renewed>, HarnessError> {
+        Ok(self.0.renew_at(renews, now_us)?)
     }
 }
 

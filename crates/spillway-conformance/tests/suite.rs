@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use spillway::algorithm::LeakyMode;
+use spillway::algorithm::Renewed;
 use spillway::clock::FakeClock;
-use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, Settle, Settled, Verdict};
+use spillway::store::{Check, MemoryOptions, MemoryStore, Renew, Rule, Settle, Settled, Verdict};
 use spillway_conformance::{
     ALGORITHMS, Action, AlgorithmConfig, Case, Expected, ExpectedDecision, Harness, HarnessError,
     Step, StepCheck, VECTOR_FILES, cases, parse, run,
@@ -193,6 +194,14 @@ impl Harness for OffByOne {
         }
         Ok(settled)
     }
+
+    fn renew(&mut self, renews: &[Renew<'_>], now_us: u64) -> Result<Vec<Renewed>, HarnessError> {
+        let mut renewed = self.0.renew_at(renews, now_us)?;
+        for r in &mut renewed {
+            r.decision.remaining += 1;
+        }
+        Ok(renewed)
+    }
 }
 
 #[test]
@@ -214,6 +223,7 @@ fn the_runner_reports_every_mismatch() {
                 Expected::CostTooLarge => 0,
             },
             Action::Settle(settle) => settle.decisions.len(),
+            Action::Renew(_) => 1,
         })
         .sum();
     assert!(!report.passed());
@@ -303,7 +313,7 @@ decisions = [
 fn expected_mut(step: &mut Step) -> &mut Expected {
     match &mut step.action {
         Action::Check(request) => &mut request.expected,
-        Action::Settle(_) => panic!("a settle, not a request"),
+        Action::Settle(_) | Action::Renew(_) => panic!("not a request"),
     }
 }
 
@@ -328,6 +338,10 @@ impl Harness for Tampered {
         now_us: u64,
     ) -> Result<Settled, HarnessError> {
         Ok(self.0.settle_at(id, settles, now_us)?)
+    }
+
+    fn renew(&mut self, renews: &[Renew<'_>], now_us: u64) -> Result<Vec<Renewed>, HarnessError> {
+        Ok(self.0.renew_at(renews, now_us)?)
     }
 }
 
@@ -568,10 +582,15 @@ impl Harness for BadSettle {
     ) -> Result<Settled, HarnessError> {
         Ok((self.1)(&self.0, id, settles, now_us)?)
     }
+
+    fn renew(&mut self, renews: &[Renew<'_>], now_us: u64) -> Result<Vec<Renewed>, HarnessError> {
+        Ok(self.0.renew_at(renews, now_us)?)
+    }
 }
 
-/// Each way of getting a settle wrong fails the settle vectors, and nothing
-/// else: the other files have no settles.
+/// Each way of getting a settle wrong fails the settle vectors (and the
+/// concurrency vectors, whose releases are settles), and nothing else: the
+/// other files have no settles.
 #[test]
 fn a_store_whose_settle_is_wrong_fails() {
     let wrong: [(&str, WrongSettle); 4] = [
@@ -644,7 +663,10 @@ fn a_store_whose_settle_is_wrong_fails() {
             "{what}: passed"
         );
         assert!(
-            report.mismatches.iter().all(|m| m.file == "settle.toml"),
+            report
+                .mismatches
+                .iter()
+                .all(|m| m.file == "settle.toml" || m.file == "concurrency.toml"),
             "{what}: {report}"
         );
         if what == "not idempotent" {

@@ -29,6 +29,9 @@ pub(crate) struct Reply {
     pub(crate) allowed: bool,
     pub(crate) now: u64,
     pub(crate) decisions: Vec<Decision>,
+    /// A renew's: per check, whether the lease was still held, and the
+    /// time it now runs from. Empty for the other modes.
+    pub(crate) renewed: Vec<script::LeaseRenewed>,
 }
 
 /// What a script call does: decide, or after the decision give charges
@@ -38,6 +41,8 @@ pub(crate) enum Mode<'a> {
     Decide,
     Refund(Refund<'a>),
     Settle(SettleCall<'a>),
+    /// Renew leases: each check's lease time, by index in the request.
+    Renew(&'a [u64]),
 }
 
 /// A refund's time of charge and its receipt key.
@@ -109,11 +114,17 @@ impl RedisStore {
             }
         }
         .map_err(|_| Error::Timeout(timeout))??;
-        let (allowed, now, decisions) = script::decode(&reply, group.checks.len())?;
+        let checks = group.checks.len();
+        let (reply, renewed) = match mode {
+            Mode::Renew(_) => script::split_renewed(&reply, checks)?,
+            _ => (&reply[..], Vec::new()),
+        };
+        let (allowed, now, decisions) = script::decode(reply, checks)?;
         Ok(Reply {
             allowed,
             now,
             decisions,
+            renewed,
         })
     }
 }
@@ -167,9 +178,10 @@ impl CallArgs for ScriptCall {
 /// The keys and arguments of the script call for `group`: for a
 /// single-check script (`family`), the parameters its algorithm reads, the
 /// cost and (only the test build sends one) the time; for the general
-/// script, the time or "", the refund's time, "settle" or "", then each
-/// check's algorithm, five parameters and cost, a settle's parts and its
-/// receipt's life, and a refund's or settle's receipt key last.
+/// script, the time or "", the refund's time, "settle", "renew" or "",
+/// then each check's algorithm, five parameters and cost, a settle's parts
+/// and its receipt's life or a renew's lease times, and a refund's or
+/// settle's receipt key last.
 pub(crate) fn assemble(
     prepared: &[Prepared],
     group: &[usize],
@@ -199,6 +211,7 @@ pub(crate) fn assemble(
         Mode::Decide => out.text(""),
         Mode::Refund(r) => out.number(r.charged_at),
         Mode::Settle(_) => out.text("settle"),
+        Mode::Renew(_) => out.text("renew"),
     }
     for &i in group {
         let p = &prepared[i];
@@ -219,6 +232,7 @@ pub(crate) fn assemble(
             out.number(settle.receipt_ms);
             out.key(settle.receipt);
         }
+        Mode::Renew(at) => group.iter().for_each(|&i| out.number(at[i])),
     }
 }
 

@@ -7,6 +7,7 @@ mod call;
 mod cluster;
 mod deny_cache;
 mod fallback;
+mod renew;
 mod script;
 mod standalone;
 
@@ -28,8 +29,9 @@ pub use call::ScriptCall;
 pub use script::MAX_SLIDING_LOG_LIMIT;
 
 use redis::aio::ConnectionManagerConfig;
+use spillway::algorithm::Renewed;
 use spillway::store::{
-    Check, MAX_SETTLE_ID, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
+    Check, MAX_SETTLE_ID, Renew, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
 };
 use spillway::{Algorithm, CostTooLarge};
 
@@ -539,6 +541,13 @@ impl RedisStore {
         self.settle_charges(id, settles, Some(now)).await
     }
 
+    /// Renews leases as if the server's clock read `now` (µs): the
+    /// conformance suite's [`Store::renew`], with the `test-time` feature.
+    #[cfg(feature = "test-time")]
+    pub async fn renew_at(&self, renews: &[Renew<'_>], now: u64) -> Result<Vec<Renewed>, Error> {
+        self.renew_leases(renews, Some(now)).await
+    }
+
     /// The script call the store makes for `checks` on a standalone server
     /// (its source, keys and arguments), for inspection and benchmarks.
     pub fn script_call(&self, checks: &[Check<'_>]) -> Result<ScriptCall, Error> {
@@ -662,7 +671,10 @@ impl RedisStore {
                 if let (false, Some(cache)) = (verdict.allowed, &inner.deny_cache) {
                     let received = Instant::now();
                     for (p, d) in prepared.iter().zip(&verdict.decisions) {
-                        if !d.allowed {
+                        // A concurrency denial's wait is until a lease
+                        // ends; a release, on any instance, frees a slot
+                        // long before: not cached.
+                        if !d.allowed && p.params[0] != script::CONCURRENCY {
                             cache.record(&p.key, p.cost, *d, now, received);
                         }
                     }
@@ -1046,17 +1058,18 @@ impl RedisStore {
         if reply.allowed {
             bump(&self.inner.counters.settles);
         }
-        if let Some(cache) = &self.inner.deny_cache {
-            for &i in &group.checks {
-                cache.forget(&prepared[i].key);
-            }
-        }
+        self.forget_denials(prepared, group);
     }
 
     /// A refund ran: counted, and the deny cache forgets its keys (a
     /// denial cached while the charge stood may no longer hold).
     fn refunded(&self, prepared: &[Prepared], group: &Group) {
         bump(&self.inner.counters.refunds);
+        self.forget_denials(prepared, group);
+    }
+
+    /// The deny cache forgets the keys of `group`, whose state just moved.
+    pub(crate) fn forget_denials(&self, prepared: &[Prepared], group: &Group) {
         if let Some(cache) = &self.inner.deny_cache {
             for &i in &group.checks {
                 cache.forget(&prepared[i].key);
@@ -1403,6 +1416,15 @@ impl Store for RedisStore {
         settles: &[Settle<'_>],
     ) -> impl std::future::Future<Output = Result<Settled, Error>> + Send {
         self.settle_charges(id, settles, None)
+    }
+
+    /// Renews with the script's renew mode, one call per slot; a lease the
+    /// local fallback took is renewed there.
+    fn renew(
+        &self,
+        renews: &[Renew<'_>],
+    ) -> impl std::future::Future<Output = Result<Vec<Renewed>, Error>> + Send {
+        self.renew_leases(renews, None)
     }
 }
 

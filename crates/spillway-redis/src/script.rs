@@ -85,7 +85,7 @@ pub(crate) const SINGLE_SCRIPTS: usize = FAMILIES.len();
 pub(crate) fn family(params: &Params) -> usize {
     match params[0] {
         1 => 0,
-        2 => 1,
+        2 | 6 => 1,
         3 => 2,
         _ => 3,
     }
@@ -134,6 +134,9 @@ const EXACT: u128 = 1 << 53;
 /// Redis serves nobody else: 10,000 entries take about 10 to 20 ms (more
 /// on a loaded machine), once per window at most.
 pub const MAX_SLIDING_LOG_LIMIT: u32 = 10_000;
+
+/// A concurrency rule's algorithm number in a script call.
+pub(crate) const CONCURRENCY: u64 = 6;
 
 /// The seven numbers a check sends, less the cost: algorithm, p1..p5.
 pub(crate) type Params = [u64; 6];
@@ -188,6 +191,14 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
             ))
         }
         AnyAlgorithm::SlidingLog(_) => windowed(2, false),
+        AnyAlgorithm::Concurrency(_) if quota.limit().get() > MAX_SLIDING_LOG_LIMIT => {
+            Err(too_large(
+                "a concurrency rule on Redis takes 10,000 slots at most (it keeps an entry \
+                 per lease, as a sliding log does)",
+            ))
+        }
+        // The sliding log's Lua, whose window is the lease.
+        AnyAlgorithm::Concurrency(_) => windowed(CONCURRENCY, false),
         AnyAlgorithm::SlidingWindow(_) => windowed(3, true),
         AnyAlgorithm::TokenBucket(_) => bucket(4, 0, 0),
         AnyAlgorithm::LeakyBucket(lb) => match lb.mode() {
@@ -222,6 +233,31 @@ pub(crate) fn decode(reply: &[i64], checks: usize) -> Result<(bool, u64, Vec<Dec
     Ok((reply[0] == 1, reply[1].max(0) as u64, decisions))
 }
 
+/// Per renewed lease: whether it was still held, and the time it now runs
+/// from.
+pub(crate) type LeaseRenewed = (bool, u64);
+
+/// A renew's reply split: the reply of a decision (admitted, the time,
+/// seven numbers per check), then per check whether its lease was still
+/// held (0/1) and the time it now runs from.
+pub(crate) fn split_renewed(
+    reply: &[i64],
+    checks: usize,
+) -> Result<(&[i64], Vec<LeaseRenewed>), Error> {
+    let head = 2 + 7 * checks;
+    if reply.len() != head + 2 * checks {
+        return Err(Error::Reply(format!(
+            "{} numbers for {checks} renews",
+            reply.len()
+        )));
+    }
+    let renewed = reply[head..]
+        .chunks_exact(2)
+        .map(|r| (r[0] == 1, r[1].max(0) as u64))
+        .collect();
+    Ok((&reply[..head], renewed))
+}
+
 /// The Redis key of `key` under `rule`: `prefix{rule:key}:algorithm`,
 /// escaped so that two different (rule, key) pairs never meet, hash-tagged
 /// so that a key's state stays in one cluster slot, and suffixed with the
@@ -248,6 +284,7 @@ pub(crate) fn redis_key(prefix: &str, rule: &str, algorithm: &AnyAlgorithm, key:
         AnyAlgorithm::FixedWindow(_) => window("fwi", &mut out),
         AnyAlgorithm::SlidingWindow(_) => window("sw", &mut out),
         AnyAlgorithm::SlidingLog(_) => out.push_str("sl"),
+        AnyAlgorithm::Concurrency(_) => out.push_str("cc"),
         AnyAlgorithm::TokenBucket(_) => out.push_str("tb"),
         AnyAlgorithm::LeakyBucket(_) => out.push_str("lb"),
     }

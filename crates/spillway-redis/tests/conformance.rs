@@ -4,7 +4,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spillway::store::{Check, Rule, Settle, Settled, Verdict};
+use spillway::algorithm::Renewed;
+use spillway::store::{Check, Renew, Rule, Settle, Settled, Verdict};
 use spillway_conformance::redis_server::{RedisCluster, RedisServer};
 use spillway_conformance::{Harness, HarnessError};
 use spillway_redis::{Error, RedisOptions, RedisStore, Topology};
@@ -30,6 +31,12 @@ impl Harness for Redis<'_> {
     ) -> Result<Settled, HarnessError> {
         self.runtime
             .block_on(self.store.settle_at(id, settles, now_us))
+            .map_err(harness_error)
+    }
+
+    fn renew(&mut self, renews: &[Renew<'_>], now_us: u64) -> Result<Vec<Renewed>, HarnessError> {
+        self.runtime
+            .block_on(self.store.renew_at(renews, now_us))
             .map_err(harness_error)
     }
 }

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use spillway::store::{Check, MemoryStore, Rule, Settle, Settled, Store, Verdict};
+use spillway::algorithm::Renewed;
+use spillway::store::{Check, MemoryStore, Renew, Rule, Settle, Settled, Store, Verdict};
 use spillway_redis::{Error as StoreError, RedisStore};
 
 /// Called with every store call's latency and outcome, for metrics.
@@ -102,6 +103,16 @@ impl Store for AnyStore {
         let result = match &self.inner {
             StoreImpl::Memory(s) => s.settle_now(id, settles).map_err(StoreError::from),
             StoreImpl::Redis(s) => s.settle(id, settles).await,
+        };
+        self.observe(started, result.as_ref().err());
+        result
+    }
+
+    async fn renew(&self, renews: &[Renew<'_>]) -> Result<Vec<Renewed>, StoreError> {
+        let started = Instant::now();
+        let result = match &self.inner {
+            StoreImpl::Memory(s) => s.renew_now(renews).map_err(StoreError::from),
+            StoreImpl::Redis(s) => s.renew(renews).await,
         };
         self.observe(started, result.as_ref().err());
         result

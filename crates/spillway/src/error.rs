@@ -76,4 +76,12 @@ pub enum Error {
         /// The id's length in bytes.
         len: usize,
     },
+    /// A renew names a rule that holds no leases (not a concurrency rule).
+    #[error("renew {index}: rule {rule} is not a concurrency rule: it holds no leases")]
+    NotALease {
+        /// Which renew of the batch.
+        index: usize,
+        /// The rule it named.
+        rule: usize,
+    },
 }

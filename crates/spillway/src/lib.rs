@@ -1,7 +1,7 @@
 //! Spillway's core: exact rate-limiting algorithms and an in-memory store.
 //!
-//! - [`algorithm`]: the five algorithms (fixed window, sliding log, sliding
-//!   window counter, token bucket, leaky bucket), each a pure transition
+//! - [`algorithm`]: the six algorithms (fixed window, sliding log, sliding
+//!   window counter, token bucket, leaky bucket, concurrency), each a pure transition
 //!   `(config, state, cost, now) -> Decision` over integer microseconds.
 //! - [`clock`]: where `now` comes from, including a [`FakeClock`](clock::FakeClock)
 //!   for tests.

@@ -17,8 +17,8 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use spillway::algorithm::{
-    Algorithm, AnyAlgorithm, AnyState, Charged, FixedWindow, LeakyBucket, LeakyMode, SlidingLog,
-    SlidingWindow, TokenBucket,
+    Algorithm, AnyAlgorithm, AnyState, Charged, Concurrency, FixedWindow, LeakyBucket, LeakyMode,
+    SlidingLog, SlidingWindow, TokenBucket,
 };
 use spillway::clock::{Clock, FakeClock};
 use spillway::store::{Check, MemoryOptions, MemoryStore, RateLimiter, Rule, RuleId, SharedState};
@@ -95,8 +95,13 @@ fn leaky_police() -> impl Strategy<Value = LeakyBucket> {
     (quota(), capacity()).prop_map(|(q, c)| LeakyBucket::police(q, c))
 }
 
+fn concurrency() -> impl Strategy<Value = Concurrency> {
+    quota().prop_map(Concurrency::new)
+}
+
 fn any_algorithm() -> impl Strategy<Value = AnyAlgorithm> {
     prop_oneof![
+        concurrency().prop_map(AnyAlgorithm::from),
         fixed_window().prop_map(AnyAlgorithm::from),
         sliding_log().prop_map(AnyAlgorithm::from),
         sliding_window().prop_map(AnyAlgorithm::from),
@@ -985,6 +990,7 @@ proptest! {
             AnyAlgorithm::SlidingWindow(a) => limiter_matches_algorithm(a, start, sweep, &ops)?,
             AnyAlgorithm::TokenBucket(a) => limiter_matches_algorithm(a, start, sweep, &ops)?,
             AnyAlgorithm::LeakyBucket(a) => limiter_matches_algorithm(a, start, sweep, &ops)?,
+            AnyAlgorithm::Concurrency(a) => limiter_matches_algorithm(a, start, sweep, &ops)?,
         }
     }
 }

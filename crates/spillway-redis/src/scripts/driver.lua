@@ -12,11 +12,15 @@
 --          one more key, last, the settle's receipt; and after the checks,
 --          three numbers per check (the charge's time, its decision's
 --          reset_after, the actual cost), then the receipt's life in ms.
+--          Or "renew", to renew concurrency leases: after the checks, one
+--          number per check, the time its lease runs from.
 -- then 7 numbers per check: algorithm, p1..p5, cost (for a settle, the
 -- cost charged).
 -- The reply: admitted (0/1), the time, then the seven numbers of each
 -- check's decision. A settle's: applied (0/1: 0 if its receipt was there
--- already), the time, then each key's state as it now stands.
+-- already), the time, then each key's state as it now stands. A renew's:
+-- 1, the time, each lease's decision (admitted: held now), then two numbers
+-- per check: whether the lease was still held (0/1), the time it runs from.
 local now
 -- Keys expire on the server's real clock. Under a test's virtual clock they
 -- must outlive the test's steps instead: an idle state decides like a fresh
@@ -31,7 +35,8 @@ else
 end
 
 local n = #KEYS
-if ARGV[2] ~= '' then n = n - 1 end
+-- A refund's or a settle's receipt is the last key; a renew has none.
+if ARGV[2] ~= '' and ARGV[2] ~= 'renew' then n = n - 1 end
 
 -- Check i's algorithm (by its number, script.rs::params), its cost and its
 -- parameters: only those the algorithm reads are converted.
@@ -45,7 +50,7 @@ local function check_of(i)
       ARGV[base + 4] + 0, ARGV[base + 5] + 0, ARGV[base + 6] + 0
   elseif id == '3' then
     return sliding_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
-  elseif id == '2' then
+  elseif id == '2' or id == '6' then
     return sliding_log, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
   end
   error('spillway: unknown algorithm ' .. tostring(id))
@@ -110,6 +115,28 @@ if ARGV[2] == 'settle' then
   for i = 1, n do
     put(reply, i, run(i, 'check', run(i, 'load', nil, 0, now), 0, now))
   end
+  return reply
+end
+
+if ARGV[2] == 'renew' then
+  -- Each lease on its own: one still held runs from now, whatever else is
+  -- in flight; one that ended is taken afresh if it fits.
+  local extra = 2 + 7 * n
+  local reply, renewed = { 1, now }, {}
+  for i = 1, n do
+    local state = run(i, 'load', nil, 0, now)
+    run(i, 'check', state, 0, now)
+    state.charged_at = ARGV[extra + i] + 0
+    local held = run(i, 'renew', state, costs[i], now)
+    local admitted = put(reply, i, run(i, 'check', state, costs[i], now))
+    save_of(i, state)
+    local at = now
+    if admitted == 1 and costs[i] > 0 then
+      at = math.max(run(i, 'idle_at', state, 0, now) - params[5 * i + 2], now)
+    end
+    renewed[2 * i - 1], renewed[2 * i] = held, at
+  end
+  for j = 1, 2 * n do reply[#reply + 1] = renewed[j] end
   return reply
 end
 

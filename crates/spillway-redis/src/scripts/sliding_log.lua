@@ -151,6 +151,21 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
       table.insert(s.dropped, s.n)
       s.dirty[s.n] = nil
     end
+  elseif op == 'renew' then
+    -- A concurrency lease (the log's window is the lease), after a peek at
+    -- `now`: if the lease taken at s.charged_at is still held, its `cost`
+    -- comes out of that entry (and no other), for the check at `now` that
+    -- follows to put back; 1 if it was held, else 0.
+    if cost == 0 then return 0 end
+    for seq = s.n - 1, s.h, -1 do
+      local at = log_entry(s, seq)
+      if at == s.charged_at then
+        sliding_log('refund', key, s, cost, s.charged_at, limit, w)
+        return 1
+      end
+      if at < s.charged_at then break end
+    end
+    return 0
   elseif op == 'settle' then
     -- After a peek at `now` (which dropped what left the window): the
     -- charge of `cost` at s.charged_at, now s.actual. It is in the entry

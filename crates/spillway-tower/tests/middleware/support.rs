@@ -109,6 +109,13 @@ impl Store for CountingStore {
     async fn settle(&self, id: &str, settles: &[Settle<'_>]) -> Result<Settled, spillway::Error> {
         self.inner.settle(id, settles).await
     }
+
+    async fn renew(
+        &self,
+        renews: &[spillway::store::Renew<'_>],
+    ) -> Result<Vec<spillway::algorithm::Renewed>, spillway::Error> {
+        self.inner.renew(renews).await
+    }
 }
 
 /// What the echo handler saw, as its body: `limited=<rules>;header=<value>`

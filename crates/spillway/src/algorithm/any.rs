@@ -1,17 +1,20 @@
-//! One type for "any of the five", for stores that hold several rules.
+//! One type for "any of the six", for stores that hold several rules.
 
 use super::fixed_window::FixedWindowState;
 use super::gcra::Tat;
 use super::sliding_log::{SlidingLogState, SlidingLogUndo};
 use super::sliding_window::SlidingWindowState;
-use super::{Algorithm, Charged, FixedWindow, LeakyBucket, SlidingLog, SlidingWindow, TokenBucket};
+use super::{
+    Algorithm, Charged, Concurrency, FixedWindow, LeakyBucket, Renewed, SlidingLog, SlidingWindow,
+    TokenBucket,
+};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
 use crate::quota::Quota;
 use std::num::NonZeroU32;
 
-/// Any of the five algorithms, chosen at run time (from a configuration
+/// Any of the six algorithms, chosen at run time (from a configuration
 /// file, say).
 ///
 /// ```
@@ -35,9 +38,11 @@ pub enum AnyAlgorithm {
     TokenBucket(TokenBucket),
     /// See [`LeakyBucket`].
     LeakyBucket(LeakyBucket),
+    /// See [`Concurrency`].
+    Concurrency(Concurrency),
 }
 
-/// The state of any of the five algorithms.
+/// The state of any of the six algorithms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum AnyState {
     /// A key never seen (or forgotten): fresh for every algorithm.
@@ -45,7 +50,7 @@ pub enum AnyState {
     Fresh,
     /// A fixed window's count.
     FixedWindow(FixedWindowState),
-    /// A sliding log.
+    /// A sliding log, or a concurrency rule's leases.
     SlidingLog(SlidingLogState),
     /// A sliding window's counts.
     SlidingWindow(SlidingWindowState),
@@ -118,6 +123,7 @@ impl AnyAlgorithm {
                     .with_delay(a.undelayed() / n)
                     .into()
             }
+            Self::Concurrency(_) => Concurrency::new(quota).into(),
         }
     }
 
@@ -129,6 +135,7 @@ impl AnyAlgorithm {
             Self::SlidingWindow(_) => "sliding_window",
             Self::TokenBucket(_) => "token_bucket",
             Self::LeakyBucket(_) => "leaky_bucket",
+            Self::Concurrency(_) => "concurrency",
         }
     }
 
@@ -189,6 +196,10 @@ macro_rules! dispatch {
                 let $s = state_of!($state, Bucket);
                 $body
             }
+            AnyAlgorithm::Concurrency($a) => {
+                let $s = state_of!($state, SlidingLog);
+                $body
+            }
         }
     };
 }
@@ -216,6 +227,7 @@ impl Algorithm for AnyAlgorithm {
             Self::SlidingWindow(a) => a.quota(),
             Self::TokenBucket(a) => a.quota(),
             Self::LeakyBucket(a) => a.quota(),
+            Self::Concurrency(a) => a.quota(),
         }
     }
 
@@ -226,6 +238,7 @@ impl Algorithm for AnyAlgorithm {
             Self::SlidingWindow(a) => a.capacity(),
             Self::TokenBucket(a) => a.capacity(),
             Self::LeakyBucket(a) => a.capacity(),
+            Self::Concurrency(a) => a.capacity(),
         }
     }
 
@@ -276,6 +289,10 @@ impl Algorithm for AnyAlgorithm {
                 let (d, u) = a.check_undoable(state_of!(state, Bucket), cost, now)?;
                 (d, u.map(Undo::Bucket))
             }
+            Self::Concurrency(a) => {
+                let (d, u) = a.check_undoable(state_of!(state, SlidingLog), cost, now)?;
+                (d, u.map(Undo::SlidingLog))
+            }
         };
         Ok((decision, undo.map(AnyUndo)))
     }
@@ -292,6 +309,7 @@ impl Algorithm for AnyAlgorithm {
             }
             (Self::TokenBucket(a), Undo::Bucket(u)) => a.undo(state_of!(state, Bucket), u),
             (Self::LeakyBucket(a), Undo::Bucket(u)) => a.undo(state_of!(state, Bucket), u),
+            (Self::Concurrency(a), Undo::SlidingLog(u)) => a.undo(state_of!(state, SlidingLog), u),
             // Made by another algorithm: no charge of this one to take back.
             _ => {}
         }
@@ -320,8 +338,25 @@ impl Algorithm for AnyAlgorithm {
             (Self::SlidingWindow(a), AnyState::SlidingWindow(s)) => a.idle_at(s),
             (Self::TokenBucket(a), AnyState::Bucket(s)) => a.idle_at(s),
             (Self::LeakyBucket(a), AnyState::Bucket(s)) => a.idle_at(s),
+            (Self::Concurrency(a), AnyState::SlidingLog(s)) => a.idle_at(s),
             // Fresh, or a state this algorithm would start over from.
             _ => 0,
+        }
+    }
+}
+
+impl AnyAlgorithm {
+    /// Renews a concurrency rule's lease ([`Concurrency::renew`]); `None`
+    /// for the other algorithms, which hold no leases.
+    pub fn renew(
+        &self,
+        state: &mut AnyState,
+        charged: Charged,
+        now: Micros,
+    ) -> Option<Result<Renewed, CostTooLarge>> {
+        match self {
+            Self::Concurrency(a) => Some(a.renew(state_of!(state, SlidingLog), charged, now)),
+            _ => None,
         }
     }
 }
@@ -356,6 +391,12 @@ impl From<LeakyBucket> for AnyAlgorithm {
     }
 }
 
+impl From<Concurrency> for AnyAlgorithm {
+    fn from(a: Concurrency) -> Self {
+        Self::Concurrency(a)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,13 +410,14 @@ mod tests {
     #[test]
     fn undo_puts_back_the_state_before_the_charge_for_each_algorithm() {
         let quota = Quota::new(nz(4), Duration::from_micros(1000)).unwrap();
-        let all: [AnyAlgorithm; 6] = [
+        let all: [AnyAlgorithm; 7] = [
             FixedWindow::new(quota).into(),
             SlidingLog::new(quota).into(),
             SlidingWindow::new(quota).into(),
             TokenBucket::new(quota, nz(4)).into(),
             LeakyBucket::new(quota, nz(4), LeakyMode::Shape).into(),
             LeakyBucket::new(quota, nz(4), LeakyMode::Police).into(),
+            Concurrency::new(quota).into(),
         ];
         for any in all {
             // A key never seen is fresh again.

@@ -1,4 +1,4 @@
-//! The five algorithms, each a pure transition over integer microseconds.
+//! The six algorithms, each a pure transition over integer microseconds.
 //!
 //! An [`Algorithm`] is a configuration (a quota and whatever else the
 //! algorithm needs). Its [`check`](Algorithm::check) takes the key's state,
@@ -15,6 +15,7 @@
 #![doc = include_str!("../../docs/algorithms.md")]
 
 mod any;
+pub mod concurrency;
 pub mod fixed_window;
 mod gcra;
 pub mod leaky_bucket;
@@ -25,6 +26,7 @@ pub mod token_bucket;
 use std::fmt;
 
 pub use any::{AnyAlgorithm, AnyState, AnyUndo};
+pub use concurrency::{Concurrency, Renewed};
 pub use fixed_window::FixedWindow;
 pub use leaky_bucket::{LeakyBucket, LeakyMode};
 pub use sliding_log::SlidingLog;

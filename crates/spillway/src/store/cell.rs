@@ -514,7 +514,7 @@ impl SharedState for AnyState {
             Some(AnyAlgorithm::TokenBucket(a)) => whole_units(a),
             Some(AnyAlgorithm::LeakyBucket(a)) => whole_units(a),
             Some(AnyAlgorithm::FixedWindow(_) | AnyAlgorithm::SlidingWindow(_)) => true,
-            Some(AnyAlgorithm::SlidingLog(_)) | None => false,
+            Some(AnyAlgorithm::SlidingLog(_) | AnyAlgorithm::Concurrency(_)) | None => false,
         }
     }
 

@@ -14,9 +14,9 @@ use super::cell::SharedState;
 use super::receipts::Receipts;
 use super::table::{ShardGuard, Table};
 use super::{
-    Check, KeyRef, MAX_SETTLE_ID, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
+    Check, KeyRef, MAX_SETTLE_ID, Renew, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
 };
-use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState};
+use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState, Renewed};
 use crate::clock::{Clock, Micros, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{CostTooLarge, Error};
@@ -567,6 +567,52 @@ impl<C: Clock> MemoryStore<C> {
         self.settle_at(id, settles, self.clock.now())
     }
 
+    /// Renews leases of concurrency rules now (see [`Store::renew`]).
+    pub fn renew_now(&self, renews: &[Renew<'_>]) -> Result<Vec<Renewed>, Error> {
+        self.renew_at(renews, self.clock.now())
+    }
+
+    /// Renews leases of concurrency rules at `now` (see [`Store::renew`]).
+    pub fn renew_at(&self, renews: &[Renew<'_>], now: Micros) -> Result<Vec<Renewed>, Error> {
+        let checks: Vec<Check<'_>> = renews
+            .iter()
+            .map(|r| Check {
+                rule: r.rule,
+                key: r.key,
+                cost: r.charged.cost,
+            })
+            .collect();
+        let algorithms = self.validate(&checks)?;
+        if let Some(index) = algorithms
+            .iter()
+            .position(|a| !matches!(a, AnyAlgorithm::Concurrency(_)))
+        {
+            let rule = renews[index].rule.0;
+            return Err(Error::NotALease { index, rule });
+        }
+        let renewed = renews.iter().zip(algorithms).map(|(renew, algorithm)| {
+            let table = &self.tables[renew.rule.0];
+            let hash = table.hash(renew.key);
+            let mut shard = table.lock(table.shard_of(hash));
+            let cost = renew.charged.cost;
+            let (decision, held) = shard
+                .check_with(algorithm, renew.key, hash, cost, now, |state| {
+                    let renewed = algorithm
+                        .renew(state, renew.charged, now)
+                        .expect("a concurrency rule")?;
+                    Ok((renewed.decision, Some((renewed.was_held, renewed.at))))
+                })
+                .expect("the cost was validated");
+            let (was_held, at) = held.unwrap_or((false, now));
+            Renewed {
+                was_held,
+                decision,
+                at,
+            }
+        });
+        Ok(renewed.collect())
+    }
+
     /// Settles an admitted request's charges at `now`, once per `id` within
     /// [`SETTLE_RECEIPT_TTL`]. The store remembers at most about a million
     /// settle ids at once, the oldest forgotten first.
@@ -759,6 +805,13 @@ impl<C: Clock> Store for MemoryStore<C> {
         settles: &[Settle<'_>],
     ) -> impl std::future::Future<Output = Result<Settled, Error>> + Send {
         std::future::ready(self.settle_now(id, settles))
+    }
+
+    fn renew(
+        &self,
+        renews: &[Renew<'_>],
+    ) -> impl std::future::Future<Output = Result<Vec<Renewed>, Error>> + Send {
+        std::future::ready(self.renew_now(renews))
     }
 
     fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {

@@ -48,7 +48,7 @@ use std::time::Duration;
 pub use cell::{AnyCell, SharedState, Words};
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 
-use crate::algorithm::{AnyAlgorithm, Charged};
+use crate::algorithm::{AnyAlgorithm, Charged, Renewed};
 use crate::clock::Micros;
 use crate::decision::Decision;
 
@@ -202,6 +202,20 @@ pub struct Settled {
     pub decisions: Vec<Decision>,
 }
 
+/// A lease to renew: a concurrency rule's charge, as admitted or as last
+/// renewed (see [`Store::renew`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renew<'a> {
+    /// Which rule (a concurrency rule).
+    pub rule: RuleId,
+    /// The key it counted by.
+    pub key: &'a str,
+    /// The lease: its slots (`cost`) and the time it runs from (`at`: the
+    /// verdict's [`decided_at`](Verdict::decided_at), or the last renew's
+    /// [`Renewed::at`]).
+    pub charged: Charged,
+}
+
 /// The longest settle id, in bytes.
 pub const MAX_SETTLE_ID: usize = 128;
 
@@ -272,6 +286,45 @@ pub trait Store: Send + Sync {
         id: &str,
         settles: &[Settle<'_>],
     ) -> impl Future<Output = Result<Settled, Self::Error>> + Send;
+
+    /// Renews leases of concurrency rules (a request still in flight): each
+    /// lease still held runs again from now, for its rule's lease time,
+    /// whatever else is in flight; one that has ended is taken afresh when
+    /// its slots fit ([`Concurrency::renew`](crate::algorithm::Concurrency::renew)).
+    /// One answer per renew, in order; each is atomic on its own. A rule
+    /// that is not a concurrency rule, or a lease above its capacity, fails
+    /// the whole call, changing nothing. Releasing a lease is a
+    /// [`settle`](Store::settle) at cost 0.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use spillway::algorithm::{Charged, Concurrency};
+    /// use spillway::clock::FakeClock;
+    /// use spillway::store::{Check, MemoryOptions, MemoryStore, Renew, Rule, RuleId, Settle};
+    /// use spillway::Quota;
+    ///
+    /// let one = Quota::new(NonZeroU32::new(1).unwrap(), Duration::from_secs(30)).unwrap();
+    /// let clock = FakeClock::new(0);
+    /// let store = MemoryStore::with_clock(vec![Rule::new("reports", Concurrency::new(one))], MemoryOptions::default(), clock.clone());
+    /// let check = [Check { rule: RuleId(0), key: "ann", cost: 1 }];
+    /// let taken = store.check_now(&check).unwrap();
+    /// let mut charged = Charged::of(1, taken.decided_at, &taken.decisions[0]);
+    /// // 25 s on, still running: renewed, so held until 55 s.
+    /// clock.advance(std::time::Duration::from_secs(25));
+    /// let renewed = store.renew_now(&[Renew { rule: RuleId(0), key: "ann", charged }]).unwrap();
+    /// assert!(renewed[0].was_held);
+    /// charged.at = renewed[0].at;
+    /// clock.advance(std::time::Duration::from_secs(10));
+    /// assert!(!store.check_now(&check).unwrap().allowed);
+    /// // Served: released, once.
+    /// store.settle_now("req-1", &[Settle { rule: RuleId(0), key: "ann", charged, actual: 0 }]).unwrap();
+    /// assert!(store.check_now(&check).unwrap().allowed);
+    /// ```
+    fn renew(
+        &self,
+        renews: &[Renew<'_>],
+    ) -> impl Future<Output = Result<Vec<Renewed>, Self::Error>> + Send;
 
     /// [`check`](Store::check) without waiting, for a store that never has
     /// to (the in-memory one): callers on a hot path can then skip building

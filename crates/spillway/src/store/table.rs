@@ -556,7 +556,7 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
     /// Always inlined, so that `check`, the hot path, compiles to exactly
     /// the code it would be written out by hand.
     #[inline(always)]
-    fn check_with<A, Q, R: Default>(
+    pub(crate) fn check_with<A, Q, R: Default>(
         &mut self,
         alg: &A,
         key: &Q,
