@@ -883,10 +883,9 @@ impl<St: Store> Engine<St> {
     fn window_secs(&self, charge: &Charge, decision: &Decision) -> u64 {
         match charge.of {
             Some((index, quota)) => self.policy.rules[index].window_secs(quota, decision.limit),
-            None => headers::window_secs(
-                &self.store.rules()[charge.id.0].algorithm().quota(),
-                decision.limit,
-            ),
+            None => {
+                headers::window_secs_of(self.store.rules()[charge.id.0].algorithm(), decision.limit)
+            }
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sfv::StringRef;
-use spillway::{Algorithm, Decision, Quota};
+use spillway::{Algorithm, AnyAlgorithm, Decision, Quota};
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -127,13 +127,12 @@ pub(crate) struct Presented {
 impl Presented {
     /// The values for `algorithm`'s quota, under the rule whose name is
     /// `sf_name` (see [`sf_name`]).
-    pub(crate) fn new(sf_name: &str, algorithm: &impl Algorithm) -> Self {
+    pub(crate) fn new(sf_name: &str, algorithm: &AnyAlgorithm) -> Self {
         let limit = algorithm.capacity();
-        let window_secs = window_secs(&algorithm.quota(), limit);
-        let mut item = BytesMut::with_capacity(sf_name.len() + 24);
+        let window_secs = window_secs_of(algorithm, limit);
+        let mut item = BytesMut::with_capacity(sf_name.len() + 48);
         item.extend_from_slice(sf_name.as_bytes());
-        push_param(&mut item, "q", limit);
-        push_param(&mut item, "w", window_secs);
+        push_policy_params(&mut item, limit, window_secs);
         // A rule name (printable ASCII, see `sf_name`) and digits.
         let policy_item = String::from_utf8(item.to_vec()).expect("ASCII");
         Self {
@@ -141,6 +140,33 @@ impl Presented {
             window_secs,
             policy_item,
         }
+    }
+}
+
+/// The window a policy announces for `algorithm` with a limit of `limit`
+/// ([`window_secs`]), or [`NO_WINDOW`] for a concurrency rule.
+pub(crate) fn window_secs_of(algorithm: &AnyAlgorithm, limit: u64) -> u64 {
+    match algorithm {
+        AnyAlgorithm::Concurrency(_) => NO_WINDOW,
+        _ => window_secs(&algorithm.quota(), limit),
+    }
+}
+
+/// The window of a concurrency rule's policy: none. A slot is held while
+/// its request runs, not for a time; its policy says
+/// `qu="concurrent-requests"` and has no `w`. (A rate's window is never 0:
+/// it is rounded up to whole seconds.)
+pub(crate) const NO_WINDOW: u64 = 0;
+
+/// A quota policy item's parameters: `q`, and `w` (a rate) or
+/// `qu="concurrent-requests"` (a concurrency rule, [`NO_WINDOW`]), the
+/// quota unit draft-ietf-httpapi-ratelimit-headers defines for it.
+fn push_policy_params(out: &mut BytesMut, limit: u64, window_secs: u64) {
+    push_param(out, "q", limit);
+    if window_secs == NO_WINDOW {
+        out.extend_from_slice(b";qu=\"concurrent-requests\"");
+    } else {
+        push_param(out, "w", window_secs);
     }
 }
 
@@ -260,8 +286,7 @@ impl RateLimitFields {
                             Some(p) => values.extend_from_slice(p.policy_item.as_bytes()),
                             None => {
                                 values.extend_from_slice(a.name.as_bytes());
-                                push_param(&mut values, "q", a.decision.limit);
-                                push_param(&mut values, "w", a.window_secs);
+                                push_policy_params(&mut values, a.decision.limit, a.window_secs);
                             }
                         }
                     }
@@ -338,7 +363,7 @@ mod tests {
     fn values_made_in_advance_are_used_only_for_the_limit_they_were_made_for() {
         let quota = Quota::per_minute(NonZeroU32::new(100).expect("nonzero"));
         let name = sf_name("api");
-        let made = Presented::new(&name, &FixedWindow::new(quota));
+        let made = Presented::new(&name, &FixedWindow::new(quota).into());
         let write_for = |limit, window_secs| {
             let mut map = HeaderMap::new();
             let applied = Applied {
@@ -360,13 +385,49 @@ mod tests {
         assert_eq!(other[RATELIMIT_POLICY], "\"api\";q=40;w=24");
     }
 
+    #[test]
+    fn a_concurrency_policy_counts_concurrent_requests_and_has_no_window() {
+        let quota = Quota::new(
+            NonZeroU32::new(5).expect("nonzero"),
+            Duration::from_secs(30),
+        )
+        .expect("valid");
+        let leases = AnyAlgorithm::from(spillway::algorithm::Concurrency::new(quota));
+        let per_minute = Quota::per_minute(NonZeroU32::new(100).expect("nonzero"));
+        let (slots, api) = (sf_name("slots"), sf_name("api"));
+        let made = Presented::new(&slots, &leases);
+        assert_eq!(made.policy_item, "\"slots\";q=5;qu=\"concurrent-requests\"");
+        let applied = [
+            Applied {
+                name: &slots,
+                decision: decision(5),
+                window_secs: window_secs_of(&leases, 5),
+                presented: None,
+            },
+            Applied {
+                name: &api,
+                decision: decision(100),
+                window_secs: window_secs_of(&FixedWindow::new(per_minute).into(), 100),
+                presented: None,
+            },
+        ];
+        let mut map = HeaderMap::new();
+        RateLimitFields::new(&HeaderOptions::default(), &applied, 0).write_to(&mut map);
+        assert_eq!(
+            map[RATELIMIT_POLICY],
+            "\"slots\";q=5;qu=\"concurrent-requests\", \"api\";q=100;w=60"
+        );
+        // The free slots (the decision's remaining).
+        assert_eq!(map[RATELIMIT], "\"slots\";r=1;t=2");
+    }
+
     /// The fields as listed say what the header map says, for every option
     /// and for one rule or several (values made in advance or not).
     #[test]
     fn the_fields_listed_are_the_header_map_written_out() {
         let quota = Quota::per_minute(NonZeroU32::new(100).expect("nonzero"));
         let (api, other) = (sf_name("api"), sf_name("other"));
-        let made = Presented::new(&api, &FixedWindow::new(quota));
+        let made = Presented::new(&api, &FixedWindow::new(quota).into());
         let applied = [
             Applied {
                 name: &api,

@@ -591,11 +591,13 @@ impl HttpRule {
     pub(crate) fn window_secs(&self, quota_index: usize, limit: u64) -> u64 {
         match self.presented.get(quota_index) {
             Some(made) if made.limit == limit => made.window_secs,
-            _ => crate::headers::window_secs(
-                &spillway::Algorithm::quota(self.algorithm_of(quota_index)),
-                limit,
-            ),
+            _ => crate::headers::window_secs_of(self.algorithm_of(quota_index), limit),
         }
+    }
+
+    /// The default quota's algorithm (a tier may have another).
+    pub fn algorithm(&self) -> &AnyAlgorithm {
+        &self.algorithm
     }
 
     /// The rule's name.

@@ -122,7 +122,8 @@ struct RawRule {
     fallback: Option<Vec<Spanned<String>>>,
     algorithm: Spanned<String>,
     limit: Spanned<u64>,
-    window: Spanned<RawDuration>,
+    window: Option<Spanned<RawDuration>>,
+    lease: Option<Spanned<RawDuration>>,
     burst: Option<Spanned<u64>>,
     mode: Option<Spanned<String>>,
     delay: Option<Spanned<u64>>,
@@ -151,8 +152,8 @@ struct RawMatch {
     host: Option<String>,
 }
 
-/// A quota as written: a rule's own (whose `algorithm`, `limit` and `window`
-/// [`RawRule`] requires) or a tier's override (`[rules.tiers.NAME]`), where
+/// A quota as written: a rule's own (whose `algorithm` and `limit`
+/// [`RawRule`] requires, and `window` or `lease` its algorithm) or a tier's override (`[rules.tiers.NAME]`), where
 /// every field is optional and falls back to the rule's ([`RawQuota::over`]).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -160,6 +161,7 @@ struct RawQuota {
     algorithm: Option<Spanned<String>>,
     limit: Option<Spanned<u64>>,
     window: Option<Spanned<RawDuration>>,
+    lease: Option<Spanned<RawDuration>>,
     burst: Option<Spanned<u64>>,
     mode: Option<Spanned<String>>,
     delay: Option<Spanned<u64>>,
@@ -171,7 +173,8 @@ impl RawQuota {
         Self {
             algorithm: Some(rule.algorithm.clone()),
             limit: Some(rule.limit.clone()),
-            window: Some(rule.window.clone()),
+            window: rule.window.clone(),
+            lease: rule.lease.clone(),
             burst: rule.burst.clone(),
             mode: rule.mode.clone(),
             delay: rule.delay.clone(),
@@ -187,6 +190,7 @@ impl RawQuota {
             algorithm: pick(&self.algorithm, &base.algorithm),
             limit: pick(&self.limit, &base.limit),
             window: pick(&self.window, &base.window),
+            lease: pick(&self.lease, &base.lease),
             burst: pick(&self.burst, &base.burst),
             mode: pick(&self.mode, &base.mode),
             delay: pick(&self.delay, &base.delay),

@@ -6,7 +6,8 @@ use std::num::NonZeroU32;
 use http::{HeaderName, Method};
 use spillway::Quota;
 use spillway::algorithm::{
-    AnyAlgorithm, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow, TokenBucket,
+    AnyAlgorithm, Concurrency, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow,
+    TokenBucket,
 };
 use spillway_tower::{Action, Cost, HttpRule, KeyPart, RouteCost};
 use toml::Spanned;
@@ -20,7 +21,21 @@ const ALGORITHMS: &[&str] = &[
     "sliding_window",
     "token_bucket",
     "leaky_bucket",
+    "concurrency",
 ];
+
+/// A concurrency rule's lease when `lease` is not set: long enough that a
+/// renew every third of it costs little, short enough that the slots of an
+/// instance that died come back soon.
+const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The shortest and longest lease: a lease is renewed every third of it, so
+/// a shorter one would call the store more often than a request does; a
+/// longer one would keep a dead instance's slots for too long.
+const LEASES: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(3600),
+);
 use super::{RawCost, RawQuota, RawRule, RawTier, parse_duration};
 
 /// `[[rules]]`: each rule that was read (`rules[k]` is `rules[index[k]]` of
@@ -57,6 +72,9 @@ pub(super) fn convert_rules(
         let algorithm = errors
             .take(algorithm_of(&quota, lines, &field))
             .unwrap_or_else(|| FixedWindow::new(Quota::per_minute(NonZeroU32::MIN)).into());
+        if matches!(algorithm, AnyAlgorithm::Concurrency(_)) {
+            errors.take(check_concurrency(r, lines, &field));
+        }
         let rule = HttpRule::new(name, algorithm);
         let rule = errors.take(rule_match(rule, r, lines, &field));
         let rule =
@@ -70,6 +88,37 @@ pub(super) fn convert_rules(
         }
     }
     (rules, descriptors)
+}
+
+/// What a concurrency rule may not have: a cost the client or the response
+/// chooses (a slot is taken when the request is admitted, at a cost known
+/// then, which a client must not be able to set to 0), and Envoy
+/// descriptors (Envoy's rate limit service has no call that ends a request,
+/// so a slot would be held until its lease ended).
+fn check_concurrency(
+    r: &RawRule,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    if let Some(cost) = &r.cost
+        && !matches!(cost.get_ref(), RawCost::Fixed(_))
+    {
+        return Err(lines.err(
+            cost,
+            field("cost"),
+            "a concurrency rule's cost is the slots a request holds: an integer",
+        ));
+    }
+    if !r.descriptors.is_empty() {
+        return Err(lines.err(
+            &r.algorithm,
+            field("descriptors"),
+            "a concurrency rule cannot answer Envoy: Envoy's rate limit service never says \
+             when a request ends, so its slot would be held until the lease ran out \
+             (see docs/envoy.md)",
+        ));
+    }
+    Ok(())
 }
 
 /// A rule's name: not empty, not one the Envoy service makes.
@@ -271,10 +320,19 @@ fn rule_tiers(
         }
         let merged = over.over(quota);
         let tier_field = |f: &str| format!("rules[{i}].tiers.{}.{f}", tier.get_ref());
-        rule = rule.tier(
-            tier.get_ref().clone(),
-            algorithm_of(&merged, lines, &tier_field)?,
-        );
+        let algorithm = algorithm_of(&merged, lines, &tier_field)?;
+        let leases = |a: &AnyAlgorithm| matches!(a, AnyAlgorithm::Concurrency(_));
+        if leases(&algorithm) != leases(rule.algorithm())
+            && let Some(a) = &over.algorithm
+        {
+            return Err(lines.err(
+                a,
+                tier_field("algorithm"),
+                "a tier may not turn a concurrency rule into a rate rule, or a rate rule into \
+                 a concurrency rule: make it a rule of its own",
+            ));
+        }
+        rule = rule.tier(tier.get_ref().clone(), algorithm);
     }
     Ok(rule)
 }
@@ -297,7 +355,17 @@ pub(super) fn algorithm_of(
     }
     let algorithm = required(&q.algorithm, field("algorithm"))?;
     let limit_field = required(&q.limit, field("limit"))?;
-    let window_field = required(&q.window, field("window"))?;
+    let name = algorithm.get_ref().as_str();
+    if name == "concurrency" {
+        return concurrency_of(q, limit_field, lines, field);
+    }
+    if let Some(lease) = &q.lease {
+        return Err(lines.err(lease, field("lease"), format!("does not apply to {name}")));
+    }
+    let window_field = q
+        .window
+        .as_ref()
+        .ok_or_else(|| lines.err(algorithm, field("window"), format!("is required by {name}")))?;
     let limit = u32::try_from(*limit_field.get_ref())
         .ok()
         .and_then(NonZeroU32::new)
@@ -313,7 +381,6 @@ pub(super) fn algorithm_of(
     // The quota's period is the file's window.
     let quota = Quota::new(limit, window)
         .map_err(|e| lines.err(window_field, field("window"), e.message()))?;
-    let name = algorithm.get_ref().as_str();
     let not_for = |v: &Option<Spanned<u64>>, f: &str| match v {
         Some(v) => Err(lines.err(v, field(f), format!("does not apply to {name}"))),
         None => Ok(()),
@@ -343,6 +410,55 @@ pub(super) fn algorithm_of(
             return Err(lines.err(algorithm, field("algorithm"), not_one_of(other, ALGORITHMS)));
         }
     })
+}
+
+/// A concurrency rule's quota: `limit` slots, each a `lease` (see
+/// [`algorithm_of`]).
+fn concurrency_of(
+    q: &RawQuota,
+    limit_field: &Spanned<u64>,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<AnyAlgorithm, ConfigError> {
+    if let Some(window) = &q.window {
+        return Err(lines.err(
+            window,
+            field("window"),
+            "does not apply to concurrency: a slot is held for as long as its request runs, \
+             and `lease` says how long one not given back is held",
+        ));
+    }
+    for (v, f) in [(&q.burst, "burst"), (&q.delay, "delay")] {
+        if let Some(v) = v {
+            return Err(lines.err(v, field(f), "does not apply to concurrency"));
+        }
+    }
+    if let Some(m) = &q.mode {
+        return Err(lines.err(m, field("mode"), "does not apply to concurrency"));
+    }
+    let slots = u32::try_from(*limit_field.get_ref())
+        .ok()
+        .and_then(NonZeroU32::new)
+        .ok_or_else(|| {
+            lines.err(
+                limit_field,
+                field("limit"),
+                "must be between 1 and 4294967295",
+            )
+        })?;
+    let lease = match &q.lease {
+        None => DEFAULT_LEASE,
+        Some(lease) => {
+            let d = parse_duration(&lease.get_ref().0)
+                .map_err(|m| lines.err(lease, field("lease"), m))?;
+            if d < LEASES.0 || d > LEASES.1 {
+                return Err(lines.err(lease, field("lease"), "must be between 1s and 1h"));
+            }
+            d
+        }
+    };
+    let quota = Quota::new(slots, lease).expect("a lease of 1s to 1h is a valid period");
+    Ok(Concurrency::new(quota).into())
 }
 
 /// A leaky bucket's `mode`, `burst` and `delay` (see [`algorithm_of`]).

@@ -607,3 +607,65 @@ fn settle_tokens_are_signed_with_a_long_key_and_expire_before_their_receipts() {
         );
     }
 }
+
+const SLOTS: &str = "[[rules]]\nname = \"reports\"\nalgorithm = \"concurrency\"\nlimit = 5\n";
+
+#[test]
+fn a_concurrency_rule_takes_slots_and_a_lease() {
+    let config = Config::parse(SLOTS).expect("valid");
+    let rule = &config.policy.rules()[0];
+    let spillway::AnyAlgorithm::Concurrency(cc) = rule.algorithm() else {
+        panic!("{rule:?}");
+    };
+    // 30 s unless set.
+    assert_eq!((cc.slots(), cc.lease_micros()), (5, 30_000_000));
+    let config = Config::parse(&format!("{SLOTS}lease = \"2m\"\n")).expect("valid");
+    let spillway::AnyAlgorithm::Concurrency(cc) = config.policy.rules()[0].algorithm() else {
+        panic!("not a concurrency rule");
+    };
+    assert_eq!(cc.lease_micros(), 120_000_000);
+    for (extra, line, field) in [
+        ("lease = \"500ms\"", 5, "rules[0].lease"),
+        ("lease = \"2h\"", 5, "rules[0].lease"),
+        ("window = \"1m\"", 5, "rules[0].window"),
+        ("burst = 2", 5, "rules[0].burst"),
+        // A client could name a cost of 0 and hold no slot.
+        ("cost = \"header:x-slots\"", 5, "rules[0].cost"),
+        ("cost = \"response:usage\"", 5, "rules[0].cost"),
+        // Envoy never says when a request ends.
+        ("descriptors = [\"tenant\"]", 3, "rules[0].descriptors"),
+    ] {
+        let e = error(&format!("{SLOTS}{extra}\n"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(line), field),
+            "{extra}: {e}"
+        );
+    }
+    // A whole number of slots per request is fine.
+    assert!(Config::parse(&format!("{SLOTS}cost = 2\n")).is_ok());
+}
+
+#[test]
+fn a_lease_is_a_concurrency_rules_and_a_window_every_other_rules() {
+    let e = error(&format!("{RULE}lease = \"30s\"\n"));
+    assert_eq!((e.line, e.field.as_str()), (Some(6), "rules[0].lease"));
+    let e = error(&RULE.replace("window = \"1m\"\n", ""));
+    assert_eq!((e.line, e.field.as_str()), (Some(3), "rules[0].window"));
+    assert!(e.message.contains("required by fixed_window"), "{e}");
+}
+
+#[test]
+fn a_tier_keeps_a_rule_a_concurrency_rule_or_a_rate_rule() {
+    let tiers = "[tiers.gold]\napi_keys = [\"k\"]\n";
+    let ok = format!("{tiers}{SLOTS}[rules.tiers.gold]\nlimit = 20\nlease = \"1m\"\n");
+    assert!(Config::parse(&ok).is_ok());
+    let e = error(&format!(
+        "{tiers}{SLOTS}[rules.tiers.gold]\nalgorithm = \"fixed_window\"\nwindow = \"1m\"\n"
+    ));
+    assert_eq!(e.field, "rules[0].tiers.gold.algorithm");
+    let e = error(&format!(
+        "{tiers}{RULE}[rules.tiers.gold]\nalgorithm = \"concurrency\"\n"
+    ));
+    assert_eq!(e.field, "rules[0].tiers.gold.window");
+}
