@@ -36,7 +36,7 @@ use http::request::Parts;
 use smallvec::SmallVec;
 use spillway::algorithm::Charged;
 use spillway::store::{Check, RuleId, Settle, Store, StoreError, Verdict};
-use spillway::{Algorithm as _, Decision};
+use spillway::{Algorithm as _, AnyAlgorithm, Decision};
 
 use crate::budget::ResponseCost;
 use crate::error::RuleMismatch;
@@ -90,6 +90,32 @@ pub trait Observer: Send + Sync + 'static {
     fn budget(&self, rule: &str, event: BudgetEvent) {
         let _ = (rule, event);
     }
+
+    /// A concurrency rule's lease was renewed, lost, released, or could
+    /// not be released (see [`LeaseEvent`]). Nothing by default.
+    fn lease(&self, rule: &str, event: LeaseEvent) {
+        let _ = (rule, event);
+    }
+}
+
+/// What became of a concurrency rule's lease while its request ran, for
+/// metrics. (Its acquisition is the rule's decision,
+/// [`Observer::observe`].)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// Still held, it runs again from now.
+    Renewed,
+    /// It had ended (the store could not be reached for longer than the
+    /// lease) and its slot had been taken: the request runs on without
+    /// one. Renewing goes on, and takes a slot again once one is free.
+    Lost,
+    /// It had ended, and a free slot was taken afresh.
+    Retaken,
+    /// The response ended (or the client left): the slot was given back.
+    Released,
+    /// The slot could not be given back before the lease ended (the store
+    /// could not be reached): it came back when the lease ended.
+    Expired,
 }
 
 /// What became of a budget rule's reservation, for metrics.
@@ -481,6 +507,9 @@ pub struct Engine<St> {
     // Whether a rule is a budget, whose responses are measured: read on
     // every admitted request, so made once.
     pub(crate) budgets: bool,
+    // Whether a rule is a concurrency rule, whose slots are held until the
+    // response ends: likewise.
+    pub(crate) leases: bool,
 }
 
 impl<St> std::fmt::Debug for Engine<St> {
@@ -531,12 +560,17 @@ impl<St: Store> Engine<St> {
             .rules
             .iter()
             .any(|r| matches!(r.cost, Cost::Response(_)));
+        let leases = store
+            .rules()
+            .iter()
+            .any(|r| matches!(r.algorithm(), AnyAlgorithm::Concurrency(_)));
         Ok(Self {
             store,
             policy,
             observer: None,
             logged_missing_addr: AtomicBool::new(false),
             budgets,
+            leases,
         })
     }
 
@@ -559,6 +593,33 @@ impl<St: Store> Engine<St> {
     /// charges a front end holds until the response ends.
     pub fn has_budgets(&self) -> bool {
         self.budgets
+    }
+
+    /// The lease of `charge`'s rule, if it is a concurrency rule: how long
+    /// a slot is held unless renewed.
+    pub fn lease_of(&self, charge: &Charge) -> Option<Duration> {
+        match self.store.rules()[charge.id.0].algorithm() {
+            AnyAlgorithm::Concurrency(c) => Some(Duration::from_micros(c.lease_micros())),
+            _ => None,
+        }
+    }
+
+    /// Whether any rule is a concurrency rule, whose slots a front end
+    /// holds until the response ends and renews meanwhile.
+    pub fn has_leases(&self) -> bool {
+        self.leases
+    }
+
+    /// Whether a front end must hold what `ruling` charged until the
+    /// response ends: a shaping delay to wait out, a budget to settle, or a
+    /// slot to give back.
+    pub fn holds(&self, ruling: &Ruling) -> bool {
+        ruling.waits()
+            || ((self.budgets || self.leases)
+                && ruling
+                    .charges()
+                    .iter()
+                    .any(|c| self.response_cost(c).is_some() || self.lease_of(c).is_some()))
     }
 
     /// The name a charge is reported under: its policy rule's, or its store

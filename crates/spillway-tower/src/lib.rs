@@ -44,6 +44,7 @@ pub mod headers;
 pub mod host;
 pub mod key;
 mod layer;
+mod leases;
 mod metered;
 pub mod problem;
 pub mod read_request;
@@ -54,8 +55,8 @@ pub mod usage;
 
 pub use clock::TokioClock;
 pub use engine::{
-    Asking, BudgetEvent, Charge, Charges, Engine, Held, Observer, Outcome, OverCapacity, Reported,
-    RuleOutcome, Ruling, Settled, Unplanned, retry_after_secs,
+    Asking, BudgetEvent, Charge, Charges, Engine, Held, LeaseEvent, Observer, Outcome,
+    OverCapacity, Reported, RuleOutcome, Ruling, Settled, Unplanned, retry_after_secs,
 };
 pub use error::RuleMismatch;
 pub use future::{ResponseBody, ResponseFuture};

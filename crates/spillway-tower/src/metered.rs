@@ -1,5 +1,7 @@
 //! The response of a request admitted under a budget rule: measured as it
-//! passes, and settled at what it cost once it has ended or been left.
+//! passes, and settled at what it cost once it has ended or been left. The
+//! response of a request holding slots of concurrency rules carries their
+//! guard ([`Leases`]), dropped when it has ended or been left.
 //!
 //! What each budget charge is settled at:
 //! - a 5xx, when its rule gives those back (`release_on_5xx`): nothing;
@@ -36,6 +38,7 @@ use spillway::{Algorithm as _, Decision};
 use crate::budget::{Measure, Overrun, ResponseCost, Unanswered};
 use crate::engine::{BudgetEvent, Charge, Engine, Held, Settled, settle_id};
 use crate::headers::retry_after_secs;
+use crate::leases::{Kept, Leases};
 use crate::usage::{Boundaries, UsageField, UsageMeter, cut_event};
 
 /// A boxed future that can cross threads.
@@ -72,6 +75,10 @@ pub(crate) trait Budgets: Send + Sync + 'static {
     fn name(&self, charge: &Charge) -> &str;
     /// Tells the observer what became of `charge`'s reservation.
     fn observe(&self, charge: &Charge, event: BudgetEvent);
+    /// The lease of `charge`'s rule, if it is a concurrency rule.
+    fn lease_of(&self, charge: &Charge) -> Option<std::time::Duration>;
+    /// Keeps `leases` (renewed, then released) until the guard is dropped.
+    fn keep(self: Arc<Self>, leases: Vec<Kept>) -> Option<Leases>;
 }
 
 impl<St: Store + 'static> Budgets for Engine<St> {
@@ -139,6 +146,14 @@ impl<St: Store + 'static> Budgets for Engine<St> {
             observer.budget(self.rule_name(charge), event);
         }
     }
+
+    fn lease_of(&self, charge: &Charge) -> Option<std::time::Duration> {
+        Engine::lease_of(self, charge)
+    }
+
+    fn keep(self: Arc<Self>, leases: Vec<Kept>) -> Option<Leases> {
+        Leases::keep(self, leases)
+    }
 }
 
 /// Where an event ends in a frame, and each meter's count after it.
@@ -201,6 +216,8 @@ pub struct Metering {
     // The response is the front end's own, written because the upstream's
     // answer never came ([`Unanswered`]).
     unanswered: bool,
+    // The request's in-flight slots, given back when this is dropped.
+    leases: Option<Leases>,
 }
 
 /// How a response's metering ends.
@@ -233,12 +250,24 @@ impl std::fmt::Debug for Metering {
 
 impl Metering {
     /// The metering of a response whose request made these charges: none
-    /// when no charge is a budget's.
+    /// when no charge is a budget's or a concurrency rule's. The slots of
+    /// concurrency rules are kept from now on.
     pub(crate) fn new(budgets: Arc<dyn Budgets>, held: Held, prompt_estimate: u64) -> Option<Self> {
+        let mut leases = Vec::new();
         let parts: SmallVec<[Part; 1]> = held
             .into_charges()
             .into_iter()
             .filter_map(|(charge, charged)| {
+                if let Some(lease) = budgets.lease_of(&charge) {
+                    let ends = Some(tokio::time::Instant::now() + lease);
+                    leases.push(Kept {
+                        charge,
+                        charged,
+                        lease,
+                        ends,
+                    });
+                    return None;
+                }
                 let budget = budgets.budget(&charge)?;
                 let capacity = budgets.capacity(&charge);
                 Some(Part {
@@ -261,7 +290,11 @@ impl Metering {
         for p in &parts {
             budgets.observe(&p.charge, BudgetEvent::Opened);
         }
-        (!parts.is_empty()).then(|| Self {
+        let leases = match leases.is_empty() {
+            true => None,
+            false => budgets.clone().keep(leases),
+        };
+        (!parts.is_empty() || leases.is_some()).then(|| Self {
             budgets,
             parts,
             meters: SmallVec::new(),
@@ -275,6 +308,7 @@ impl Metering {
             inner_done: false,
             trailers: None,
             unanswered: false,
+            leases,
         })
     }
 
@@ -583,8 +617,9 @@ impl Metering {
         }
     }
 
-    /// Settles every part, once.
+    /// Settles every part, once, and gives the slots back.
     fn end(&mut self, ending: Ending) {
+        self.leases = None;
         if self.state == State::Ended {
             return;
         }

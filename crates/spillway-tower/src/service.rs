@@ -316,12 +316,7 @@ where
     };
     // What to give back if a shaped request is abandoned, or to settle
     // when a budget's response ends: only needed then.
-    let hold = ruling.waits()
-        || (engine.budgets
-            && ruling
-                .charges()
-                .iter()
-                .any(|c| engine.response_cost(c).is_some()));
+    let hold = engine.holds(&ruling);
     let (outcome, held) = ruling.into_outcome(hold);
     let served = Served {
         outcome,
@@ -399,9 +394,10 @@ where
             .map_or(0, |h| h.prompt_estimate),
         false => 0,
     };
-    // A budget's response is measured, and settled when it ends.
+    // A budget's response is measured, and settled when it ends; a
+    // concurrency rule's slot is held until it ends.
     let meter = move |held: Option<Held>, engine: &Arc<Engine<St>>| {
-        let held = held.filter(|_| engine.budgets)?;
+        let held = held.filter(|_| engine.budgets || engine.leases)?;
         let budgets: Arc<dyn Budgets> = engine.clone();
         Metering::new(budgets, held, prompt)
     };

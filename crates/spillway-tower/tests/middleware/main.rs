@@ -14,6 +14,7 @@
 mod actions;
 mod budget;
 mod client_addr;
+mod concurrency;
 mod denied;
 mod headers;
 mod keys;
