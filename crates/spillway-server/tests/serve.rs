@@ -1003,6 +1003,8 @@ async fn every_documented_path_answers_as_documented() {
     let served: std::collections::BTreeSet<&str> = [
         "/v1/check",
         "/v1/settle",
+        "/v1/renew",
+        "/v1/release",
         "/v1/forward-auth",
         "/healthz",
         "/readyz",
@@ -1076,6 +1078,14 @@ async fn every_documented_path_answers_as_documented() {
         400,
     );
     add("/v1/settle", "post", "/v1/settle", "{}".into(), vec![], 400);
+    // Lease tokens not signed here; the leases that hold are tried in
+    // tests/serve_lease.rs.
+    for path in ["/v1/renew", "/v1/release"] {
+        let example = &doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["examples"]
+            ["lease"]["value"];
+        add(path, "post", path, example.to_string(), vec![], 400);
+        add(path, "post", path, "{}".into(), vec![], 400);
+    }
     let hook = "/v1/forward-auth";
     let login = vec![
         ("x-forwarded-method", "POST"),

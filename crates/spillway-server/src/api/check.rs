@@ -18,6 +18,7 @@ use crate::state::State;
 use super::MAX_KEY_BYTES;
 use super::admin::same_secret;
 use super::answer::{Answer, bad_request, ms, read_body, unavailable};
+use super::lease;
 use super::settle::{self, SettleKey};
 
 /// The body of `POST /v1/check`, parsed in one pass: the fields of both
@@ -395,19 +396,31 @@ fn decision_response(loaded: &Loaded, ruling: Ruling, settle_key: &SettleKey) ->
         .collect();
     let mut body = json.write(&undecided, engine.report(&ruling));
     let fields = engine.fields(&ruling);
-    // A budget rule's reservation, to be settled by `POST /v1/settle`.
-    if engine.has_budgets()
+    // A budget rule's reservation, to be settled by `POST /v1/settle`;
+    // a concurrency rule's slot, to be renewed by `POST /v1/renew` and
+    // given back by `POST /v1/release`.
+    if (engine.has_budgets() || engine.has_leases())
         && let Some(held) = ruling.into_held()
-        && let Some((token, within)) = settle::issue(loaded, settle_key, &held)
     {
-        body.pop();
-        let mut out = Json(body);
-        out.raw(",\"settle\":{\"token\":");
-        out.str(&token);
-        out.raw(",\"expires_in_ms\":");
-        out.u64(ms(within));
-        out.raw("}}");
-        body = out.0;
+        let tokens = [
+            ("settle", settle::issue(loaded, settle_key, &held)),
+            ("lease", lease::issue(loaded, settle_key, &held)),
+        ];
+        for (field, issued) in tokens {
+            let Some((token, within)) = issued else {
+                continue;
+            };
+            body.pop();
+            let mut out = Json(body);
+            out.raw(",\"");
+            out.raw(field);
+            out.raw("\":{\"token\":");
+            out.str(&token);
+            out.raw(",\"expires_in_ms\":");
+            out.u64(ms(within));
+            out.raw("}}");
+            body = out.0;
+        }
     }
     Answer {
         status: StatusCode::OK,

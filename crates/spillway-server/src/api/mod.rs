@@ -13,6 +13,7 @@ mod answer;
 mod check;
 mod forward_auth;
 mod health;
+mod lease;
 mod settle;
 mod site;
 
@@ -112,6 +113,8 @@ fn router(state: State, with_check: bool) -> Router {
         Router::new()
             .route("/v1/check", axum::routing::post(check::check))
             .route("/v1/settle", axum::routing::post(settle::settle))
+            .route("/v1/renew", axum::routing::post(lease::renew))
+            .route("/v1/release", axum::routing::post(lease::release))
             .route(
                 "/v1/forward-auth",
                 axum::routing::any(forward_auth::forward_auth),

@@ -27,42 +27,71 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
 use spillway::store::{Check, RuleId, Settle, Store, StoreError as _};
-use spillway_tower::{BudgetEvent, Held, Settled};
+use spillway_tower::{BudgetEvent, Charge, Held, Settled};
 
 use crate::config::StoreKind;
 use crate::state::{Loaded, State};
+use crate::store::AnyStore;
+
+/// The engine of `spillway serve`.
+pub(super) type Engine = spillway_tower::Engine<AnyStore>;
 
 use super::answer::{Answer, bad_request, ms, unavailable};
 use super::check::authorized_body;
 
 /// What a settle token says, signed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-struct Token {
+pub(super) struct Token {
     /// The settle id: the store's receipt is kept under it.
-    id: String,
+    pub(super) id: String,
     /// When the token expires, in milliseconds since the Unix epoch.
-    exp: u64,
+    pub(super) exp: u64,
     /// The store that holds the charges ([`SettleKey::store_id`]): a token
     /// of an in-memory store that has since restarted, or of another
     /// store, is not settled against this one.
-    store: String,
+    pub(super) store: String,
     /// The charges to settle.
-    charges: Vec<TokenCharge>,
+    pub(super) charges: Vec<TokenCharge>,
 }
 
 /// One charge of a token.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-struct TokenCharge {
+pub(super) struct TokenCharge {
     /// The store rule, and its name then: a reload that renumbered the
     /// rules is seen, not settled against another rule.
-    rule: usize,
-    name: String,
-    key: String,
-    cost: u64,
-    at: u64,
-    reset_after: u64,
+    pub(super) rule: usize,
+    pub(super) name: String,
+    pub(super) key: String,
+    pub(super) cost: u64,
+    pub(super) at: u64,
+    pub(super) reset_after: u64,
     /// The rule's capacity then: a reload that resized it is seen.
-    capacity: u64,
+    pub(super) capacity: u64,
+}
+
+impl TokenCharge {
+    /// A held charge, as a token names it.
+    pub(super) fn of(engine: &Engine, charge: &Charge, charged: &Charged) -> Self {
+        let rule = &engine.store().rules()[charge.rule_id().0];
+        Self {
+            rule: charge.rule_id().0,
+            name: rule.name().to_string(),
+            key: charge.key().to_string(),
+            cost: charged.cost,
+            at: charged.at,
+            reset_after: charged.reset_after,
+            capacity: rule.algorithm().capacity(),
+        }
+    }
+
+    /// The charge as the store named it.
+    pub(super) fn charged(&self) -> Charged {
+        Charged {
+            cost: self.cost,
+            at: self.at,
+            reset_after: self.reset_after,
+        }
+    }
 }
 
 /// What signs and checks tokens (the configured key, or one drawn at
@@ -130,7 +159,7 @@ impl SettleKey {
     /// The store `loaded` counts in: this process's memory, or the Redis
     /// servers it names (hashed: a token is readable, and a URL may hold a
     /// password).
-    fn store_id(&self, loaded: &Loaded) -> String {
+    pub(super) fn store_id(&self, loaded: &Loaded) -> String {
         match &loaded.config.store.kind {
             StoreKind::Memory => self.0.memory_store.clone(),
             StoreKind::Redis(topology) => {
@@ -170,7 +199,7 @@ impl SettleKey {
 /// The prefix of every token, and the version of its form.
 const PREFIX: &str = "st1.";
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
@@ -186,38 +215,48 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
         .iter()
         // A charge of nothing (a peek) has nothing to settle.
         .filter(|(charge, charged)| engine.response_cost(charge).is_some() && charged.cost > 0)
-        .map(|(charge, charged)| TokenCharge {
-            rule: charge.rule_id().0,
-            name: engine.store().rules()[charge.rule_id().0]
-                .name()
-                .to_string(),
-            key: charge.key().to_string(),
-            cost: charged.cost,
-            at: charged.at,
-            reset_after: charged.reset_after,
-            capacity: engine.store().rules()[charge.rule_id().0]
-                .algorithm()
-                .capacity(),
-        })
+        .map(|(charge, charged)| TokenCharge::of(engine, charge, charged))
         .collect();
     if charges.is_empty() {
         return None;
     }
     let within = loaded.config.server.settle_within;
-    let mut id = [0u8; 16];
-    getrandom::fill(&mut id).expect("the OS's random numbers");
     let token = Token {
-        id: format!("st-{}", hex(&id)),
+        id: new_id("st"),
         exp: now_ms().saturating_add(ms(within)),
         store: key.store_id(loaded),
         charges,
     };
-    let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).expect("serializable"));
-    let mut mac = key.mac(loaded.config.server.settle_key.as_deref());
-    mac.update(PREFIX.as_bytes());
+    let text = sign(
+        PREFIX,
+        &token,
+        key,
+        loaded.config.server.settle_key.as_deref(),
+    );
+    Some((text, within))
+}
+
+/// A token id drawn from the OS: 128 bits after `kind`.
+pub(super) fn new_id(kind: &str) -> String {
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).expect("the OS's random numbers");
+    format!("{kind}-{}", hex(&id))
+}
+
+/// `token` signed under the configured key (or the drawn one), as text
+/// starting with `prefix` (which the signature covers).
+pub(super) fn sign(
+    prefix: &str,
+    token: &Token,
+    key: &SettleKey,
+    configured: Option<&str>,
+) -> String {
+    let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(token).expect("serializable"));
+    let mut mac = key.mac(configured);
+    mac.update(prefix.as_bytes());
     mac.update(payload.as_bytes());
     let signature = URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
-    Some((format!("{PREFIX}{payload}.{signature}"), within))
+    format!("{prefix}{payload}.{signature}")
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -226,7 +265,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Why a token is refused.
 #[derive(Debug, PartialEq, Eq)]
-enum Refused {
+pub(super) enum Refused {
     /// Not a token this server (or one with its key) signed.
     Forged,
     /// Signed, but past its time.
@@ -235,7 +274,18 @@ enum Refused {
 
 /// The token `text` says, if its signature holds and it has not expired.
 fn verify(text: &str, key: &SettleKey, configured: Option<&str>) -> Result<Token, Refused> {
-    verified(text, key, configured).and_then(|token| {
+    verify_as(PREFIX, text, key, configured)
+}
+
+/// The token `text` (of the kind `prefix` names) says, if its signature
+/// holds and it has not expired.
+pub(super) fn verify_as(
+    prefix: &str,
+    text: &str,
+    key: &SettleKey,
+    configured: Option<&str>,
+) -> Result<Token, Refused> {
+    verified(prefix, text, key, configured).and_then(|token| {
         if token.exp <= now_ms() {
             Err(Refused::Expired(token))
         } else {
@@ -245,14 +295,19 @@ fn verify(text: &str, key: &SettleKey, configured: Option<&str>) -> Result<Token
 }
 
 /// The token `text` says, if its signature holds, expired or not.
-fn verified(text: &str, key: &SettleKey, configured: Option<&str>) -> Result<Token, Refused> {
-    let rest = text.strip_prefix(PREFIX).ok_or(Refused::Forged)?;
+fn verified(
+    prefix: &str,
+    text: &str,
+    key: &SettleKey,
+    configured: Option<&str>,
+) -> Result<Token, Refused> {
+    let rest = text.strip_prefix(prefix).ok_or(Refused::Forged)?;
     let (payload, signature) = rest.split_once('.').ok_or(Refused::Forged)?;
     let signature = URL_SAFE_NO_PAD
         .decode(signature)
         .map_err(|_| Refused::Forged)?;
     let mut mac = key.mac(configured);
-    mac.update(PREFIX.as_bytes());
+    mac.update(prefix.as_bytes());
     mac.update(payload.as_bytes());
     // In time independent of where the signatures differ.
     mac.verify_slice(&signature).map_err(|_| Refused::Forged)?;
@@ -318,39 +373,17 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
             );
         }
     };
-    if token.store != state.settle_key.store_id(&loaded) {
-        return Answer::problem(
-            StatusCode::CONFLICT,
-            "The token's charges are in another store (an in-memory store since restarted, or one the configuration no longer names): there is nothing here to settle.",
-        );
+    if let Err(conflict) = still_applies(state, &loaded, &token, "its reservation stands") {
+        return *conflict;
     }
     let engine = loaded.layer.engine();
-    let rules = engine.store().rules();
-    for c in &token.charges {
-        let same = rules
-            .get(c.rule)
-            .is_some_and(|r| r.name() == c.name && r.algorithm().capacity() == c.capacity);
-        if !same {
-            return Answer::problem(
-                StatusCode::CONFLICT,
-                format!(
-                    "Rule `{}` has changed since the check (the configuration was reloaded): its reservation stands.",
-                    c.name
-                ),
-            );
-        }
-    }
     let settles: Vec<Settle<'_>> = token
         .charges
         .iter()
         .map(|c| Settle {
             rule: RuleId(c.rule),
             key: &c.key,
-            charged: Charged {
-                cost: c.cost,
-                at: c.at,
-                reset_after: c.reset_after,
-            },
+            charged: c.charged(),
             actual,
         })
         .collect();
@@ -385,6 +418,39 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
             ),
         ),
     }
+}
+
+/// A 409 when `token`'s charges no longer apply here: made in another
+/// store (an in-memory store since restarted), or under a rule a reload has
+/// renamed, renumbered or resized. `stands` says what becomes of them.
+pub(super) fn still_applies(
+    state: &State,
+    loaded: &Loaded,
+    token: &Token,
+    stands: &str,
+) -> Result<(), Box<Answer>> {
+    if token.store != state.settle_key.store_id(loaded) {
+        return Err(Box::new(Answer::problem(
+            StatusCode::CONFLICT,
+            "The token's charges are in another store (an in-memory store since restarted, or one the configuration no longer names): there is nothing here to settle.",
+        )));
+    }
+    let rules = loaded.layer.engine().store().rules();
+    for c in &token.charges {
+        let same = rules
+            .get(c.rule)
+            .is_some_and(|r| r.name() == c.name && r.algorithm().capacity() == c.capacity);
+        if !same {
+            return Err(Box::new(Answer::problem(
+                StatusCode::CONFLICT,
+                format!(
+                    "Rule `{}` has changed since the check (the configuration was reloaded): {stands}.",
+                    c.name
+                ),
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The answer to a token settled before by this process: nothing applied,
@@ -450,7 +516,7 @@ struct SettledRule<'a> {
     retry_after_ms: Option<u64>,
 }
 
-fn settled_answer(token: &Token, settled: &spillway::store::Settled) -> Answer {
+pub(super) fn settled_answer(token: &Token, settled: &spillway::store::Settled) -> Answer {
     let rules = token
         .charges
         .iter()
@@ -495,12 +561,7 @@ mod tests {
     }
 
     fn sign(token: &Token, key: &SettleKey, configured: Option<&str>) -> String {
-        let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(token).unwrap());
-        let mut mac = key.mac(configured);
-        mac.update(PREFIX.as_bytes());
-        mac.update(payload.as_bytes());
-        let signature = URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
-        format!("{PREFIX}{payload}.{signature}")
+        super::sign(PREFIX, token, key, configured)
     }
 
     #[test]
