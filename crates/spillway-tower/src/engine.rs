@@ -189,8 +189,13 @@ pub enum Outcome {
     Rejected {
         /// The rule.
         rule: String,
-        /// The exact time until the same request would be admitted.
+        /// The exact time until the same request would be admitted (or
+        /// the rule's [`retry_after_hint`](crate::HttpRule::retry_after_hint),
+        /// if shorter).
         retry_after: Duration,
+        /// The status to answer with: 429, or the rule's
+        /// [`deny_status`](crate::HttpRule::deny_status).
+        status: http::StatusCode,
     },
     /// The request can never be decided (a bad cost header, a cost above a
     /// capacity under [`OverCapacity::Refuse`]): a client error, with this
@@ -1172,9 +1177,15 @@ impl<'e, St: Store> Deciding<'e, St> {
                 let retry_after = self.decisions[i]
                     .and_then(|d| d.retry_after)
                     .unwrap_or(headers::UNKNOWN_RETRY_AFTER);
+                let rule = charges[i].of.map(|(index, _)| &engine.policy.rules[index]);
+                let retry_after = match rule.and_then(|r| r.retry_hint) {
+                    Some(hint) => retry_after.min(hint),
+                    None => retry_after,
+                };
                 Outcome::Rejected {
                     rule: name.to_string(),
                     retry_after,
+                    status: rule.map_or(http::StatusCode::TOO_MANY_REQUESTS, |r| r.deny_status),
                 }
             }
             None if self.asking.look_only => Outcome::Admitted {
@@ -1413,6 +1424,7 @@ mod tests {
             &Outcome::Rejected {
                 rule: "own:2-per-minute".into(),
                 retry_after: Duration::from_millis(17_200),
+                status: http::StatusCode::TOO_MANY_REQUESTS,
             }
         );
         assert_eq!(ruling.outcome().retry_after_secs(), Some(18));

@@ -20,6 +20,7 @@ pub(crate) fn too_many_requests<B>(
     rule: &str,
     violated: &[&str],
     retry_secs: u64,
+    status: StatusCode,
 ) -> Response<ResponseBody<B>> {
     let detail = format!(
         "Rate limit `{rule}` exceeded: retry in {retry_secs} second{}.",
@@ -28,7 +29,7 @@ pub(crate) fn too_many_requests<B>(
     let (content_type, body): (&str, Bytes) = match format {
         BodyFormat::Problem => (
             PROBLEM_JSON,
-            Problem::new(StatusCode::TOO_MANY_REQUESTS, &detail)
+            Problem::new(status, &detail)
                 .member("retry_after", retry_secs)
                 .member("rule", rule)
                 .into_json()
@@ -39,7 +40,7 @@ pub(crate) fn too_many_requests<B>(
         // dropped, `retry_after` kept for clients of `Problem`.
         BodyFormat::QuotaExceeded => (
             PROBLEM_JSON,
-            Problem::new(StatusCode::TOO_MANY_REQUESTS, &detail)
+            Problem::new(status, &detail)
                 .kind(QUOTA_EXCEEDED, "Quota Exceeded")
                 .member("retry_after", retry_secs)
                 .member(
@@ -62,7 +63,7 @@ pub(crate) fn too_many_requests<B>(
         BodyFormat::Empty => ("", Bytes::new()),
     };
     let mut res = Response::new(ResponseBody::full(body));
-    *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    *res.status_mut() = status;
     res.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(retry_secs));
     if !content_type.is_empty() {

@@ -452,6 +452,10 @@ pub struct HttpRule {
     pub(crate) action: Action,
     // False: no request matches the rule by itself (see `by_name_only`).
     pub(crate) over_http: bool,
+    // The wait a denial announces at most (see `retry_after_hint`).
+    pub(crate) retry_hint: Option<std::time::Duration>,
+    // The status a denial is answered with (see `deny_status`).
+    pub(crate) deny_status: http::StatusCode,
 }
 
 impl HttpRule {
@@ -478,6 +482,8 @@ impl HttpRule {
             cost: Cost::Fixed(1),
             action: Action::Reject,
             over_http: true,
+            retry_hint: None,
+            deny_status: http::StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -551,6 +557,24 @@ impl HttpRule {
     /// What to do with a denied request (default: reject).
     pub fn action(mut self, action: Action) -> Self {
         self.action = action;
+        self
+    }
+
+    /// The longest wait a denial by this rule announces (`Retry-After`):
+    /// for a concurrency rule, whose exact wait (until its oldest lease
+    /// ends, were nobody to finish) is an upper bound, while slots come
+    /// back whenever requests finish. The wait announced is the shorter of
+    /// the two, and never 0.
+    pub fn retry_after_hint(mut self, hint: std::time::Duration) -> Self {
+        self.retry_hint = Some(hint);
+        self
+    }
+
+    /// The status a denial by this rule is answered with (default 429): a
+    /// concurrency rule guarding an overloaded backend may answer 503, the
+    /// status of a server that cannot take the request now.
+    pub fn deny_status(mut self, status: http::StatusCode) -> Self {
+        self.deny_status = status;
         self
     }
 

@@ -374,9 +374,11 @@ where
             ));
         }
         Outcome::Unavailable(_) => return answer(response::unavailable()),
-        Outcome::Rejected { ref rule, .. } => {
+        Outcome::Rejected {
+            ref rule, status, ..
+        } => {
             let retry = outcome.retry_after_secs().expect("a rejection");
-            let mut res = rejected(policy, rule, &violated, retry, grpc());
+            let mut res = rejected(policy, rule, &violated, retry, status, grpc());
             described.fields(engine).write_to(res.headers_mut());
             return answer(res);
         }
@@ -503,10 +505,11 @@ fn rejected<B>(
     rule: &str,
     violated: &[&str],
     retry: u64,
+    status: StatusCode,
     grpc: bool,
 ) -> Response<ResponseBody<B>> {
     if !grpc {
-        return response::too_many_requests(policy.body, rule, violated, retry);
+        return response::too_many_requests(policy.body, rule, violated, retry, status);
     }
     let message = format!("rate limit `{rule}` exceeded: retry in {retry} s");
     let mut res = response::grpc_status(8, &message);

@@ -447,9 +447,13 @@ impl<'a> DecisionJson<'a> {
     /// store are answered 400 and 503 instead, never with this.
     fn of(outcome: &'a Outcome) -> Self {
         let (allowed, status, denied_by, retry_after, delay, limited, shadowed) = match outcome {
-            Outcome::Rejected { rule, retry_after } => (
+            Outcome::Rejected {
+                rule,
+                retry_after,
+                status,
+            } => (
                 false,
-                429,
+                u64::from(status.as_u16()),
                 Some(rule.as_str()),
                 Some(ms(*retry_after)),
                 0,
@@ -658,6 +662,7 @@ mod tests {
         let rejected = Outcome::Rejected {
             rule: "plain".to_string(),
             retry_after: Duration::from_millis(2),
+            status: http::StatusCode::TOO_MANY_REQUESTS,
         };
         let body = decision_json(&rejected, &[], rules);
         let body: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");

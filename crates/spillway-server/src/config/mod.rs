@@ -136,6 +136,8 @@ struct RawRule {
     release_on_5xx: Option<Spanned<bool>>,
     action: Option<Spanned<String>>,
     on_error: Option<Spanned<String>>,
+    retry_after: Option<Spanned<RawDuration>>,
+    deny_status: Option<Spanned<u64>>,
     #[serde(default)]
     tiers: BTreeMap<Spanned<String>, RawQuota>,
     #[serde(default)]

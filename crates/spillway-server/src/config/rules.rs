@@ -72,11 +72,13 @@ pub(super) fn convert_rules(
         let algorithm = errors
             .take(algorithm_of(&quota, lines, &field))
             .unwrap_or_else(|| FixedWindow::new(Quota::per_minute(NonZeroU32::MIN)).into());
-        if matches!(algorithm, AnyAlgorithm::Concurrency(_)) {
+        let leases = matches!(algorithm, AnyAlgorithm::Concurrency(_));
+        if leases {
             errors.take(check_concurrency(r, lines, &field));
         }
         let rule = HttpRule::new(name, algorithm);
-        let rule = errors.take(rule_match(rule, r, lines, &field));
+        let rule = errors.take(denial_of(rule, r, leases, lines, &field));
+        let rule = rule.and_then(|rule| errors.take(rule_match(rule, r, lines, &field)));
         let rule =
             rule.and_then(|rule| errors.take(rule_key_cost_action(rule, spanned, lines, &field)));
         let rule = rule.and_then(|rule| errors.take(rule_tiers(rule, r, tiers, &quota, lines, i)));
@@ -119,6 +121,48 @@ fn check_concurrency(
         ));
     }
     Ok(())
+}
+
+/// A concurrency rule's `retry_after` (the longest wait a denial
+/// announces) and `deny_status` (429 or 503); a rate rule has neither: its
+/// wait is exact, and a 429 is what a client of a rate limit expects.
+fn denial_of(
+    mut rule: HttpRule,
+    r: &RawRule,
+    leases: bool,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<HttpRule, ConfigError> {
+    if let Some(hint) = &r.retry_after {
+        if !leases {
+            return Err(lines.err(
+                hint,
+                field("retry_after"),
+                "applies to concurrency rules only: a rate rule's wait is exact",
+            ));
+        }
+        let d = parse_duration(&hint.get_ref().0)
+            .map_err(|m| lines.err(hint, field("retry_after"), m))?;
+        if d.is_zero() {
+            return Err(lines.err(hint, field("retry_after"), "must be longer than zero"));
+        }
+        rule = rule.retry_after_hint(d);
+    }
+    if let Some(status) = &r.deny_status {
+        if !leases {
+            return Err(lines.err(
+                status,
+                field("deny_status"),
+                "applies to concurrency rules only",
+            ));
+        }
+        rule = rule.deny_status(match status.get_ref() {
+            429 => http::StatusCode::TOO_MANY_REQUESTS,
+            503 => http::StatusCode::SERVICE_UNAVAILABLE,
+            _ => return Err(lines.err(status, field("deny_status"), "must be 429 or 503")),
+        });
+    }
+    Ok(rule)
 }
 
 /// A rule's name: not empty, not one the Envoy service makes.

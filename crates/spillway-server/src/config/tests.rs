@@ -644,6 +644,28 @@ fn a_concurrency_rule_takes_slots_and_a_lease() {
     }
     // A whole number of slots per request is fine.
     assert!(Config::parse(&format!("{SLOTS}cost = 2\n")).is_ok());
+    let config =
+        Config::parse(&format!("{SLOTS}retry_after = \"2s\"\ndeny_status = 503\n")).expect("valid");
+    let rule = format!("{:?}", config.policy.rules()[0]);
+    assert!(
+        rule.contains("retry_hint: Some(2s)") && rule.contains("503"),
+        "{rule}"
+    );
+    for (extra, field) in [
+        ("deny_status = 500", "rules[0].deny_status"),
+        ("retry_after = \"0s\"", "rules[0].retry_after"),
+    ] {
+        let e = error(&format!("{SLOTS}{extra}\n"));
+        assert_eq!((e.line, e.field.as_str()), (Some(5), field), "{extra}: {e}");
+    }
+    // A rate rule's wait is exact, and its denial a 429.
+    for (extra, field) in [
+        ("retry_after = \"1s\"", "rules[0].retry_after"),
+        ("deny_status = 503", "rules[0].deny_status"),
+    ] {
+        let e = error(&format!("{RULE}{extra}\n"));
+        assert_eq!((e.line, e.field.as_str()), (Some(6), field), "{extra}: {e}");
+    }
 }
 
 #[test]

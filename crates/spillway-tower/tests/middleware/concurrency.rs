@@ -219,3 +219,17 @@ async fn a_lease_not_renewed_ends_by_itself_and_not_before() {
     tokio::time::advance(Duration::from_micros(1)).await;
     assert_eq!(fast(&app).await.status(), StatusCode::OK);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_denial_may_answer_503_with_a_shorter_wait_than_the_lease() {
+    let rule = in_flight(1, Duration::from_secs(30))
+        .retry_after_hint(Duration::from_millis(1_500))
+        .deny_status(StatusCode::SERVICE_UNAVAILABLE);
+    let (app, _layer) = app(rule);
+    let (_first, _open) = slow(&app).await;
+    let denied = fast(&app).await;
+    assert_eq!(denied.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // 1.5 s, rounded up: shorter than the lease's 30 s.
+    assert_eq!(header_u64(&denied, "retry-after"), 2);
+    assert!(body_string(denied).await.contains("\"status\":503"));
+}
