@@ -120,11 +120,16 @@ impl Drop for Counting {
 /// A config of one concurrency rule of `slots` slots on `redis`, keyed by
 /// client IP (every client here is 127.0.0.1: one key), written in `dir`.
 fn config(dir: &Path, redis: &RedisServer, slots: u32, lease: &str) -> PathBuf {
+    config_with(dir, redis, slots, lease, "timeout = \"2s\"")
+}
+
+/// [`config`] with `store` as the `[store]` table's other lines.
+fn config_with(dir: &Path, redis: &RedisServer, slots: u32, lease: &str, store: &str) -> PathBuf {
     let path = dir.join("spillway.toml");
     std::fs::write(
         &path,
         format!(
-            "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n\n\
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\n{store}\n\n\
              [[rules]]\nname = \"in_flight\"\nkey = [\"ip\"]\n\
              algorithm = \"concurrency\"\nlimit = {slots}\nlease = \"{lease}\"\n",
             redis.url()
@@ -350,5 +355,58 @@ async fn a_renewed_lease_is_never_taken_over_on_redis() {
     while send(b.addr, "/now").await.status != 200 {
         assert!(start.elapsed() < Duration::from_millis(500), "not released");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Redis paused (SIGSTOP) for longer than a lease, under each failure
+/// policy. What happens, as docs/distributed.md states it:
+/// - the request in flight runs on; its renews fail meanwhile, and once
+///   Redis answers again its lease (ended there) is taken afresh, the slot
+///   being free: later requests are denied again;
+/// - a request that arrives during the pause gets the policy's answer:
+///   fail_closed 503; fail_open admitted, uncounted (it holds no slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_longer_than_a_lease_under_each_failure_policy() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    for (policy, during) in [("fail_closed", 503), ("fail_open", 200)] {
+        let upstream = Counting::start().await;
+        let dir = temp_dir(&format!("concurrency-pause-{policy}"));
+        let store = format!("timeout = \"300ms\"\non_error = \"{policy}\"");
+        let config = config_with(&dir, &redis, 1, "1s", &store);
+        let proxy = proxy(&upstream, &config, &dir);
+        let mut held = admitted_and_held(proxy.addr, WAIT).await;
+        assert_eq!(send(proxy.addr, "/now").await.status, 429, "{policy}");
+        redis.pause();
+        let paused = Instant::now();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            send(proxy.addr, "/now").await.status,
+            during,
+            "{policy}: during"
+        );
+        // Two and a half leases.
+        tokio::time::sleep(Duration::from_millis(2_500).saturating_sub(paused.elapsed())).await;
+        redis.resume();
+        // The held request's keeper tries again every half second: its
+        // lease is taken afresh, and the next request is denied.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(
+            send(proxy.addr, "/now").await.status,
+            429,
+            "{policy}: retaken"
+        );
+        upstream.release();
+        assert_eq!(held.response(WAIT).await.expect("an answer").status, 200);
+        drop(held);
+        let start = Instant::now();
+        while send(proxy.addr, "/now").await.status != 200 {
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "{policy}: not released"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
