@@ -21,6 +21,7 @@
 //! | `spillway_budget_settled_total` | counter | `rule`, `how` | budget reservations closed: `measured`, `left` (the client left mid-response), `cut` (at the budget), `released` (a refused 4xx, a 5xx given back), `kept` (nothing measured: the reservation stands) |
 //! | `spillway_budget_overruns_total` | counter | `rule` | responses that cost more than their charges: the rest was charged, in debt if the key had nothing left |
 //! | `spillway_budget_units_total` | counter | `rule`, `kind` | units `charged` before the settles, and the `actual` cost they were settled at: how far the reservations are from the real costs |
+//! | `spillway_leases_total` | counter | `rule`, `event` | what became of concurrency leases while their requests ran: `renewed`, `lost`, `retaken`, `released`, `expired` |
 //!
 //! The Redis figures come from the store's own counters. A reload builds a
 //! new store, so the old one's counts are kept aside and added in: the
@@ -40,7 +41,7 @@ use prometheus_client::registry::Registry;
 use spillway::Decision;
 use spillway::store::{RuleId, Store};
 use spillway_redis::{Error as StoreError, Stats};
-use spillway_tower::{BudgetEvent, Observer, RuleOutcome};
+use spillway_tower::{BudgetEvent, LeaseEvent, Observer, RuleOutcome};
 
 use crate::store::{AnyStore, StoreObserver};
 
@@ -77,6 +78,12 @@ struct BudgetMetrics {
     settled: Family<RuleHowLabels, Counter>,
     overruns: Family<RuleLabels, Counter>,
     units: Family<RuleKindLabels, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RuleEventLabels {
+    rule: String,
+    event: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -134,6 +141,7 @@ pub struct Metrics {
     connections: Gauge,
     connections_refused: Counter,
     budgets: BudgetMetrics,
+    leases: Family<RuleEventLabels, Counter>,
     // The Redis counters of stores replaced by a reload.
     retired: Mutex<Stats>,
 }
@@ -211,6 +219,12 @@ impl Metrics {
             "Budget units charged before the settles, and the actual costs settled",
             budgets.units.clone(),
         );
+        let leases = Family::<RuleEventLabels, Counter>::default();
+        registry.register(
+            "spillway_leases",
+            "Concurrency leases renewed, lost, retaken, released or expired",
+            leases.clone(),
+        );
         // Zeros from the start, so that the series exist before the first
         // error or reload (a rate over a missing series is no rate at all).
         for kind in ["redis", "timeout", "unavailable", "reply", "rule"] {
@@ -230,6 +244,7 @@ impl Metrics {
             connections,
             connections_refused,
             budgets,
+            leases,
             retired: Mutex::default(),
         }
     }
@@ -268,6 +283,23 @@ impl Metrics {
                 })
                 .inc_by(n);
         }
+    }
+
+    /// Counts what became of a concurrency lease.
+    pub fn lease(&self, rule: &str, event: LeaseEvent) {
+        let event = match event {
+            LeaseEvent::Renewed => "renewed",
+            LeaseEvent::Lost => "lost",
+            LeaseEvent::Retaken => "retaken",
+            LeaseEvent::Released => "released",
+            LeaseEvent::Expired => "expired",
+        };
+        self.leases
+            .get_or_create(&RuleEventLabels {
+                rule: rule.to_string(),
+                event,
+            })
+            .inc();
     }
 
     /// The gauge of open HTTP connections and the counter of those refused,
@@ -386,6 +418,10 @@ impl Observer for DecisionObserver {
 
     fn budget(&self, rule: &str, event: BudgetEvent) {
         self.0.budget(rule, event);
+    }
+
+    fn lease(&self, rule: &str, event: LeaseEvent) {
+        self.0.lease(rule, event);
     }
 }
 

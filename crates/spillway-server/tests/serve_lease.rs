@@ -108,6 +108,10 @@ async fn a_slot_is_held_until_released_once_and_renewed_meanwhile() {
         assert_eq!(a.json()["applied"], true);
     }
     assert_eq!(remaining(&check(http).await.json(), "reports"), 1);
+    let metric =
+        |event: &str| format!("spillway_leases_total{{rule=\"reports\",event=\"{event}\"}}");
+    assert_eq!(http.metric(&metric("renewed")).await, Some(1.0));
+    assert_eq!(http.metric(&metric("released")).await, Some(3.0));
 }
 
 #[tokio::test]
