@@ -108,6 +108,20 @@ impl Store for AnyStore {
         result
     }
 
+    fn try_settle_now(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+    ) -> Option<Result<Settled, StoreError>> {
+        let StoreImpl::Memory(s) = &self.inner else {
+            return None;
+        };
+        let started = Instant::now();
+        let result = s.settle_now(id, settles).map_err(StoreError::from);
+        self.observe(started, result.as_ref().err());
+        Some(result)
+    }
+
     async fn renew(&self, renews: &[Renew<'_>]) -> Result<Vec<Renewed>, StoreError> {
         let started = Instant::now();
         let result = match &self.inner {

@@ -2,7 +2,10 @@
 //! through `oneshot` (no sockets, no HTTP parsing), without the layer, with
 //! it and no headers, and with it and both header families. The difference
 //! between the first and the last is what the middleware adds to a request;
-//! the `http` bench measures the same over loopback with wrk.
+//! the `http` bench measures the same over loopback with wrk. Last, the same
+//! with a concurrency rule instead of the token bucket: its slot taken when
+//! the request is admitted and given back (by the request's lease keeper, a
+//! task of the same runtime) when the response is dropped.
 //!
 //! Run with: `cargo bench -p spillway-tower --bench layer`
 
@@ -16,7 +19,7 @@ use axum::routing::get;
 use criterion::Criterion;
 use http::Request;
 use spillway::Quota;
-use spillway::algorithm::TokenBucket;
+use spillway::algorithm::{Concurrency, TokenBucket};
 use spillway_tower::{HeaderOptions, HttpRule, Policy, RateLimitLayer};
 use tower::ServiceExt;
 
@@ -30,6 +33,14 @@ fn limited(headers: HeaderOptions) -> Router {
     hello().layer(RateLimitLayer::in_memory(
         Policy::new([rule]).headers(headers),
     ))
+}
+
+/// A concurrency rule that never denies: a million slots per key.
+fn in_flight() -> Router {
+    let slots = NonZeroU32::new(1_000_000).expect("nonzero");
+    let quota = Quota::new(slots, std::time::Duration::from_secs(30)).expect("valid");
+    let rule = HttpRule::new("in-flight", Concurrency::new(quota));
+    hello().layer(RateLimitLayer::in_memory(Policy::new([rule])))
 }
 
 fn request(i: u32) -> Request<Body> {
@@ -57,6 +68,7 @@ fn bench(c: &mut Criterion) {
             "layer, both header families",
             limited(HeaderOptions::default()),
         ),
+        ("layer, a concurrency rule, both families", in_flight()),
     ];
     let mut group = c.benchmark_group("request");
     for (name, app) in apps {

@@ -515,6 +515,8 @@ pub struct Engine<St> {
     // Whether a rule is a concurrency rule, whose slots are held until the
     // response ends: likewise.
     pub(crate) leases: bool,
+    // The leases of the requests in flight, renewed while they run.
+    book: crate::leases::LeaseBook,
 }
 
 impl<St> std::fmt::Debug for Engine<St> {
@@ -565,10 +567,16 @@ impl<St: Store> Engine<St> {
             .rules
             .iter()
             .any(|r| matches!(r.cost, Cost::Response(_)));
-        let leases = store
+        let shortest = store
             .rules()
             .iter()
-            .any(|r| matches!(r.algorithm(), AnyAlgorithm::Concurrency(_)));
+            .filter_map(|r| match r.algorithm() {
+                AnyAlgorithm::Concurrency(c) => Some(Duration::from_micros(c.lease_micros())),
+                _ => None,
+            })
+            .min();
+        let leases = shortest.is_some();
+        let book = crate::leases::LeaseBook::new(shortest.unwrap_or(Duration::from_secs(30)));
         Ok(Self {
             store,
             policy,
@@ -576,6 +584,7 @@ impl<St: Store> Engine<St> {
             logged_missing_addr: AtomicBool::new(false),
             budgets,
             leases,
+            book,
         })
     }
 
@@ -607,6 +616,11 @@ impl<St: Store> Engine<St> {
             AnyAlgorithm::Concurrency(c) => Some(Duration::from_micros(c.lease_micros())),
             _ => None,
         }
+    }
+
+    /// The leases of the requests in flight.
+    pub(crate) fn lease_book(&self) -> &crate::leases::LeaseBook {
+        &self.book
     }
 
     /// Whether any rule is a concurrency rule, whose slots a front end

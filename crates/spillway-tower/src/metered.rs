@@ -38,7 +38,7 @@ use spillway::{Algorithm as _, Decision};
 use crate::budget::{Measure, Overrun, ResponseCost, Unanswered};
 use crate::engine::{BudgetEvent, Charge, Engine, Held, Settled, settle_id};
 use crate::headers::retry_after_secs;
-use crate::leases::{Kept, Leases};
+use crate::leases::{Keeper, Kept, Leases};
 use crate::usage::{Boundaries, UsageField, UsageMeter, cut_event};
 
 /// A boxed future that can cross threads.
@@ -152,7 +152,8 @@ impl<St: Store + 'static> Budgets for Engine<St> {
     }
 
     fn keep(self: Arc<Self>, leases: Vec<Kept>) -> Option<Leases> {
-        Leases::keep(self, leases)
+        let keeper: Arc<dyn Keeper> = self;
+        Some(Leases::keep(keeper, leases))
     }
 }
 

@@ -233,3 +233,52 @@ async fn a_denial_may_answer_503_with_a_shorter_wait_than_the_lease() {
     assert_eq!(header_u64(&denied, "retry-after"), 2);
     assert!(body_string(denied).await.contains("\"status\":503"));
 }
+
+/// On Redis, a request under a concurrency rule costs two store calls, its
+/// acquire and its release; under a rate rule, one.
+#[tokio::test]
+async fn on_redis_an_acquire_and_its_release_are_two_store_calls() {
+    use spillway_conformance::redis_server::RedisServer;
+    use spillway_redis::{RedisOptions, RedisStore, Topology};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let per_minute = Quota::per_minute(NonZeroU32::new(1_000).expect("nonzero"));
+    for (rule, calls) in [
+        (in_flight(10, Duration::from_secs(30)), 2),
+        (
+            HttpRule::new("rate", spillway::algorithm::FixedWindow::new(per_minute)),
+            1,
+        ),
+    ] {
+        let policy = Policy::new([rule]);
+        let options = RedisOptions {
+            timeout: Duration::from_secs(5),
+            ..RedisOptions::default()
+        };
+        let store = RedisStore::connect(
+            Topology::Standalone(server.url()),
+            policy.store_rules(),
+            options,
+        )
+        .await
+        .expect("redis is up");
+        let layer = RateLimitLayer::new(policy, store).expect("same rules");
+        let app = upstream().layer(layer.clone());
+        for _ in 0..3 {
+            let before = layer.store().stats().redis_calls;
+            let res = fast(&app).await;
+            assert_eq!(res.status(), StatusCode::OK);
+            assert_eq!(body_string(res).await, "fast");
+            // The release is the keeper's: let it run.
+            for _ in 0..100 {
+                if layer.store().stats().redis_calls - before >= calls {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(layer.store().stats().redis_calls - before, calls);
+        }
+    }
+}

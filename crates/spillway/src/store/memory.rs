@@ -817,6 +817,10 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {
         Some(self.check_now(checks))
     }
+
+    fn try_settle_now(&self, id: &str, settles: &[Settle<'_>]) -> Option<Result<Settled, Error>> {
+        Some(self.settle_now(id, settles))
+    }
 }
 
 impl<C: fmt::Debug> fmt::Debug for MemoryStore<C> {

@@ -349,6 +349,19 @@ pub trait Store: Send + Sync {
         let _ = checks;
         None
     }
+
+    /// [`settle`](Store::settle) without waiting, as
+    /// [`try_check_now`](Store::try_check_now) is [`check`](Store::check):
+    /// `Some` on every call from a store that never waits, `None` (having
+    /// settled nothing) from one that must. The default is `None`.
+    fn try_settle_now(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+    ) -> Option<Result<Settled, Self::Error>> {
+        let _ = (id, settles);
+        None
+    }
 }
 
 /// What a store's error means for the request that met it.
