@@ -108,16 +108,12 @@ impl Store for AnyStore {
         result
     }
 
-    fn try_settle_now(
-        &self,
-        id: &str,
-        settles: &[Settle<'_>],
-    ) -> Option<Result<Settled, StoreError>> {
+    fn try_settle_once_now(&self, settles: &[Settle<'_>]) -> Option<Result<Settled, StoreError>> {
         let StoreImpl::Memory(s) = &self.inner else {
             return None;
         };
         let started = Instant::now();
-        let result = s.settle_now(id, settles).map_err(StoreError::from);
+        let result = s.settle_once_now(settles).map_err(StoreError::from);
         self.observe(started, result.as_ref().err());
         Some(result)
     }

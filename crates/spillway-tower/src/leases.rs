@@ -159,9 +159,8 @@ impl<St: Store + 'static> Keeper for Engine<St> {
         if held.is_empty() {
             return;
         }
-        let id = settle_id();
         let settles = settles_of(&held);
-        if let Some(result) = self.store().try_settle_now(&id, &settles) {
+        if let Some(result) = self.store().try_settle_once_now(&settles) {
             let event = match result {
                 Ok(_) => LeaseEvent::Released,
                 Err(e) => {
@@ -173,6 +172,7 @@ impl<St: Store + 'static> Keeper for Engine<St> {
             return;
         }
         drop(settles);
+        let id = settle_id();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(async move { release(&self, id, held).await })),
             Err(_) => {

@@ -625,6 +625,24 @@ impl<C: Clock> MemoryStore<C> {
         if id.is_empty() || id.len() > MAX_SETTLE_ID {
             return Err(Error::SettleId { len: id.len() });
         }
+        self.settle_with(Some(id), settles, now)
+    }
+
+    /// Settles now, with no receipt: for a caller in this process that
+    /// holds the only copy of the settle and makes it once (a release of
+    /// an in-flight slot when its response ends), so that it need not fill
+    /// the receipts a settle sent over a network needs.
+    pub fn settle_once_now(&self, settles: &[Settle<'_>]) -> Result<Settled, Error> {
+        self.settle_with(None, settles, self.clock.now())
+    }
+
+    /// Settles at `now`, once per `receipt` if there is one.
+    fn settle_with(
+        &self,
+        receipt: Option<&str>,
+        settles: &[Settle<'_>],
+        now: Micros,
+    ) -> Result<Settled, Error> {
         let checks: Vec<Check<'_>> = settles
             .iter()
             .map(|s| Check {
@@ -634,7 +652,7 @@ impl<C: Clock> MemoryStore<C> {
             })
             .collect();
         let algorithms = self.validate(&checks)?;
-        let applied = self.receipts.first(id, now);
+        let applied = receipt.is_none_or(|id| self.receipts.first(id, now));
         let located = settles.iter().zip(&algorithms).map(|(settle, algorithm)| {
             let table = &self.tables[settle.rule.0];
             let hash = table.hash(settle.key);
@@ -818,8 +836,8 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(self.check_now(checks))
     }
 
-    fn try_settle_now(&self, id: &str, settles: &[Settle<'_>]) -> Option<Result<Settled, Error>> {
-        Some(self.settle_now(id, settles))
+    fn try_settle_once_now(&self, settles: &[Settle<'_>]) -> Option<Result<Settled, Error>> {
+        Some(self.settle_once_now(settles))
     }
 }
 

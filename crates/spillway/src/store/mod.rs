@@ -350,16 +350,13 @@ pub trait Store: Send + Sync {
         None
     }
 
-    /// [`settle`](Store::settle) without waiting, as
-    /// [`try_check_now`](Store::try_check_now) is [`check`](Store::check):
+    /// [`settle`](Store::settle) without waiting and without a receipt,
+    /// for a caller in this process that makes the settle once (it cannot
+    /// be sent again after a lost answer: there is no answer to lose):
     /// `Some` on every call from a store that never waits, `None` (having
     /// settled nothing) from one that must. The default is `None`.
-    fn try_settle_now(
-        &self,
-        id: &str,
-        settles: &[Settle<'_>],
-    ) -> Option<Result<Settled, Self::Error>> {
-        let _ = (id, settles);
+    fn try_settle_once_now(&self, settles: &[Settle<'_>]) -> Option<Result<Settled, Self::Error>> {
+        let _ = settles;
         None
     }
 }
