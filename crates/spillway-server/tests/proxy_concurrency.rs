@@ -364,13 +364,15 @@ async fn a_renewed_lease_is_never_taken_over_on_redis() {
 ///   Redis answers again its lease (ended there) is taken afresh, the slot
 ///   being free: later requests are denied again;
 /// - a request that arrives during the pause gets the policy's answer:
-///   fail_closed 503; fail_open admitted, uncounted (it holds no slot).
+///   fail_closed 503; fail_open admitted, uncounted (it holds no slot);
+///   local decided by the instance's own memory, where it holds a slot of
+///   its own (`limit / instances`) until it ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_longer_than_a_lease_under_each_failure_policy() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    for (policy, during) in [("fail_closed", 503), ("fail_open", 200)] {
+    for (policy, during) in [("fail_closed", 503), ("fail_open", 200), ("local", 200)] {
         let upstream = Counting::start().await;
         let dir = temp_dir(&format!("concurrency-pause-{policy}"));
         let store = format!("timeout = \"300ms\"\non_error = \"{policy}\"");
@@ -386,11 +388,20 @@ async fn a_pause_longer_than_a_lease_under_each_failure_policy() {
             during,
             "{policy}: during"
         );
+        // Locally, one slot: held by a second request, the next is denied.
+        let local = match policy {
+            "local" => {
+                let second = admitted_and_held(proxy.addr, WAIT).await;
+                assert_eq!(send(proxy.addr, "/now").await.status, 429, "local: held");
+                Some(second)
+            }
+            _ => None,
+        };
         // Two and a half leases.
         tokio::time::sleep(Duration::from_millis(2_500).saturating_sub(paused.elapsed())).await;
         redis.resume();
-        // The held request's keeper tries again every half second: its
-        // lease is taken afresh, and the next request is denied.
+        // The renewer tries again every third of the lease: the held
+        // request's lease is taken afresh, and the next request is denied.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         assert_eq!(
             send(proxy.addr, "/now").await.status,
@@ -400,6 +411,9 @@ async fn a_pause_longer_than_a_lease_under_each_failure_policy() {
         upstream.release();
         assert_eq!(held.response(WAIT).await.expect("an answer").status, 200);
         drop(held);
+        if let Some(mut second) = local {
+            assert_eq!(second.response(WAIT).await.expect("an answer").status, 200);
+        }
         let start = Instant::now();
         while send(proxy.addr, "/now").await.status != 200 {
             assert!(
