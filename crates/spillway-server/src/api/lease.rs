@@ -25,8 +25,7 @@ use crate::state::{Loaded, State};
 use super::answer::{Answer, bad_request, ms, unavailable};
 use super::check::authorized_body;
 use super::settle::{
-    Refused, SettleKey, Token, TokenCharge, new_id, now_ms, settled_answer, sign, still_applies,
-    verify_as,
+    Refused, SettleKey, Token, TokenCharge, settled_answer, still_applies, token_of, verify_as,
 };
 
 /// The prefix of every lease token, and the version of its form.
@@ -50,32 +49,7 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
             TokenCharge::of(engine, charge, charged)
         })
         .collect();
-    signed(loaded, key, charges, life)
-}
-
-/// A signed token for `charges`, good for `life`.
-fn signed(
-    loaded: &Loaded,
-    key: &SettleKey,
-    charges: Vec<TokenCharge>,
-    life: Duration,
-) -> Option<(String, Duration)> {
-    if charges.is_empty() {
-        return None;
-    }
-    let token = Token {
-        id: new_id("ls"),
-        exp: now_ms().saturating_add(ms(life)),
-        store: key.store_id(loaded),
-        charges,
-    };
-    let text = sign(
-        PREFIX,
-        &token,
-        key,
-        loaded.config.server.settle_key.as_deref(),
-    );
-    Some((text, life))
+    token_of(PREFIX, loaded, key, charges, life)
 }
 
 /// The body of `POST /v1/renew` and `POST /v1/release`.
@@ -196,7 +170,8 @@ async fn renew_answer(state: &State, body: &[u8]) -> Answer {
             ),
         );
     }
-    let (text, life) = signed(&loaded, &state.settle_key, charges.clone(), life).expect("charged");
+    let (text, life) =
+        token_of(PREFIX, &loaded, &state.settle_key, charges.clone(), life).expect("charged");
     let rules = charges
         .iter()
         .zip(token.charges.iter().zip(&renewed))
@@ -220,13 +195,9 @@ async fn renew_answer(state: &State, body: &[u8]) -> Answer {
     )
 }
 
-/// Gives back `charges` under a release id of its own (best effort: a
-/// slot not given back ends with its lease).
-async fn release_now(engine: &super::settle::Engine, id: &str, charges: &[TokenCharge]) {
-    if charges.is_empty() {
-        return;
-    }
-    let settles: Vec<Settle<'_>> = charges
+/// The settles at 0 that give `charges` back.
+fn releases(charges: &[TokenCharge]) -> Vec<Settle<'_>> {
+    charges
         .iter()
         .map(|c| Settle {
             rule: RuleId(c.rule),
@@ -234,7 +205,16 @@ async fn release_now(engine: &super::settle::Engine, id: &str, charges: &[TokenC
             charged: c.charged(),
             actual: 0,
         })
-        .collect();
+        .collect()
+}
+
+/// Gives back `charges` under a release id of its own (best effort: a
+/// slot not given back ends with its lease).
+async fn release_now(engine: &super::settle::Engine, id: &str, charges: &[TokenCharge]) {
+    if charges.is_empty() {
+        return;
+    }
+    let settles = releases(charges);
     let id = format!("{id}-partial");
     if let Err(e) = engine.store().settle(&id, &settles).await {
         tracing::warn!(error = %e, "could not give back the slots of a lost lease: they end with it");
@@ -248,16 +228,7 @@ async fn release_answer(state: &State, body: &[u8]) -> Answer {
         Err(refused) => return *refused,
     };
     let engine = loaded.layer.engine();
-    let settles: Vec<Settle<'_>> = token
-        .charges
-        .iter()
-        .map(|c| Settle {
-            rule: RuleId(c.rule),
-            key: &c.key,
-            charged: c.charged(),
-            actual: 0,
-        })
-        .collect();
+    let settles = releases(&token.charges);
     match engine.store().settle(&token.id, &settles).await {
         Ok(settled) => {
             if settled.applied

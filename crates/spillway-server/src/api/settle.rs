@@ -217,27 +217,39 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
         .filter(|(charge, charged)| engine.response_cost(charge).is_some() && charged.cost > 0)
         .map(|(charge, charged)| TokenCharge::of(engine, charge, charged))
         .collect();
+    let within = loaded.config.server.settle_within;
+    token_of(PREFIX, loaded, key, charges, within)
+}
+
+/// A token of the kind `prefix` names (`st1.`, `ls1.`) for `charges`, good
+/// for `life`, signed: `None` when there are no charges.
+pub(super) fn token_of(
+    prefix: &str,
+    loaded: &Loaded,
+    key: &SettleKey,
+    charges: Vec<TokenCharge>,
+    life: Duration,
+) -> Option<(String, Duration)> {
     if charges.is_empty() {
         return None;
     }
-    let within = loaded.config.server.settle_within;
     let token = Token {
-        id: new_id("st"),
-        exp: now_ms().saturating_add(ms(within)),
+        id: new_id(&prefix[..2]),
+        exp: now_ms().saturating_add(ms(life)),
         store: key.store_id(loaded),
         charges,
     };
     let text = sign(
-        PREFIX,
+        prefix,
         &token,
         key,
         loaded.config.server.settle_key.as_deref(),
     );
-    Some((text, within))
+    Some((text, life))
 }
 
 /// A token id drawn from the OS: 128 bits after `kind`.
-pub(super) fn new_id(kind: &str) -> String {
+fn new_id(kind: &str) -> String {
     let mut id = [0u8; 16];
     getrandom::fill(&mut id).expect("the OS's random numbers");
     format!("{kind}-{}", hex(&id))
@@ -245,12 +257,7 @@ pub(super) fn new_id(kind: &str) -> String {
 
 /// `token` signed under the configured key (or the drawn one), as text
 /// starting with `prefix` (which the signature covers).
-pub(super) fn sign(
-    prefix: &str,
-    token: &Token,
-    key: &SettleKey,
-    configured: Option<&str>,
-) -> String {
+fn sign(prefix: &str, token: &Token, key: &SettleKey, configured: Option<&str>) -> String {
     let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(token).expect("serializable"));
     let mut mac = key.mac(configured);
     mac.update(prefix.as_bytes());
