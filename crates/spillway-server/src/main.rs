@@ -111,6 +111,10 @@ struct SimulateArgs {
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also simulate a slow backend behind no limit, a rate limit and a
+    /// concurrency limit: requests in flight and latency over time.
+    #[arg(long)]
+    backend: bool,
 }
 
 impl SimulateArgs {
@@ -136,6 +140,7 @@ impl SimulateArgs {
             algorithms: AlgorithmKind::parse_list(&self.algorithm)?,
             out: self.out,
             json: self.json,
+            backend: self.backend,
             command,
         })
     }

@@ -138,3 +138,32 @@ fn simulate_rejects_unknown_names_and_bad_durations() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("invalid quota: `period`"), "{stderr}");
 }
+
+#[test]
+fn simulate_backend_sets_a_concurrency_limit_beside_a_rate_limit_on_a_slow_backend() {
+    let run = spillway(&[
+        "simulate",
+        "--scenario",
+        "steady_at",
+        "--algorithm",
+        "token_bucket",
+        "--backend",
+        "--json",
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&run.stdout).expect("JSON");
+    let doors = report["backend"]["doors"].as_array().expect("doors");
+    let names: Vec<&str> = doors.iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["no limit", "rate limit", "concurrency limit"]);
+    let most = |i: usize| doors[i]["max_in_flight"].as_u64().unwrap();
+    let workers = report["backend"]["params"]["workers"].as_u64().unwrap();
+    assert!(most(2) <= workers && most(1) > workers, "{doors:?}");
+    // Without the flag, no backend.
+    let plain = spillway(&["simulate", "--scenario", "steady_at", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&plain.stdout).expect("JSON");
+    assert!(report.get("backend").is_none());
+}

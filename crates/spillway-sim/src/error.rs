@@ -48,6 +48,9 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
+    /// The slow backend's simulation cannot run as asked.
+    #[error("backend simulation: {0}")]
+    Backend(String),
 }
 
 /// Why a trace cannot be replayed.

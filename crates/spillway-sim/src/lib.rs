@@ -13,6 +13,8 @@
 //! - [`measure`]: what is measured, and how the error against the exact
 //!   sliding log is defined;
 //! - [`report`], [`chart`], `page`: the table, JSON, index.html and SVG charts;
+//! - [`backend`]: a slow backend behind no limit, a rate limit and a
+//!   concurrency limit: requests in flight and latency over time;
 //! - [`simulate()`]: the whole command.
 //!
 //! ```
@@ -29,6 +31,7 @@
 //! assert_eq!(exact.wrongly_admitted + exact.wrongly_denied, 0);
 //! ```
 
+pub mod backend;
 pub mod chart;
 mod contender;
 mod error;

@@ -256,6 +256,55 @@ fn scenario(h: &mut String, s: &ScenarioReport) {
     }
 }
 
+/// The slow backend's section: what it shows, its table and its chart.
+fn backend(h: &mut String, run: &crate::backend::BackendRun, chart: Option<&str>) {
+    let p = &run.params;
+    let _ = writeln!(
+        h,
+        "<h2 id=\"slow-backend\">Requests in flight: a slow backend</h2>\n<p>A backend of {} \
+         workers, {} ms of work a request on average (exponential: most quick, a few long), \
+         {} requests offered at 70% of what it serves; in the middle third each request needs \
+         twice the work, so the same traffic is 140% of what it can do; in the last third the \
+         backend is itself again and the traffic surges to 130%. In front of it: no \
+         limit; a rate limit sized for its usual speed (a token bucket of what it serves a \
+         second, burst {}); and a concurrency limit of {} slots, each given back when its \
+         response ends. Both limits turn the surge away. But the rate limit lets as many in a \
+         second when the backend slows: the \
+         requests inside pile up, and every one waits. The concurrency limit lets one in only \
+         when one has left: the backend never has more inside than it has workers, the \
+         requests it serves stay fast, and what it cannot serve is turned away at once.</p>",
+        p.workers,
+        p.mean_work_us / 1000,
+        run.offered,
+        p.workers,
+        p.workers
+    );
+    h.push_str(
+        "<table>\n<tr><th>front door</th><th>served</th><th>denied</th>\
+                <th>most inside</th><th>p50 ms</th><th>p99 ms</th></tr>\n",
+    );
+    for d in &run.doors {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td></tr>",
+            escape(d.name),
+            d.served,
+            d.denied,
+            d.max_in_flight,
+            d.p50_ms,
+            d.p99_ms
+        );
+    }
+    h.push_str("</table>\n");
+    if let Some(chart) = chart {
+        let _ = writeln!(
+            h,
+            "<p><img src=\"{}\" alt=\"requests inside the backend and time to serve over time, per front door\"></p>",
+            escape(chart)
+        );
+    }
+}
+
 /// A self-contained HTML page with the summary, every table and chart.
 pub(crate) fn to_html(report: &Report, command: &str) -> String {
     let mut h = String::new();
@@ -305,6 +354,9 @@ pub(crate) fn to_html(report: &Report, command: &str) -> String {
             scenario(&mut h, s);
         }
     }
+    if let Some(run) = &report.backend {
+        backend(&mut h, run, report.backend_chart.as_deref());
+    }
     h.push_str("</body>\n</html>\n");
     h
 }
@@ -352,6 +404,8 @@ mod tests {
             burst: 100,
             duration_us: 60_000_000,
             seed: 1,
+            backend: None,
+            backend_chart: None,
             scenarios: vec![
                 scenario_of(
                     "same",

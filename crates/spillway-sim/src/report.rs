@@ -24,6 +24,13 @@ pub struct Report {
     pub seed: u64,
     /// One entry per scenario.
     pub scenarios: Vec<ScenarioReport>,
+    /// The slow backend behind no limit, a rate limit and a concurrency
+    /// limit, when asked for (see [`crate::backend`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<crate::backend::BackendRun>,
+    /// Its chart's file name, when charts were written.
+    #[serde(skip)]
+    pub backend_chart: Option<String>,
 }
 
 /// The measurements of every algorithm on one scenario.
@@ -49,6 +56,8 @@ impl Report {
             duration_us: params.duration,
             seed: params.seed,
             scenarios: Vec::new(),
+            backend: None,
+            backend_chart: None,
         }
     }
 
@@ -158,6 +167,10 @@ impl fmt::Display for Report {
             if let Some(spread) = spread_lines(s) {
                 write!(f, "{spread}")?;
             }
+        }
+        if let Some(backend) = &self.backend {
+            writeln!(f)?;
+            write!(f, "{backend}")?;
         }
         Ok(())
     }

@@ -31,6 +31,9 @@ pub struct Options {
     pub out: Option<PathBuf>,
     /// Print JSON instead of the table.
     pub json: bool,
+    /// Also run the slow backend behind three front doors
+    /// ([`crate::backend`]), with the duration and seed of `params`.
+    pub backend: bool,
     /// The command line, shown in index.html as what generated it.
     pub command: String,
 }
@@ -45,6 +48,7 @@ impl Default for Options {
             algorithms: AlgorithmKind::ALL.to_vec(),
             out: None,
             json: false,
+            backend: false,
             command: "spillway simulate".to_owned(),
         }
     }
@@ -200,6 +204,22 @@ pub fn simulate(options: &Options, stdout: &mut dyn Write) -> Result<Report, Sim
             rows: run.runs.into_iter().map(|a| a.metrics).collect(),
         });
     }
+    if options.backend {
+        let params = crate::backend::BackendParams {
+            duration_us: options.params.duration,
+            seed: options.params.seed,
+            ..crate::backend::BackendParams::default()
+        };
+        let run = crate::backend::run_backend(&params)?;
+        if let Some(dir) = &options.out {
+            write_file(
+                dir.join("slow-backend.svg"),
+                &crate::backend::backend_chart(&run)?,
+            )?;
+            report.backend_chart = Some("slow-backend.svg".into());
+        }
+        report.backend = Some(run);
+    }
     if let Some(dir) = &options.out {
         write_file(dir.join("index.html"), &report.to_html(&options.command))?;
     }
@@ -221,7 +241,7 @@ pub fn simulate(options: &Options, stdout: &mut dyn Write) -> Result<Report, Sim
         writeln!(
             stdout,
             "wrote {} chart(s) and index.html to {}",
-            scenarios.len(),
+            scenarios.len() + usize::from(options.backend),
             dir.display()
         )
         .map_err(to_stdout)?;
