@@ -424,3 +424,45 @@ async fn a_pause_longer_than_a_lease_under_each_failure_policy() {
         }
     }
 }
+
+/// A request let in while Redis was away (fail_open, no slot taken) takes a
+/// slot at the first renew once Redis answers, if one is free: from then
+/// on it counts, and the next request is denied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_let_in_while_redis_was_away_takes_a_slot_once_it_is_back() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let upstream = Counting::start().await;
+    let dir = temp_dir("concurrency-fail-open");
+    let store = "timeout = \"300ms\"\non_error = \"fail_open\"";
+    let config = config_with(&dir, &redis, 1, "1s", store);
+    let proxy = proxy(&upstream, &config, &dir);
+    // Warm: the connection to Redis is up.
+    assert_eq!(send(proxy.addr, "/now").await.status, 200);
+    redis.pause();
+    let mut held = open(proxy.addr, "/hold").await;
+    let start = Instant::now();
+    while upstream.holds() < 1 {
+        assert!(start.elapsed() < WAIT, "not let in");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    redis.resume();
+    // The call that timed out during the pause is still in Redis's socket:
+    // Redis runs it once resumed, and its charge, held by nobody, ends
+    // with its lease (1 s). Past that, only the request let in holds the
+    // slot, taken at a renew (the renewer looks every third of a second).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    for _ in 0..3 {
+        assert_eq!(send(proxy.addr, "/now").await.status, 429, "not counted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    upstream.release();
+    assert_eq!(held.response(WAIT).await.expect("an answer").status, 200);
+    drop(held);
+    let start = Instant::now();
+    while send(proxy.addr, "/now").await.status != 200 {
+        assert!(start.elapsed() < Duration::from_secs(1), "not released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -388,6 +388,11 @@ impl Ruling {
         let mut charges = self.charges;
         let decisions = self.decisions;
         let undecided = self.undecided;
+        let unmade = charged
+            .iter()
+            .filter(|&&i| undecided[i])
+            .map(|&i| charges[i].clone())
+            .collect();
         let charges = charged
             .iter()
             .filter(|&&i| !undecided[i])
@@ -409,7 +414,7 @@ impl Ruling {
                 (charge, charged)
             })
             .collect();
-        Some(Held { charges })
+        Some(Held { charges, unmade })
     }
 
     /// The outcome, and (with `hold`) what the request charged
@@ -434,12 +439,17 @@ impl Ruling {
 #[derive(Debug)]
 pub struct Held {
     charges: Vec<(Charge, Charged)>,
+    // The charges the store could not make (admitted by a failure policy):
+    // a concurrency rule's slot is taken for them once the store answers.
+    unmade: Vec<Charge>,
 }
 
 impl Held {
-    /// Each charge, and what the store charged for it.
-    pub(crate) fn into_charges(self) -> Vec<(Charge, Charged)> {
-        self.charges
+    /// The charges the store could not make (it could not be reached, and
+    /// the rule's failure policy admitted the request), and the ones it
+    /// made.
+    pub(crate) fn into_parts(self) -> (Vec<Charge>, Vec<(Charge, Charged)>) {
+        (self.unmade, self.charges)
     }
 
     /// Each charge held, and what the store charged for it: what a

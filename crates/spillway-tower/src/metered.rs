@@ -254,9 +254,28 @@ impl Metering {
     /// when no charge is a budget's or a concurrency rule's. The slots of
     /// concurrency rules are kept from now on.
     pub(crate) fn new(budgets: Arc<dyn Budgets>, held: Held, prompt_estimate: u64) -> Option<Self> {
-        let mut leases = Vec::new();
-        let parts: SmallVec<[Part; 1]> = held
-            .into_charges()
+        let (unmade, made) = held.into_parts();
+        // A slot the store could not take (fail_open) is taken at the first
+        // renew the store answers, if one is free: a request let in while
+        // the store was away counts from then on.
+        let mut leases: Vec<Kept> = unmade
+            .into_iter()
+            .filter_map(|charge| {
+                let lease = budgets.lease_of(&charge)?;
+                let cost = charge.cost();
+                Some(Kept {
+                    charge,
+                    charged: Charged {
+                        cost,
+                        at: 0,
+                        reset_after: 0,
+                    },
+                    lease,
+                    ends: None,
+                })
+            })
+            .collect();
+        let parts: SmallVec<[Part; 1]> = made
             .into_iter()
             .filter_map(|(charge, charged)| {
                 if let Some(lease) = budgets.lease_of(&charge) {
