@@ -97,7 +97,7 @@ fn read_token(state: &State, loaded: &Loaded, body: &[u8]) -> Result<Token, Box<
         Err(Refused::Expired(_)) => {
             return Err(Box::new(Answer::problem(
                 StatusCode::GONE,
-                "The lease token has expired: the lease has ended, and its slot is free for others. Check again to take one.",
+                "The lease token has expired (renew before `expires_in_ms`: the lease's time, 9 minutes at most). Its slot comes back when its lease ends; check again to take one.",
             )));
         }
     };

@@ -133,9 +133,20 @@ impl Concurrency {
             });
         }
         self.leases.refund(state, cost, charged.at);
-        // Back in at `now`: it fitted with the lease in, so it fits now.
-        let decision = self.leases.check(state, cost, now)?;
-        debug_assert!(decision.allowed, "a held lease fits again");
+        // Back in at `now`. It fitted with the lease in, so it fits now,
+        // unless the limit was lowered since (a reload kept the key): the
+        // request is inside all the same, and keeps its slot (as an
+        // overrun of its settle would), rather than be pushed out.
+        let mut decision = self.leases.check(state, cost, now)?;
+        if !decision.allowed {
+            let unmade = Charged {
+                cost: 0,
+                at: now,
+                reset_after: 0,
+            };
+            self.leases.settle(state, unmade, cost, now);
+            decision = self.leases.check(state, 0, now)?;
+        }
         Ok(Renewed {
             was_held: true,
             decision,
@@ -292,6 +303,20 @@ mod tests {
         let r = a.renew(&mut s, Charged::of(1, 0, &d), 5_000).unwrap();
         assert!(!r.was_held && r.decision.allowed);
         assert_eq!((r.at, s.total()), (5_000, 1));
+    }
+
+    #[test]
+    fn a_lease_held_when_the_limit_is_lowered_is_renewed_not_pushed_out() {
+        let (two, one) = (cc(2, 1_000), cc(1, 1_000));
+        let mut s = SlidingLogState::default();
+        let d = two.check(&mut s, 1, 0).unwrap();
+        two.check(&mut s, 1, 10).unwrap();
+        // Reloaded to one slot: two are inside. Each renews and stays.
+        let r = one.renew(&mut s, Charged::of(1, 0, &d), 500).unwrap();
+        assert!(r.was_held && r.decision.allowed, "{r:?}");
+        assert_eq!(s.total(), 2);
+        assert_eq!(s.entries.back().unwrap().at, 500);
+        assert!(!one.check(&mut s, 1, 600).unwrap().allowed);
     }
 
     #[test]
