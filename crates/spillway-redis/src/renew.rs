@@ -60,9 +60,18 @@ impl RedisStore {
         if !remote.is_empty() {
             let remote_prepared: Vec<Prepared> =
                 remote.iter().map(|&i| prepared[i].clone()).collect();
+            // Each lease by its stamp, read off the decision that took or
+            // last renewed it.
             let at: Vec<u64> = remote
                 .iter()
-                .map(|&i| renews[i].charged.at & !fallback::LOCAL)
+                .map(|&i| {
+                    let mut charged = renews[i].charged;
+                    charged.at &= !fallback::LOCAL;
+                    match self.inner.rules[renews[i].rule.0].algorithm() {
+                        AnyAlgorithm::Concurrency(c) if charged.at != 0 => c.stamp(&charged),
+                        _ => charged.at,
+                    }
+                })
                 .collect();
             let scripts = match now {
                 #[cfg(feature = "test-time")]

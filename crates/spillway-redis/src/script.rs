@@ -61,7 +61,7 @@ const FAMILIES: [Family; 4] = [
     Family {
         file: include_str!("scripts/sliding_log.lua"),
         function: "sliding_log",
-        arity: 2,
+        arity: 3,
         single: None,
     },
     Family {
@@ -198,7 +198,10 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
             ))
         }
         // The sliding log's Lua, whose window is the lease.
-        AnyAlgorithm::Concurrency(_) => windowed(CONCURRENCY, false),
+        // p3 = 1: each lease an entry of its own.
+        AnyAlgorithm::Concurrency(_) => {
+            windowed(CONCURRENCY, false).map(|[id, limit, window, ..]| [id, limit, window, 1, 0, 0])
+        }
         AnyAlgorithm::SlidingWindow(_) => windowed(3, true),
         AnyAlgorithm::TokenBucket(_) => bucket(4, 0, 0),
         AnyAlgorithm::LeakyBucket(lb) => match lb.mode() {
@@ -374,14 +377,19 @@ mod tests {
             src.contains("local limit, w, cost = ARGV[1] + 0, ARGV[2] + 0, ARGV[3] + 0"),
             "{src}"
         );
+        // A sliding log's third parameter: 0, or 1 for a concurrency rule's
+        // leases (each charge an entry of its own).
         let sl = params("sl", &SlidingLog::new(quota).into()).expect("fits");
-        assert_eq!(single_args(&sl), &[10, 1_000_000]);
+        assert_eq!(single_args(&sl), &[10, 1_000_000, 0]);
+        let cc = params("cc", &spillway::algorithm::Concurrency::new(quota).into()).expect("fits");
+        assert_eq!(single_args(&cc), &[10, 1_000_000, 1]);
+        assert_eq!(family(&cc), family(&sl));
         let src = single_source(family(&sl), false);
         assert!(
-            src.contains("local p1, p2 = ARGV[1] + 0, ARGV[2] + 0"),
+            src.contains("local p1, p2, p3 = ARGV[1] + 0, ARGV[2] + 0, ARGV[3] + 0"),
             "{src}"
         );
-        assert!(src.contains("sliding_log('check', key, state, cost, now, p1, p2)"));
+        assert!(src.contains("sliding_log('check', key, state, cost, now, p1, p2, p3)"));
         assert!(!src.contains("ALGORITHM") && !src.contains("ARITY") && !src.contains("PARAMS"));
         let shape = params(
             "lb",

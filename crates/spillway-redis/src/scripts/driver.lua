@@ -13,14 +13,15 @@
 --          three numbers per check (the charge's time, its decision's
 --          reset_after, the actual cost), then the receipt's life in ms.
 --          Or "renew", to renew concurrency leases: after the checks, one
---          number per check, the time its lease runs from.
+--          number per check, its lease's stamp.
 -- then 7 numbers per check: algorithm, p1..p5, cost (for a settle, the
 -- cost charged).
 -- The reply: admitted (0/1), the time, then the seven numbers of each
 -- check's decision. A settle's: applied (0/1: 0 if its receipt was there
 -- already), the time, then each key's state as it now stands. A renew's:
 -- 1, the time, each lease's decision (admitted: held now), then two numbers
--- per check: whether the lease was still held (0/1), the time it runs from.
+-- per check: whether the lease was still held (0/1), and the time of the
+-- renew (with the decision, what names the lease from now on).
 local now
 -- Keys expire on the server's real clock. Under a test's virtual clock they
 -- must outlive the test's steps instead: an idle state decides like a fresh
@@ -51,7 +52,8 @@ local function check_of(i)
   elseif id == '3' then
     return sliding_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
   elseif id == '2' or id == '6' then
-    return sliding_log, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+    return sliding_log, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0,
+      ARGV[base + 4] + 0
   end
   error('spillway: unknown algorithm ' .. tostring(id))
 end
@@ -126,15 +128,19 @@ if ARGV[2] == 'renew' then
   for i = 1, n do
     local state = run(i, 'load', nil, 0, now)
     run(i, 'check', state, 0, now)
+    -- The lease's stamp (the caller reads it off the decision that took
+    -- or last renewed it).
     state.charged_at = ARGV[extra + i] + 0
     local held = run(i, 'renew', state, costs[i], now)
     local admitted = put(reply, i, run(i, 'check', state, costs[i], now))
-    save_of(i, state)
-    local at = now
-    if admitted == 1 and costs[i] > 0 then
-      at = math.max(run(i, 'idle_at', state, 0, now) - params[5 * i + 2], now)
+    if held == 1 and admitted == 0 then
+      -- Held, but the limit was lowered since: the request is inside all
+      -- the same and keeps its slot, rather than be pushed out.
+      run(i, 'charge', state, costs[i], now)
+      put(reply, i, run(i, 'check', state, 0, now))
     end
-    renewed[2 * i - 1], renewed[2 * i] = held, at
+    save_of(i, state)
+    renewed[2 * i - 1], renewed[2 * i] = held, now
   end
   for j = 1, 2 * n do reply[#reply + 1] = renewed[j] end
   return reply
@@ -153,7 +159,7 @@ if ARGV[2] ~= '' then
           -- The log also needs the time now, to tell an expired charge.
           local o = 5 * i
           sliding_log('refund', KEYS[i], state, costs[i], charged_at, params[o + 1],
-            params[o + 2], now)
+            params[o + 2], params[o + 3], now)
         else
           run(i, 'refund', state, costs[i], charged_at)
         end

@@ -1,10 +1,11 @@
--- sliding_log: p1 limit, p2 window. State, in one hash: t (total cost),
+-- sliding_log: p1 limit, p2 window, p3 1 for a concurrency rule's leases
+-- (each charge an entry of its own: see 'check'), else 0. State, in one hash: t (total cost),
 -- h (sequence number of the oldest entry), n (the next sequence number),
 -- and one field per entry, "e<seq>" = "<timestamp>:<cost>". Entries are
 -- read lazily: a check that expires nothing reads only the header and the
 -- newest entry.
 -- `current`: for a refund only, the time now (`now` is then the charge's).
-local function sliding_log(op, key, s, cost, now, limit, w, current)
+local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
   -- An integer as text, for the strings this algorithm builds itself. Lua's
   -- own number-to-string conversion keeps 14 significant digits, which
   -- would round a timestamp in microseconds (16 digits). A number passed
@@ -79,23 +80,32 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
     -- Cost 0 only looks: allowed even over the limit (in debt).
     if cost == 0 or s.t + cost <= limit then
       if cost > 0 then
-        if s.h < s.n and log_entry(s, s.n - 1) >= now then
-          -- Same microsecond, or time went backwards: charge the newest
-          -- entry, which expires no earlier than `now` would.
-          s.c[s.n - 1] = s.c[s.n - 1] + cost
-          s.dirty[s.n - 1] = true
-        else
-          s.at[s.n], s.c[s.n] = now, cost
-          s.dirty[s.n] = true
-          s.n = s.n + 1
-        end
-        s.t = s.t + cost
+        sliding_log('charge', key, s, cost, now, limit, w, unique)
       end
       return 1, limit, math.max(limit - s.t, 0), reset_after(),
         sliding_log('refill', key, s, 0, now, limit, w), -1, 0
     end
     return 0, limit, limit - s.t, reset_after(), sliding_log('refill', key, s, 0, now, limit, w),
       sliding_log('fits', key, s, cost, now, limit, w), 0
+  elseif op == 'charge' then
+    -- `cost` at `now`, whatever the limit. Same microsecond, or time went
+    -- backwards: into the newest entry, which expires no earlier than
+    -- `now` would; for leases (`unique`), into one of its own, a
+    -- microsecond after the newest.
+    local stamp = now
+    if s.h < s.n and log_entry(s, s.n - 1) >= now then
+      if unique ~= 1 then
+        s.c[s.n - 1] = s.c[s.n - 1] + cost
+        s.dirty[s.n - 1] = true
+        s.t = s.t + cost
+        return
+      end
+      stamp = log_entry(s, s.n - 1) + 1
+    end
+    s.at[s.n], s.c[s.n] = stamp, cost
+    s.dirty[s.n] = true
+    s.n = s.n + 1
+    s.t = s.t + cost
   elseif op == 'refill' then
     -- Until one more unit fits than remain; 0 when the quota is whole.
     if s.t <= 0 then return 0 end
@@ -125,8 +135,15 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
     -- time went backwards when it was made) in the oldest later one.
     if current and now + w <= current then return end
     local at, found = now, nil
-    for seq = s.n - 1, s.h, -1 do
-      if log_entry(s, seq) == at then found = seq break end
+    if unique == 1 then
+      -- Leases: right after the charge it is the newest entry.
+      if s.h < s.n and log_entry(s, s.n - 1) >= at then found = s.n - 1 end
+      if not found then return end
+    end
+    if not found then
+      for seq = s.n - 1, s.h, -1 do
+        if log_entry(s, seq) == at then found = seq break end
+      end
     end
     if not found then
       for seq = s.h, s.n - 1 do
@@ -153,31 +170,60 @@ local function sliding_log(op, key, s, cost, now, limit, w, current)
     end
   elseif op == 'renew' then
     -- A concurrency lease (the log's window is the lease), after a peek at
-    -- `now`: if the lease taken at s.charged_at is still held, its `cost`
+    -- `now`: if the lease stamped s.charged_at is still held, its `cost`
     -- comes out of that entry (and no other), for the check at `now` that
-    -- follows to put back; 1 if it was held, else 0.
+    -- follows to put back; 1 if it was held, else 0 (an entry a release
+    -- emptied is not held).
     if cost == 0 then return 0 end
     for seq = s.n - 1, s.h, -1 do
-      local at = log_entry(s, seq)
+      local at, c = log_entry(s, seq)
       if at == s.charged_at then
-        sliding_log('refund', key, s, cost, s.charged_at, limit, w)
+        if c == 0 then return 0 end
+        local taken = math.min(cost, c)
+        s.c[seq] = c - taken
+        s.t = s.t - taken
+        s.dirty[seq] = true
+        sliding_log('trim', key, s, 0, now, limit, w, unique)
         return 1
       end
       if at < s.charged_at then break end
     end
     return 0
+  elseif op == 'trim' then
+    -- Emptied entries at either end go, so sequence numbers stay
+    -- contiguous.
+    while s.h < s.n and select(2, log_entry(s, s.h)) == 0 do
+      table.insert(s.dropped, s.h)
+      s.dirty[s.h] = nil
+      s.h = s.h + 1
+    end
+    while s.h < s.n and select(2, log_entry(s, s.n - 1)) == 0 do
+      s.n = s.n - 1
+      table.insert(s.dropped, s.n)
+      s.dirty[s.n] = nil
+    end
   elseif op == 'settle' then
     -- After a peek at `now` (which dropped what left the window): the
     -- charge of `cost` at s.charged_at, now s.actual. It is in the entry
     -- stamped s.charged_at, and no other; gone from the window, a give-back changes
-    -- nothing and an overrun was served now. One quota owed at most.
+    -- nothing and an overrun was served now. One quota owed at most. A
+    -- lease (`unique`) is stamped at + reset_after - w: its decision made
+    -- it the newest.
+    if unique == 1 then
+      s.charged_at = math.max(s.charged_at, s.charged_at + s.charged_reset - w)
+    end
     local found = nil
     for seq = s.n - 1, s.h, -1 do
       if log_entry(s, seq) == s.charged_at then found = seq break end
     end
     if s.actual < cost then
       if found then
-        sliding_log('refund', key, s, cost - s.actual, s.charged_at, limit, w)
+        local _, c = log_entry(s, found)
+        local taken = math.min(cost - s.actual, c)
+        s.c[found] = c - taken
+        s.t = s.t - taken
+        s.dirty[found] = true
+        sliding_log('trim', key, s, 0, now, limit, w, unique)
       end
     elseif s.actual > cost then
       local total = math.min(s.t + (s.actual - cost), math.max(s.t, 2 * limit))

@@ -9,11 +9,14 @@
 //! past one lease. A request that runs longer than its lease renews it
 //! while it runs.
 //!
-//! The state is a log of leases `(taken at, slots)`, oldest first, as in
-//! the sliding log whose window is the lease: a lease is held while
-//! `now < at + lease`. Leases taken in the same microsecond share one
-//! entry (they end together, so which one a release takes from changes
-//! nothing). A denial's `retry_after` is exact for a world where nobody
+//! The state is a log of leases `(stamp, slots)`, oldest first, as in the
+//! sliding log whose window is the lease: a lease is held while
+//! `now < stamp + lease`. Each lease has an entry of its own, its stamp
+//! unique on its key: taken at `now`, or a microsecond after the newest
+//! lease when that one is stamped `now` or later (the same microsecond, a
+//! clock set back). A charge names its lease by the decision that made it:
+//! the stamp is `at + reset_after - lease` ([`Concurrency::stamp`]), the
+//! newest lease being the one just taken. A denial's `retry_after` is exact for a world where nobody
 //! releases: the time until enough leases end. Most slots come back sooner,
 //! when their requests finish; a front end says so (see
 //! `docs/algorithms.md`).
@@ -38,7 +41,9 @@
 //! assert!(cc.check(&mut state, 1, 3_000).unwrap().allowed);
 //! ```
 
-use super::sliding_log::{LogEntry, SlidingLogState, SlidingLogUndo};
+#[cfg(test)]
+use super::sliding_log::LogEntry;
+use super::sliding_log::{SlidingLogState, SlidingLogUndo};
 use super::{Algorithm, Charged, SlidingLog};
 use crate::clock::Micros;
 use crate::decision::Decision;
@@ -64,8 +69,9 @@ pub struct Renewed {
     /// Whether the slots are held now, for `lease` from `at`, and the key's
     /// state as it now stands.
     pub decision: Decision,
-    /// The time the lease now runs from: what the next renew or the
-    /// release names as the charge's time.
+    /// The time of the renew: with [`decision`](Self::decision), what the
+    /// next renew or the release names the lease by
+    /// (`Charged::of(cost, at, &decision)`).
     pub at: Micros,
 }
 
@@ -87,8 +93,19 @@ impl Concurrency {
         self.leases.quota().period_micros()
     }
 
-    /// Renews the lease of `charged` (taken, or last renewed, at
-    /// `charged.at`) at `now`: if it is still held, it now runs from `now`,
+    /// The stamp of the lease `charged` names: the decision that took (or
+    /// last renewed) it was made at `charged.at`, and its lease was then the
+    /// newest, ending `reset_after` later.
+    pub fn stamp(&self, charged: &Charged) -> Micros {
+        charged
+            .at
+            .saturating_add(charged.reset_after)
+            .saturating_sub(self.lease_micros())
+            .max(charged.at)
+    }
+
+    /// Renews the lease `charged` names ([`stamp`](Self::stamp)) at `now`:
+    /// if it is still held, it now runs from `now`,
     /// whatever else is in flight (a request inside the upstream is never
     /// pushed out by a newcomer); if it has ended, its slots are taken
     /// afresh when they fit, and denied as a check would be when they do
@@ -108,6 +125,7 @@ impl Concurrency {
     /// // Renewed at 900 µs: held until 1 900, not 1 000.
     /// let renewed = cc.renew(&mut state, Charged::of(1, 0, &taken), 900).unwrap();
     /// assert!(renewed.was_held && renewed.decision.allowed);
+    /// assert_eq!(renewed.at, 900);
     /// assert!(!cc.check(&mut state, 1, 1_899).unwrap().allowed);
     /// // Not renewed again: another request may have the slot at 1 900.
     /// assert!(cc.check(&mut state, 1, 1_900).unwrap().allowed);
@@ -121,46 +139,33 @@ impl Concurrency {
         now: Micros,
     ) -> Result<Renewed, CostTooLarge> {
         let cost = charged.cost;
+        let stamp = self.stamp(&charged);
         // A peek drops the leases that have ended.
         self.leases.check(state, 0, now)?;
-        let held = cost > 0 && state.entries.iter().any(|e| e.at == charged.at);
+        let held = cost > 0 && state.entries.iter().any(|e| e.at == stamp && e.cost > 0);
         if !held {
-            let decision = self.leases.check(state, cost, now)?;
+            let decision = self.leases.decide(state, cost, now, true)?;
             return Ok(Renewed {
                 was_held: false,
                 decision,
-                at: self.stamp_of_newest(state, now),
+                at: now,
             });
         }
-        self.leases.refund(state, cost, charged.at);
-        // Back in at `now`. It fitted with the lease in, so it fits now,
+        self.leases.refund(state, cost, stamp);
+        // Back in, newest. It fitted with the lease in, so it fits now,
         // unless the limit was lowered since (a reload kept the key): the
-        // request is inside all the same, and keeps its slot (as an
-        // overrun of its settle would), rather than be pushed out.
-        let mut decision = self.leases.check(state, cost, now)?;
+        // request is inside all the same, and keeps its slot rather than be
+        // pushed out.
+        let mut decision = self.leases.decide(state, cost, now, true)?;
         if !decision.allowed {
-            let unmade = Charged {
-                cost: 0,
-                at: now,
-                reset_after: 0,
-            };
-            self.leases.settle(state, unmade, cost, now);
+            self.leases.charge(state, cost, now, true);
             decision = self.leases.check(state, 0, now)?;
         }
         Ok(Renewed {
             was_held: true,
             decision,
-            at: self.stamp_of_newest(state, now),
+            at: now,
         })
-    }
-
-    /// The stamp a charge at `now` went to: the newest entry's (later than
-    /// `now` only on a clock set back).
-    fn stamp_of_newest(&self, state: &SlidingLogState, now: Micros) -> Micros {
-        state
-            .entries
-            .back()
-            .map_or(now, |e: &LogEntry| e.at.max(now))
     }
 }
 
@@ -182,7 +187,7 @@ impl Algorithm for Concurrency {
         cost: u64,
         now: Micros,
     ) -> Result<Decision, CostTooLarge> {
-        self.leases.check(state, cost, now)
+        self.leases.decide(state, cost, now, true)
     }
 
     fn check_undoable(
@@ -191,24 +196,40 @@ impl Algorithm for Concurrency {
         cost: u64,
         now: Micros,
     ) -> Result<(Decision, Option<Self::Undo>), CostTooLarge> {
-        self.leases.check_undoable(state, cost, now)
+        // The charge is the newest entry, of its own: the sliding log's
+        // undo takes it out.
+        let decision = self.check(state, cost, now)?;
+        let undo = (decision.allowed && cost > 0).then_some(SlidingLogUndo { cost });
+        Ok((decision, undo))
     }
 
     fn undo(&self, state: &mut Self::State, undo: Self::Undo) {
         self.leases.undo(state, undo);
     }
 
+    /// Takes back a charge made at `charged_at`, right after it was made:
+    /// it is the newest lease (stamped `charged_at` or a little later).
+    /// Later, a charge made since by another request may be taken instead
+    /// (the same count; that request's lease then ends with the one it
+    /// replaced, never later).
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
-        self.leases.refund(state, cost, charged_at);
+        if let Some(newest) = state.entries.back()
+            && newest.at >= charged_at
+        {
+            let at = newest.at;
+            self.leases.refund(state, cost, at);
+        }
     }
 
     /// A release is a settle at `actual` 0: the lease's slots come back at
-    /// once. Only the lease taken (or last renewed) at `charged.at` gives
+    /// once. Only the lease `charged` names ([`Concurrency::stamp`]) gives
     /// back: one that has ended gives nothing (its slots already came
     /// back), and no other lease is touched. A settle above the charge
     /// holds more slots, until the lease ends.
     fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
-        self.leases.settle(state, charged, actual, now);
+        let at = self.stamp(&charged);
+        self.leases
+            .settle(state, Charged { at, ..charged }, actual, now);
     }
 
     fn idle_at(&self, state: &Self::State) -> Micros {
@@ -266,16 +287,49 @@ mod tests {
     }
 
     #[test]
-    fn leases_of_one_microsecond_share_an_entry_and_release_one_by_one() {
+    fn leases_of_one_microsecond_have_stamps_of_their_own_and_a_stale_token_frees_none() {
         let a = cc(3, 1_000);
         let mut s = SlidingLogState::default();
-        let d = a.check(&mut s, 1, 7).unwrap();
-        a.check(&mut s, 1, 7).unwrap();
-        assert_eq!(s.entries.len(), 1);
-        a.settle(&mut s, Charged::of(1, 7, &d), 0, 50);
+        let first = a.check(&mut s, 1, 7).unwrap();
+        let second = a.check(&mut s, 1, 7).unwrap();
+        assert_eq!(s.entries.len(), 2);
+        // The second lasts a microsecond longer: its stamp is 8.
+        assert_eq!(second.reset_after.as_micros(), 1_001);
+        let (c1, c2) = (Charged::of(1, 7, &first), Charged::of(1, 7, &second));
+        assert_eq!((a.stamp(&c1), a.stamp(&c2)), (7, 8));
+        a.settle(&mut s, c1, 0, 50);
         assert_eq!(a.check(&mut s, 0, 50).unwrap().remaining, 2);
-        a.settle(&mut s, Charged::of(1, 7, &d), 0, 60);
-        assert!(s.entries.is_empty());
+        // The first's release sent again, or renewed after it: nothing of
+        // the second's is taken.
+        a.settle(&mut s, c1, 0, 60);
+        assert_eq!(a.check(&mut s, 0, 60).unwrap().remaining, 2);
+        let r = a.renew(&mut s, c1, 70).unwrap();
+        assert!(!r.was_held);
+        assert_eq!(s.total(), 2, "a slot taken afresh, the second's kept");
+        a.settle(&mut s, c2, 0, 80);
+        assert_eq!(
+            s,
+            SlidingLogState::from_entries([LogEntry { at: 70, cost: 1 }])
+        );
+    }
+
+    #[test]
+    fn a_lease_taken_on_a_clock_set_back_is_named_by_its_decision() {
+        let a = cc(3, 1_000);
+        let mut s = SlidingLogState::default();
+        a.check(&mut s, 1, 500).unwrap();
+        // The clock goes back to 400: the lease is stamped 501.
+        let d = a.check(&mut s, 1, 400).unwrap();
+        let charged = Charged::of(1, 400, &d);
+        assert_eq!(a.stamp(&charged), 501);
+        let r = a.renew(&mut s, charged, 450).unwrap();
+        assert!(r.was_held);
+        assert_eq!(s.total(), 2);
+        a.settle(&mut s, Charged::of(1, r.at, &r.decision), 0, 460);
+        assert_eq!(
+            s,
+            SlidingLogState::from_entries([LogEntry { at: 500, cost: 1 }])
+        );
     }
 
     #[test]
@@ -320,7 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn a_renew_at_the_newest_leases_microsecond_joins_it() {
+    fn a_renew_at_the_newest_leases_microsecond_takes_the_next() {
         let a = cc(3, 1_000);
         let mut s = SlidingLogState::default();
         let d = a.check(&mut s, 1, 100).unwrap();
@@ -329,12 +383,21 @@ mod tests {
         assert!(r.was_held);
         assert_eq!(
             s,
-            SlidingLogState::from_entries([LogEntry { at: 500, cost: 2 }])
+            SlidingLogState::from_entries([
+                LogEntry { at: 500, cost: 1 },
+                LogEntry { at: 501, cost: 1 }
+            ])
         );
-        // A second renew from the old time finds nothing there and takes
-        // a slot afresh: one too many, until the lease ends.
-        let again = a.renew(&mut s, Charged::of(1, 100, &d), 600).unwrap();
-        assert!(!again.was_held && again.decision.allowed);
+        // Renewed again from the renew's answer: its stamp is 501.
+        let again = a
+            .renew(&mut s, Charged::of(1, r.at, &r.decision), 600)
+            .unwrap();
+        assert!(again.was_held);
+        assert_eq!(s.total(), 2);
+        // A second renew from the old time finds nothing there and takes a
+        // slot afresh: one too many, until the lease ends.
+        let stale = a.renew(&mut s, Charged::of(1, 100, &d), 700).unwrap();
+        assert!(!stale.was_held && stale.decision.allowed);
         assert_eq!(s.total(), 3);
     }
 }

@@ -108,7 +108,7 @@ impl SlidingLogState {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingLogUndo {
-    cost: u64,
+    pub(super) cost: u64,
 }
 
 impl SlidingLog {
@@ -170,25 +170,18 @@ impl SlidingLog {
             newest.at.saturating_add(self.window()).saturating_sub(now)
         })
     }
-}
 
-impl Algorithm for SlidingLog {
-    type State = SlidingLogState;
-    type Undo = SlidingLogUndo;
-
-    fn quota(&self) -> Quota {
-        self.quota
-    }
-
-    fn capacity(&self) -> u64 {
-        self.limit()
-    }
-
-    fn check(
+    /// [`check`](Algorithm::check); with `unique`, an admitted charge gets
+    /// an entry of its own, stamped `now` or, when the newest entry is
+    /// stamped `now` or later (the same microsecond, a clock set back), a
+    /// microsecond after it: each charge then names its own entry (a
+    /// concurrency lease), and lasts no less than it would have.
+    pub(super) fn decide(
         &self,
-        state: &mut Self::State,
+        state: &mut SlidingLogState,
         cost: u64,
         now: Micros,
+        unique: bool,
     ) -> Result<Decision, CostTooLarge> {
         let limit = self.limit();
         ensure_fits(cost, limit)?;
@@ -197,13 +190,7 @@ impl Algorithm for SlidingLog {
         // a lowered limit).
         if cost == 0 || state.total + cost <= limit {
             if cost > 0 {
-                match state.entries.back_mut() {
-                    // Same microsecond, or time went backwards: charge the
-                    // newest entry, which expires no earlier than `now` would.
-                    Some(newest) if newest.at >= now => newest.cost += cost,
-                    _ => state.entries.push_back(LogEntry { at: now, cost }),
-                }
-                state.total += cost;
+                self.charge(state, cost, now, unique);
             }
             let remaining = limit.saturating_sub(state.total);
             return Ok(Decision::allow(
@@ -224,6 +211,44 @@ impl Algorithm for SlidingLog {
             // The earliest time enough of the oldest entries have expired.
             self.fits_after(state, cost, now),
         ))
+    }
+
+    /// Charges `cost` at `now`, whatever the limit: into the newest entry
+    /// when it is stamped `now` or later, or (`unique`) into one of its own.
+    pub(super) fn charge(&self, state: &mut SlidingLogState, cost: u64, now: Micros, unique: bool) {
+        match state.entries.back_mut() {
+            // Same microsecond, or time went backwards: charge the newest
+            // entry, which expires no earlier than `now` would.
+            Some(newest) if newest.at >= now && !unique => newest.cost += cost,
+            Some(newest) if newest.at >= now => {
+                let at = newest.at.saturating_add(1);
+                state.entries.push_back(LogEntry { at, cost });
+            }
+            _ => state.entries.push_back(LogEntry { at: now, cost }),
+        }
+        state.total += cost;
+    }
+}
+
+impl Algorithm for SlidingLog {
+    type State = SlidingLogState;
+    type Undo = SlidingLogUndo;
+
+    fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    fn capacity(&self) -> u64 {
+        self.limit()
+    }
+
+    fn check(
+        &self,
+        state: &mut Self::State,
+        cost: u64,
+        now: Micros,
+    ) -> Result<Decision, CostTooLarge> {
+        self.decide(state, cost, now, false)
     }
 
     fn check_undoable(
