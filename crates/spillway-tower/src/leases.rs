@@ -280,6 +280,17 @@ async fn renewer<St: Store + 'static>(engine: Weak<Engine<St>>) {
     let Some(tick) = engine.upgrade().map(|e| e.lease_book().tick) else {
         return;
     };
+    // Stopped (the engine gone, or the runtime it ran on shut down), it
+    // lets the next request start another.
+    struct Stopped<St: Store + 'static>(Weak<Engine<St>>);
+    impl<St: Store + 'static> Drop for Stopped<St> {
+        fn drop(&mut self) {
+            if let Some(engine) = self.0.upgrade() {
+                engine.lease_book().renewing.store(false, Ordering::Release);
+            }
+        }
+    }
+    let _stopped = Stopped(engine.clone());
     loop {
         tokio::time::sleep(tick).await;
         let Some(engine) = engine.upgrade() else {

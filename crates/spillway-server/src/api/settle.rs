@@ -67,6 +67,9 @@ pub(super) struct TokenCharge {
     pub(super) reset_after: u64,
     /// The rule's capacity then: a reload that resized it is seen.
     pub(super) capacity: u64,
+    /// The rule's algorithm then: a reload that made a budget rule a
+    /// concurrency rule (or back) is seen.
+    pub(super) algorithm: String,
 }
 
 impl TokenCharge {
@@ -81,6 +84,7 @@ impl TokenCharge {
             at: charged.at,
             reset_after: charged.reset_after,
             capacity: rule.algorithm().capacity(),
+            algorithm: rule.algorithm().name().to_string(),
         }
     }
 
@@ -444,9 +448,11 @@ pub(super) fn still_applies(
     }
     let rules = loaded.layer.engine().store().rules();
     for c in &token.charges {
-        let same = rules
-            .get(c.rule)
-            .is_some_and(|r| r.name() == c.name && r.algorithm().capacity() == c.capacity);
+        let same = rules.get(c.rule).is_some_and(|r| {
+            r.name() == c.name
+                && r.algorithm().capacity() == c.capacity
+                && r.algorithm().name() == c.algorithm
+        });
         if !same {
             return Err(Box::new(Answer::problem(
                 StatusCode::CONFLICT,
@@ -563,6 +569,7 @@ mod tests {
                 at: 1,
                 reset_after: 2,
                 capacity: 1000,
+                algorithm: "token_bucket".into(),
             }],
         }
     }

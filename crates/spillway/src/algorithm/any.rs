@@ -164,6 +164,9 @@ impl AnyAlgorithm {
     /// ```
     pub fn keeps_state_of(&self, old: &AnyAlgorithm) -> bool {
         let same_kind = match (self, old) {
+            // Leases are stamps: held under any lease time, and forgetting
+            // them would let a new limit's worth in beside those inside.
+            (Self::Concurrency(_), Self::Concurrency(_)) => return true,
             (Self::LeakyBucket(a), Self::LeakyBucket(b)) => a.mode() == b.mode(),
             (a, b) => a.name() == b.name(),
         };
@@ -431,6 +434,22 @@ mod tests {
                 assert_eq!(after, s, "{} {cost} at {now}", any.name());
             }
         }
+    }
+
+    #[test]
+    fn a_concurrency_rule_keeps_its_leases_whatever_its_new_lease_or_limit() {
+        let lease = |slots, secs| {
+            AnyAlgorithm::from(Concurrency::new(
+                Quota::new(nz(slots), Duration::from_secs(secs)).unwrap(),
+            ))
+        };
+        assert!(lease(5, 30).keeps_state_of(&lease(5, 60)));
+        assert!(lease(2, 30).keeps_state_of(&lease(5, 30)));
+        let log = AnyAlgorithm::from(SlidingLog::new(
+            Quota::new(nz(5), Duration::from_secs(30)).unwrap(),
+        ));
+        assert!(!lease(5, 30).keeps_state_of(&log));
+        assert!(!log.keeps_state_of(&lease(5, 30)));
     }
 
     #[test]
