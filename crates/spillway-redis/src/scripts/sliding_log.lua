@@ -16,20 +16,21 @@ local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
   end
 
   -- Entry `seq`'s time and cost, read with the next ones (up to BATCH in
-  -- one HMGET): the walks that read many (expiry, the retry time) go
-  -- forward. Kept in two tables of numbers (s.at, s.c), not a table per
-  -- entry: a walk of thousands of entries would spend its time in Lua's
-  -- allocator and collector.
+  -- one HMGET), or (`back`, for the walks from the newest end: a lease's
+  -- release and renew) with the ones before it. Kept in two tables of
+  -- numbers (s.at, s.c), not a table per entry: a walk of thousands of
+  -- entries would spend its time in Lua's allocator and collector.
   local BATCH = 64
-  local function log_entry(s, seq)
+  local function log_entry(s, seq, back)
     local at = s.at[seq]
     if not at then
-      local last = math.min(seq + BATCH - 1, s.n - 1)
+      local first, last = seq, math.min(seq + BATCH - 1, s.n - 1)
+      if back then first, last = math.max(seq - BATCH + 1, s.h), seq end
       local fields = {}
-      for q = seq, last do fields[#fields + 1] = 'e' .. int(q) end
+      for q = first, last do fields[#fields + 1] = 'e' .. int(q) end
       local values = redis.call('HMGET', s.key, unpack(fields))
       for j = 1, #fields do
-        local q = seq + j - 1
+        local q = first + j - 1
         if not s.at[q] then
           local a, c = string.match(values[j] or '', '^(%d+):(%d+)$')
           if a then
@@ -142,7 +143,7 @@ local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
     end
     if not found then
       for seq = s.n - 1, s.h, -1 do
-        if log_entry(s, seq) == at then found = seq break end
+        if log_entry(s, seq, true) == at then found = seq break end
       end
     end
     if not found then
@@ -176,7 +177,7 @@ local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
     -- emptied is not held).
     if cost == 0 then return 0 end
     for seq = s.n - 1, s.h, -1 do
-      local at, c = log_entry(s, seq)
+      local at, c = log_entry(s, seq, true)
       if at == s.charged_at then
         if c == 0 then return 0 end
         local taken = math.min(cost, c)
@@ -214,7 +215,7 @@ local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
     end
     local found = nil
     for seq = s.n - 1, s.h, -1 do
-      if log_entry(s, seq) == s.charged_at then found = seq break end
+      if log_entry(s, seq, true) == s.charged_at then found = seq break end
     end
     if s.actual < cost then
       if found then
