@@ -30,6 +30,9 @@ use tokio::time::Instant;
 
 use crate::engine::{Charge, Engine, LeaseEvent, settle_id};
 
+/// The most requests whose leases one renew call carries.
+const RENEW_BATCH: usize = 64;
+
 /// How long a release task waits before it sends a failed release again.
 const RELEASE_RETRY: Duration = Duration::from_millis(500);
 
@@ -296,9 +299,14 @@ async fn renewer<St: Store + 'static>(engine: Weak<Engine<St>>) {
         let Some(engine) = engine.upgrade() else {
             return;
         };
-        let due = engine.lease_book().due(Instant::now());
-        if !due.is_empty() {
+        // At most RENEW_BATCH requests' leases a store call: one call holds
+        // Redis for its whole length, and a call that times out is sent
+        // again, so a smaller one costs less either way.
+        let mut due = engine.lease_book().due(Instant::now());
+        while !due.is_empty() {
+            let rest = due.split_off(due.len().min(RENEW_BATCH));
             renew(&engine, due).await;
+            due = rest;
         }
     }
 }
