@@ -935,14 +935,7 @@ impl RedisStore {
         if id.is_empty() || id.len() > MAX_SETTLE_ID {
             return Err(spillway::Error::SettleId { len: id.len() }.into());
         }
-        let checks: Vec<Check<'_>> = settles
-            .iter()
-            .map(|s| Check {
-                rule: s.rule,
-                key: s.key,
-                cost: s.charged.cost,
-            })
-            .collect();
+        let checks: Vec<Check<'_>> = settles.iter().map(|s| s.check()).collect();
         let prepared = self.prepare(&checks)?;
         let mut decisions: Vec<Option<Decision>> = vec![None; settles.len()];
         let mut applied = false;

@@ -20,14 +20,7 @@ impl RedisStore {
         renews: &[Renew<'_>],
         now: Option<u64>,
     ) -> Result<Vec<Renewed>, Error> {
-        let checks: Vec<Check<'_>> = renews
-            .iter()
-            .map(|r| Check {
-                rule: r.rule,
-                key: r.key,
-                cost: r.charged.cost,
-            })
-            .collect();
+        let checks: Vec<Check<'_>> = renews.iter().map(|r| r.check()).collect();
         let prepared = self.prepare(&checks)?;
         if let Some(index) = renews.iter().position(|r| {
             !matches!(

@@ -7,7 +7,7 @@ mod serve_support;
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use serve_support::{Http, Service};
+use serve_support::{Http, Service, remaining};
 use spillway_conformance::redis_server::RedisServer;
 use spillway_server::config::Config;
 
@@ -46,16 +46,6 @@ async fn check(http: &Http) -> Value {
         .await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     a.json()
-}
-
-fn remaining(answer: &Value, rule: &str) -> u64 {
-    answer["rules"]
-        .as_array()
-        .expect("rules")
-        .iter()
-        .find(|r| r["rule"] == rule)
-        .and_then(|r| r["remaining"].as_u64())
-        .unwrap_or_else(|| panic!("{rule} in {answer}"))
 }
 
 #[tokio::test]

@@ -222,3 +222,15 @@ pub async fn eventually_answered(http: &Http, path: &str) -> String {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// What an answer listing `rules` (a check, a settle, a release) says is
+/// left under `rule`.
+pub fn remaining(answer: &Value, rule: &str) -> u64 {
+    answer["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| r["rule"] == rule)
+        .and_then(|r| r["remaining"].as_u64())
+        .unwrap_or_else(|| panic!("{rule} in {answer}"))
+}

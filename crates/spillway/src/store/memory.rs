@@ -574,14 +574,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Renews leases of concurrency rules at `now` (see [`Store::renew`]).
     pub fn renew_at(&self, renews: &[Renew<'_>], now: Micros) -> Result<Vec<Renewed>, Error> {
-        let checks: Vec<Check<'_>> = renews
-            .iter()
-            .map(|r| Check {
-                rule: r.rule,
-                key: r.key,
-                cost: r.charged.cost,
-            })
-            .collect();
+        let checks: Vec<Check<'_>> = renews.iter().map(|r| r.check()).collect();
         let algorithms = self.validate(&checks)?;
         if let Some(index) = algorithms
             .iter()
@@ -643,14 +636,7 @@ impl<C: Clock> MemoryStore<C> {
         settles: &[Settle<'_>],
         now: Micros,
     ) -> Result<Settled, Error> {
-        let checks: Vec<Check<'_>> = settles
-            .iter()
-            .map(|s| Check {
-                rule: s.rule,
-                key: s.key,
-                cost: s.charged.cost,
-            })
-            .collect();
+        let checks: Vec<Check<'_>> = settles.iter().map(|s| s.check()).collect();
         let algorithms = self.validate(&checks)?;
         let applied = receipt.is_none_or(|id| self.receipts.first(id, now));
         let located = settles.iter().zip(&algorithms).map(|(settle, algorithm)| {

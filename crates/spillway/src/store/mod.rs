@@ -191,6 +191,18 @@ pub struct Settle<'a> {
     pub actual: u64,
 }
 
+impl<'a> Settle<'a> {
+    /// The charge as a check of its cost: what a store validates (the
+    /// rule, the cost within its capacity) before it settles.
+    pub fn check(&self) -> Check<'a> {
+        Check {
+            rule: self.rule,
+            key: self.key,
+            cost: self.charged.cost,
+        }
+    }
+}
+
 /// What a [`Store::settle`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
@@ -214,6 +226,18 @@ pub struct Renew<'a> {
     /// verdict's [`decided_at`](Verdict::decided_at), or the last renew's
     /// [`Renewed::at`]).
     pub charged: Charged,
+}
+
+impl<'a> Renew<'a> {
+    /// The lease as a check of its slots: what a store validates before it
+    /// renews.
+    pub fn check(&self) -> Check<'a> {
+        Check {
+            rule: self.rule,
+            key: self.key,
+            cost: self.charged.cost,
+        }
+    }
 }
 
 /// The longest settle id, in bytes.
