@@ -280,8 +280,8 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
                 let request = case.steps[renew.charge]
                     .check()
                     .expect("a renew names a request");
-                let lease = charges.get_mut(&renew.charge);
-                match settles_of(request, &[0], lease.as_deref()) {
+                let lease = charges.get(&renew.charge);
+                match settles_of(request, &[0], lease) {
                     Ok(settles) => {
                         let [
                             Settle {
@@ -292,8 +292,7 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
                             unreachable!("a renew names a one-check request")
                         };
                         let answer = harness.renew(&[Renew { rule, key, charged }], step.t_us);
-                        let lease = lease.expect("it answered");
-                        compare_renewed(case, request, renew, answer, lease, &mut report);
+                        compare_renewed(case, request, renew, answer, &mut report);
                     }
                     Err(nothing) => report(
                         None,
@@ -367,15 +366,13 @@ fn compare_settled(
     compare_decisions(case, request, &settle.decisions, &settled.decisions, report);
 }
 
-/// Compares a renew's answer, and when the lease is held, makes `lease`
-/// (the answer to the request that took it) the lease as it now runs: the
-/// one later renews and settles name.
+/// Compares a renew's answer. The lease keeps its name: later renews and
+/// settles name it by the answer to the request that took it.
 fn compare_renewed(
     case: &Case,
     request: &CheckStep,
     renew: &RenewStep,
     answer: Result<Vec<Renewed>, HarnessError>,
-    lease: &mut Result<Verdict, HarnessError>,
     report: &mut impl FnMut(Option<usize>, &'static str, String, String),
 ) {
     let renewed = match answer.as_deref() {
@@ -403,10 +400,6 @@ fn compare_renewed(
         &[renewed.decision],
         report,
     );
-    if let (Ok(verdict), true) = (lease, renewed.decision.allowed) {
-        verdict.decided_at = renewed.at;
-        verdict.decisions[0] = renewed.decision;
-    }
 }
 
 fn compare(

@@ -41,8 +41,9 @@ pub(crate) enum Mode<'a> {
     Decide,
     Refund(Refund<'a>),
     Settle(SettleCall<'a>),
-    /// Renew leases: each check's lease time, by index in the request.
-    Renew(&'a [u64]),
+    /// Renew leases: each check's lease name, by index in the request
+    /// (`None`: the request holds no lease yet).
+    Renew(&'a [Option<u64>]),
 }
 
 /// A refund's time of charge and its receipt key.
@@ -232,7 +233,10 @@ pub(crate) fn assemble(
             out.number(settle.receipt_ms);
             out.key(settle.receipt);
         }
-        Mode::Renew(at) => group.iter().for_each(|&i| out.number(at[i])),
+        Mode::Renew(ids) => group.iter().for_each(|&i| match ids[i] {
+            Some(id) => out.number(id),
+            None => out.text("-1"),
+        }),
     }
 }
 

@@ -10,11 +10,13 @@ use crate::{Error, RedisStore, fallback};
 impl RedisStore {
     /// Renews each lease where it was taken: in the local fallback if it
     /// took it (under a rule that falls back locally), else in Redis. A
-    /// lease admitted without a decision (fail-open, `at` 0) or taken by a
-    /// fallback this rule no longer has is not found, so it is taken
-    /// afresh if it fits: a request let in while Redis was away counts
-    /// from its first renew once Redis is back. A call that fails fails the
-    /// renew; the lease, untouched, ends at its time.
+    /// request admitted without a lease (fail-open: a charge with no
+    /// decision) takes one if it fits, and one taken by a fallback this
+    /// rule no longer has is not found, so it is taken afresh if it fits: a
+    /// request let in while Redis was away counts from its first renew once
+    /// Redis is back. A renew sent again after a lost answer does what one
+    /// does. A call that fails fails the renew; the lease, untouched, ends
+    /// at its time.
     pub(crate) async fn renew_leases(
         &self,
         renews: &[Renew<'_>],
@@ -53,16 +55,15 @@ impl RedisStore {
         if !remote.is_empty() {
             let remote_prepared: Vec<Prepared> =
                 remote.iter().map(|&i| prepared[i].clone()).collect();
-            // Each lease by its stamp, read off the decision that took or
-            // last renewed it.
-            let at: Vec<u64> = remote
+            // Each lease by its name, read off the decision that took it.
+            let ids: Vec<Option<u64>> = remote
                 .iter()
                 .map(|&i| {
                     let mut charged = renews[i].charged;
                     charged.at &= !fallback::LOCAL;
                     match self.inner.rules[renews[i].rule.0].algorithm() {
-                        AnyAlgorithm::Concurrency(c) if charged.at != 0 => c.stamp(&charged),
-                        _ => charged.at,
+                        AnyAlgorithm::Concurrency(c) => c.lease_id(&charged),
+                        _ => None,
                     }
                 })
                 .collect();
@@ -74,7 +75,7 @@ impl RedisStore {
             let groups = self.groups(&remote_prepared);
             let calls = groups
                 .iter()
-                .map(|group| self.call(scripts, &remote_prepared, group, now, Mode::Renew(&at)));
+                .map(|group| self.call(scripts, &remote_prepared, group, now, Mode::Renew(&ids)));
             let replies = futures_util::future::join_all(calls).await;
             for (group, reply) in groups.iter().zip(replies) {
                 let reply = reply?;

@@ -51,7 +51,7 @@ struct Family {
 
 /// Every algorithm's Lua (the general script holds them all, in this
 /// order), indexed by [`family`] for the single-check scripts.
-const FAMILIES: [Family; 4] = [
+const FAMILIES: [Family; 5] = [
     Family {
         file: include_str!("scripts/fixed_window.lua"),
         function: "fixed_window",
@@ -61,7 +61,7 @@ const FAMILIES: [Family; 4] = [
     Family {
         file: include_str!("scripts/sliding_log.lua"),
         function: "sliding_log",
-        arity: 3,
+        arity: 2,
         single: None,
     },
     Family {
@@ -76,6 +76,12 @@ const FAMILIES: [Family; 4] = [
         arity: 5,
         single: None,
     },
+    Family {
+        file: include_str!("scripts/leases.lua"),
+        function: "leases",
+        arity: 2,
+        single: None,
+    },
 ];
 
 /// How many single-check scripts there are.
@@ -85,8 +91,9 @@ pub(crate) const SINGLE_SCRIPTS: usize = FAMILIES.len();
 pub(crate) fn family(params: &Params) -> usize {
     match params[0] {
         1 => 0,
-        2 | 6 => 1,
+        2 => 1,
         3 => 2,
+        CONCURRENCY => 4,
         _ => 3,
     }
 }
@@ -134,6 +141,11 @@ const EXACT: u128 = 1 << 53;
 /// Redis serves nobody else: 10,000 entries take about 10 to 20 ms (more
 /// on a loaded machine), once per window at most.
 pub const MAX_SLIDING_LOG_LIMIT: u32 = 10_000;
+
+/// The most slots a concurrency rule takes on Redis: each slot held is a
+/// member of its key's sorted set, and a lease's slots are written one
+/// command each.
+pub const MAX_CONCURRENCY_SLOTS: u32 = 100_000;
 
 /// A concurrency rule's algorithm number in a script call.
 pub(crate) const CONCURRENCY: u64 = 6;
@@ -191,17 +203,13 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
             ))
         }
         AnyAlgorithm::SlidingLog(_) => windowed(2, false),
-        AnyAlgorithm::Concurrency(_) if quota.limit().get() > MAX_SLIDING_LOG_LIMIT => {
+        AnyAlgorithm::Concurrency(_) if quota.limit().get() > MAX_CONCURRENCY_SLOTS => {
             Err(too_large(
-                "a concurrency rule on Redis takes 10,000 slots at most (it keeps an entry \
-                 per lease, as a sliding log does)",
+                "a concurrency rule on Redis takes 100,000 slots at most (a slot held is a \
+                 member of the key's sorted set)",
             ))
         }
-        // The sliding log's Lua, whose window is the lease.
-        // p3 = 1: each lease an entry of its own.
-        AnyAlgorithm::Concurrency(_) => {
-            windowed(CONCURRENCY, false).map(|[id, limit, window, ..]| [id, limit, window, 1, 0, 0])
-        }
+        AnyAlgorithm::Concurrency(_) => windowed(CONCURRENCY, false),
         AnyAlgorithm::SlidingWindow(_) => windowed(3, true),
         AnyAlgorithm::TokenBucket(_) => bucket(4, 0, 0),
         AnyAlgorithm::LeakyBucket(lb) => match lb.mode() {
@@ -287,7 +295,9 @@ pub(crate) fn redis_key(prefix: &str, rule: &str, algorithm: &AnyAlgorithm, key:
         AnyAlgorithm::FixedWindow(_) => window("fwi", &mut out),
         AnyAlgorithm::SlidingWindow(_) => window("sw", &mut out),
         AnyAlgorithm::SlidingLog(_) => out.push_str("sl"),
-        AnyAlgorithm::Concurrency(_) => out.push_str("cc"),
+        // A sorted set: not the hash the first concurrency rules kept
+        // under "cc".
+        AnyAlgorithm::Concurrency(_) => out.push_str("ls"),
         AnyAlgorithm::TokenBucket(_) => out.push_str("tb"),
         AnyAlgorithm::LeakyBucket(_) => out.push_str("lb"),
     }
@@ -377,19 +387,19 @@ mod tests {
             src.contains("local limit, w, cost = ARGV[1] + 0, ARGV[2] + 0, ARGV[3] + 0"),
             "{src}"
         );
-        // A sliding log's third parameter: 0, or 1 for a concurrency rule's
-        // leases (each charge an entry of its own).
+        // A sliding log and a concurrency rule: a limit and a window (the
+        // lease), each in a script of its own.
         let sl = params("sl", &SlidingLog::new(quota).into()).expect("fits");
-        assert_eq!(single_args(&sl), &[10, 1_000_000, 0]);
+        assert_eq!(single_args(&sl), &[10, 1_000_000]);
         let cc = params("cc", &spillway::algorithm::Concurrency::new(quota).into()).expect("fits");
-        assert_eq!(single_args(&cc), &[10, 1_000_000, 1]);
-        assert_eq!(family(&cc), family(&sl));
-        let src = single_source(family(&sl), false);
+        assert_eq!(single_args(&cc), &[10, 1_000_000]);
+        assert_ne!(family(&cc), family(&sl));
+        let src = single_source(family(&cc), false);
         assert!(
-            src.contains("local p1, p2, p3 = ARGV[1] + 0, ARGV[2] + 0, ARGV[3] + 0"),
+            src.contains("local p1, p2 = ARGV[1] + 0, ARGV[2] + 0"),
             "{src}"
         );
-        assert!(src.contains("sliding_log('check', key, state, cost, now, p1, p2, p3)"));
+        assert!(src.contains("leases('check', key, state, cost, now, p1, p2)"));
         assert!(!src.contains("ALGORITHM") && !src.contains("ARITY") && !src.contains("PARAMS"));
         let shape = params(
             "lb",

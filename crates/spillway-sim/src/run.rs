@@ -12,7 +12,7 @@ use spillway::algorithm::fixed_window::FixedWindowState;
 use spillway::algorithm::sliding_log::{LogEntry, SlidingLogState};
 use spillway::algorithm::sliding_window::SlidingWindowState;
 use spillway::algorithm::token_bucket::TokenBucketState;
-use spillway::algorithm::{Algorithm, AnyAlgorithm, AnyState};
+use spillway::algorithm::{Algorithm, AnyAlgorithm, AnyState, Lease, LeaseState};
 
 use crate::error::SimError;
 use crate::scenario::{Request, Scenario, Traffic};
@@ -125,8 +125,8 @@ impl Runner<'_> {
 }
 
 /// The bytes one key's state takes: the algorithm's own state type (what
-/// `RateLimiter<A>` stores inline per key), plus, for the sliding log, the
-/// heap buffer of its entries (allocated capacity, not just the entries in
+/// `RateLimiter<A>` stores inline per key), plus, for the sliding log and
+/// a concurrency rule's leases, the heap buffer of its entries (allocated capacity, not just the entries in
 /// use). A key never seen takes 0. Not counted: the key itself and the hash
 /// table's slot, the same for every algorithm, and the allocator's own
 /// overhead.
@@ -145,6 +145,9 @@ pub fn state_bytes(state: &AnyState) -> usize {
         AnyState::Bucket(_) => size_of::<TokenBucketState>(),
         AnyState::SlidingLog(log) => {
             size_of::<SlidingLogState>() + log.entries.capacity() * size_of::<LogEntry>()
+        }
+        AnyState::Leases(leases) => {
+            size_of::<LeaseState>() + leases.capacity() * size_of::<Lease>()
         }
     }
 }

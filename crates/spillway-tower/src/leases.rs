@@ -353,7 +353,7 @@ async fn renew<St: Store + 'static>(engine: &Arc<Engine<St>>, due: Vec<Due>) {
                 observer.lease(engine.rule_name(&k.charge), event);
             }
             if r.decision.allowed {
-                k.charged = Charged::of(k.charged.cost, r.at, &r.decision);
+                k.charged = r.names(k.charged);
                 k.ends = Some(asked + k.lease);
             } else {
                 k.ends = None;

@@ -13,7 +13,8 @@
 --          three numbers per check (the charge's time, its decision's
 --          reset_after, the actual cost), then the receipt's life in ms.
 --          Or "renew", to renew concurrency leases: after the checks, one
---          number per check, its lease's stamp.
+--          number per check, its lease's name (-1 for a request that holds
+--          none yet).
 -- then 7 numbers per check: algorithm, p1..p5, cost (for a settle, the
 -- cost charged).
 -- The reply: admitted (0/1), the time, then the seven numbers of each
@@ -21,7 +22,7 @@
 -- already), the time, then each key's state as it now stands. A renew's:
 -- 1, the time, each lease's decision (admitted: held now), then two numbers
 -- per check: whether the lease was still held (0/1), and the time of the
--- renew (with the decision, what names the lease from now on).
+-- renew.
 local now
 -- Keys expire on the server's real clock. Under a test's virtual clock they
 -- must outlive the test's steps instead: an idle state decides like a fresh
@@ -51,9 +52,10 @@ local function check_of(i)
       ARGV[base + 4] + 0, ARGV[base + 5] + 0, ARGV[base + 6] + 0
   elseif id == '3' then
     return sliding_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
-  elseif id == '2' or id == '6' then
-    return sliding_log, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0,
-      ARGV[base + 4] + 0
+  elseif id == '2' then
+    return sliding_log, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+  elseif id == '6' then
+    return leases, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
   end
   error('spillway: unknown algorithm ' .. tostring(id))
 end
@@ -121,23 +123,20 @@ if ARGV[2] == 'settle' then
 end
 
 if ARGV[2] == 'renew' then
-  -- Each lease on its own: one still held runs from now, whatever else is
-  -- in flight; one that ended is taken afresh if it fits.
+  -- Each lease on its own: one still held runs until a lease from now,
+  -- whatever else is in flight (a limit lowered since included); one that
+  -- ended is taken afresh under its name if it fits; a request that holds
+  -- none yet takes one as a check would.
   local extra = 2 + 7 * n
   local reply, renewed = { 1, now }, {}
   for i = 1, n do
     local state = run(i, 'load', nil, 0, now)
-    run(i, 'check', state, 0, now)
-    -- The lease's stamp (the caller reads it off the decision that took
-    -- or last renewed it).
-    state.charged_at = ARGV[extra + i] + 0
+    state.lease_id = ARGV[extra + i] + 0
     local held = run(i, 'renew', state, costs[i], now)
-    local admitted = put(reply, i, run(i, 'check', state, costs[i], now))
-    if held == 1 and admitted == 0 then
-      -- Held, but the limit was lowered since: the request is inside all
-      -- the same and keeps its slot, rather than be pushed out.
-      run(i, 'charge', state, costs[i], now)
+    if held == 1 or #state.adds > 0 then
       put(reply, i, run(i, 'check', state, 0, now))
+    else
+      put(reply, i, run(i, 'check', state, costs[i], now))
     end
     save_of(i, state)
     renewed[2 * i - 1], renewed[2 * i] = held, now
@@ -159,7 +158,7 @@ if ARGV[2] ~= '' then
           -- The log also needs the time now, to tell an expired charge.
           local o = 5 * i
           sliding_log('refund', KEYS[i], state, costs[i], charged_at, params[o + 1],
-            params[o + 2], params[o + 3], now)
+            params[o + 2], now)
         else
           run(i, 'refund', state, costs[i], charged_at)
         end

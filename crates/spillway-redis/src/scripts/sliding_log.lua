@@ -1,11 +1,10 @@
--- sliding_log: p1 limit, p2 window, p3 1 for a concurrency rule's leases
--- (each charge an entry of its own: see 'check'), else 0. State, in one hash: t (total cost),
+-- sliding_log: p1 limit, p2 window. State, in one hash: t (total cost),
 -- h (sequence number of the oldest entry), n (the next sequence number),
 -- and one field per entry, "e<seq>" = "<timestamp>:<cost>". Entries are
 -- read lazily: a check that expires nothing reads only the header and the
 -- newest entry.
 -- `current`: for a refund only, the time now (`now` is then the charge's).
-local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
+local function sliding_log(op, key, s, cost, now, limit, w, current)
   -- An integer as text, for the strings this algorithm builds itself. Lua's
   -- own number-to-string conversion keeps 14 significant digits, which
   -- would round a timestamp in microseconds (16 digits). A number passed
@@ -16,8 +15,8 @@ local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
   end
 
   -- Entry `seq`'s time and cost, read with the next ones (up to BATCH in
-  -- one HMGET), or (`back`, for the walks from the newest end: a lease's
-  -- release and renew) with the ones before it. Kept in two tables of
+  -- one HMGET), or (`back`, for the walks from the newest end: a refund's
+  -- and a settle's) with the ones before it. Kept in two tables of
   -- numbers (s.at, s.c), not a table per entry: a walk of thousands of
   -- entries would spend its time in Lua's allocator and collector.
   local BATCH = 64
@@ -81,32 +80,23 @@ local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
     -- Cost 0 only looks: allowed even over the limit (in debt).
     if cost == 0 or s.t + cost <= limit then
       if cost > 0 then
-        sliding_log('charge', key, s, cost, now, limit, w, unique)
+        if s.h < s.n and log_entry(s, s.n - 1) >= now then
+          -- Same microsecond, or time went backwards: charge the newest
+          -- entry, which expires no earlier than `now` would.
+          s.c[s.n - 1] = s.c[s.n - 1] + cost
+          s.dirty[s.n - 1] = true
+        else
+          s.at[s.n], s.c[s.n] = now, cost
+          s.dirty[s.n] = true
+          s.n = s.n + 1
+        end
+        s.t = s.t + cost
       end
       return 1, limit, math.max(limit - s.t, 0), reset_after(),
         sliding_log('refill', key, s, 0, now, limit, w), -1, 0
     end
     return 0, limit, limit - s.t, reset_after(), sliding_log('refill', key, s, 0, now, limit, w),
       sliding_log('fits', key, s, cost, now, limit, w), 0
-  elseif op == 'charge' then
-    -- `cost` at `now`, whatever the limit. Same microsecond, or time went
-    -- backwards: into the newest entry, which expires no earlier than
-    -- `now` would; for leases (`unique`), into one of its own, a
-    -- microsecond after the newest.
-    local stamp = now
-    if s.h < s.n and log_entry(s, s.n - 1) >= now then
-      if unique ~= 1 then
-        s.c[s.n - 1] = s.c[s.n - 1] + cost
-        s.dirty[s.n - 1] = true
-        s.t = s.t + cost
-        return
-      end
-      stamp = log_entry(s, s.n - 1) + 1
-    end
-    s.at[s.n], s.c[s.n] = stamp, cost
-    s.dirty[s.n] = true
-    s.n = s.n + 1
-    s.t = s.t + cost
   elseif op == 'refill' then
     -- Until one more unit fits than remain; 0 when the quota is whole.
     if s.t <= 0 then return 0 end
@@ -136,15 +126,8 @@ local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
     -- time went backwards when it was made) in the oldest later one.
     if current and now + w <= current then return end
     local at, found = now, nil
-    if unique == 1 then
-      -- Leases: right after the charge it is the newest entry.
-      if s.h < s.n and log_entry(s, s.n - 1) >= at then found = s.n - 1 end
-      if not found then return end
-    end
-    if not found then
-      for seq = s.n - 1, s.h, -1 do
-        if log_entry(s, seq, true) == at then found = seq break end
-      end
+    for seq = s.n - 1, s.h, -1 do
+      if log_entry(s, seq, true) == at then found = seq break end
     end
     if not found then
       for seq = s.h, s.n - 1 do
@@ -169,62 +152,18 @@ local function sliding_log(op, key, s, cost, now, limit, w, unique, current)
       table.insert(s.dropped, s.n)
       s.dirty[s.n] = nil
     end
-  elseif op == 'renew' then
-    -- A concurrency lease (the log's window is the lease), after a peek at
-    -- `now`: if the lease stamped s.charged_at is still held, its `cost`
-    -- comes out of that entry (and no other), for the check at `now` that
-    -- follows to put back; 1 if it was held, else 0 (an entry a release
-    -- emptied is not held).
-    if cost == 0 then return 0 end
-    for seq = s.n - 1, s.h, -1 do
-      local at, c = log_entry(s, seq, true)
-      if at == s.charged_at then
-        if c == 0 then return 0 end
-        local taken = math.min(cost, c)
-        s.c[seq] = c - taken
-        s.t = s.t - taken
-        s.dirty[seq] = true
-        sliding_log('trim', key, s, 0, now, limit, w, unique)
-        return 1
-      end
-      if at < s.charged_at then break end
-    end
-    return 0
-  elseif op == 'trim' then
-    -- Emptied entries at either end go, so sequence numbers stay
-    -- contiguous.
-    while s.h < s.n and select(2, log_entry(s, s.h)) == 0 do
-      table.insert(s.dropped, s.h)
-      s.dirty[s.h] = nil
-      s.h = s.h + 1
-    end
-    while s.h < s.n and select(2, log_entry(s, s.n - 1)) == 0 do
-      s.n = s.n - 1
-      table.insert(s.dropped, s.n)
-      s.dirty[s.n] = nil
-    end
   elseif op == 'settle' then
     -- After a peek at `now` (which dropped what left the window): the
     -- charge of `cost` at s.charged_at, now s.actual. It is in the entry
     -- stamped s.charged_at, and no other; gone from the window, a give-back changes
-    -- nothing and an overrun was served now. One quota owed at most. A
-    -- lease (`unique`) is stamped at + reset_after - w: its decision made
-    -- it the newest.
-    if unique == 1 then
-      s.charged_at = math.max(s.charged_at, s.charged_at + s.charged_reset - w)
-    end
+    -- nothing and an overrun was served now. One quota owed at most.
     local found = nil
     for seq = s.n - 1, s.h, -1 do
       if log_entry(s, seq, true) == s.charged_at then found = seq break end
     end
     if s.actual < cost then
       if found then
-        local _, c = log_entry(s, found)
-        local taken = math.min(cost - s.actual, c)
-        s.c[found] = c - taken
-        s.t = s.t - taken
-        s.dirty[found] = true
-        sliding_log('trim', key, s, 0, now, limit, w, unique)
+        sliding_log('refund', key, s, cost - s.actual, s.charged_at, limit, w)
       end
     elseif s.actual > cost then
       local total = math.min(s.t + (s.actual - cost), math.max(s.t, 2 * limit))

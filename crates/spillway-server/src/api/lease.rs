@@ -154,9 +154,11 @@ async fn renew_answer(state: &State, body: &[u8]) -> Answer {
         }
         let lease = spillway::Algorithm::quota(engine.store().rules()[c.rule].algorithm()).period();
         life = life.min(lease);
+        // The lease keeps its name, unless this renew gave it one.
+        let named = r.names(c.charged());
         charges.push(TokenCharge {
-            at: r.at,
-            reset_after: u64::try_from(r.decision.reset_after.as_micros()).unwrap_or(u64::MAX),
+            at: named.at,
+            reset_after: named.reset_after,
             ..c.clone()
         });
     }

@@ -1,5 +1,6 @@
 //! One type for "any of the six", for stores that hold several rules.
 
+use super::concurrency::{LeaseState, LeaseUndo};
 use super::fixed_window::FixedWindowState;
 use super::gcra::Tat;
 use super::sliding_log::{SlidingLogState, SlidingLogUndo};
@@ -50,8 +51,10 @@ pub enum AnyState {
     Fresh,
     /// A fixed window's count.
     FixedWindow(FixedWindowState),
-    /// A sliding log, or a concurrency rule's leases.
+    /// A sliding log.
     SlidingLog(SlidingLogState),
+    /// A concurrency rule's leases.
+    Leases(LeaseState),
     /// A sliding window's counts.
     SlidingWindow(SlidingWindowState),
     /// A token or leaky bucket's timestamp.
@@ -88,6 +91,7 @@ enum Undo {
     SlidingLog(SlidingLogUndo),
     SlidingWindow(SlidingWindowState),
     Bucket(Tat),
+    Leases(LeaseUndo),
 }
 
 impl AnyAlgorithm {
@@ -164,8 +168,9 @@ impl AnyAlgorithm {
     /// ```
     pub fn keeps_state_of(&self, old: &AnyAlgorithm) -> bool {
         let same_kind = match (self, old) {
-            // Leases are stamps: held under any lease time, and forgetting
-            // them would let a new limit's worth in beside those inside.
+            // Leases end when they say, under any lease time, and
+            // forgetting them would let a new limit's worth in beside those
+            // inside.
             (Self::Concurrency(_), Self::Concurrency(_)) => return true,
             (Self::LeakyBucket(a), Self::LeakyBucket(b)) => a.mode() == b.mode(),
             (a, b) => a.name() == b.name(),
@@ -200,7 +205,7 @@ macro_rules! dispatch {
                 $body
             }
             AnyAlgorithm::Concurrency($a) => {
-                let $s = state_of!($state, SlidingLog);
+                let $s = state_of!($state, Leases);
                 $body
             }
         }
@@ -293,8 +298,8 @@ impl Algorithm for AnyAlgorithm {
                 (d, u.map(Undo::Bucket))
             }
             Self::Concurrency(a) => {
-                let (d, u) = a.check_undoable(state_of!(state, SlidingLog), cost, now)?;
-                (d, u.map(Undo::SlidingLog))
+                let (d, u) = a.check_undoable(state_of!(state, Leases), cost, now)?;
+                (d, u.map(Undo::Leases))
             }
         };
         Ok((decision, undo.map(AnyUndo)))
@@ -312,7 +317,7 @@ impl Algorithm for AnyAlgorithm {
             }
             (Self::TokenBucket(a), Undo::Bucket(u)) => a.undo(state_of!(state, Bucket), u),
             (Self::LeakyBucket(a), Undo::Bucket(u)) => a.undo(state_of!(state, Bucket), u),
-            (Self::Concurrency(a), Undo::SlidingLog(u)) => a.undo(state_of!(state, SlidingLog), u),
+            (Self::Concurrency(a), Undo::Leases(u)) => a.undo(state_of!(state, Leases), u),
             // Made by another algorithm: no charge of this one to take back.
             _ => {}
         }
@@ -341,7 +346,7 @@ impl Algorithm for AnyAlgorithm {
             (Self::SlidingWindow(a), AnyState::SlidingWindow(s)) => a.idle_at(s),
             (Self::TokenBucket(a), AnyState::Bucket(s)) => a.idle_at(s),
             (Self::LeakyBucket(a), AnyState::Bucket(s)) => a.idle_at(s),
-            (Self::Concurrency(a), AnyState::SlidingLog(s)) => a.idle_at(s),
+            (Self::Concurrency(a), AnyState::Leases(s)) => a.idle_at(s),
             // Fresh, or a state this algorithm would start over from.
             _ => 0,
         }
@@ -358,7 +363,7 @@ impl AnyAlgorithm {
         now: Micros,
     ) -> Option<Result<Renewed, CostTooLarge>> {
         match self {
-            Self::Concurrency(a) => Some(a.renew(state_of!(state, SlidingLog), charged, now)),
+            Self::Concurrency(a) => Some(a.renew(state_of!(state, Leases), charged, now)),
             _ => None,
         }
     }

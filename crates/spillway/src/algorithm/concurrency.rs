@@ -9,17 +9,18 @@
 //! past one lease. A request that runs longer than its lease renews it
 //! while it runs.
 //!
-//! The state is a log of leases `(stamp, slots)`, oldest first, as in the
-//! sliding log whose window is the lease: a lease is held while
-//! `now < stamp + lease`. Each lease has an entry of its own, its stamp
-//! unique on its key: taken at `now`, or a microsecond after the newest
-//! lease when that one is stamped `now` or later (the same microsecond, a
-//! clock set back). A charge names its lease by the decision that made it:
-//! the stamp is `at + reset_after - lease` ([`Concurrency::stamp`]), the
-//! newest lease being the one just taken. A denial's `retry_after` is exact for a world where nobody
-//! releases: the time until enough leases end. Most slots come back sooner,
-//! when their requests finish; a front end says so (see
-//! `docs/algorithms.md`).
+//! The state is the key's leases ([`LeaseState`]), each with a name, the
+//! time it ends and its slots; a lease is held while `now < ends`. A lease
+//! taken at `now` is named `now`, or, when a lease held already ends
+//! `now + lease` or later (one taken the same microsecond, a clock set
+//! back), the first microsecond that makes the new one the last to end. So
+//! a name is unique on its key, and the decision that took the lease names
+//! it: `at + reset_after - lease` ([`Concurrency::lease_id`]). A renew moves
+//! the end of a lease, never its name: the same charge names it for as long
+//! as it is held, and a renew sent twice does what one does. A denial's
+//! `retry_after` is exact for a world where nobody releases: the time until
+//! enough leases end. Most slots come back sooner, when their requests
+//! finish; a front end says so (see `docs/algorithms.md`).
 //!
 //! ```
 //! use std::num::NonZeroU32;
@@ -41,10 +42,9 @@
 //! assert!(cc.check(&mut state, 1, 3_000).unwrap().allowed);
 //! ```
 
-#[cfg(test)]
-use super::sliding_log::LogEntry;
-use super::sliding_log::{SlidingLogState, SlidingLogUndo};
-use super::{Algorithm, Charged, SlidingLog};
+use std::collections::VecDeque;
+
+use super::{Algorithm, Charged, ensure_fits};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::error::CostTooLarge;
@@ -54,64 +54,230 @@ use crate::quota::Quota;
 /// key, each lease lasting `quota.period()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Concurrency {
-    // The log of leases is a sliding log whose window is the lease: the
-    // same transitions, so the same state in every store.
-    leases: SlidingLog,
+    quota: Quota,
+}
+
+/// One lease on a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Its name, unique on its key: the time it was taken, or a little
+    /// later (see the [module](self)).
+    pub id: Micros,
+    /// When it ends unless renewed: it is held while `now < ends`.
+    pub ends: Micros,
+    /// The slots it holds.
+    pub slots: u64,
+}
+
+/// A key's leases, the first to end first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseState {
+    leases: VecDeque<Lease>,
+    // The slots of all the leases, kept so a check is O(1) when no lease
+    // ends.
+    held: u64,
+}
+
+impl LeaseState {
+    /// The slots held by the leases in the state (some may have ended
+    /// since the last check).
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// The leases, the first to end first.
+    pub fn leases(&self) -> impl ExactSizeIterator<Item = &Lease> {
+        self.leases.iter()
+    }
+
+    /// Builds a state from its leases, as read back from another store.
+    pub fn from_leases(leases: impl IntoIterator<Item = Lease>) -> Self {
+        let mut state = Self::default();
+        for lease in leases {
+            state.insert(lease);
+        }
+        state
+    }
+
+    /// How many leases the state has room for without allocating.
+    pub fn capacity(&self) -> usize {
+        self.leases.capacity()
+    }
+
+    /// Drops the leases that have ended at `now`.
+    fn drop_ended(&mut self, now: Micros) {
+        while let Some(first) = self.leases.front() {
+            if first.ends > now {
+                break;
+            }
+            self.held -= first.slots;
+            self.leases.pop_front();
+        }
+    }
+
+    /// Where the lease named `id` is.
+    fn find(&self, id: Micros) -> Option<usize> {
+        self.leases.iter().rposition(|l| l.id == id)
+    }
+
+    /// Puts `lease` in its place, after the leases that end no later.
+    fn insert(&mut self, lease: Lease) {
+        let at = self.leases.partition_point(|l| l.ends <= lease.ends);
+        self.held += lease.slots;
+        self.leases.insert(at, lease);
+    }
+
+    fn remove(&mut self, i: usize) -> Lease {
+        let lease = self.leases.remove(i).expect("a lease's position");
+        self.held -= lease.slots;
+        lease
+    }
+
+    /// When the last lease ends.
+    fn last_end(&self) -> Option<Micros> {
+        self.leases.back().map(|l| l.ends)
+    }
+
+    /// When `n` (at least 1) of the slots held have come back, if nobody
+    /// releases: when the lease that holds the `n`-th slot to come back
+    /// ends.
+    fn nth_end(&self, n: u64) -> Option<Micros> {
+        let mut back = 0;
+        self.leases.iter().find_map(|l| {
+            back += l.slots;
+            (back >= n).then_some(l.ends)
+        })
+    }
+}
+
+/// How to take back a lease that [`Concurrency`] has just taken: its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseUndo {
+    id: Micros,
 }
 
 /// What a [`Concurrency::renew`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Renewed {
-    /// The lease was still held and now runs from `at`. `false` when it had
-    /// ended (or been released): then the slots were taken afresh if they
-    /// fit, which [`decision`](Self::decision) tells.
+    /// The lease was still held and now runs until `lease` after
+    /// [`at`](Self::at). `false` when it had ended (or been released):
+    /// then its slots were taken afresh, under the same name, if they fit,
+    /// which [`decision`](Self::decision) tells.
     pub was_held: bool,
-    /// Whether the slots are held now, for `lease` from `at`, and the key's
-    /// state as it now stands.
+    /// Whether the slots are held now, and the key's state as it now
+    /// stands.
     pub decision: Decision,
-    /// The time of the renew: with [`decision`](Self::decision), what the
-    /// next renew or the release names the lease by
-    /// (`Charged::of(cost, at, &decision)`).
+    /// The time of the renew: the lease now runs until `at + lease`. The
+    /// lease keeps its name: the charge that named it names it still
+    /// ([`names`](Self::names)).
     pub at: Micros,
+}
+
+impl Renewed {
+    /// The charge that names the lease after this renew of `renewed`: the
+    /// same, unless it named none (a request let in while its store could
+    /// not decide) and this renew took one.
+    pub fn names(&self, renewed: Charged) -> Charged {
+        if renewed.reset_after == 0 && self.decision.allowed && !self.was_held {
+            Charged::of(renewed.cost, self.at, &self.decision)
+        } else {
+            renewed
+        }
+    }
 }
 
 impl Concurrency {
     /// `quota.limit()` slots per key, each lease lasting `quota.period()`.
     pub const fn new(quota: Quota) -> Self {
-        Self {
-            leases: SlidingLog::new(quota),
-        }
+        Self { quota }
     }
 
     /// How many slots a key has.
     pub fn slots(&self) -> u64 {
-        self.leases.capacity()
+        u64::from(self.quota.limit().get())
     }
 
     /// How long a lease lasts unless renewed, in microseconds.
     pub fn lease_micros(&self) -> Micros {
-        self.leases.quota().period_micros()
+        self.quota.period_micros()
     }
 
-    /// The stamp of the lease `charged` names: the decision that took (or
-    /// last renewed) it was made at `charged.at`, and its lease was then the
-    /// newest, ending `reset_after` later.
-    pub fn stamp(&self, charged: &Charged) -> Micros {
-        charged
-            .at
-            .saturating_add(charged.reset_after)
-            .saturating_sub(self.lease_micros())
-            .max(charged.at)
+    /// The name of the lease `charged` names: the decision that took it
+    /// was made at `charged.at`, and its lease was then the last to end,
+    /// `reset_after` later. `None` for a charge that took no lease
+    /// (`reset_after` 0: a request let in while its store could not decide,
+    /// whose first renew takes its slot).
+    pub fn lease_id(&self, charged: &Charged) -> Option<Micros> {
+        (charged.reset_after > 0).then(|| {
+            charged
+                .at
+                .saturating_add(charged.reset_after)
+                .saturating_sub(self.lease_micros())
+                .max(charged.at)
+        })
     }
 
-    /// Renews the lease `charged` names ([`stamp`](Self::stamp)) at `now`:
-    /// if it is still held, it now runs from `now`,
-    /// whatever else is in flight (a request inside the upstream is never
-    /// pushed out by a newcomer); if it has ended, its slots are taken
-    /// afresh when they fit, and denied as a check would be when they do
-    /// not. Renewing twice from the same `charged` is not idempotent: the
-    /// second finds no lease at `charged.at` and takes new slots, which
-    /// hold at most one lease too many (the first ends by itself).
+    /// Takes `slots` at `now` in a lease of its own, the last to end.
+    fn take(&self, state: &mut LeaseState, slots: u64, now: Micros) -> Micros {
+        let lease = self.lease_micros();
+        let id = state.last_end().map_or(now, |last| {
+            now.max(last.saturating_add(1).saturating_sub(lease))
+        });
+        state.leases.push_back(Lease {
+            id,
+            ends: id.saturating_add(lease),
+            slots,
+        });
+        state.held += slots;
+        id
+    }
+
+    /// How long until `needed` fits: until enough of the leases have ended
+    /// (`needed` at most the limit); zero if it fits now.
+    fn fits_after(&self, state: &LeaseState, needed: u64, now: Micros) -> Micros {
+        let limit = self.slots();
+        if state.held + needed <= limit {
+            return 0;
+        }
+        state
+            .nth_end(state.held + needed - limit)
+            .map_or(0, |ends| ends.saturating_sub(now))
+    }
+
+    /// The key's state at `now`, with nothing taken: what a check of cost
+    /// 0 answers.
+    fn standing(&self, state: &LeaseState, now: Micros) -> Decision {
+        let limit = self.slots();
+        let remaining = limit.saturating_sub(state.held);
+        Decision::allow(
+            limit,
+            remaining,
+            self.reset_after(state, now),
+            self.refill_after(state, remaining, now),
+        )
+    }
+
+    /// When one more slot is free than `remaining` (none when every slot
+    /// is).
+    fn refill_after(&self, state: &LeaseState, remaining: u64, now: Micros) -> Micros {
+        if remaining >= self.slots() {
+            return 0;
+        }
+        self.fits_after(state, remaining + 1, now)
+    }
+
+    /// When the last lease ends.
+    fn reset_after(&self, state: &LeaseState, now: Micros) -> Micros {
+        state.last_end().map_or(0, |last| last.saturating_sub(now))
+    }
+
+    /// Renews the lease `charged` names ([`lease_id`](Self::lease_id)) at
+    /// `now`: if it is still held, it now runs until `now + lease` (never
+    /// less than it did), whatever else is in flight: a request inside the
+    /// upstream is never pushed out by a newcomer, nor by a limit lowered
+    /// since. If it has ended, its slots are taken afresh under the same
+    /// name when they fit, and denied as a check would be when they do not.
+    /// Renewing twice from the same charge does what renewing once does.
     ///
     /// ```
     /// use std::num::NonZeroU32;
@@ -122,63 +288,64 @@ impl Concurrency {
     /// let cc = Concurrency::new(Quota::new(NonZeroU32::new(1).unwrap(), Duration::from_micros(1_000)).unwrap());
     /// let mut state = Default::default();
     /// let taken = cc.check(&mut state, 1, 0).unwrap();
-    /// // Renewed at 900 µs: held until 1 900, not 1 000.
-    /// let renewed = cc.renew(&mut state, Charged::of(1, 0, &taken), 900).unwrap();
+    /// let lease = Charged::of(1, 0, &taken);
+    /// // Renewed at 900 µs: held until 1 900, not 1 000. Sent twice, it
+    /// // holds one slot still.
+    /// let renewed = cc.renew(&mut state, lease, 900).unwrap();
     /// assert!(renewed.was_held && renewed.decision.allowed);
-    /// assert_eq!(renewed.at, 900);
+    /// assert!(cc.renew(&mut state, lease, 900).unwrap().was_held);
+    /// assert_eq!(state.held(), 1);
     /// assert!(!cc.check(&mut state, 1, 1_899).unwrap().allowed);
     /// // Not renewed again: another request may have the slot at 1 900.
     /// assert!(cc.check(&mut state, 1, 1_900).unwrap().allowed);
-    /// let lost = cc.renew(&mut state, Charged::of(1, renewed.at, &renewed.decision), 2_000).unwrap();
+    /// let lost = cc.renew(&mut state, lease, 2_000).unwrap();
     /// assert!(!lost.was_held && !lost.decision.allowed);
     /// ```
     pub fn renew(
         &self,
-        state: &mut SlidingLogState,
+        state: &mut LeaseState,
         charged: Charged,
         now: Micros,
     ) -> Result<Renewed, CostTooLarge> {
         let cost = charged.cost;
-        let stamp = self.stamp(&charged);
-        // A peek drops the leases that have ended.
-        self.leases.check(state, 0, now)?;
-        let held = cost > 0 && state.entries.iter().any(|e| e.at == stamp && e.cost > 0);
-        if !held {
-            let decision = self.leases.decide(state, cost, now, true)?;
-            return Ok(Renewed {
-                was_held: false,
-                decision,
-                at: now,
-            });
-        }
-        self.leases.refund(state, cost, stamp);
-        // Back in, newest. It fitted with the lease in, so it fits now,
-        // unless the limit was lowered since (a reload kept the key): the
-        // request is inside all the same, and keeps its slot rather than be
-        // pushed out.
-        let mut decision = self.leases.decide(state, cost, now, true)?;
-        if !decision.allowed {
-            self.leases.charge(state, cost, now, true);
-            decision = self.leases.check(state, 0, now)?;
-        }
-        Ok(Renewed {
-            was_held: true,
+        ensure_fits(cost, self.slots())?;
+        state.drop_ended(now);
+        let id = self.lease_id(&charged);
+        let held = id.filter(|_| cost > 0).and_then(|id| state.find(id));
+        let renewed = |was_held, decision| Renewed {
+            was_held,
             decision,
             at: now,
-        })
+        };
+        if let Some(i) = held {
+            let mut lease = state.remove(i);
+            lease.ends = lease.ends.max(now.saturating_add(self.lease_micros()));
+            state.insert(lease);
+            return Ok(renewed(true, self.standing(state, now)));
+        }
+        // No lease yet, or one that does not fit: as a check.
+        let Some(id) = id.filter(|_| cost > 0 && state.held + cost <= self.slots()) else {
+            return Ok(renewed(false, self.check(state, cost, now)?));
+        };
+        state.insert(Lease {
+            id,
+            ends: now.saturating_add(self.lease_micros()),
+            slots: cost,
+        });
+        Ok(renewed(false, self.standing(state, now)))
     }
 }
 
 impl Algorithm for Concurrency {
-    type State = SlidingLogState;
-    type Undo = SlidingLogUndo;
+    type State = LeaseState;
+    type Undo = LeaseUndo;
 
     fn quota(&self) -> Quota {
-        self.leases.quota()
+        self.quota
     }
 
     fn capacity(&self) -> u64 {
-        self.leases.capacity()
+        self.slots()
     }
 
     fn check(
@@ -187,7 +354,7 @@ impl Algorithm for Concurrency {
         cost: u64,
         now: Micros,
     ) -> Result<Decision, CostTooLarge> {
-        self.leases.decide(state, cost, now, true)
+        self.check_undoable(state, cost, now).map(|(d, _)| d)
     }
 
     fn check_undoable(
@@ -196,44 +363,77 @@ impl Algorithm for Concurrency {
         cost: u64,
         now: Micros,
     ) -> Result<(Decision, Option<Self::Undo>), CostTooLarge> {
-        // The charge is the newest entry, of its own: the sliding log's
-        // undo takes it out.
-        let decision = self.check(state, cost, now)?;
-        let undo = (decision.allowed && cost > 0).then_some(SlidingLogUndo { cost });
-        Ok((decision, undo))
+        let limit = self.slots();
+        ensure_fits(cost, limit)?;
+        state.drop_ended(now);
+        // Cost 0 only looks: allowed even over the limit (a limit lowered
+        // while leases were held).
+        if cost == 0 {
+            return Ok((self.standing(state, now), None));
+        }
+        if state.held + cost <= limit {
+            let id = self.take(state, cost, now);
+            return Ok((self.standing(state, now), Some(LeaseUndo { id })));
+        }
+        let remaining = limit.saturating_sub(state.held);
+        let denied = Decision::deny(
+            limit,
+            remaining,
+            self.reset_after(state, now),
+            self.refill_after(state, remaining, now),
+            // The earliest time enough leases have ended.
+            self.fits_after(state, cost, now),
+        );
+        Ok((denied, None))
     }
 
     fn undo(&self, state: &mut Self::State, undo: Self::Undo) {
-        self.leases.undo(state, undo);
+        if let Some(i) = state.find(undo.id) {
+            state.remove(i);
+        }
     }
 
-    /// Takes back a charge made at `charged_at`, right after it was made:
-    /// it is the newest lease (stamped `charged_at` or a little later).
-    /// Later, a charge made since by another request may be taken instead
-    /// (the same count; that request's lease then ends with the one it
-    /// replaced, never later).
+    /// Takes back a lease taken at `charged_at`, right after it was taken:
+    /// the lease with the latest name, if it was taken then or later.
+    /// Later, a lease taken since by another request may be taken instead
+    /// (the same count; that request's lease then ends no later than the
+    /// one it replaced).
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
-        if let Some(newest) = state.entries.back()
-            && newest.at >= charged_at
-        {
-            let at = newest.at;
-            self.leases.refund(state, cost, at);
+        let newest = (0..state.leases.len()).max_by_key(|&i| state.leases[i].id);
+        let Some(i) = newest.filter(|&i| state.leases[i].id >= charged_at) else {
+            return;
+        };
+        let lease = &mut state.leases[i];
+        let taken = cost.min(lease.slots);
+        lease.slots -= taken;
+        state.held -= taken;
+        if state.leases[i].slots == 0 {
+            state.leases.remove(i);
         }
     }
 
     /// A release is a settle at `actual` 0: the lease's slots come back at
-    /// once. Only the lease `charged` names ([`Concurrency::stamp`]) gives
-    /// back: one that has ended gives nothing (its slots already came
-    /// back), and no other lease is touched. A settle above the charge
-    /// holds more slots, until the lease ends.
+    /// once. Only the lease `charged` names ([`Concurrency::lease_id`])
+    /// gives back: one that has ended gives nothing (its slots already came
+    /// back), and no other lease is touched. A lease holds at most
+    /// `actual` slots after a settle: a settle above the charge leaves it
+    /// as it is (a lease is given back, never grown).
     fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
-        let at = self.stamp(&charged);
-        self.leases
-            .settle(state, Charged { at, ..charged }, actual, now);
+        state.drop_ended(now);
+        let Some(i) = self.lease_id(&charged).and_then(|id| state.find(id)) else {
+            return;
+        };
+        let lease = &mut state.leases[i];
+        let kept = lease.slots.min(actual);
+        state.held -= lease.slots - kept;
+        lease.slots = kept;
+        if kept == 0 {
+            state.leases.remove(i);
+        }
     }
 
     fn idle_at(&self, state: &Self::State) -> Micros {
-        self.leases.idle_at(state)
+        state.last_end().unwrap_or(0)
     }
 }
 
@@ -254,10 +454,14 @@ mod tests {
         )
     }
 
+    fn lease(id: Micros, ends: Micros, slots: u64) -> Lease {
+        Lease { id, ends, slots }
+    }
+
     #[test]
     fn a_lease_ends_exactly_at_its_time_and_a_denial_says_when() {
         let a = cc(2, 1_000);
-        let mut s = SlidingLogState::default();
+        let mut s = LeaseState::default();
         a.check(&mut s, 1, 100).unwrap();
         a.check(&mut s, 1, 400).unwrap();
         assert_eq!(assert_retry_exact(&a, &s, 1, 500), 600);
@@ -265,19 +469,17 @@ mod tests {
         let d = a.check(&mut s.clone(), 0, 500).unwrap();
         assert_eq!((d.limit, d.remaining), (2, 0));
         assert_eq!(d.reset_after, Duration::from_micros(900));
+        assert_eq!(d.refill_after, Duration::from_micros(600));
     }
 
     #[test]
     fn a_release_frees_only_its_own_lease_and_once_ended_frees_nothing() {
         let a = cc(3, 1_000);
-        let mut s = SlidingLogState::default();
+        let mut s = LeaseState::default();
         let first = a.check(&mut s, 1, 100).unwrap();
         let second = a.check(&mut s, 2, 200).unwrap();
         a.settle(&mut s, Charged::of(2, 200, &second), 0, 300);
-        assert_eq!(
-            s,
-            SlidingLogState::from_entries([LogEntry { at: 100, cost: 1 }])
-        );
+        assert_eq!(s, LeaseState::from_leases([lease(100, 1_100, 1)]));
         // The first lease ended at 1 100; a third was taken since. The late
         // release takes nothing from it.
         a.check(&mut s, 1, 1_150).unwrap();
@@ -287,117 +489,158 @@ mod tests {
     }
 
     #[test]
-    fn leases_of_one_microsecond_have_stamps_of_their_own_and_a_stale_token_frees_none() {
+    fn a_settle_gives_slots_back_and_never_grows_a_lease() {
+        let a = cc(4, 1_000);
+        let mut s = LeaseState::default();
+        let d = a.check(&mut s, 3, 100).unwrap();
+        let charged = Charged::of(3, 100, &d);
+        a.settle(&mut s, charged, 5, 200);
+        assert_eq!(s.held(), 3);
+        a.settle(&mut s, charged, 1, 300);
+        assert_eq!(s, LeaseState::from_leases([lease(100, 1_100, 1)]));
+        // The same settle again, or one that asks for more: nothing moves.
+        a.settle(&mut s, charged, 1, 400);
+        a.settle(&mut s, charged, 2, 400);
+        assert_eq!(s.held(), 1);
+        a.settle(&mut s, charged, 0, 500);
+        assert_eq!(s, LeaseState::default());
+    }
+
+    #[test]
+    fn leases_of_one_microsecond_have_names_of_their_own_and_a_stale_token_frees_none() {
         let a = cc(3, 1_000);
-        let mut s = SlidingLogState::default();
+        let mut s = LeaseState::default();
         let first = a.check(&mut s, 1, 7).unwrap();
         let second = a.check(&mut s, 1, 7).unwrap();
-        assert_eq!(s.entries.len(), 2);
-        // The second lasts a microsecond longer: its stamp is 8.
+        assert_eq!(s.leases().len(), 2);
+        // The second lasts a microsecond longer: its name is 8.
         assert_eq!(second.reset_after.as_micros(), 1_001);
         let (c1, c2) = (Charged::of(1, 7, &first), Charged::of(1, 7, &second));
-        assert_eq!((a.stamp(&c1), a.stamp(&c2)), (7, 8));
+        assert_eq!((a.lease_id(&c1), a.lease_id(&c2)), (Some(7), Some(8)));
         a.settle(&mut s, c1, 0, 50);
         assert_eq!(a.check(&mut s, 0, 50).unwrap().remaining, 2);
-        // The first's release sent again, or renewed after it: nothing of
-        // the second's is taken.
+        // The first's release sent again: nothing of the second's is taken.
         a.settle(&mut s, c1, 0, 60);
         assert_eq!(a.check(&mut s, 0, 60).unwrap().remaining, 2);
-        let r = a.renew(&mut s, c1, 70).unwrap();
-        assert!(!r.was_held);
-        assert_eq!(s.total(), 2, "a slot taken afresh, the second's kept");
+        // Renewed after its release: taken afresh under its name, and a
+        // renew sent twice takes it once.
+        for _ in 0..2 {
+            let r = a.renew(&mut s, c1, 70).unwrap();
+            assert_eq!(s.held(), 2, "{r:?}");
+        }
         a.settle(&mut s, c2, 0, 80);
-        assert_eq!(
-            s,
-            SlidingLogState::from_entries([LogEntry { at: 70, cost: 1 }])
-        );
+        assert_eq!(s, LeaseState::from_leases([lease(7, 1_070, 1)]));
     }
 
     #[test]
     fn a_lease_taken_on_a_clock_set_back_is_named_by_its_decision() {
         let a = cc(3, 1_000);
-        let mut s = SlidingLogState::default();
+        let mut s = LeaseState::default();
         a.check(&mut s, 1, 500).unwrap();
-        // The clock goes back to 400: the lease is stamped 501.
+        // The clock goes back to 400: the lease is named 501, and ends last.
         let d = a.check(&mut s, 1, 400).unwrap();
         let charged = Charged::of(1, 400, &d);
-        assert_eq!(a.stamp(&charged), 501);
+        assert_eq!(a.lease_id(&charged), Some(501));
         let r = a.renew(&mut s, charged, 450).unwrap();
         assert!(r.was_held);
-        assert_eq!(s.total(), 2);
-        a.settle(&mut s, Charged::of(1, r.at, &r.decision), 0, 460);
-        assert_eq!(
-            s,
-            SlidingLogState::from_entries([LogEntry { at: 500, cost: 1 }])
-        );
+        assert_eq!(s.held(), 2);
+        a.settle(&mut s, charged, 0, 460);
+        assert_eq!(s, LeaseState::from_leases([lease(500, 1_500, 1)]));
     }
 
     #[test]
     fn a_renewed_lease_is_never_taken_over_and_an_ended_one_is_taken_afresh() {
         let a = cc(1, 1_000);
-        let mut s = SlidingLogState::default();
+        let mut s = LeaseState::default();
         let d = a.check(&mut s, 1, 0).unwrap();
-        let mut charged = Charged::of(1, 0, &d);
-        // Renewed every 900 µs through 90 lease times.
+        let charged = Charged::of(1, 0, &d);
+        // Renewed every 900 µs through 90 lease times, each renew sent
+        // twice (an answer lost and the renew sent again).
         for t in (900..90_000).step_by(900) {
             assert!(!a.check(&mut s, 1, t).unwrap().allowed, "taken over at {t}");
-            let r = a.renew(&mut s, charged, t).unwrap();
-            assert!(r.was_held && r.decision.allowed, "lost at {t}");
-            assert_eq!(r.at, t);
-            charged = Charged::of(1, r.at, &r.decision);
+            for _ in 0..2 {
+                let r = a.renew(&mut s, charged, t).unwrap();
+                assert!(r.was_held && r.decision.allowed, "lost at {t}");
+                assert_eq!((r.at, s.held()), (t, 1));
+            }
         }
         // Renewed too late: the lease ended, and someone else has the slot.
-        let last = charged.at;
+        let last = 89_100;
         a.check(&mut s, 1, last + 1_000).unwrap();
         let r = a.renew(&mut s, charged, last + 1_100).unwrap();
         assert!(!r.was_held && !r.decision.allowed);
+        assert_eq!(r.decision.retry_after, Some(Duration::from_micros(900)));
         // Ended and free: taken afresh.
-        let mut s = SlidingLogState::default();
+        let mut s = LeaseState::default();
         let d = a.check(&mut s, 1, 0).unwrap();
         let r = a.renew(&mut s, Charged::of(1, 0, &d), 5_000).unwrap();
         assert!(!r.was_held && r.decision.allowed);
-        assert_eq!((r.at, s.total()), (5_000, 1));
+        assert_eq!(s, LeaseState::from_leases([lease(0, 6_000, 1)]));
     }
 
     #[test]
     fn a_lease_held_when_the_limit_is_lowered_is_renewed_not_pushed_out() {
         let (two, one) = (cc(2, 1_000), cc(1, 1_000));
-        let mut s = SlidingLogState::default();
+        let mut s = LeaseState::default();
         let d = two.check(&mut s, 1, 0).unwrap();
         two.check(&mut s, 1, 10).unwrap();
         // Reloaded to one slot: two are inside. Each renews and stays.
         let r = one.renew(&mut s, Charged::of(1, 0, &d), 500).unwrap();
         assert!(r.was_held && r.decision.allowed, "{r:?}");
-        assert_eq!(s.total(), 2);
-        assert_eq!(s.entries.back().unwrap().at, 500);
+        assert_eq!(s.held(), 2);
+        assert_eq!(s.leases().last(), Some(&lease(0, 1_500, 1)));
         assert!(!one.check(&mut s, 1, 600).unwrap().allowed);
     }
 
     #[test]
-    fn a_renew_at_the_newest_leases_microsecond_takes_the_next() {
+    fn a_renew_never_shortens_a_lease_and_an_undo_takes_back_only_its_own() {
         let a = cc(3, 1_000);
-        let mut s = SlidingLogState::default();
+        let mut s = LeaseState::default();
         let d = a.check(&mut s, 1, 100).unwrap();
-        a.check(&mut s, 1, 500).unwrap();
-        let r = a.renew(&mut s, Charged::of(1, 100, &d), 500).unwrap();
-        assert!(r.was_held);
-        assert_eq!(
-            s,
-            SlidingLogState::from_entries([
-                LogEntry { at: 500, cost: 1 },
-                LogEntry { at: 501, cost: 1 }
-            ])
-        );
-        // Renewed again from the renew's answer: its stamp is 501.
-        let again = a
-            .renew(&mut s, Charged::of(1, r.at, &r.decision), 600)
-            .unwrap();
-        assert!(again.was_held);
-        assert_eq!(s.total(), 2);
-        // A second renew from the old time finds nothing there and takes a
-        // slot afresh: one too many, until the lease ends.
-        let stale = a.renew(&mut s, Charged::of(1, 100, &d), 700).unwrap();
-        assert!(!stale.was_held && stale.decision.allowed);
-        assert_eq!(s.total(), 3);
+        // A renew on a clock set back keeps the lease's end.
+        a.renew(&mut s, Charged::of(1, 100, &d), 50).unwrap();
+        assert_eq!(s, LeaseState::from_leases([lease(100, 1_100, 1)]));
+        let (_, undo) = a.check_undoable(&mut s, 1, 100).unwrap();
+        a.renew(&mut s, Charged::of(1, 100, &d), 200).unwrap();
+        a.undo(&mut s, undo.unwrap());
+        assert_eq!(s, LeaseState::from_leases([lease(100, 1_200, 1)]));
+    }
+
+    #[test]
+    fn a_refund_takes_the_newest_lease_if_taken_at_the_charge_or_after() {
+        let a = cc(3, 1_000);
+        let mut s = LeaseState::default();
+        let d = a.check(&mut s, 1, 100).unwrap();
+        a.check(&mut s, 1, 200).unwrap();
+        // The first renewed: it now ends last, but the newest is the second.
+        a.renew(&mut s, Charged::of(1, 100, &d), 300).unwrap();
+        a.refund(&mut s, 1, 250);
+        assert_eq!(s.held(), 2, "taken before 250: not refunded");
+        a.refund(&mut s, 1, 200);
+        assert_eq!(s, LeaseState::from_leases([lease(100, 1_300, 1)]));
+    }
+
+    #[test]
+    fn a_request_that_holds_no_lease_takes_one_at_its_renew_and_is_named_by_it() {
+        let a = cc(2, 1_000);
+        let mut s = LeaseState::default();
+        a.check(&mut s, 1, 0).unwrap();
+        let none = Charged {
+            cost: 1,
+            at: 0,
+            reset_after: 0,
+        };
+        let r = a.renew(&mut s, none, 300).unwrap();
+        assert!(!r.was_held && r.decision.allowed);
+        let named = r.names(none);
+        assert_eq!(a.lease_id(&named), Some(300));
+        // Named, it renews as any other; the charge without a name releases
+        // nothing.
+        assert!(a.renew(&mut s, named, 400).unwrap().was_held);
+        assert_eq!(a.renew(&mut s, named, 400).unwrap().names(named), named);
+        a.settle(&mut s, none, 0, 500);
+        assert_eq!(s.held(), 2);
+        a.settle(&mut s, named, 0, 500);
+        assert_eq!(s.held(), 1);
     }
 }

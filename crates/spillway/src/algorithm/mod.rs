@@ -26,7 +26,7 @@ pub mod token_bucket;
 use std::fmt;
 
 pub use any::{AnyAlgorithm, AnyState, AnyUndo};
-pub use concurrency::{Concurrency, Renewed};
+pub use concurrency::{Concurrency, Lease, LeaseState, Renewed};
 pub use fixed_window::FixedWindow;
 pub use leaky_bucket::{LeakyBucket, LeakyMode};
 pub use sliding_log::SlidingLog;

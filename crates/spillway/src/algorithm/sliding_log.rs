@@ -171,17 +171,12 @@ impl SlidingLog {
         })
     }
 
-    /// [`check`](Algorithm::check); with `unique`, an admitted charge gets
-    /// an entry of its own, stamped `now` or, when the newest entry is
-    /// stamped `now` or later (the same microsecond, a clock set back), a
-    /// microsecond after it: each charge then names its own entry (a
-    /// concurrency lease), and lasts no less than it would have.
-    pub(super) fn decide(
+    /// [`check`](Algorithm::check).
+    fn decide(
         &self,
         state: &mut SlidingLogState,
         cost: u64,
         now: Micros,
-        unique: bool,
     ) -> Result<Decision, CostTooLarge> {
         let limit = self.limit();
         ensure_fits(cost, limit)?;
@@ -190,7 +185,7 @@ impl SlidingLog {
         // a lowered limit).
         if cost == 0 || state.total + cost <= limit {
             if cost > 0 {
-                self.charge(state, cost, now, unique);
+                self.charge(state, cost, now);
             }
             let remaining = limit.saturating_sub(state.total);
             return Ok(Decision::allow(
@@ -213,17 +208,13 @@ impl SlidingLog {
         ))
     }
 
-    /// Charges `cost` at `now`, whatever the limit: into the newest entry
-    /// when it is stamped `now` or later, or (`unique`) into one of its own.
-    pub(super) fn charge(&self, state: &mut SlidingLogState, cost: u64, now: Micros, unique: bool) {
+    /// Charges `cost` at `now`: into the newest entry when it is stamped
+    /// `now` or later, else into one of its own.
+    fn charge(&self, state: &mut SlidingLogState, cost: u64, now: Micros) {
         match state.entries.back_mut() {
             // Same microsecond, or time went backwards: charge the newest
             // entry, which expires no earlier than `now` would.
-            Some(newest) if newest.at >= now && !unique => newest.cost += cost,
-            Some(newest) if newest.at >= now => {
-                let at = newest.at.saturating_add(1);
-                state.entries.push_back(LogEntry { at, cost });
-            }
+            Some(newest) if newest.at >= now => newest.cost += cost,
             _ => state.entries.push_back(LogEntry { at: now, cost }),
         }
         state.total += cost;
@@ -248,7 +239,7 @@ impl Algorithm for SlidingLog {
         cost: u64,
         now: Micros,
     ) -> Result<Decision, CostTooLarge> {
-        self.decide(state, cost, now, false)
+        self.decide(state, cost, now)
     }
 
     fn check_undoable(

@@ -37,6 +37,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::algorithm::concurrency::{Lease, LeaseState};
 use crate::algorithm::fixed_window::FixedWindowState;
 use crate::algorithm::sliding_log::{LogEntry, SlidingLogState};
 use crate::algorithm::sliding_window::SlidingWindowState;
@@ -354,56 +355,58 @@ fn whole_units<A: Algorithm>(alg: &A) -> bool {
     alg.quota().emission_interval().per == 1
 }
 
-impl SharedState for SlidingLogState {
-    type Cell = SlidingLogState;
-
-    fn into_cell(self) -> Self {
-        self
-    }
-
-    #[inline(always)]
-    fn with_mut<R>(cell: &mut Self, f: impl FnOnce(&mut Self) -> R) -> R {
-        f(cell)
-    }
-
-    fn decide<A: Algorithm<State = Self>>(
-        _: &Self,
-        _: &A,
-        _: u64,
-        _: Micros,
-    ) -> Option<Result<Decision, CostTooLarge>> {
-        None
-    }
-
-    fn decides_in_place<A: Algorithm<State = Self>>(_: &A) -> bool {
-        false
-    }
-
-    fn heap_bytes(cell: &Self) -> usize {
-        log_bytes(cell.entries.capacity())
-    }
-
-    fn heap_growth(cell: &Self) -> usize {
-        log_growth(cell)
-    }
-}
-
-/// The bytes of a log buffer of `capacity` entries.
-fn log_bytes(capacity: usize) -> usize {
-    capacity * std::mem::size_of::<LogEntry>()
-}
-
-/// What one more entry can add to a log's buffer: nothing while it has
-/// room; when full, `VecDeque` doubles it (and allocates 4 entries at
+/// `SharedState` for a state kept in a `VecDeque` of `$entry`: changed
+/// only under the shard's exclusive lock, its buffer counted in the
+/// store's memory. One more entry adds nothing while the buffer has room;
+/// when it is full, `VecDeque` doubles it (and allocates 4 entries at
 /// first).
-fn log_growth(log: &SlidingLogState) -> usize {
-    let capacity = log.entries.capacity();
-    if log.entries.len() < capacity {
-        0
-    } else {
-        log_bytes(capacity.max(4))
-    }
+macro_rules! on_the_heap {
+    ($state:ty, $entry:ty, |$s:ident| ($len:expr, $capacity:expr)) => {
+        impl SharedState for $state {
+            type Cell = $state;
+
+            fn into_cell(self) -> Self {
+                self
+            }
+
+            #[inline(always)]
+            fn with_mut<R>(cell: &mut Self, f: impl FnOnce(&mut Self) -> R) -> R {
+                f(cell)
+            }
+
+            fn decide<A: Algorithm<State = Self>>(
+                _: &Self,
+                _: &A,
+                _: u64,
+                _: Micros,
+            ) -> Option<Result<Decision, CostTooLarge>> {
+                None
+            }
+
+            fn decides_in_place<A: Algorithm<State = Self>>(_: &A) -> bool {
+                false
+            }
+
+            fn heap_bytes($s: &Self) -> usize {
+                $capacity * std::mem::size_of::<$entry>()
+            }
+
+            fn heap_growth($s: &Self) -> usize {
+                if $len < $capacity {
+                    0
+                } else {
+                    $capacity.max(4) * std::mem::size_of::<$entry>()
+                }
+            }
+        }
+    };
 }
+
+on_the_heap!(SlidingLogState, LogEntry, |s| (
+    s.entries.len(),
+    s.entries.capacity()
+));
+on_the_heap!(LeaseState, Lease, |s| (s.leases().len(), s.capacity()));
 
 /// [`AnyState`] as the memory store's tables hold it: the words of the
 /// algorithm's state, or a sliding log.
@@ -419,6 +422,9 @@ pub enum AnyCell {
     Bucket(BucketWords),
     /// A sliding log, changed only under the shard's exclusive lock.
     SlidingLog(SlidingLogState),
+    /// A concurrency rule's leases, changed only under the shard's
+    /// exclusive lock.
+    Leases(LeaseState),
 }
 
 impl SharedState for AnyState {
@@ -431,6 +437,7 @@ impl SharedState for AnyState {
             AnyState::SlidingWindow(s) => AnyCell::SlidingWindow(s.into_cell()),
             AnyState::Bucket(s) => AnyCell::Bucket(s.into_cell()),
             AnyState::SlidingLog(s) => AnyCell::SlidingLog(s),
+            AnyState::Leases(s) => AnyCell::Leases(s),
         }
     }
 
@@ -455,6 +462,12 @@ impl SharedState for AnyState {
             AnyCell::SlidingWindow(w) => words!(w, SlidingWindow),
             AnyCell::SlidingLog(log) => {
                 let mut state = AnyState::SlidingLog(std::mem::take(log));
+                let out = f(&mut state);
+                *cell = state.into_cell();
+                out
+            }
+            AnyCell::Leases(leases) => {
+                let mut state = AnyState::Leases(std::mem::take(leases));
                 let out = f(&mut state);
                 *cell = state.into_cell();
                 out
@@ -521,15 +534,17 @@ impl SharedState for AnyState {
     fn heap_bytes(cell: &AnyCell) -> usize {
         match cell {
             AnyCell::SlidingLog(log) => SlidingLogState::heap_bytes(log),
+            AnyCell::Leases(leases) => LeaseState::heap_bytes(leases),
             _ => 0,
         }
     }
 
     fn heap_growth(cell: &AnyCell) -> usize {
         match cell {
-            AnyCell::SlidingLog(log) => log_growth(log),
-            // A key made fresh again may start a log.
-            AnyCell::Fresh => log_bytes(4),
+            AnyCell::SlidingLog(log) => SlidingLogState::heap_growth(log),
+            AnyCell::Leases(leases) => LeaseState::heap_growth(leases),
+            // A key made fresh again may start a log or a lease.
+            AnyCell::Fresh => 4 * std::mem::size_of::<LogEntry>().max(std::mem::size_of::<Lease>()),
             _ => 0,
         }
     }

@@ -222,9 +222,9 @@ pub struct Renew<'a> {
     pub rule: RuleId,
     /// The key it counted by.
     pub key: &'a str,
-    /// The lease: its slots (`cost`) and the time it runs from (`at`: the
-    /// verdict's [`decided_at`](Verdict::decided_at), or the last renew's
-    /// [`Renewed::at`]).
+    /// The lease, named by the charge that took it ([`Charged::of`] the
+    /// verdict's [`decided_at`](Verdict::decided_at) and decision), however
+    /// often it was renewed since.
     pub charged: Charged,
 }
 
@@ -313,9 +313,13 @@ pub trait Store: Send + Sync {
 
     /// Renews leases of concurrency rules (a request still in flight): each
     /// lease still held runs again from now, for its rule's lease time,
-    /// whatever else is in flight; one that has ended is taken afresh when
-    /// its slots fit ([`Concurrency::renew`](crate::algorithm::Concurrency::renew)).
-    /// One answer per renew, in order; each is atomic on its own. A rule
+    /// whatever else is in flight; one that has ended is taken afresh, under
+    /// the same name, when its slots fit
+    /// ([`Concurrency::renew`](crate::algorithm::Concurrency::renew)). A
+    /// lease keeps its name: the charge that took it names it in every renew
+    /// and in its release, and a renew sent again (after a lost answer) does
+    /// what one does. One answer per renew, in order; each is atomic on its
+    /// own. A rule
     /// that is not a concurrency rule, or a lease above its capacity, fails
     /// the whole call, changing nothing. Releasing a lease is a
     /// [`settle`](Store::settle) at cost 0.
@@ -333,12 +337,11 @@ pub trait Store: Send + Sync {
     /// let store = MemoryStore::with_clock(vec![Rule::new("reports", Concurrency::new(one))], MemoryOptions::default(), clock.clone());
     /// let check = [Check { rule: RuleId(0), key: "ann", cost: 1 }];
     /// let taken = store.check_now(&check).unwrap();
-    /// let mut charged = Charged::of(1, taken.decided_at, &taken.decisions[0]);
+    /// let charged = Charged::of(1, taken.decided_at, &taken.decisions[0]);
     /// // 25 s on, still running: renewed, so held until 55 s.
     /// clock.advance(std::time::Duration::from_secs(25));
     /// let renewed = store.renew_now(&[Renew { rule: RuleId(0), key: "ann", charged }]).unwrap();
     /// assert!(renewed[0].was_held);
-    /// charged.at = renewed[0].at;
     /// clock.advance(std::time::Duration::from_secs(10));
     /// assert!(!store.check_now(&check).unwrap().allowed);
     /// // Served: released, once.

@@ -1,0 +1,140 @@
+-- leases: a concurrency rule's leases. p1 the slots, p2 the lease (µs).
+-- State: one sorted set per key, one member per slot held, scored by the
+-- time its lease ends; a lease named `id` that holds `c` slots is the
+-- members "id", "id.2", ..., "id.c". A lease is held while now < its
+-- score. A renew raises the scores of a lease's members (ZADD XX GT: sent
+-- twice, it does what it did once), a release removes them: the name never
+-- changes. Reads go to the set as it stands; what a check takes is kept in
+-- the state (`s.adds`) until 'save' writes it, so that nothing is written
+-- unless every check of the request admits. Every command here is
+-- O(log n) in the leases of the key, but for the expired members 'save'
+-- drops, each once.
+local function leases(op, key, s, cost, now, limit, lease)
+  -- An integer as text: Lua's own conversion keeps 14 significant digits,
+  -- which would round a time in microseconds (16 digits).
+  local function int(x)
+    return string.format('%.0f', x)
+  end
+  -- Slot j (from 1) of lease `id`.
+  local function member(id, j)
+    if j == 1 then return int(id) end
+    return int(id) .. '.' .. int(j)
+  end
+  -- The slots held at `now`, those this check takes included.
+  local function held()
+    if not s.held then
+      s.held = redis.call('ZCOUNT', key, '(' .. int(now), '+inf')
+    end
+    local taken = 0
+    for _, a in ipairs(s.adds) do taken = taken + a.c end
+    return s.held + taken
+  end
+  -- When the last lease ends; nil when none is held.
+  local function last_end()
+    if #s.adds > 0 then return s.adds[#s.adds].ends end
+    local v = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if v[2] and v[2] + 0 > now then return v[2] + 0 end
+    return nil
+  end
+  -- When the n-th slot (from 1) to come back comes back, if nobody
+  -- releases. A lease this check takes ends after every other.
+  local function nth_end(n)
+    held()
+    if n > s.held then return s.adds[#s.adds].ends end
+    local v = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES',
+      'LIMIT', n - 1, 1)
+    return v[2] + 0
+  end
+  -- Until `c` slots fit (at most the limit); 0 if they fit now.
+  local function fits(c)
+    local h = held()
+    if h + c <= limit then return 0 end
+    return math.max(nth_end(h + c - limit) - now, 0)
+  end
+  local function reset_after()
+    local last = last_end()
+    if not last then return 0 end
+    return math.max(last - now, 0)
+  end
+  -- The key's state, nothing taken: the seven numbers of a decision.
+  local function standing()
+    local remaining = math.max(limit - held(), 0)
+    local refill = 0
+    if remaining < limit then refill = fits(remaining + 1) end
+    return 1, limit, remaining, reset_after(), refill, -1, 0
+  end
+
+  if op == 'load' then
+    return { adds = {} }
+  elseif op == 'check' then
+    -- Cost 0 only looks: allowed even over the limit (a limit lowered
+    -- while leases were held).
+    if cost == 0 then return standing() end
+    if held() + cost <= limit then
+      -- Named `now`, or later if that would not make it the last to end:
+      -- names stay unique on the key, and the decision names the lease
+      -- (at + reset_after - lease).
+      local id = now
+      local last = last_end()
+      if last then id = math.max(now, last + 1 - lease) end
+      table.insert(s.adds, { id = id, ends = id + lease, c = cost })
+      return standing()
+    end
+    local remaining = math.max(limit - held(), 0)
+    local refill = 0
+    if remaining < limit then refill = fits(remaining + 1) end
+    return 0, limit, remaining, reset_after(), refill, fits(cost), 0
+  elseif op == 'save' then
+    -- Ended leases go; the new ones come in. `cost` is the time to live
+    -- (ms).
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+    for _, a in ipairs(s.adds) do
+      for j = 1, a.c do redis.call('ZADD', key, a.ends, member(a.id, j)) end
+    end
+    redis.call('PEXPIRE', key, cost)
+  elseif op == 'dirty' then
+    -- Ended members are dropped by the next save, and never counted.
+    return false
+  elseif op == 'idle_at' then
+    return last_end() or 0
+  elseif op == 'refund' then
+    -- `now` is the time of the charge: the lease taken then is the one
+    -- with the latest name, if that name is the charge's time or later.
+    -- Such a lease ends at least a lease after its name.
+    local v = redis.call('ZRANGEBYSCORE', key, int(now + lease), '+inf')
+    local newest = nil
+    for _, m in ipairs(v) do
+      local id = string.match(m, '^(%d+)') + 0
+      if not newest or id > newest then newest = id end
+    end
+    if not newest or newest < now then return end
+    for j = 1, cost do redis.call('ZREM', key, member(newest, j)) end
+  elseif op == 'renew' then
+    -- The lease named s.lease_id (-1: none yet, as for a request let in
+    -- while Redis was away): if held, it runs until now + lease, never
+    -- less; 1. Else 0, and if its slots fit, it is taken afresh under its
+    -- name (in s.adds, for 'save').
+    if s.lease_id < 0 or cost == 0 then return 0 end
+    local ends = redis.call('ZSCORE', key, member(s.lease_id, 1))
+    if ends and ends + 0 > now then
+      for j = 1, cost do
+        redis.call('ZADD', key, 'XX', 'GT', now + lease, member(s.lease_id, j))
+      end
+      return 1
+    end
+    if held() + cost <= limit then
+      table.insert(s.adds, { id = s.lease_id, ends = now + lease, c = cost })
+    end
+    return 0
+  elseif op == 'settle' then
+    -- The charge of `cost` whose decision was made at s.charged_at with
+    -- s.charged_reset: its lease, if still held, keeps at most s.actual
+    -- slots (a lease is given back, never grown). A charge that took no
+    -- lease (reset 0) names none.
+    if s.charged_reset == 0 or s.actual >= cost then return end
+    local id = math.max(s.charged_at, s.charged_at + s.charged_reset - lease)
+    local ends = redis.call('ZSCORE', key, member(id, 1))
+    if not (ends and ends + 0 > now) then return end
+    for j = s.actual + 1, cost do redis.call('ZREM', key, member(id, j)) end
+  end
+end
