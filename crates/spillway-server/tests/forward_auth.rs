@@ -563,3 +563,59 @@ window = "1h"
         StatusCode::OK
     );
 }
+
+/// A concurrency rule does not apply at the hook: the proxy never says when
+/// the request ends, so no slot could be held for it. Before, the hook took
+/// a slot and held it while a shaped answer waited for its turn: a second
+/// caller was refused for a request that was not in flight anywhere.
+#[tokio::test]
+async fn a_concurrency_rule_does_not_apply_at_the_hook() {
+    const IN_FLIGHT: &str = r#"
+[clients]
+trusted_proxies = ["127.0.0.1/32"]
+
+[[rules]]
+name = "in_flight"
+match = { path = "/report" }
+key = ["ip"]
+algorithm = "concurrency"
+limit = 1
+
+[[rules]]
+name = "shaped"
+match = { path = "/report" }
+key = ["ip"]
+algorithm = "leaky_bucket"
+mode = "shape"
+limit = 10
+window = "1s"
+burst = 3
+"#;
+    let app = app_of(IN_FLIGHT).await;
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                call(
+                    &app,
+                    PROXY,
+                    "/v1/forward-auth",
+                    &[
+                        ("x-forwarded-method", "GET"),
+                        ("x-forwarded-uri", "/report"),
+                        ("x-forwarded-host", "api.example.com"),
+                        ("x-forwarded-for", "203.0.113.7"),
+                    ],
+                )
+                .await
+            })
+        })
+        .collect();
+    for c in calls {
+        let answer = c.await.expect("the call");
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.headers);
+        let policy = answer.header("ratelimit-policy");
+        assert!(policy.contains("\"shaped\""), "{policy}");
+        assert!(!policy.contains("in_flight"), "{policy}");
+    }
+}

@@ -452,6 +452,12 @@ impl Held {
         (self.unmade, self.charges)
     }
 
+    /// A `Held` of these charges: the inverse of
+    /// [`into_parts`](Self::into_parts).
+    pub(crate) fn from_parts(unmade: Vec<Charge>, charges: Vec<(Charge, Charged)>) -> Self {
+        Self { charges, unmade }
+    }
+
     /// Each charge held, and what the store charged for it: what a
     /// [`Settle`] of it must say.
     pub fn charges(&self) -> &[(Charge, Charged)] {
@@ -805,15 +811,20 @@ impl<St: Store> Engine<St> {
     /// The charges a request's parts make: every rule that matches, with
     /// its key and cost. A rule that counts by the client's address, on
     /// parts that carry none, does not apply, unless `missing` says that is
-    /// an error.
+    /// an error; nor does a concurrency rule to parts marked
+    /// [`NotServed`](crate::NotServed).
     pub fn plan(&self, parts: &Parts, missing: MissingClientAddr) -> Result<Charges, Unplanned> {
         let policy = &self.policy;
         let client = Identity::of(parts, &policy.clients);
         let addr_required = missing == MissingClientAddr::Error;
         // An error only matters to a rule that has tiers.
         let tier = policy.tier_of(&client);
+        let not_served = self.leases && parts.extensions.get::<crate::NotServed>().is_some();
         let mut charges = SmallVec::new();
         for (index, rule) in policy.rules.iter().enumerate() {
+            if not_served && matches!(rule.algorithm_of(0), AnyAlgorithm::Concurrency(_)) {
+                continue;
+            }
             if !rule
                 .matches(parts, client.peer_trusted)
                 .map_err(|m| Unplanned::BadRequest(m.to_string()))?

@@ -44,7 +44,8 @@ const SHARDS: usize = 16;
 #[derive(Debug)]
 pub(crate) struct Kept {
     pub(crate) charge: Charge,
-    /// The lease as it now stands: taken (or last renewed) at `charged.at`.
+    /// The charge that names the lease (its name never changes; a charge
+    /// that names none, `reset_after` 0, is given one by its first renew).
     pub(crate) charged: Charged,
     /// How long the rule's leases last.
     pub(crate) lease: Duration,

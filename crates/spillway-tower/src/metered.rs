@@ -249,45 +249,78 @@ impl std::fmt::Debug for Metering {
     }
 }
 
+/// Takes the slots of concurrency rules out of `held` and keeps them:
+/// renewed while the guard lives, from now on, and given back when it is
+/// dropped. Answers the guard (none if no charge is a slot) and the other
+/// charges (none if there are none).
+pub(crate) fn keep_leases(
+    budgets: &Arc<dyn Budgets>,
+    held: Held,
+) -> (Option<Leases>, Option<Held>) {
+    let (unmade, made) = held.into_parts();
+    // A slot the store could not take (fail_open) is taken at the first
+    // renew the store answers, if one is free: a request let in while the
+    // store was away counts from then on. Its charge names no lease.
+    let mut leases = Vec::new();
+    let mut unmade_rest = Vec::new();
+    for charge in unmade {
+        match budgets.lease_of(&charge) {
+            Some(lease) => leases.push(Kept {
+                charged: Charged {
+                    cost: charge.cost(),
+                    at: 0,
+                    reset_after: 0,
+                },
+                charge,
+                lease,
+                ends: None,
+            }),
+            None => unmade_rest.push(charge),
+        }
+    }
+    let mut made_rest = Vec::with_capacity(made.len());
+    for (charge, charged) in made {
+        match budgets.lease_of(&charge) {
+            Some(lease) => leases.push(Kept {
+                charge,
+                charged,
+                lease,
+                ends: Some(tokio::time::Instant::now() + lease),
+            }),
+            None => made_rest.push((charge, charged)),
+        }
+    }
+    let leases = match leases.is_empty() {
+        true => None,
+        false => budgets.clone().keep(leases),
+    };
+    let rest = (!made_rest.is_empty() || !unmade_rest.is_empty())
+        .then(|| Held::from_parts(unmade_rest, made_rest));
+    (leases, rest)
+}
+
 impl Metering {
     /// The metering of a response whose request made these charges: none
     /// when no charge is a budget's or a concurrency rule's. The slots of
     /// concurrency rules are kept from now on.
     pub(crate) fn new(budgets: Arc<dyn Budgets>, held: Held, prompt_estimate: u64) -> Option<Self> {
-        let (unmade, made) = held.into_parts();
-        // A slot the store could not take (fail_open) is taken at the first
-        // renew the store answers, if one is free: a request let in while
-        // the store was away counts from then on.
-        let mut leases: Vec<Kept> = unmade
-            .into_iter()
-            .filter_map(|charge| {
-                let lease = budgets.lease_of(&charge)?;
-                let cost = charge.cost();
-                Some(Kept {
-                    charge,
-                    charged: Charged {
-                        cost,
-                        at: 0,
-                        reset_after: 0,
-                    },
-                    lease,
-                    ends: None,
-                })
-            })
-            .collect();
+        let (leases, held) = keep_leases(&budgets, held);
+        Self::keeping(budgets, held, prompt_estimate, leases)
+    }
+
+    /// The metering of a response whose request made the charges `held`
+    /// and holds the slots `leases` (kept since its admission: see
+    /// [`keep_leases`]).
+    pub(crate) fn keeping(
+        budgets: Arc<dyn Budgets>,
+        held: Option<Held>,
+        prompt_estimate: u64,
+        leases: Option<Leases>,
+    ) -> Option<Self> {
+        let made = held.map(|h| h.into_parts().1).unwrap_or_default();
         let parts: SmallVec<[Part; 1]> = made
             .into_iter()
             .filter_map(|(charge, charged)| {
-                if let Some(lease) = budgets.lease_of(&charge) {
-                    let ends = Some(tokio::time::Instant::now() + lease);
-                    leases.push(Kept {
-                        charge,
-                        charged,
-                        lease,
-                        ends,
-                    });
-                    return None;
-                }
                 let budget = budgets.budget(&charge)?;
                 let capacity = budgets.capacity(&charge);
                 Some(Part {
@@ -310,10 +343,6 @@ impl Metering {
         for p in &parts {
             budgets.observe(&p.charge, BudgetEvent::Opened);
         }
-        let leases = match leases.is_empty() {
-            true => None,
-            false => budgets.clone().keep(leases),
-        };
         (!parts.is_empty() || leases.is_some()).then(|| Self {
             budgets,
             parts,

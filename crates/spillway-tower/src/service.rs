@@ -19,7 +19,7 @@ use crate::engine::{
     Asking, Described, Engine, Held, Outcome, RuleOutcome, Ruling, Small, Unplanned,
 };
 use crate::future::{ResponseBody, ResponseFuture};
-use crate::metered::{Budgets, Metering};
+use crate::metered::{Budgets, Metering, keep_leases};
 use crate::response;
 use crate::rules::Policy;
 
@@ -39,6 +39,35 @@ pub struct Limited {
 /// for rules whose cost comes from a header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestCost(pub u64);
+
+/// Marks a request that is decided here but served elsewhere, as by a
+/// proxy's forward-auth hook (nginx `auth_request`, Traefik `ForwardAuth`):
+/// nothing here learns when it ends, so the rules whose charge is held
+/// while the request runs (concurrency rules) do not apply to it. Without
+/// the mark, such a request would take its slot and give it back as soon
+/// as the decision was answered, counting decisions in flight, not
+/// requests.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use spillway::algorithm::Concurrency;
+/// use spillway::store::{MemoryOptions, MemoryStore};
+/// use spillway::Quota;
+/// use spillway_tower::{Engine, HttpRule, MissingClientAddr, NotServed, Policy};
+///
+/// let one = Quota::new(NonZeroU32::MIN, Duration::from_secs(30)).unwrap();
+/// let policy = Policy::new([HttpRule::new("in_flight", Concurrency::new(one))]);
+/// let store = MemoryStore::new(policy.store_rules(), MemoryOptions::default());
+/// let engine = Engine::new(policy, store).unwrap();
+/// let mut parts = axum::http::Request::new(()).into_parts().0;
+/// parts.extensions.insert(spillway_tower::ClientAddr("192.0.2.1:5000".parse().unwrap()));
+/// assert_eq!(engine.plan(&parts, MissingClientAddr::Error).unwrap().len(), 1);
+/// parts.extensions.insert(NotServed);
+/// assert!(engine.plan(&parts, MissingClientAddr::Error).unwrap().is_empty());
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotServed;
 
 /// A request extension, set by a server that can stop: once its watch
 /// turns true (the server is stopping), a request still held for its
@@ -403,6 +432,10 @@ where
         let budgets: Arc<dyn Budgets> = engine.clone();
         Metering::new(budgets, held, prompt)
     };
+    let meter_keeping = move |held: Option<Held>, leases, engine: &Arc<Engine<St>>| {
+        let budgets: Arc<dyn Budgets> = engine.clone();
+        Metering::keeping(budgets, held, prompt, leases)
+    };
     let finish = move |res: Response<ResBody>, metering: Option<Metering>| {
         let mut res = match metering {
             Some(metering) => metering.start(res),
@@ -418,17 +451,26 @@ where
     // Shaping: hold the request until its turn. If the client goes away
     // meanwhile, or the server stops (see `Draining`), the charges are given
     // back; so they are if the server holds as many as it may (`HoldCap`).
+    // The slots of concurrency rules are kept (renewed) from now, through
+    // the wait, and released if it is abandoned.
     if !delay.is_zero()
         && let Some(held) = held
     {
+        let (leases, held) = match engine.leases {
+            true => {
+                let budgets: Arc<dyn Budgets> = engine.clone();
+                keep_leases(&budgets, held)
+            }
+            false => (None, Some(held)),
+        };
         let guard = GiveBackOnDrop {
             engine: engine.clone(),
-            held: Some(held),
+            held,
         };
         let engine = engine.clone();
         let place = match parts.extensions.get::<HoldCap>().map(HoldCap::try_hold) {
             Some(None) => {
-                drop(guard);
+                drop((guard, leases));
                 let retry = delay.as_micros().div_ceil(1_000_000).max(1) as u64;
                 return answer(response::too_many_held(retry, grpc));
             }
@@ -442,7 +484,7 @@ where
                 tokio::select! {
                     () = tokio::time::sleep_until(turn) => {}
                     () = draining.stopped() => {
-                        drop(guard);
+                        drop((guard, leases));
                         let left = turn.saturating_duration_since(tokio::time::Instant::now());
                         let retry = left.as_micros().div_ceil(1_000_000).max(1) as u64;
                         return Ok(response::stopping(retry, grpc));
@@ -451,7 +493,7 @@ where
             } else {
                 tokio::time::sleep_until(turn).await;
             }
-            let metering = meter(guard.disarm(), &engine);
+            let metering = meter_keeping(guard.disarm(), leases, &engine);
             unencoded(&mut parts, metering.as_ref());
             drop(place);
             Ok(finish(

@@ -19,6 +19,8 @@
 //! - a request the proxy would refuse, or a description that is missing or
 //!   malformed: `400` naming the header; the store unreachable under
 //!   `fail_closed`: `503`;
+//! - concurrency rules do not apply: the proxy never says when the request
+//!   ends, so no slot could be held for it (see `NotServed`);
 //! - shaped (a leaky bucket in `shape` mode): the answer is held for the
 //!   delay, and the proxy, waiting for it, holds the request: the hook
 //!   shapes as the proxy does. A proxy that gives up waiting (its timeout to
@@ -134,6 +136,10 @@ async fn decide(state: &State, req: Request) -> Response {
         );
     }
     parts.extensions.insert(state.held.clone());
+    // The request is served by the proxy, which never says when it ends:
+    // a concurrency rule cannot hold a slot for it here, and does not
+    // apply (rather than count hook calls in flight).
+    parts.extensions.insert(spillway_tower::NotServed);
     let limited = loaded.layer.layer(tower::service_fn(admit));
     match limited.oneshot(Request::from_parts(parts, ())).await {
         Ok(res) => res.map(Body::new),

@@ -282,3 +282,63 @@ async fn on_redis_an_acquire_and_its_release_are_two_store_calls() {
         }
     }
 }
+
+/// A concurrency rule beside a shaping bucket of one request per 10 s: the
+/// second request waits 10 s for its turn.
+fn shaped_in_flight(leases: &Leases) -> Router {
+    let quota = Quota::new(NonZeroU32::MIN, Duration::from_secs(10)).expect("valid");
+    let shaped = HttpRule::new(
+        "shaped",
+        spillway::algorithm::LeakyBucket::shape(quota, NonZeroU32::new(3).expect("nonzero")),
+    );
+    let policy = Policy::new([in_flight(1, Duration::from_secs(3)), shaped]);
+    upstream().layer(memory_layer(policy).observer(leases.clone()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_for_its_shaped_turn_keeps_its_slot_renewed() {
+    let leases = Leases::default();
+    let app = shaped_in_flight(&leases);
+    assert_eq!(fast(&app).await.status(), StatusCode::OK);
+    settle_tasks().await;
+    leases.0.lock().expect("not poisoned").clear();
+    // Its turn is 10 s away, its lease 3 s: it is renewed while it waits,
+    // and never has to take its slot afresh.
+    let started = tokio::time::Instant::now();
+    let (res, open) = slow(&app).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_secs(10));
+    let waited = leases.0.lock().expect("not poisoned").clone();
+    assert!(waited.len() >= 8, "{} renews in a 10 s wait", waited.len());
+    assert!(
+        waited.iter().all(|e| *e == LeaseEvent::Renewed),
+        "{waited:?}"
+    );
+    open.send(()).expect("the body waits");
+    assert_eq!(body_string(res).await, "done");
+    settle_tasks().await;
+    assert_eq!(
+        leases.0.lock().expect("not poisoned").last(),
+        Some(&LeaseEvent::Released)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_leaves_while_waiting_for_its_turn_gives_its_slot_back() {
+    let leases = Leases::default();
+    let app = shaped_in_flight(&leases);
+    assert_eq!(fast(&app).await.status(), StatusCode::OK);
+    settle_tasks().await;
+    leases.0.lock().expect("not poisoned").clear();
+    let request = req("/fast", CLIENT).body(Body::empty()).expect("a request");
+    let call = app.clone().oneshot(request);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), call)
+            .await
+            .is_err()
+    );
+    settle_tasks().await;
+    let events = leases.0.lock().expect("not poisoned").clone();
+    assert_eq!(events.last(), Some(&LeaseEvent::Released), "{events:?}");
+    assert!(!events.contains(&LeaseEvent::Retaken), "{events:?}");
+}
