@@ -165,3 +165,43 @@ async fn on_redis_a_slot_taken_on_one_instance_is_released_on_another() {
     let again = post(&a.http, "/v1/release", json!({"token": first})).await;
     assert_eq!(again.json()["applied"], false);
 }
+
+#[tokio::test]
+async fn a_token_lives_as_long_as_its_lease_and_every_token_of_a_lease_names_one_slot() {
+    let rules = RULES.replace("lease = \"30s\"", "lease = \"20m\"");
+    let service = Service::start(Config::parse(&rules).expect("valid"), None).await;
+    let http = &service.http;
+    let a = check(http).await;
+    let answer = a.json();
+    // Good until the lease ends: 20 minutes, not the 9 a settle token has.
+    assert_eq!(answer["lease"]["expires_in_ms"], 1_200_000, "{answer}");
+    let first = answer["lease"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    // A renew sent twice, and one with the token the first answered: one
+    // slot held all along.
+    let mut tokens = vec![first.clone()];
+    for token in [&first, &first] {
+        let a = post(http, "/v1/renew", json!({"token": token})).await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        let renewed = a.json();
+        assert_eq!(renewed["rules"][0]["was_held"], true);
+        assert_eq!(renewed["rules"][0]["remaining"], 1, "{renewed}");
+        assert_eq!(renewed["lease"]["expires_in_ms"], 1_200_000);
+        tokens.push(
+            renewed["lease"]["token"]
+                .as_str()
+                .expect("a token")
+                .to_string(),
+        );
+    }
+    let a = post(http, "/v1/renew", json!({"token": tokens[2]})).await;
+    assert_eq!(a.json()["rules"][0]["remaining"], 1);
+    // Released with the newest token: the slot is free, and a release with
+    // the first changes nothing more.
+    let a = post(http, "/v1/release", json!({"token": tokens[2]})).await;
+    assert_eq!(remaining(&a.json(), "reports"), 2);
+    let a = post(http, "/v1/release", json!({"token": first})).await;
+    assert_eq!(remaining(&a.json(), "reports"), 2);
+}

@@ -3,13 +3,14 @@
 //! runs and given back when it ends (docs/server.md, "In-flight limits").
 //!
 //! The check hands its caller a *lease token*, signed as a settle token is
-//! (`settle.rs`): the slots it took (store rule, key, slots, the time the
-//! lease runs from), a release id, and when the token expires: when the
-//! lease ends unless renewed, and never later than a store keeps a receipt
-//! ([`SETTLE_RECEIPT_TTL`](spillway::store::SETTLE_RECEIPT_TTL)), so that a
-//! release sent twice cannot give a slot back twice. A renew answers a new
-//! token (the lease now runs from the renew); a release is a settle at 0
-//! under the token's id.
+//! (`settle.rs`): the slots it took (store rule, key, slots, and the charge
+//! that names each lease), a release id, and when the token expires: when
+//! the lease ends unless renewed. A renew answers a new token, good until
+//! the renewed lease ends and naming the same leases; a release is a settle
+//! at 0 under the token's id. Both act on a lease by its name, which never
+//! changes, so either sent twice (or with an older token of the same lease)
+//! does what it does once: a token need not die with a store's receipt, as
+//! a settle token must.
 
 use std::time::Duration;
 
@@ -31,15 +32,11 @@ use super::settle::{
 /// The prefix of every lease token, and the version of its form.
 const PREFIX: &str = "ls1.";
 
-/// The longest a lease token is good for: a minute less than a store
-/// keeps the receipt of its release.
-const MAX_TOKEN_LIFE: Duration = Duration::from_secs(540);
-
 /// The lease token of the concurrency slots `held` took, and how long it
 /// is good for; `None` when none of them is a concurrency rule's.
 pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(String, Duration)> {
     let engine = loaded.layer.engine();
-    let mut life = MAX_TOKEN_LIFE;
+    let mut life = Duration::MAX;
     let charges: Vec<TokenCharge> = held
         .charges()
         .iter()
@@ -97,7 +94,7 @@ fn read_token(state: &State, loaded: &Loaded, body: &[u8]) -> Result<Token, Box<
         Err(Refused::Expired(_)) => {
             return Err(Box::new(Answer::problem(
                 StatusCode::GONE,
-                "The lease token has expired (renew before `expires_in_ms`: the lease's time, 9 minutes at most). Its slot comes back when its lease ends; check again to take one.",
+                "The lease token has expired with its lease (renew before `expires_in_ms`): its slot has come back. Check again to take one.",
             )));
         }
     };
@@ -138,7 +135,7 @@ async fn renew_answer(state: &State, body: &[u8]) -> Answer {
     let observer = engine.observer();
     let mut charges = Vec::with_capacity(token.charges.len());
     let mut lost = None;
-    let mut life = MAX_TOKEN_LIFE;
+    let mut life = Duration::MAX;
     for (c, r) in token.charges.iter().zip(&renewed) {
         let event = match (r.was_held, r.decision.allowed) {
             (true, _) => LeaseEvent::Renewed,
