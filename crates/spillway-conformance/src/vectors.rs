@@ -789,6 +789,29 @@ impl RawStep {
         })
     }
 
+    /// The first of `fields` the step has (by their names in a file).
+    fn first_set(&self, fields: &[&'static str]) -> Option<&'static str> {
+        fields.iter().copied().find(|&field| match field {
+            "id" => self.id.is_some(),
+            "was_held" => self.was_held.is_some(),
+            "actual" => self.actual.is_some(),
+            "actuals" => self.actuals.is_some(),
+            "applied" => self.applied.is_some(),
+            "rule" => self.rule.is_some(),
+            "key" => self.key.is_some(),
+            "cost" => self.cost.is_some(),
+            "checks" => self.checks.is_some(),
+            "error" => self.error.is_some(),
+            "allowed" => self.allowed.is_some(),
+            "remaining" => self.remaining.is_some(),
+            "reset_after_us" => self.reset_after_us.is_some(),
+            "retry_after_us" => self.retry_after_us.is_some(),
+            "delay_us" => self.delay_us.is_some(),
+            "decisions" => self.decisions.is_some(),
+            other => unreachable!("`{other}` is not a step's field"),
+        })
+    }
+
     /// A request, the step at `index`.
     fn convert_check(
         &self,
@@ -796,12 +819,8 @@ impl RawStep {
         index: usize,
         named: &mut Named,
     ) -> Result<CheckStep, String> {
-        let settle_fields = [
-            ("actual", self.actual.is_some()),
-            ("actuals", self.actuals.is_some()),
-            ("applied", self.applied.is_some()),
-        ];
-        if let Some((field, _)) = settle_fields.iter().find(|(_, set)| *set) {
+        let settle_fields = ["actual", "actuals", "applied"];
+        if let Some(field) = self.first_set(&settle_fields) {
             return Err(format!("`{field}` goes with `settle`"));
         }
         if self.was_held.is_some() {
@@ -830,26 +849,14 @@ impl RawStep {
         earlier: &[Step],
         named: &mut Named,
     ) -> Result<SettleStep, String> {
-        let request_fields = [
-            ("cost", self.cost.is_some()),
-            ("checks", self.checks.is_some()),
-            ("rule", self.rule.is_some()),
-            ("key", self.key.is_some()),
-            ("id", self.id.is_some()),
-            ("error", self.error.is_some()),
-            ("was_held", self.was_held.is_some()),
-        ];
-        if let Some((field, _)) = request_fields.iter().find(|(_, set)| *set) {
+        let request_fields = ["cost", "checks", "rule", "key", "id", "error", "was_held"];
+        if let Some(field) = self.first_set(&request_fields) {
             return Err(format!(
                 "`{field}` on a settle: it settles the checks of the request it names"
             ));
         }
-        let peek_fields = [
-            ("allowed", self.allowed.is_some()),
-            ("retry_after_us", self.retry_after_us.is_some()),
-            ("delay_us", self.delay_us.is_some()),
-        ];
-        if let Some((field, _)) = peek_fields.iter().find(|(_, set)| *set) {
+        let peek_fields = ["allowed", "retry_after_us", "delay_us"];
+        if let Some(field) = self.first_set(&peek_fields) {
             return Err(format!("`{field}` on a settle: {PEEK}"));
         }
         let &charge = named
@@ -926,19 +933,19 @@ impl RawStep {
         named: &Named,
     ) -> Result<RenewStep, String> {
         let other_fields = [
-            ("cost", self.cost.is_some()),
-            ("checks", self.checks.is_some()),
-            ("rule", self.rule.is_some()),
-            ("key", self.key.is_some()),
-            ("id", self.id.is_some()),
-            ("error", self.error.is_some()),
-            ("actual", self.actual.is_some()),
-            ("actuals", self.actuals.is_some()),
-            ("applied", self.applied.is_some()),
-            ("decisions", self.decisions.is_some()),
-            ("delay_us", self.delay_us.is_some()),
+            "cost",
+            "checks",
+            "rule",
+            "key",
+            "id",
+            "error",
+            "actual",
+            "actuals",
+            "applied",
+            "decisions",
+            "delay_us",
         ];
-        if let Some((field, _)) = other_fields.iter().find(|(_, set)| *set) {
+        if let Some(field) = self.first_set(&other_fields) {
             return Err(format!(
                 "`{field}` on a renew: it renews the lease of the request it names"
             ));
@@ -1042,12 +1049,7 @@ impl RawStep {
     /// What the step expects of its `checks` checks: the error, or a
     /// verdict with its decisions (one inline, or one per check).
     fn convert_expected(&self, checks: usize) -> Result<Expected, String> {
-        let inline_fields = [
-            ("remaining", self.remaining.is_some()),
-            ("reset_after_us", self.reset_after_us.is_some()),
-            ("retry_after_us", self.retry_after_us.is_some()),
-            ("delay_us", self.delay_us.is_some()),
-        ];
+        let inline_fields = ["remaining", "reset_after_us", "retry_after_us", "delay_us"];
         match (self.error.as_deref(), self.allowed) {
             (Some(_), Some(_)) => Err("has both `error` and `allowed`".into()),
             (None, None) => Err("needs `allowed` or `error`".into()),
@@ -1057,7 +1059,7 @@ impl RawStep {
                         "unknown `error` {error:?}; the only one is \"cost_too_large\""
                     ));
                 }
-                if let Some((field, _)) = inline_fields.iter().find(|(_, set)| *set) {
+                if let Some(field) = self.first_set(&inline_fields) {
                     return Err(format!("`{field}` with an `error`"));
                 }
                 if self.decisions.is_some() {
@@ -1067,7 +1069,7 @@ impl RawStep {
             }
             (None, Some(allowed)) if self.checks.is_none() => self.inline_verdict(allowed),
             (None, Some(allowed)) => {
-                if let Some((field, _)) = inline_fields.iter().find(|(_, set)| *set) {
+                if let Some(field) = self.first_set(&inline_fields) {
                     return Err(format!("`{field}` goes inside `decisions` with `checks`"));
                 }
                 self.verdict_per_check(allowed, checks)
