@@ -61,7 +61,7 @@ pub(crate) enum Extended {
 }
 
 /// The engine, without its store's type, as a response body needs it.
-pub(crate) trait Budgets: Send + Sync + 'static {
+pub(crate) trait Budgets: Keeper {
     /// Settles each charge at its actual cost, in the background of the
     /// caller (a failure is logged: the store's own retries are done).
     fn settle(self: Arc<Self>, parts: Vec<(Charge, Charged, u64)>) -> BoxFuture<()>;
@@ -77,8 +77,6 @@ pub(crate) trait Budgets: Send + Sync + 'static {
     fn observe(&self, charge: &Charge, event: BudgetEvent);
     /// The lease of `charge`'s rule, if it is a concurrency rule.
     fn lease_of(&self, charge: &Charge) -> Option<std::time::Duration>;
-    /// Keeps `leases` (renewed, then released) until the guard is dropped.
-    fn keep(self: Arc<Self>, leases: Vec<Kept>) -> Option<Leases>;
 }
 
 impl<St: Store + 'static> Budgets for Engine<St> {
@@ -149,11 +147,6 @@ impl<St: Store + 'static> Budgets for Engine<St> {
 
     fn lease_of(&self, charge: &Charge) -> Option<std::time::Duration> {
         Engine::lease_of(self, charge)
-    }
-
-    fn keep(self: Arc<Self>, leases: Vec<Kept>) -> Option<Leases> {
-        let keeper: Arc<dyn Keeper> = self;
-        Some(Leases::keep(keeper, leases))
     }
 }
 
@@ -292,7 +285,10 @@ pub(crate) fn keep_leases(
     }
     let leases = match leases.is_empty() {
         true => None,
-        false => budgets.clone().keep(leases),
+        false => {
+            let keeper: Arc<dyn Keeper> = budgets.clone();
+            Some(Leases::keep(keeper, leases))
+        }
     };
     let rest = (!made_rest.is_empty() || !unmade_rest.is_empty())
         .then(|| Held::from_parts(unmade_rest, made_rest));
