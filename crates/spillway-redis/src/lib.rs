@@ -7,32 +7,34 @@ mod call;
 mod cluster;
 mod deny_cache;
 mod fallback;
+mod give_back;
+mod keys;
+mod options;
 mod renew;
 mod script;
 mod standalone;
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use breaker::{Breakers, Gate};
-use call::{Group, Mode, Prepared, Refund, Reply, SettleCall, SettlePart};
+use call::{Group, Mode, Prepared, Reply};
 use deny_cache::DenyCache;
 use spillway::Decision;
 use spillway::store::{MemoryOptions, MemoryStore, RuleId};
 use tokio::time::Instant;
 
 pub use call::ScriptCall;
+pub use keys::KeyCursor;
+use options::{Counters, bump};
+pub use options::{OnError, RedisOptions, Stats};
 pub use script::MAX_SLIDING_LOG_LIMIT;
 
 use redis::aio::ConnectionManagerConfig;
 use spillway::algorithm::Renewed;
-use spillway::store::{
-    Check, MAX_SETTLE_ID, Renew, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
-};
+use spillway::store::{Check, Renew, Rule, Settle, Settled, Store, Verdict};
 use spillway::{Algorithm, CostTooLarge};
 
 /// Everything that can go wrong talking to Redis.
@@ -62,183 +64,6 @@ pub enum Error {
     /// again until the retry interval has passed.
     #[error("redis is unavailable (it failed less than the retry interval ago)")]
     Unavailable,
-}
-
-/// Where a listing of a rule's keys ([`RedisStore::keys`]) goes on: the
-/// cursor of Redis's `SCAN`, and on a cluster the master it scans (named by
-/// the lowest slot it serves). It reads and prints as `SCAN` or
-/// `SLOT-SCAN`; the default starts a listing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KeyCursor {
-    node: Option<u16>,
-    scan: u64,
-}
-
-impl std::fmt::Display for KeyCursor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.node {
-            Some(node) => write!(f, "{node}-{}", self.scan),
-            None => write!(f, "{}", self.scan),
-        }
-    }
-}
-
-impl std::str::FromStr for KeyCursor {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("`{s}` is not a cursor a listing gave");
-        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
-        match s.split_once('-') {
-            None if digits(s) => Ok(Self {
-                node: None,
-                scan: s.parse().map_err(|_| bad())?,
-            }),
-            Some((node, scan)) if digits(node) && digits(scan) => Ok(Self {
-                node: Some(node.parse().map_err(|_| bad())?),
-                scan: scan.parse().map_err(|_| bad())?,
-            }),
-            _ => Err(bad()),
-        }
-    }
-}
-
-/// `s` as a `SCAN MATCH` pattern that matches it alone.
-fn glob_escaped(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for ch in s.chars() {
-        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(ch);
-    }
-    out
-}
-
-/// A key as the client gave it, from its escaped form in a Redis key.
-fn unescaped(escaped: &str) -> String {
-    escaped
-        .replace("%3A", ":")
-        .replace("%7B", "{")
-        .replace("%7D", "}")
-        .replace("%25", "%")
-}
-
-/// What to do when Redis cannot answer (down, or slower than the timeout).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnError {
-    /// Admit every request: the API stays up, unlimited, until Redis is
-    /// back. The default: a rate limiter should not take the API down.
-    #[default]
-    FailOpen,
-    /// Refuse to decide: the store returns [`Error::Unavailable`] or the
-    /// Redis error, which the HTTP layer turns into a 503.
-    FailClosed,
-    /// Decide in memory, each instance enforcing its share of every limit
-    /// (limit and burst divided by `instances`), until Redis is back.
-    Local {
-        /// How many service instances share the limits.
-        instances: NonZeroU32,
-    },
-}
-
-/// How the store talks to Redis.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisOptions {
-    /// The longest a check may wait for Redis (default 50 ms).
-    pub timeout: Duration,
-    /// Prepended to every key (default `spillway:`).
-    pub key_prefix: String,
-    /// What to do while Redis cannot answer (default [`OnError::FailOpen`]).
-    pub on_error: OnError,
-    /// The failure policy of the rules named here (store rule names), in
-    /// place of `on_error`: a login limit can fail closed while the
-    /// general limits fail open. A request is refused while Redis cannot
-    /// answer if any of its rules fails closed; otherwise its `local` rules
-    /// are decided in memory and the others admit.
-    pub rule_on_error: BTreeMap<String, OnError>,
-    /// After a failure, how long to apply `on_error` without asking Redis,
-    /// before trying it again (default 250 ms, so Redis is used again well
-    /// within a second of coming back).
-    pub retry_interval: Duration,
-    /// How many denied keys to remember locally (default 100 000; 0 turns
-    /// the deny cache off).
-    pub deny_cache_entries: usize,
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        Self {
-            timeout: Duration::from_millis(50),
-            key_prefix: "spillway:".to_string(),
-            on_error: OnError::FailOpen,
-            rule_on_error: BTreeMap::new(),
-            retry_interval: Duration::from_millis(250),
-            deny_cache_entries: 100_000,
-        }
-    }
-}
-
-/// Counters of what the store did, since it was created.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Script calls sent to Redis (a cluster request may need several).
-    pub redis_calls: u64,
-    /// Calls that failed or timed out.
-    pub redis_errors: u64,
-    /// Requests admitted without a decision because Redis could not answer.
-    pub fail_open: u64,
-    /// Requests decided by the in-memory fallback.
-    pub local: u64,
-    /// Requests denied from the deny cache, without a round trip.
-    pub deny_cache_hits: u64,
-    /// Charges given back (a cluster request another node denied, a shaped
-    /// request whose client left).
-    pub refunds: u64,
-    /// Refunds that failed every attempt: their charges stay until their
-    /// window frees them, stricter than exact, never looser.
-    pub refund_errors: u64,
-    /// Calls that failed on a data error (a key of another type, a corrupt
-    /// state): the failure policy decided that request, and the store was
-    /// not marked down.
-    pub data_errors: u64,
-    /// Settles applied (a script call each; one sent again and found
-    /// applied already is not counted).
-    pub settles: u64,
-    /// Settles that failed every attempt: their reservations stand as
-    /// charged.
-    pub settle_errors: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    redis_calls: AtomicU64,
-    redis_errors: AtomicU64,
-    fail_open: AtomicU64,
-    local: AtomicU64,
-    deny_cache_hits: AtomicU64,
-    refunds: AtomicU64,
-    refund_errors: AtomicU64,
-    data_errors: AtomicU64,
-    settles: AtomicU64,
-    settle_errors: AtomicU64,
-    // Refund receipts: this process's random prefix and a sequence.
-    receipt_prefix: u64,
-    receipts: AtomicU64,
-}
-
-impl Counters {
-    fn new() -> Self {
-        use std::hash::{BuildHasher, RandomState};
-        Self {
-            receipt_prefix: RandomState::new().hash_one(std::process::id()),
-            ..Self::default()
-        }
-    }
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Where the store's data lives.
@@ -818,249 +643,6 @@ impl RedisStore {
         })
     }
 
-    /// Gives back what the groups in `charged` (group, time of the charge)
-    /// took, each refund with a receipt so that a second delivery gives
-    /// nothing back. Returns the groups refunded, with their state as it
-    /// now stands; a refund that failed to answer is sent again in the
-    /// background (on the service's clock only: `now` is `None`).
-    async fn refund_groups(
-        &self,
-        scripts: &Scripts,
-        prepared: &[Prepared],
-        groups: &[Group],
-        charged: &[(usize, u64)],
-        now: Option<u64>,
-    ) -> Vec<(usize, Reply)> {
-        let calls = charged.iter().map(|&(g, charged_at)| {
-            let receipt = self.receipt(&prepared[groups[g].checks[0]].key);
-            async move {
-                let refund = Refund {
-                    charged_at,
-                    receipt: &receipt,
-                };
-                let result = self
-                    .call(scripts, prepared, &groups[g], now, Mode::Refund(refund))
-                    .await;
-                (g, charged_at, receipt, result)
-            }
-        });
-        let mut refunded = Vec::new();
-        for (g, charged_at, receipt, result) in futures_util::future::join_all(calls).await {
-            match result {
-                Ok(reply) => {
-                    self.refunded(prepared, &groups[g]);
-                    refunded.push((g, reply));
-                }
-                Err(error) if is_outage(&error) && now.is_none() => {
-                    let group: Vec<Prepared> = groups[g]
-                        .checks
-                        .iter()
-                        .map(|&i| prepared[i].clone())
-                        .collect();
-                    self.refund_later(group, groups[g].slot, charged_at, receipt);
-                }
-                Err(_) => bump(&self.inner.counters.refund_errors),
-            }
-        }
-        refunded
-    }
-
-    /// Sends a refund that failed to answer again, twice at most, a retry
-    /// interval apart (a second at most, so that the last is sent well
-    /// within its receipt's 10 s). The receipt makes a refund that did run
-    /// the first time give nothing back again.
-    fn refund_later(&self, prepared: Vec<Prepared>, slot: u16, charged_at: u64, receipt: String) {
-        self.send_later(prepared, slot, Later::Refund { charged_at }, receipt);
-    }
-
-    /// Sends a refund or a settle that failed to answer again, as
-    /// [`refund_later`](Self::refund_later) says.
-    fn send_later(&self, prepared: Vec<Prepared>, slot: u16, later: Later, receipt: String) {
-        let store = self.clone();
-        tokio::spawn(async move {
-            let group = Group {
-                slot,
-                checks: (0..prepared.len()).collect(),
-            };
-            for _ in 0..2 {
-                let pause = store
-                    .inner
-                    .options
-                    .retry_interval
-                    .min(Duration::from_secs(1));
-                tokio::time::sleep(pause).await;
-                let mode = match &later {
-                    Later::Refund { charged_at } => Mode::Refund(Refund {
-                        charged_at: *charged_at,
-                        receipt: &receipt,
-                    }),
-                    Later::Settle { parts } => Mode::Settle(SettleCall {
-                        receipt: &receipt,
-                        receipt_ms: receipt_ms(),
-                        parts,
-                    }),
-                };
-                let scripts = &store.inner.scripts;
-                match store.call(scripts, &prepared, &group, None, mode).await {
-                    Ok(reply) => {
-                        match later {
-                            Later::Refund { .. } => store.refunded(&prepared, &group),
-                            Later::Settle { .. } => store.settled(&prepared, &group, &reply),
-                        }
-                        return;
-                    }
-                    Err(error) if is_outage(&error) => continue,
-                    Err(_) => break,
-                }
-            }
-            match later {
-                Later::Refund { .. } => bump(&store.inner.counters.refund_errors),
-                Later::Settle { .. } => bump(&store.inner.counters.settle_errors),
-            }
-        });
-    }
-
-    /// Settles an admitted request's charges: in Redis, in the local
-    /// fallback for those it made, and nowhere for those admitted without a
-    /// decision (`charged.at` 0: nothing was charged). A group that fails
-    /// to answer is sent again in the background (on the service's clock
-    /// only: `now` is `None`) and the settle fails with its error; its
-    /// receipt makes the retries apply it once.
-    async fn settle_charges(
-        &self,
-        id: &str,
-        settles: &[Settle<'_>],
-        now: Option<u64>,
-    ) -> Result<Settled, Error> {
-        if id.is_empty() || id.len() > MAX_SETTLE_ID {
-            return Err(spillway::Error::SettleId { len: id.len() }.into());
-        }
-        let checks: Vec<Check<'_>> = settles.iter().map(|s| s.check()).collect();
-        let prepared = self.prepare(&checks)?;
-        let mut decisions: Vec<Option<Decision>> = vec![None; settles.len()];
-        let mut applied = false;
-
-        // Charges the local fallback made (under a rule that falls back
-        // locally) are settled there.
-        let local: Vec<usize> = (0..settles.len())
-            .filter(|&i| settles[i].charged.at & fallback::LOCAL != 0 && self.is_local(&checks[i]))
-            .collect();
-        if let (false, Some(store)) = (local.is_empty(), &self.inner.local) {
-            let local_settles: Vec<Settle<'_>> = local
-                .iter()
-                .map(|&i| {
-                    let mut settle = settles[i];
-                    settle.charged.at &= !fallback::LOCAL;
-                    settle
-                })
-                .collect();
-            let settled = store.settle_now(id, &local_settles)?;
-            applied |= settled.applied;
-            for (&i, d) in local.iter().zip(settled.decisions) {
-                decisions[i] = Some(d);
-            }
-        }
-
-        // `at` 0 is a fail-open admission's, but for the test build's
-        // virtual clock (`now` given), which starts at 0.
-        let remote: Vec<usize> = (0..settles.len())
-            .filter(|&i| {
-                let at = settles[i].charged.at;
-                (at != 0 || now.is_some()) && at & fallback::LOCAL == 0
-            })
-            .collect();
-        let remote_prepared: Vec<Prepared> = remote.iter().map(|&i| prepared[i].clone()).collect();
-        let parts: Vec<SettlePart> = remote
-            .iter()
-            .map(|&i| {
-                let (settle, p) = (&settles[i], &prepared[i]);
-                SettlePart {
-                    at: settle.charged.at,
-                    reset_after: settle.charged.reset_after,
-                    actual: settle
-                        .actual
-                        .min(settle.charged.cost.saturating_add(2 * p.capacity)),
-                }
-            })
-            .collect();
-        let groups = if remote.is_empty() {
-            Vec::new()
-        } else {
-            self.groups(&remote_prepared)
-        };
-        let scripts = match now {
-            #[cfg(feature = "test-time")]
-            Some(_) => &self.inner.test_scripts,
-            _ => &self.inner.scripts,
-        };
-        let calls = groups.iter().map(|group| {
-            let receipt = format!("{}:settle:{id}", remote_prepared[group.checks[0]].key);
-            let parts = &parts;
-            let remote_prepared = &remote_prepared;
-            async move {
-                let mode = Mode::Settle(SettleCall {
-                    receipt: &receipt,
-                    receipt_ms: receipt_ms(),
-                    parts,
-                });
-                let result = self.call(scripts, remote_prepared, group, now, mode).await;
-                (receipt, result)
-            }
-        });
-        let mut first_error = None;
-        for (group, (receipt, result)) in groups
-            .iter()
-            .zip(futures_util::future::join_all(calls).await)
-        {
-            match result {
-                Ok(reply) => {
-                    self.settled(&remote_prepared, group, &reply);
-                    applied |= reply.allowed;
-                    for (&j, d) in group.checks.iter().zip(&reply.decisions) {
-                        decisions[remote[j]] = Some(*d);
-                    }
-                }
-                Err(error) => {
-                    if is_outage(&error) && now.is_none() {
-                        let prepared = group.checks.iter().map(|&j| remote_prepared[j].clone());
-                        let parts = group.checks.iter().map(|&j| parts[j]).collect();
-                        self.send_later(
-                            prepared.collect(),
-                            group.slot,
-                            Later::Settle { parts },
-                            receipt,
-                        );
-                    } else {
-                        bump(&self.inner.counters.settle_errors);
-                    }
-                    first_error.get_or_insert(error);
-                }
-            }
-        }
-        if let Some(error) = first_error {
-            return Err(error);
-        }
-        let (decisions, _) = stand_in_for_unknown(decisions, &prepared);
-        Ok(Settled { applied, decisions })
-    }
-
-    /// A settle's script call answered: counted if it applied, and the deny
-    /// cache forgets its keys (a denial cached before a give-back may no
-    /// longer hold).
-    fn settled(&self, prepared: &[Prepared], group: &Group, reply: &Reply) {
-        if reply.allowed {
-            bump(&self.inner.counters.settles);
-        }
-        self.forget_denials(prepared, group);
-    }
-
-    /// A refund ran: counted, and the deny cache forgets its keys (a
-    /// denial cached while the charge stood may no longer hold).
-    fn refunded(&self, prepared: &[Prepared], group: &Group) {
-        bump(&self.inner.counters.refunds);
-        self.forget_denials(prepared, group);
-    }
-
     /// The deny cache forgets the keys of `group`, whose state just moved.
     pub(crate) fn forget_denials(&self, prepared: &[Prepared], group: &Group) {
         if let Some(cache) = &self.inner.deny_cache {
@@ -1068,14 +650,6 @@ impl RedisStore {
                 cache.forget(&prepared[i].key);
             }
         }
-    }
-
-    /// A refund receipt's key, in the slot of `key`: unique to this
-    /// process and refund.
-    fn receipt(&self, key: &str) -> String {
-        let c = &self.inner.counters;
-        let seq = c.receipts.fetch_add(1, Ordering::Relaxed);
-        format!("{key}:refund:{:016x}{seq:x}", c.receipt_prefix)
     }
 
     /// A denial from the deny cache, if any check of the request has one.
@@ -1097,156 +671,6 @@ impl RedisStore {
             decided_at: 0,
             undecided,
         })
-    }
-
-    /// Gives back an admitted request's charges: in the local fallback if
-    /// it decided them, else in Redis (see [`refund_groups`]).
-    async fn give_back(&self, checks: &[Check<'_>], charged_at: u64) -> Result<(), Error> {
-        if charged_at == 0 {
-            return Ok(());
-        }
-        if charged_at & fallback::LOCAL != 0 {
-            return self.give_back_locally(checks, charged_at & !fallback::LOCAL);
-        }
-        let prepared = self.prepare(checks)?;
-        let groups = self.groups(&prepared);
-        let charged: Vec<(usize, u64)> = (0..groups.len()).map(|g| (g, charged_at)).collect();
-        self.refund_groups(&self.inner.scripts, &prepared, &groups, &charged, None)
-            .await;
-        Ok(())
-    }
-
-    /// The Redis key of `key` under `rule`.
-    fn stored_key(&self, rule: RuleId, key: &str) -> Result<String, Error> {
-        let rule = self
-            .inner
-            .rules
-            .get(rule.0)
-            .ok_or(spillway::Error::UnknownRule {
-                index: 0,
-                rule: rule.0,
-            })?;
-        Ok(script::redis_key(
-            &self.inner.options.key_prefix,
-            rule.name(),
-            rule.algorithm(),
-            key,
-        ))
-    }
-
-    /// Forgets `key` under `rule`: its state in Redis and its deny-cache
-    /// entry. Returns whether Redis held it.
-    pub async fn reset(&self, rule: RuleId, key: &str) -> Result<bool, Error> {
-        let key = self.stored_key(rule, key)?;
-        if let Some(cache) = &self.inner.deny_cache {
-            cache.forget(&key);
-        }
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(&key);
-        let deleted: i64 = self.query(&key, &cmd).await?;
-        Ok(deleted > 0)
-    }
-
-    /// Whether Redis holds `key` under `rule` (its state under the rule's
-    /// current algorithm and window): a key whose quota has all come back
-    /// has expired.
-    pub async fn holds(&self, rule: RuleId, key: &str) -> Result<bool, Error> {
-        let key = self.stored_key(rule, key)?;
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(&key);
-        let found: i64 = self.query(&key, &cmd).await?;
-        Ok(found > 0)
-    }
-
-    /// One page of the keys `rule` holds in Redis, from `cursor` (the
-    /// [`KeyCursor`] the page before gave, or the default to start): a
-    /// `SCAN` of the keys of the rule's current algorithm and window, so a
-    /// page may hold fewer keys than `count`, or more, and the listing ends
-    /// when the cursor returned is `None`. As `SCAN` guarantees, a key held
-    /// from the first page to the last is listed (twice at most, if Redis
-    /// grew its table meanwhile); on a cluster the masters are scanned one
-    /// after another, so a slot that moves during the listing may be missed
-    /// or listed twice.
-    pub async fn keys(
-        &self,
-        rule: RuleId,
-        cursor: KeyCursor,
-        count: usize,
-    ) -> Result<(Vec<String>, Option<KeyCursor>), Error> {
-        // The rule's keys are `prefix{rule:KEY}:suffix`, KEY escaped.
-        let sample = self.stored_key(rule, "")?;
-        // The rule's name is escaped, and no suffix holds a `}`: the last
-        // one closes the key.
-        let (head, tail) = sample.split_at(sample.rfind('}').unwrap_or(sample.len()));
-        let pattern = format!("{}*{}", glob_escaped(head), glob_escaped(tail));
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor.scan)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(count.max(1));
-        let timeout = self.inner.options.timeout;
-        let (next, found, node): (u64, Vec<String>, Option<u16>) = match &self.connection {
-            Connection::Standalone(node) => {
-                let call =
-                    node.run(async |mut c| cmd.query_async::<(u64, Vec<String>)>(&mut c).await);
-                let (next, found) = tokio::time::timeout(timeout, call)
-                    .await
-                    .map_err(|_| Error::Timeout(timeout))??;
-                (next, found, None)
-            }
-            Connection::Cluster(c) => {
-                let masters = c.master_slots();
-                // The master the cursor names, or the first one after it.
-                let Some(&slot) = masters.iter().find(|&&s| s >= cursor.node.unwrap_or(0)) else {
-                    return Ok((Vec::new(), None));
-                };
-                let (next, found) = c
-                    .run_within::<(u64, Vec<String>)>(timeout, slot, None, || cmd.clone())
-                    .await
-                    .map_err(|_| Error::Timeout(timeout))??;
-                (next, found, Some(slot))
-            }
-        };
-        let keys = found
-            .iter()
-            .filter_map(|k| k.strip_prefix(head)?.strip_suffix(tail))
-            .map(unescaped)
-            .collect();
-        let next = match (next, node) {
-            (0, None) => None,
-            (scan, None) => Some(KeyCursor { node: None, scan }),
-            (0, Some(slot)) => slot.checked_add(1).map(|after| KeyCursor {
-                node: Some(after),
-                scan: 0,
-            }),
-            (scan, Some(slot)) => Some(KeyCursor {
-                node: Some(slot),
-                scan,
-            }),
-        };
-        Ok((keys, next))
-    }
-
-    /// `cmd`, a command on `key` alone, on the node that holds `key`.
-    async fn query<T: redis::FromRedisValue>(
-        &self,
-        key: &str,
-        cmd: &redis::Cmd,
-    ) -> Result<T, Error> {
-        let timeout = self.inner.options.timeout;
-        match &self.connection {
-            Connection::Standalone(node) => {
-                let call = node.run(async |mut c| cmd.query_async(&mut c).await);
-                tokio::time::timeout(timeout, call).await
-            }
-            Connection::Cluster(c) => {
-                let slot = cluster::slot(key.as_bytes());
-                c.run_within(timeout, slot, None, || cmd.clone()).await
-            }
-        }
-        .map_err(|_| Error::Timeout(timeout))?
-        .map_err(Error::from)
     }
 
     /// Validates the checks and builds their keys.
@@ -1400,7 +824,7 @@ impl Store for RedisStore {
 
     /// Settles with the script's settle mode, one call per slot, each with
     /// a receipt in its slot that makes the settle apply once
-    /// ([`SETTLE_RECEIPT_TTL`]). A charge the local fallback made is
+    /// ([`SETTLE_RECEIPT_TTL`](spillway::store::SETTLE_RECEIPT_TTL)). A charge the local fallback made is
     /// settled there; one admitted without a decision (fail-open) charged
     /// nothing, and is not settled.
     fn settle(
@@ -1419,17 +843,6 @@ impl Store for RedisStore {
     ) -> impl std::future::Future<Output = Result<Vec<Renewed>, Error>> + Send {
         self.renew_leases(renews, None)
     }
-}
-
-/// A refund or settle to send again (see `RedisStore::send_later`).
-enum Later {
-    Refund { charged_at: u64 },
-    Settle { parts: Vec<SettlePart> },
-}
-
-/// A settle receipt's life, in ms.
-fn receipt_ms() -> u64 {
-    u64::try_from(SETTLE_RECEIPT_TTL.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl spillway::store::StoreError for Error {
