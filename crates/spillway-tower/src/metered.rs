@@ -271,7 +271,7 @@ pub(crate) fn keep_leases(
             None => unmade_rest.push(charge),
         }
     }
-    let mut made_rest = Vec::with_capacity(made.len());
+    let mut made_rest = Vec::new();
     for (charge, charged) in made {
         match budgets.lease_of(&charge) {
             Some(lease) => leases.push(Kept {
