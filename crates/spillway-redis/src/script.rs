@@ -351,6 +351,26 @@ mod tests {
     }
 
     #[test]
+    fn a_concurrency_rule_takes_a_hundred_thousand_slots_at_most() {
+        use spillway::Quota;
+        use spillway::algorithm::Concurrency;
+        let of = |n| {
+            let quota = Quota::per_minute(std::num::NonZeroU32::new(n).expect("nonzero"));
+            params("exports", &Concurrency::new(quota).into())
+        };
+        // Past the sliding log's bound: leases are no log.
+        assert!(of(MAX_SLIDING_LOG_LIMIT + 1).is_ok());
+        assert!(of(MAX_CONCURRENCY_SLOTS).is_ok());
+        let text = of(MAX_CONCURRENCY_SLOTS + 1)
+            .expect_err("too large")
+            .to_string();
+        assert!(
+            text.contains("exports") && text.contains("100,000"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_sliding_log_takes_a_limit_of_ten_thousand_at_most() {
         use spillway::Quota;
         use spillway::algorithm::SlidingLog;
