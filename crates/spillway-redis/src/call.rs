@@ -12,6 +12,9 @@ pub(crate) struct Prepared {
     pub(crate) params: script::Params,
     pub(crate) cost: u64,
     pub(crate) capacity: u64,
+    /// A concurrency check's lease, by name, for a refund to give back (0
+    /// when not known: the script then takes the last taken).
+    pub(crate) lease: u64,
 }
 
 /// The checks of one script call: all of a request's on a standalone
@@ -222,7 +225,10 @@ pub(crate) fn assemble(
     }
     match mode {
         Mode::Decide => {}
-        Mode::Refund(r) => out.key(r.receipt),
+        Mode::Refund(r) => {
+            out.key(r.receipt);
+            group.iter().for_each(|&i| out.number(prepared[i].lease));
+        }
         Mode::Settle(settle) => {
             for &i in group {
                 let part = settle.parts[i];

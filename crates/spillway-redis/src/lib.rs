@@ -512,7 +512,15 @@ impl RedisStore {
                     // What the groups that answered decided is known: it
                     // is reported, not an unknown full quota.
                     Ok(v) if v.allowed => {
-                        for &(i, d) in &failed.decided {
+                        for &(i, mut d) in &failed.decided {
+                            // The verdict has no time of Redis's: a lease
+                            // taken there cannot be named by it. The charge
+                            // names none, and the request takes a slot at
+                            // its first renew; the one taken here is held
+                            // by nobody until it ends (a lease at most).
+                            if prepared[i].params[0] == script::CONCURRENCY {
+                                d.reset_after = Duration::ZERO;
+                            }
                             v.decisions[i] = d;
                         }
                         v.undecided
@@ -593,18 +601,30 @@ impl RedisStore {
         let mut decisions: Vec<Option<Decision>> = vec![None; prepared.len()];
         let mut charged = Vec::new();
         let mut first_error = None;
-        let mut decided_at = 0;
+        // The verdict's time: the first group's clock. Each node has its
+        // own; a concurrency check's lease is named by its end on its own
+        // node's clock (`at + reset_after`), so its decision is told
+        // against the verdict's time: its `reset_after` moves by the
+        // difference between the clocks.
+        let decided_at = results
+            .iter()
+            .find_map(|r| r.as_ref().ok().map(|reply| reply.now))
+            .unwrap_or(0);
+        let mut named = Vec::new();
         for (g, (group, result)) in groups.iter().zip(results).enumerate() {
             match result {
                 Ok(reply) => {
-                    if decided_at == 0 {
-                        decided_at = reply.now;
-                    }
                     if reply.allowed {
                         charged.push((g, reply.now));
                     }
                     for (&i, d) in group.checks.iter().zip(&reply.decisions) {
-                        decisions[i] = Some(*d);
+                        let mut d = *d;
+                        if prepared[i].params[0] == script::CONCURRENCY && d.allowed {
+                            let end = reply.now.saturating_add(micros(d.reset_after));
+                            named.push((i, end));
+                            d.reset_after = Duration::from_micros(end.saturating_sub(decided_at));
+                        }
+                        decisions[i] = Some(d);
                     }
                 }
                 Err(error) => {
@@ -613,9 +633,14 @@ impl RedisStore {
             }
         }
         if denied {
+            // Given back by name: the leases these checks took.
+            let mut prepared = prepared.to_vec();
+            for &(i, end) in &named {
+                prepared[i].lease = end;
+            }
             // Their decisions become their state as it now stands.
             for (g, reply) in self
-                .refund_groups(scripts, prepared, groups, &charged, now)
+                .refund_groups(scripts, &prepared, groups, &charged, now)
                 .await
             {
                 for (&i, d) in groups[g].checks.iter().zip(&reply.decisions) {
@@ -707,6 +732,7 @@ impl RedisStore {
                     ),
                     params: inner.params[check.rule.0],
                     cost: check.cost,
+                    lease: 0,
                     capacity,
                 })
             })
@@ -861,6 +887,11 @@ impl fmt::Debug for RedisStore {
             .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
+}
+
+/// A duration in whole microseconds (saturating).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -1,15 +1,18 @@
 //! Concurrency leases on a real redis-server: a renew whose answer was lost
 //! and is sent again holds one slot, not two; a key's leases are one sorted
 //! set whose every operation costs the same few commands however many
-//! leases it holds.
+//! leases it holds. On a Redis Cluster, a lease decided beside a rule of
+//! another node is named by its own node's clock: its release, renew and
+//! refund act on it and no other, and one taken while the other node does
+//! not answer is named by nobody rather than wrongly.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use spillway::Quota;
-use spillway::algorithm::{Charged, Concurrency};
+use spillway::algorithm::{Charged, Concurrency, FixedWindow};
 use spillway::store::{Check, Renew, Rule, RuleId, Settle, Store};
-use spillway_conformance::redis_server::RedisServer;
+use spillway_conformance::redis_server::{RedisCluster, RedisServer};
 use spillway_redis::{RedisOptions, RedisStore, Topology};
 
 const KEY: &str = "spillway:{r:k}:ls";
@@ -181,4 +184,195 @@ async fn a_busy_keys_leases_cost_the_same_few_commands_as_an_idle_keys() {
         );
     }
     assert_eq!(server.command(&format!("ZCARD {KEY}")).trim(), ":2999");
+}
+
+/// A fixed window of a thousand an hour and `slots` in flight with leases
+/// of `lease`, on a cluster, with a key whose two rules live on different
+/// masters.
+async fn cluster_of_two_nodes(
+    cluster: &RedisCluster,
+    slots: u32,
+    lease: Duration,
+) -> (RedisStore, &'static str, usize, usize) {
+    let rules = vec![
+        Rule::new(
+            "fw",
+            FixedWindow::new(
+                Quota::new(NonZeroU32::new(1_000).unwrap(), Duration::from_secs(3600)).unwrap(),
+            ),
+        ),
+        Rule::new(
+            "cc",
+            Concurrency::new(Quota::new(NonZeroU32::new(slots).unwrap(), lease).unwrap()),
+        ),
+    ];
+    let options = RedisOptions {
+        timeout: Duration::from_millis(200),
+        deny_cache_entries: 0,
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
+        .await
+        .expect("connects");
+    for key in ["k", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"] {
+        let fw = cluster.master_of(&format!("spillway:{{fw:{key}}}:fwi:3600000000"));
+        let cc = cluster.master_of(&format!("spillway:{{cc:{key}}}:ls"));
+        if let (Some(fw), Some(cc)) = (fw, cc)
+            && fw != cc
+        {
+            return (store, key, fw, cc);
+        }
+    }
+    panic!("no key whose two rules live on two masters");
+}
+
+fn both(key: &str) -> [Check<'_>; 2] {
+    [
+        Check {
+            rule: RuleId(0),
+            key,
+            cost: 1,
+        },
+        Check {
+            rule: RuleId(1),
+            key,
+            cost: 1,
+        },
+    ]
+}
+
+async fn in_flight(store: &RedisStore, key: &str) -> u64 {
+    let peek = [Check {
+        rule: RuleId(1),
+        key,
+        cost: 0,
+    }];
+    store.check(&peek).await.expect("answers").decisions[0].remaining
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_lease_beside_another_nodes_rule_is_released_and_renewed_by_its_name() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let (s, key, _, _) = cluster_of_two_nodes(&cluster, 2, Duration::from_secs(30)).await;
+    // The verdict's time is one node's, the lease the other's: ten
+    // requests, each released at once, leave every slot free.
+    for n in 0..10 {
+        let v = s.check(&both(key)).await.expect("answers");
+        assert!(v.allowed);
+        let charged = Charged::of(1, v.decided_at, &v.decisions[1]);
+        let renew = [Renew {
+            rule: RuleId(1),
+            key,
+            charged,
+        }];
+        let r = s.renew(&renew).await.expect("answers");
+        assert!(r[0].was_held, "request {n}: its own lease, renewed");
+        assert_eq!(in_flight(&s, key).await, 1, "request {n}: one slot");
+        let release = [Settle {
+            rule: RuleId(1),
+            key,
+            charged,
+            actual: 0,
+        }];
+        s.settle(&format!("r{n}"), &release).await.expect("answers");
+        assert_eq!(in_flight(&s, key).await, 2, "request {n}: released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_refund_gives_back_the_requests_own_lease() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let (s, key, _, _) = cluster_of_two_nodes(&cluster, 10_000, Duration::from_secs(60)).await;
+    let s = std::sync::Arc::new(s);
+    // The fixed window is spent: a request of both rules is admitted by
+    // the concurrency rule's node and denied by the other, and refunded,
+    // while requests of the concurrency rule alone take and release slots.
+    let fw = [Check {
+        rule: RuleId(0),
+        key,
+        cost: 1_000,
+    }];
+    assert!(s.check(&fw).await.expect("answers").allowed);
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                for i in 0..60 {
+                    if t % 2 == 0 {
+                        assert!(!s.check(&both(key)).await.expect("answers").allowed);
+                    } else {
+                        let one = [Check {
+                            rule: RuleId(1),
+                            key,
+                            cost: 1,
+                        }];
+                        let v = s.check(&one).await.expect("answers");
+                        assert!(v.allowed);
+                        let charged = Charged::of(1, v.decided_at, &v.decisions[0]);
+                        let release = [Settle {
+                            rule: RuleId(1),
+                            key,
+                            charged,
+                            actual: 0,
+                        }];
+                        s.settle(&format!("b{t}-{i}"), &release)
+                            .await
+                            .expect("answers");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("the task");
+    }
+    assert_eq!(in_flight(&s, key).await, 10_000, "every slot free");
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_lease_taken_while_another_node_is_away_is_named_by_its_first_renew() {
+    let Some(mut cluster) = RedisCluster::start() else {
+        return;
+    };
+    let (s, key, fw, cc) = cluster_of_two_nodes(&cluster, 3, Duration::from_secs(2)).await;
+    // The fixed window's node hangs: two requests are let in (fail open),
+    // their slots taken on the other node.
+    cluster.nodes_mut()[fw].pause();
+    let mut charges = Vec::new();
+    for _ in 0..2 {
+        let v = s.check(&both(key)).await.expect("answers");
+        assert!(v.allowed);
+        charges.push(Charged::of(1, v.decided_at, &v.decisions[1]));
+    }
+    cluster.nodes_mut()[fw].resume();
+    // The verdict has no time of the concurrency node's: the charges name
+    // no lease. The slots the checks took are held by nobody until they
+    // end (the strict side: 2 of 3); each request takes a slot of its own
+    // at the first renew that finds one free, named by that renew.
+    let mut named = [false; 2];
+    for _ in 0..6 {
+        for (n, c) in charges.iter_mut().enumerate() {
+            let renew = [Renew {
+                rule: RuleId(1),
+                key,
+                charged: *c,
+            }];
+            let r = s.renew(&renew).await.expect("answers");
+            assert_eq!(r[0].was_held, named[n], "request {n}: {r:?}");
+            if r[0].decision.allowed && !named[n] {
+                *c = r[0].names(*c);
+                named[n] = true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    // Both hold a slot of their own, renewed; the others ended: one free.
+    assert_eq!(named, [true, true]);
+    assert_eq!(in_flight(&s, key).await, 1);
+    let members = cluster.nodes()[cc].command(&format!("ZCARD spillway:{{cc:{key}}}:ls"));
+    assert_eq!(members.trim(), ":2");
 }

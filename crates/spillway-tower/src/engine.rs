@@ -822,9 +822,6 @@ impl<St: Store> Engine<St> {
         let not_served = self.leases && parts.extensions.get::<crate::NotServed>().is_some();
         let mut charges = SmallVec::new();
         for (index, rule) in policy.rules.iter().enumerate() {
-            if not_served && matches!(rule.algorithm_of(0), AnyAlgorithm::Concurrency(_)) {
-                continue;
-            }
             if !rule
                 .matches(parts, client.peer_trusted)
                 .map_err(|m| Unplanned::BadRequest(m.to_string()))?
@@ -850,6 +847,10 @@ impl<St: Store> Engine<St> {
                 }
             };
             let quota = rule.quota_index(tier);
+            // The quota's algorithm: a tier may be of another kind.
+            if not_served && matches!(rule.algorithm_of(quota), AnyAlgorithm::Concurrency(_)) {
+                continue;
+            }
             let cost = cost_of(&rule.cost, &client, parts, || {
                 rule.algorithm_of(quota).capacity()
             })

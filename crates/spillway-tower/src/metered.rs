@@ -31,7 +31,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response};
 use http_body::{Body, Frame};
 use smallvec::SmallVec;
-use spillway::algorithm::Charged;
+use spillway::algorithm::{Charged, Concurrency};
 use spillway::store::{Check, Settle, Store};
 use spillway::{Algorithm as _, Decision};
 
@@ -251,19 +251,17 @@ pub(crate) fn keep_leases(
     held: Held,
 ) -> (Option<Leases>, Option<Held>) {
     let (unmade, made) = held.into_parts();
-    // A slot the store could not take (fail_open) is taken at the first
-    // renew the store answers, if one is free: a request let in while the
-    // store was away counts from then on. Its charge names no lease.
+    // A slot the store could not take (fail_open), or took without a
+    // time to name it by (a cluster node that did not answer), is taken at
+    // the first renew the store answers, if one is free, under a name drawn
+    // here: a request let in while the store was away counts from then on,
+    // and a renew sent again finds its slot held.
     let mut leases = Vec::new();
     let mut unmade_rest = Vec::new();
     for charge in unmade {
         match budgets.lease_of(&charge) {
             Some(lease) => leases.push(Kept {
-                charged: Charged {
-                    cost: charge.cost(),
-                    at: 0,
-                    reset_after: 0,
-                },
+                charged: Concurrency::drawn(charge.cost(), drawn_name()),
                 charge,
                 lease,
                 ends: None,
@@ -275,8 +273,11 @@ pub(crate) fn keep_leases(
     for (charge, charged) in made {
         match budgets.lease_of(&charge) {
             Some(lease) => leases.push(Kept {
+                charged: match charged.reset_after {
+                    0 => Concurrency::drawn(charged.cost, drawn_name()),
+                    _ => charged,
+                },
                 charge,
-                charged,
                 lease,
                 ends: Some(tokio::time::Instant::now() + lease),
             }),
@@ -293,6 +294,14 @@ pub(crate) fn keep_leases(
     let rest = (!made_rest.is_empty() || !unmade_rest.is_empty())
         .then(|| Held::from_parts(unmade_rest, made_rest));
     (leases, rest)
+}
+
+/// A random name for a lease no store took ([`Concurrency::drawn`]).
+fn drawn_name() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    RandomState::new().hash_one(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 impl Metering {

@@ -7,7 +7,9 @@
 -- ARGV[2]: "" to decide; or, to give back charges admitted at that time
 --          (µs, as this script reported it), the time of the charges. A
 --          refund then has one more key, last: its receipt, which makes a
---          refund sent again (after a lost answer) give nothing back twice.
+--          refund sent again (after a lost answer) give nothing back twice;
+--          and after the checks, one number per check: a concurrency
+--          check's lease name, or 0.
 --          Or "settle", to settle admitted charges at their actual costs:
 --          one more key, last, the settle's receipt; and after the checks,
 --          three numbers per check (the charge's time, its decision's
@@ -154,6 +156,7 @@ if ARGV[2] ~= '' then
     for i = 1, n do
       if costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
         local state = run(i, 'load', nil, 0, now)
+        state.lease_id = (ARGV[2 + 7 * n + i] or 0) + 0
         if algos[i] == sliding_log then
           -- The log also needs the time now, to tell an expired charge.
           local o = 5 * i

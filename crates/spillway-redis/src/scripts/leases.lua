@@ -1,7 +1,8 @@
 -- leases: a concurrency rule's leases. p1 the slots, p2 the lease (µs).
 -- State: one sorted set per key, one member per slot held, scored by the
 -- time its lease ends; a lease named `id` that holds `c` slots is the
--- members "id", "id.2", ..., "id.c". A lease is held while now < its
+-- members "id", "id.2", ..., "id.c". A lease's name is its first end: the
+-- end it was taken with, after every lease then held. A lease is held while now < its
 -- score. A renew raises the scores of a lease's members (ZADD XX GT: sent
 -- twice, it does what it did once), a release removes them: the name never
 -- changes. Reads go to the set as it stands; what a check takes is kept in
@@ -31,13 +32,18 @@ local function leases(op, key, s, cost, now, limit, lease)
   end
   -- When the last lease ends; nil when none is held.
   local function last_end()
-    if #s.adds > 0 then return s.adds[#s.adds].ends end
+    local last = nil
     local v = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if v[2] and v[2] + 0 > now then return v[2] + 0 end
-    return nil
+    if v[2] and v[2] + 0 > now then last = v[2] + 0 end
+    for _, a in ipairs(s.adds) do
+      if not last or a.ends > last then last = a.ends end
+    end
+    return last
   end
   -- When the n-th slot (from 1) to come back comes back, if nobody
-  -- releases. A lease this check takes ends after every other.
+  -- releases. A lease taken by this check ends after every other; one
+  -- taken back by a renew (of `now + lease`) is counted last too, which
+  -- only a denial would read, and a renew that takes back never denies.
   local function nth_end(n)
     held()
     if n > s.held then return s.adds[#s.adds].ends end
@@ -71,13 +77,14 @@ local function leases(op, key, s, cost, now, limit, lease)
     -- while leases were held).
     if cost == 0 then return standing() end
     if held() + cost <= limit then
-      -- Named `now`, or later if that would not make it the last to end:
-      -- names stay unique on the key, and the decision names the lease
-      -- (at + reset_after - lease).
-      local id = now
+      -- It ends at now + lease, or a microsecond after the last lease if
+      -- that one ends then or later: it is the last to end, and that end
+      -- is its name, unique on the key; the decision names it
+      -- (at + reset_after).
+      local id = now + lease
       local last = last_end()
-      if last then id = math.max(now, last + 1 - lease) end
-      table.insert(s.adds, { id = id, ends = id + lease, c = cost })
+      if last then id = math.max(id, last + 1) end
+      table.insert(s.adds, { id = id, ends = id, c = cost })
       return standing()
     end
     local remaining = math.max(limit - held(), 0)
@@ -98,17 +105,20 @@ local function leases(op, key, s, cost, now, limit, lease)
   elseif op == 'idle_at' then
     return last_end() or 0
   elseif op == 'refund' then
-    -- `now` is the time of the charge: the lease taken then is the one
-    -- with the latest name, if that name is the charge's time or later.
-    -- Such a lease ends at least a lease after its name.
-    local v = redis.call('ZRANGEBYSCORE', key, int(now + lease), '+inf')
-    local newest = nil
-    for _, m in ipairs(v) do
-      local id = string.match(m, '^(%d+)') + 0
-      if not newest or id > newest then newest = id end
+    -- The lease s.lease_id names (the caller read it off its decision),
+    -- or, unnamed (0), the last taken: the greatest name from `now +
+    -- lease` on (`now` is the time of the charge; a lease taken earlier is
+    -- named less, and ends no earlier than its name).
+    local name = s.lease_id
+    if not name or name == 0 then
+      local v = redis.call('ZRANGEBYSCORE', key, int(now + lease), '+inf')
+      for _, m in ipairs(v) do
+        local id = string.match(m, '^(%d+)') + 0
+        if id >= now + lease and (not name or name == 0 or id > name) then name = id end
+      end
+      if not name or name == 0 then return end
     end
-    if not newest or newest < now then return end
-    for j = 1, cost do redis.call('ZREM', key, member(newest, j)) end
+    for j = 1, cost do redis.call('ZREM', key, member(name, j)) end
   elseif op == 'renew' then
     -- The lease named s.lease_id (-1: none yet, as for a request let in
     -- while Redis was away): if held, it runs until now + lease, never
@@ -132,7 +142,7 @@ local function leases(op, key, s, cost, now, limit, lease)
     -- slots (a lease is given back, never grown). A charge that took no
     -- lease (reset 0) names none.
     if s.charged_reset == 0 or s.actual >= cost then return end
-    local id = math.max(s.charged_at, s.charged_at + s.charged_reset - lease)
+    local id = s.charged_at + s.charged_reset
     local ends = redis.call('ZSCORE', key, member(id, 1))
     if not (ends and ends + 0 > now) then return end
     for j = s.actual + 1, cost do redis.call('ZREM', key, member(id, j)) end

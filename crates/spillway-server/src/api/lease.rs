@@ -18,6 +18,7 @@ use axum::extract::State as Extract;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
+use spillway::algorithm::Concurrency;
 use spillway::store::{Renew, RuleId, Settle, Store, StoreError as _};
 use spillway_tower::{Held, LeaseEvent};
 
@@ -43,7 +44,18 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
         .filter(|(charge, charged)| charged.cost > 0 && engine.lease_of(charge).is_some())
         .map(|(charge, charged)| {
             life = life.min(engine.lease_of(charge).expect("a lease"));
-            TokenCharge::of(engine, charge, charged)
+            // A slot taken without a time to name it by (a cluster node
+            // that did not answer) gets a name of its own: its first renew
+            // takes one under it, and a renew sent again finds it held.
+            let charged = match charged.reset_after {
+                0 => {
+                    let mut random = [0u8; 8];
+                    getrandom::fill(&mut random).expect("the OS's random numbers");
+                    Concurrency::drawn(charged.cost, u64::from_le_bytes(random))
+                }
+                _ => *charged,
+            };
+            TokenCharge::of(engine, charge, &charged)
         })
         .collect();
     token_of(PREFIX, loaded, key, charges, life)
@@ -161,7 +173,7 @@ async fn renew_answer(state: &State, body: &[u8]) -> Answer {
     }
     if let Some(rule) = lost {
         // The request holds not all its slots: those it does hold go back.
-        release_now(engine, &token.id, &charges).await;
+        release_now(engine, &charges).await;
         return Answer::problem(
             StatusCode::CONFLICT,
             format!(
@@ -207,14 +219,15 @@ fn releases(charges: &[TokenCharge]) -> Vec<Settle<'_>> {
         .collect()
 }
 
-/// Gives back `charges` under a release id of its own (best effort: a
-/// slot not given back ends with its lease).
-async fn release_now(engine: &super::settle::Engine, id: &str, charges: &[TokenCharge]) {
+/// Gives back `charges` under a release id of its own, new each time: a
+/// renew sent again that took a slot back gives it back again (best
+/// effort: a slot not given back ends with its lease).
+async fn release_now(engine: &super::settle::Engine, charges: &[TokenCharge]) {
     if charges.is_empty() {
         return;
     }
     let settles = releases(charges);
-    let id = format!("{id}-partial");
+    let id = super::settle::new_id("rp");
     if let Err(e) = engine.store().settle(&id, &settles).await {
         tracing::warn!(error = %e, "could not give back the slots of a lost lease: they end with it");
     }

@@ -253,7 +253,7 @@ pub(super) fn token_of(
 }
 
 /// A token id drawn from the OS: 128 bits after `kind`.
-fn new_id(kind: &str) -> String {
+pub(super) fn new_id(kind: &str) -> String {
     let mut id = [0u8; 16];
     getrandom::fill(&mut id).expect("the OS's random numbers");
     format!("{kind}-{}", hex(&id))

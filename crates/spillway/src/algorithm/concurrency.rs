@@ -11,11 +11,12 @@
 //!
 //! The state is the key's leases ([`LeaseState`]), each with a name, the
 //! time it ends and its slots; a lease is held while `now < ends`. A lease
-//! taken at `now` is named `now`, or, when a lease held already ends
-//! `now + lease` or later (one taken the same microsecond, a clock set
-//! back), the first microsecond that makes the new one the last to end. So
-//! a name is unique on its key, and the decision that took the lease names
-//! it: `at + reset_after - lease` ([`Concurrency::lease_id`]). A renew moves
+//! taken at `now` ends at `now + lease`, or, when a lease held already ends
+//! then or later (one taken the same microsecond, a clock set back), a
+//! microsecond after the last: it is the last to end. Its name is that
+//! first end. So a name is unique on its key, the decision that took the
+//! lease names it (`at + reset_after`: [`Concurrency::lease_id`]), and a
+//! reload that changes the lease's length renames nothing. A renew moves
 //! the end of a lease, never its name: the same charge names it for as long
 //! as it is held, and a renew sent twice does what one does. A denial's
 //! `retry_after` is exact for a world where nobody releases: the time until
@@ -60,8 +61,8 @@ pub struct Concurrency {
 /// One lease on a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
-    /// Its name, unique on its key: the time it was taken, or a little
-    /// later (see the [module](self)).
+    /// Its name, unique on its key: the time it first ended, when it was
+    /// taken (see the [module](self)).
     pub id: Micros,
     /// When it ends unless renewed: it is held while `now < ends`.
     pub ends: Micros,
@@ -202,30 +203,59 @@ impl Concurrency {
         self.quota.period_micros()
     }
 
-    /// The name of the lease `charged` names: the decision that took it
-    /// was made at `charged.at`, and its lease was then the last to end,
-    /// `reset_after` later. `None` for a charge that took no lease
-    /// (`reset_after` 0: a request let in while its store could not decide,
-    /// whose first renew takes its slot).
+    /// The name of the lease `charged` names: the time it was first to
+    /// end, `at + reset_after` (the decision that took it was made at `at`,
+    /// and its lease was then the last to end). The name does not depend on
+    /// the lease's length, which a reload may change. `None` for a charge
+    /// that took no lease (`reset_after` 0).
     pub fn lease_id(&self, charged: &Charged) -> Option<Micros> {
-        (charged.reset_after > 0).then(|| {
-            charged
-                .at
-                .saturating_add(charged.reset_after)
-                .saturating_sub(self.lease_micros())
-                .max(charged.at)
-        })
+        (charged.reset_after > 0).then(|| charged.at.saturating_add(charged.reset_after))
     }
 
-    /// Takes `slots` at `now` in a lease of its own, the last to end.
+    /// A charge of `slots` that names a lease no store took, drawn from
+    /// `random`: for a request let in without a lease (its store could not
+    /// decide), whose first renew takes one under this name if a slot is
+    /// free. A renew sent again then finds it held, as for any other lease.
+    /// The names drawn are from 2^52 µs on (the year 2112): no lease a
+    /// store takes is named so far ahead, and Lua's numbers hold them
+    /// exactly.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use spillway::algorithm::{Concurrency, LeaseState};
+    /// use spillway::Quota;
+    ///
+    /// let cc = Concurrency::new(Quota::new(NonZeroU32::new(2).unwrap(), Duration::from_secs(30)).unwrap());
+    /// let mut state = LeaseState::default();
+    /// let drawn = Concurrency::drawn(1, 0xdead_beef);
+    /// assert!(!cc.renew(&mut state, drawn, 1_000).unwrap().was_held);
+    /// assert!(cc.renew(&mut state, drawn, 1_000).unwrap().was_held);
+    /// assert_eq!(state.held(), 1);
+    /// ```
+    pub fn drawn(slots: u64, random: u64) -> Charged {
+        const FROM: u64 = 1 << 52;
+        Charged {
+            cost: slots,
+            at: 0,
+            reset_after: FROM | (random & (FROM - 1)),
+        }
+    }
+
+    /// Takes `slots` at `now` in a lease of its own, the last to end: at
+    /// `now + lease`, or a microsecond after the lease that ends last, if
+    /// that one ends as late or later (taken the same microsecond, a clock
+    /// set back, a longer lease before a reload). Its name is that end,
+    /// which no lease held has: each lease's name is its first end, and
+    /// ends only grow.
     fn take(&self, state: &mut LeaseState, slots: u64, now: Micros) -> Micros {
-        let lease = self.lease_micros();
-        let id = state.last_end().map_or(now, |last| {
-            now.max(last.saturating_add(1).saturating_sub(lease))
-        });
+        let fresh = now.saturating_add(self.lease_micros());
+        let id = state
+            .last_end()
+            .map_or(fresh, |last| fresh.max(last.saturating_add(1)));
         state.leases.push_back(Lease {
             id,
-            ends: id.saturating_add(lease),
+            ends: id,
             slots,
         });
         state.held += slots;
@@ -394,13 +424,18 @@ impl Algorithm for Concurrency {
     }
 
     /// Takes back a lease taken at `charged_at`, right after it was taken:
-    /// the lease with the latest name, if it was taken then or later.
-    /// Later, a lease taken since by another request may be taken instead
-    /// (the same count; that request's lease then ends no later than the
-    /// one it replaced).
+    /// the last taken, the one with the greatest name, if it was taken then
+    /// or later (named `charged_at + lease` or more: a lease taken earlier
+    /// is named less, unless the lease was longer before a reload). Later,
+    /// a lease taken since by another request may be taken instead (the
+    /// same count). A caller that knows the lease's name gives it back by
+    /// name: a settle at 0.
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
-        let newest = (0..state.leases.len()).max_by_key(|&i| state.leases[i].id);
-        let Some(i) = newest.filter(|&i| state.leases[i].id >= charged_at) else {
+        let first = charged_at.saturating_add(self.lease_micros());
+        let own = (0..state.leases.len())
+            .filter(|&i| state.leases[i].id >= first)
+            .max_by_key(|&i| state.leases[i].id);
+        let Some(i) = own else {
             return;
         };
         let lease = &mut state.leases[i];
@@ -479,7 +514,7 @@ mod tests {
         let first = a.check(&mut s, 1, 100).unwrap();
         let second = a.check(&mut s, 2, 200).unwrap();
         a.settle(&mut s, Charged::of(2, 200, &second), 0, 300);
-        assert_eq!(s, LeaseState::from_leases([lease(100, 1_100, 1)]));
+        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_100, 1)]));
         // The first lease ended at 1 100; a third was taken since. The late
         // release takes nothing from it.
         a.check(&mut s, 1, 1_150).unwrap();
@@ -497,7 +532,7 @@ mod tests {
         a.settle(&mut s, charged, 5, 200);
         assert_eq!(s.held(), 3);
         a.settle(&mut s, charged, 1, 300);
-        assert_eq!(s, LeaseState::from_leases([lease(100, 1_100, 1)]));
+        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_100, 1)]));
         // The same settle again, or one that asks for more: nothing moves.
         a.settle(&mut s, charged, 1, 400);
         a.settle(&mut s, charged, 2, 400);
@@ -513,10 +548,13 @@ mod tests {
         let first = a.check(&mut s, 1, 7).unwrap();
         let second = a.check(&mut s, 1, 7).unwrap();
         assert_eq!(s.leases().len(), 2);
-        // The second lasts a microsecond longer: its name is 8.
+        // The second lasts a microsecond longer: its name is 1 008.
         assert_eq!(second.reset_after.as_micros(), 1_001);
         let (c1, c2) = (Charged::of(1, 7, &first), Charged::of(1, 7, &second));
-        assert_eq!((a.lease_id(&c1), a.lease_id(&c2)), (Some(7), Some(8)));
+        assert_eq!(
+            (a.lease_id(&c1), a.lease_id(&c2)),
+            (Some(1_007), Some(1_008))
+        );
         a.settle(&mut s, c1, 0, 50);
         assert_eq!(a.check(&mut s, 0, 50).unwrap().remaining, 2);
         // The first's release sent again: nothing of the second's is taken.
@@ -529,7 +567,7 @@ mod tests {
             assert_eq!(s.held(), 2, "{r:?}");
         }
         a.settle(&mut s, c2, 0, 80);
-        assert_eq!(s, LeaseState::from_leases([lease(7, 1_070, 1)]));
+        assert_eq!(s, LeaseState::from_leases([lease(1_007, 1_070, 1)]));
     }
 
     #[test]
@@ -537,15 +575,16 @@ mod tests {
         let a = cc(3, 1_000);
         let mut s = LeaseState::default();
         a.check(&mut s, 1, 500).unwrap();
-        // The clock goes back to 400: the lease is named 501, and ends last.
+        // The clock goes back to 400: the lease ends last, at 1 501, its
+        // name.
         let d = a.check(&mut s, 1, 400).unwrap();
         let charged = Charged::of(1, 400, &d);
-        assert_eq!(a.lease_id(&charged), Some(501));
+        assert_eq!(a.lease_id(&charged), Some(1_501));
         let r = a.renew(&mut s, charged, 450).unwrap();
         assert!(r.was_held);
         assert_eq!(s.held(), 2);
         a.settle(&mut s, charged, 0, 460);
-        assert_eq!(s, LeaseState::from_leases([lease(500, 1_500, 1)]));
+        assert_eq!(s, LeaseState::from_leases([lease(1_500, 1_500, 1)]));
     }
 
     #[test]
@@ -575,7 +614,7 @@ mod tests {
         let d = a.check(&mut s, 1, 0).unwrap();
         let r = a.renew(&mut s, Charged::of(1, 0, &d), 5_000).unwrap();
         assert!(!r.was_held && r.decision.allowed);
-        assert_eq!(s, LeaseState::from_leases([lease(0, 6_000, 1)]));
+        assert_eq!(s, LeaseState::from_leases([lease(1_000, 6_000, 1)]));
     }
 
     #[test]
@@ -588,7 +627,7 @@ mod tests {
         let r = one.renew(&mut s, Charged::of(1, 0, &d), 500).unwrap();
         assert!(r.was_held && r.decision.allowed, "{r:?}");
         assert_eq!(s.held(), 2);
-        assert_eq!(s.leases().last(), Some(&lease(0, 1_500, 1)));
+        assert_eq!(s.leases().last(), Some(&lease(1_000, 1_500, 1)));
         assert!(!one.check(&mut s, 1, 600).unwrap().allowed);
     }
 
@@ -599,25 +638,25 @@ mod tests {
         let d = a.check(&mut s, 1, 100).unwrap();
         // A renew on a clock set back keeps the lease's end.
         a.renew(&mut s, Charged::of(1, 100, &d), 50).unwrap();
-        assert_eq!(s, LeaseState::from_leases([lease(100, 1_100, 1)]));
+        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_100, 1)]));
         let (_, undo) = a.check_undoable(&mut s, 1, 100).unwrap();
         a.renew(&mut s, Charged::of(1, 100, &d), 200).unwrap();
         a.undo(&mut s, undo.unwrap());
-        assert_eq!(s, LeaseState::from_leases([lease(100, 1_200, 1)]));
+        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_200, 1)]));
     }
 
     #[test]
-    fn a_refund_takes_the_newest_lease_if_taken_at_the_charge_or_after() {
+    fn a_refund_takes_the_last_lease_taken_at_the_charge_or_after() {
         let a = cc(3, 1_000);
         let mut s = LeaseState::default();
         let d = a.check(&mut s, 1, 100).unwrap();
         a.check(&mut s, 1, 200).unwrap();
-        // The first renewed: it now ends last, but the newest is the second.
+        // The first renewed: it now ends last, but it was taken before.
         a.renew(&mut s, Charged::of(1, 100, &d), 300).unwrap();
         a.refund(&mut s, 1, 250);
         assert_eq!(s.held(), 2, "taken before 250: not refunded");
         a.refund(&mut s, 1, 200);
-        assert_eq!(s, LeaseState::from_leases([lease(100, 1_300, 1)]));
+        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_300, 1)]));
     }
 
     #[test]
@@ -633,7 +672,7 @@ mod tests {
         let r = a.renew(&mut s, none, 300).unwrap();
         assert!(!r.was_held && r.decision.allowed);
         let named = r.names(none);
-        assert_eq!(a.lease_id(&named), Some(300));
+        assert_eq!(a.lease_id(&named), Some(1_300));
         // Named, it renews as any other; the charge without a name releases
         // nothing.
         assert!(a.renew(&mut s, named, 400).unwrap().was_held);
@@ -642,5 +681,27 @@ mod tests {
         assert_eq!(s.held(), 2);
         a.settle(&mut s, named, 0, 500);
         assert_eq!(s.held(), 1);
+    }
+
+    #[test]
+    fn a_reload_that_changes_the_lease_renames_nothing() {
+        let (minute, third) = (cc(2, 60_000), cc(2, 20_000));
+        let mut s = LeaseState::default();
+        let d = minute.check(&mut s, 1, 1_000).unwrap();
+        let charged = Charged::of(1, 1_000, &d);
+        assert_eq!(third.lease_id(&charged), minute.lease_id(&charged));
+        // Renewed under the shorter lease: the same slot, held on.
+        let r = third.renew(&mut s, charged, 2_000).unwrap();
+        assert!(r.was_held);
+        assert_eq!(s.held(), 1);
+        // A take under the shorter lease ends after the longer one.
+        let e = third.check(&mut s, 1, 2_000).unwrap();
+        let other = Charged::of(1, 2_000, &e);
+        assert_eq!(third.lease_id(&other), Some(61_001));
+        // Each release frees its own.
+        third.settle(&mut s, charged, 0, 3_000);
+        assert_eq!(s, LeaseState::from_leases([lease(61_001, 61_001, 1)]));
+        minute.settle(&mut s, other, 0, 3_000);
+        assert_eq!(s, LeaseState::default());
     }
 }
