@@ -156,7 +156,7 @@ async fn a_busy_keys_leases_cost_the_same_few_commands_as_an_idle_keys() {
         (taken, renewed, released)
     };
     let idle = cost_of(&s).await;
-    assert!(idle.0 <= 16 && idle.1 <= 16 && idle.2 <= 16, "{idle:?}");
+    assert!(idle.0 <= 20 && idle.1 <= 20 && idle.2 <= 20, "{idle:?}");
     // ...and on a key with 3,000 more held: a renew and a release from the
     // middle of the set (the old log walked to them from its newest end),
     // and a take, renew and release of a new one.
@@ -179,7 +179,7 @@ async fn a_busy_keys_leases_cost_the_same_few_commands_as_an_idle_keys() {
     let busy = cost_of(&s).await;
     for n in [renewed, released, busy.0, busy.1, busy.2] {
         assert!(
-            n <= 16,
+            n <= 20,
             "{n} commands: renew {renewed}, release {released}, {busy:?}"
         );
     }

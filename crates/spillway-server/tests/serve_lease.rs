@@ -204,4 +204,10 @@ async fn a_token_lives_as_long_as_its_lease_and_every_token_of_a_lease_names_one
     assert_eq!(remaining(&a.json(), "reports"), 2);
     let a = post(http, "/v1/release", json!({"token": first})).await;
     assert_eq!(remaining(&a.json(), "reports"), 2);
+    // A renew after the release (an older token, a renew that raced it)
+    // takes nothing back.
+    let a = post(http, "/v1/renew", json!({"token": tokens[1]})).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.text());
+    // Both slots free: a check takes one and leaves one.
+    assert_eq!(remaining(&check(http).await.json(), "reports"), 1);
 }

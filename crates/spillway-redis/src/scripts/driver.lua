@@ -135,7 +135,11 @@ if ARGV[2] == 'renew' then
     local state = run(i, 'load', nil, 0, now)
     state.lease_id = ARGV[extra + i] + 0
     local held = run(i, 'renew', state, costs[i], now)
-    if held == 1 or #state.adds > 0 then
+    if held == -1 then
+      -- Released before its end: not taken back.
+      put(reply, i, run(i, 'released', state, costs[i], now))
+      held = 0
+    elseif held == 1 or #state.adds > 0 then
       put(reply, i, run(i, 'check', state, 0, now))
     else
       put(reply, i, run(i, 'check', state, costs[i], now))

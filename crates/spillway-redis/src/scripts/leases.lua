@@ -2,7 +2,10 @@
 -- State: one sorted set per key, one member per slot held, scored by the
 -- time its lease ends; a lease named `id` that holds `c` slots is the
 -- members "id", "id.2", ..., "id.c". A lease's name is its first end: the
--- end it was taken with, after every lease then held. A lease is held while now < its
+-- end it was taken with, after every lease then held. A lease released
+-- before its end is remembered in a second sorted set in the same slot
+-- (`key:rel`, name scored by the end it had), so that a renew that raced
+-- its release does not take it back before then. A lease is held while now < its
 -- score. A renew raises the scores of a lease's members (ZADD XX GT: sent
 -- twice, it does what it did once), a release removes them: the name never
 -- changes. Reads go to the set as it stands; what a check takes is kept in
@@ -122,8 +125,9 @@ local function leases(op, key, s, cost, now, limit, lease)
   elseif op == 'renew' then
     -- The lease named s.lease_id (-1: none yet, as for a request let in
     -- while Redis was away): if held, it runs until now + lease, never
-    -- less; 1. Else 0, and if its slots fit, it is taken afresh under its
-    -- name (in s.adds, for 'save').
+    -- less; 1. If it was released and would not have ended yet, -1 (its
+    -- end in s.released). Else 0, and if its slots fit, it is taken afresh
+    -- under its name (in s.adds, for 'save').
     if s.lease_id < 0 or cost == 0 then return 0 end
     local ends = redis.call('ZSCORE', key, member(s.lease_id, 1))
     if ends and ends + 0 > now then
@@ -131,6 +135,11 @@ local function leases(op, key, s, cost, now, limit, lease)
         redis.call('ZADD', key, 'XX', 'GT', now + lease, member(s.lease_id, j))
       end
       return 1
+    end
+    local released = redis.call('ZSCORE', key .. ':rel', int(s.lease_id))
+    if released and released + 0 > now then
+      s.released = released + 0
+      return -1
     end
     if held() + cost <= limit then
       table.insert(s.adds, { id = s.lease_id, ends = now + lease, c = cost })
@@ -146,5 +155,24 @@ local function leases(op, key, s, cost, now, limit, lease)
     local ends = redis.call('ZSCORE', key, member(id, 1))
     if not (ends and ends + 0 > now) then return end
     for j = s.actual + 1, cost do redis.call('ZREM', key, member(id, j)) end
+    if s.actual == 0 then
+      -- Released: remembered until the end it had.
+      local rel = key .. ':rel'
+      redis.call('ZREMRANGEBYSCORE', rel, '-inf', int(now))
+      redis.call('ZADD', rel, ends, int(id))
+      local ms = cdiv(ends - now, 1000)
+      -- Under a test's virtual clock, past the test's steps (as the
+      -- driver's TTLs).
+      if ALLOW_TIME_OVERRIDE then ms = ms + 60000 end
+      if redis.call('PTTL', rel) < ms then redis.call('PEXPIRE', rel, ms) end
+    end
+  elseif op == 'released' then
+    -- The answer to a renew of a lease released before s.released: denied
+    -- until then at least.
+    local remaining = math.max(limit - held(), 0)
+    local refill = 0
+    if remaining < limit then refill = fits(remaining + 1) end
+    return 0, limit, remaining, reset_after(), refill,
+      math.max(s.released - now, fits(cost)), 0
   end
 end

@@ -177,7 +177,7 @@ async fn renew_answer(state: &State, body: &[u8]) -> Answer {
         return Answer::problem(
             StatusCode::CONFLICT,
             format!(
-                "The lease of rule `{rule}` had ended and its slot has been taken: the request holds no slot. Check again to take one."
+                "The lease of rule `{rule}` was released, or had ended and its slot has been taken: the request holds no slot. Check again to take one."
             ),
         );
     }

@@ -77,6 +77,13 @@ pub struct LeaseState {
     // The slots of all the leases, kept so a check is O(1) when no lease
     // ends.
     held: u64,
+    // The leases released before they ended: each name and the end it had
+    // then. Until that end a renew of it does not take it back (every token
+    // of the lease has expired by then). Dropped by the renews and settles
+    // that find them past; a check never reads them.
+    released: VecDeque<(Micros, Micros)>,
+    // The latest of those ends: when the state is fresh again.
+    released_until: Micros,
 }
 
 impl LeaseState {
@@ -114,6 +121,36 @@ impl LeaseState {
             self.held -= first.slots;
             self.leases.pop_front();
         }
+    }
+
+    /// When the lease named `id` would have ended, if it was released and
+    /// would not have ended yet at `now`; forgets the releases long past.
+    fn released_until(&mut self, id: Micros, now: Micros) -> Option<Micros> {
+        while self
+            .released
+            .front()
+            .is_some_and(|&(_, until)| until <= now)
+        {
+            self.released.pop_front();
+        }
+        self.released
+            .iter()
+            .find(|&&(name, until)| name == id && until > now)
+            .map(|&(_, until)| until)
+    }
+
+    /// Remembers that the lease named `id`, which would have ended at
+    /// `until`, was released.
+    fn release(&mut self, id: Micros, until: Micros, now: Micros) {
+        while self
+            .released
+            .front()
+            .is_some_and(|&(_, until)| until <= now)
+        {
+            self.released.pop_front();
+        }
+        self.released.push_back((id, until));
+        self.released_until = self.released_until.max(until);
     }
 
     /// Where the lease named `id` is.
@@ -353,6 +390,25 @@ impl Concurrency {
             state.insert(lease);
             return Ok(renewed(true, self.standing(state, now)));
         }
+        // Released, and its request served: not taken back before the
+        // lease would have ended (a renew that raced its release).
+        if let Some(until) = id.and_then(|id| state.released_until(id, now)) {
+            let limit = self.slots();
+            let remaining = limit.saturating_sub(state.held);
+            let wait = until
+                .saturating_sub(now)
+                .max(self.fits_after(state, cost, now));
+            return Ok(renewed(
+                false,
+                Decision::deny(
+                    limit,
+                    remaining,
+                    self.reset_after(state, now),
+                    self.refill_after(state, remaining, now),
+                    wait,
+                ),
+            ));
+        }
         // No lease yet, or one that does not fit: as a check.
         let Some(id) = id.filter(|_| cost > 0 && state.held + cost <= self.slots()) else {
             return Ok(renewed(false, self.check(state, cost, now)?));
@@ -463,12 +519,13 @@ impl Algorithm for Concurrency {
         state.held -= lease.slots - kept;
         lease.slots = kept;
         if kept == 0 {
-            state.leases.remove(i);
+            let gone = state.remove(i);
+            state.release(gone.id, gone.ends, now);
         }
     }
 
     fn idle_at(&self, state: &Self::State) -> Micros {
-        state.last_end().unwrap_or(0)
+        state.last_end().unwrap_or(0).max(state.released_until)
     }
 }
 
@@ -493,6 +550,10 @@ mod tests {
         Lease { id, ends, slots }
     }
 
+    fn leases_of(s: &LeaseState) -> Vec<Lease> {
+        s.leases().copied().collect()
+    }
+
     #[test]
     fn a_lease_ends_exactly_at_its_time_and_a_denial_says_when() {
         let a = cc(2, 1_000);
@@ -514,7 +575,7 @@ mod tests {
         let first = a.check(&mut s, 1, 100).unwrap();
         let second = a.check(&mut s, 2, 200).unwrap();
         a.settle(&mut s, Charged::of(2, 200, &second), 0, 300);
-        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_100, 1)]));
+        assert_eq!(leases_of(&s), [lease(1_100, 1_100, 1)]);
         // The first lease ended at 1 100; a third was taken since. The late
         // release takes nothing from it.
         a.check(&mut s, 1, 1_150).unwrap();
@@ -532,13 +593,13 @@ mod tests {
         a.settle(&mut s, charged, 5, 200);
         assert_eq!(s.held(), 3);
         a.settle(&mut s, charged, 1, 300);
-        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_100, 1)]));
+        assert_eq!(leases_of(&s), [lease(1_100, 1_100, 1)]);
         // The same settle again, or one that asks for more: nothing moves.
         a.settle(&mut s, charged, 1, 400);
         a.settle(&mut s, charged, 2, 400);
         assert_eq!(s.held(), 1);
         a.settle(&mut s, charged, 0, 500);
-        assert_eq!(s, LeaseState::default());
+        assert!(leases_of(&s).is_empty());
     }
 
     #[test]
@@ -560,14 +621,22 @@ mod tests {
         // The first's release sent again: nothing of the second's is taken.
         a.settle(&mut s, c1, 0, 60);
         assert_eq!(a.check(&mut s, 0, 60).unwrap().remaining, 2);
-        // Renewed after its release: taken afresh under its name, and a
-        // renew sent twice takes it once.
-        for _ in 0..2 {
-            let r = a.renew(&mut s, c1, 70).unwrap();
-            assert_eq!(s.held(), 2, "{r:?}");
-        }
+        // Renewed after its release (a renew that raced it): not taken
+        // back before the lease would have ended, at 1 007.
+        let r = a.renew(&mut s, c1, 70).unwrap();
+        assert!(!r.was_held && !r.decision.allowed);
+        assert_eq!(r.decision.retry_after, Some(Duration::from_micros(937)));
+        assert_eq!(s.held(), 1);
         a.settle(&mut s, c2, 0, 80);
-        assert_eq!(s, LeaseState::from_leases([lease(1_007, 1_070, 1)]));
+        assert!(leases_of(&s).is_empty());
+        assert_eq!(a.idle_at(&s), 1_008);
+        // After that, a renew takes it afresh (the store lost it while the
+        // request ran), and a renew sent twice takes it once.
+        for _ in 0..2 {
+            a.renew(&mut s, c1, 1_010).unwrap();
+            assert_eq!(s.held(), 1);
+        }
+        assert_eq!(leases_of(&s), [lease(1_007, 2_010, 1)]);
     }
 
     #[test]
@@ -584,7 +653,7 @@ mod tests {
         assert!(r.was_held);
         assert_eq!(s.held(), 2);
         a.settle(&mut s, charged, 0, 460);
-        assert_eq!(s, LeaseState::from_leases([lease(1_500, 1_500, 1)]));
+        assert_eq!(leases_of(&s), [lease(1_500, 1_500, 1)]);
     }
 
     #[test]
@@ -614,7 +683,7 @@ mod tests {
         let d = a.check(&mut s, 1, 0).unwrap();
         let r = a.renew(&mut s, Charged::of(1, 0, &d), 5_000).unwrap();
         assert!(!r.was_held && r.decision.allowed);
-        assert_eq!(s, LeaseState::from_leases([lease(1_000, 6_000, 1)]));
+        assert_eq!(leases_of(&s), [lease(1_000, 6_000, 1)]);
     }
 
     #[test]
@@ -638,11 +707,11 @@ mod tests {
         let d = a.check(&mut s, 1, 100).unwrap();
         // A renew on a clock set back keeps the lease's end.
         a.renew(&mut s, Charged::of(1, 100, &d), 50).unwrap();
-        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_100, 1)]));
+        assert_eq!(leases_of(&s), [lease(1_100, 1_100, 1)]);
         let (_, undo) = a.check_undoable(&mut s, 1, 100).unwrap();
         a.renew(&mut s, Charged::of(1, 100, &d), 200).unwrap();
         a.undo(&mut s, undo.unwrap());
-        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_200, 1)]));
+        assert_eq!(leases_of(&s), [lease(1_100, 1_200, 1)]);
     }
 
     #[test]
@@ -656,7 +725,7 @@ mod tests {
         a.refund(&mut s, 1, 250);
         assert_eq!(s.held(), 2, "taken before 250: not refunded");
         a.refund(&mut s, 1, 200);
-        assert_eq!(s, LeaseState::from_leases([lease(1_100, 1_300, 1)]));
+        assert_eq!(leases_of(&s), [lease(1_100, 1_300, 1)]);
     }
 
     #[test]
@@ -700,8 +769,8 @@ mod tests {
         assert_eq!(third.lease_id(&other), Some(61_001));
         // Each release frees its own.
         third.settle(&mut s, charged, 0, 3_000);
-        assert_eq!(s, LeaseState::from_leases([lease(61_001, 61_001, 1)]));
+        assert_eq!(leases_of(&s), [lease(61_001, 61_001, 1)]);
         minute.settle(&mut s, other, 0, 3_000);
-        assert_eq!(s, LeaseState::default());
+        assert!(leases_of(&s).is_empty());
     }
 }
