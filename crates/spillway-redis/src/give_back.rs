@@ -10,7 +10,7 @@ use spillway::Decision;
 use spillway::store::{Check, MAX_SETTLE_ID, SETTLE_RECEIPT_TTL, Settle, Settled};
 
 use crate::call::{Group, Mode, Prepared, Refund, Reply, SettleCall, SettlePart};
-use crate::{Error, RedisStore, Scripts, bump, fallback, is_outage, stand_in_for_unknown};
+use crate::{Error, RedisStore, Scripts, bump, fallback, is_outage, script, stand_in_for_unknown};
 
 /// A refund or settle to send again (see `RedisStore::send_later`).
 pub(crate) enum Later {
@@ -180,11 +180,15 @@ impl RedisStore {
         }
 
         // `at` 0 is a fail-open admission's, but for the test build's
-        // virtual clock (`now` given), which starts at 0.
+        // virtual clock (`now` given), which starts at 0, and for a lease
+        // named by its holder (`Concurrency::drawn`), which its first
+        // renew may have taken.
         let remote: Vec<usize> = (0..settles.len())
             .filter(|&i| {
-                let at = settles[i].charged.at;
-                (at != 0 || now.is_some()) && at & fallback::LOCAL == 0
+                let charged = settles[i].charged;
+                let drawn =
+                    prepared[i].params[0] == script::CONCURRENCY && charged.reset_after != 0;
+                (charged.at != 0 || now.is_some() || drawn) && charged.at & fallback::LOCAL == 0
             })
             .collect();
         let remote_prepared: Vec<Prepared> = remote.iter().map(|&i| prepared[i].clone()).collect();

@@ -93,6 +93,11 @@ impl RedisStore {
         }
         let mut cmd = redis::cmd("DEL");
         cmd.arg(&key);
+        // A concurrency rule's released leases too (a key of the same
+        // slot), as the memory store forgets them with the key.
+        if key.ends_with(":ls") {
+            cmd.arg(format!("{key}:rel"));
+        }
         let deleted: i64 = self.query(&key, &cmd).await?;
         Ok(deleted > 0)
     }

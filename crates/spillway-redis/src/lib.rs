@@ -529,6 +529,7 @@ impl RedisStore {
                     // Refused after all: what the groups that answered
                     // charged goes back.
                     _ if !failed.charged.is_empty() => {
+                        let prepared = named_leases(&prepared, &failed.named);
                         self.refund_groups(
                             &inner.scripts,
                             &prepared,
@@ -601,14 +602,16 @@ impl RedisStore {
         let mut decisions: Vec<Option<Decision>> = vec![None; prepared.len()];
         let mut charged = Vec::new();
         let mut first_error = None;
-        // The verdict's time: the first group's clock. Each node has its
-        // own; a concurrency check's lease is named by its end on its own
-        // node's clock (`at + reset_after`), so its decision is told
-        // against the verdict's time: its `reset_after` moves by the
-        // difference between the clocks.
+        // The verdict's time: the earliest of the answering nodes' clocks.
+        // Each node has its own; a concurrency check's lease is named by
+        // its end on its own node's clock (`at + reset_after`), so its
+        // decision is told against the verdict's time: its `reset_after`
+        // grows by the difference between the clocks (never to 0, which
+        // would name no lease).
         let decided_at = results
             .iter()
-            .find_map(|r| r.as_ref().ok().map(|reply| reply.now))
+            .filter_map(|r| r.as_ref().ok().map(|reply| reply.now))
+            .min()
             .unwrap_or(0);
         let mut named = Vec::new();
         for (g, (group, result)) in groups.iter().zip(results).enumerate() {
@@ -634,10 +637,7 @@ impl RedisStore {
         }
         if denied {
             // Given back by name: the leases these checks took.
-            let mut prepared = prepared.to_vec();
-            for &(i, end) in &named {
-                prepared[i].lease = end;
-            }
+            let prepared = named_leases(prepared, &named);
             // Their decisions become their state as it now stands.
             for (g, reply) in self
                 .refund_groups(scripts, &prepared, groups, &charged, now)
@@ -657,6 +657,7 @@ impl RedisStore {
                 error,
                 charged,
                 decided,
+                named,
             });
         }
         let (decisions, undecided) = stand_in_for_unknown(decisions, prepared);
@@ -777,6 +778,9 @@ pub fn check_rule(rule: &Rule) -> Result<(), Error> {
 struct Failed {
     error: Error,
     charged: Vec<(usize, u64)>,
+    // The leases the concurrency checks of the groups that answered took,
+    // by name: a refund gives them back by it.
+    named: Vec<(usize, u64)>,
     // The decisions of the checks whose groups answered (all admitting).
     decided: Vec<(usize, Decision)>,
 }
@@ -887,6 +891,16 @@ impl fmt::Debug for RedisStore {
             .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
+}
+
+/// `prepared`, with the leases of its concurrency checks named (check
+/// index, name), for a refund that gives them back by name.
+fn named_leases(prepared: &[Prepared], named: &[(usize, u64)]) -> Vec<Prepared> {
+    let mut prepared = prepared.to_vec();
+    for &(i, end) in named {
+        prepared[i].lease = end;
+    }
+    prepared
 }
 
 /// A duration in whole microseconds (saturating).

@@ -187,20 +187,17 @@ async fn a_busy_keys_leases_cost_the_same_few_commands_as_an_idle_keys() {
 }
 
 /// A fixed window of a thousand an hour and `slots` in flight with leases
-/// of `lease`, on a cluster, with a key whose two rules live on different
-/// masters.
-async fn cluster_of_two_nodes(
+/// of `lease`, on a cluster, with no deny cache and `options`' failure
+/// policy.
+async fn two_rules(
     cluster: &RedisCluster,
     slots: u32,
     lease: Duration,
-) -> (RedisStore, &'static str, usize, usize) {
+    options: RedisOptions,
+) -> RedisStore {
+    let hourly = Quota::new(NonZeroU32::new(1_000).unwrap(), Duration::from_secs(3600)).unwrap();
     let rules = vec![
-        Rule::new(
-            "fw",
-            FixedWindow::new(
-                Quota::new(NonZeroU32::new(1_000).unwrap(), Duration::from_secs(3600)).unwrap(),
-            ),
-        ),
+        Rule::new("fw", FixedWindow::new(hourly)),
         Rule::new(
             "cc",
             Concurrency::new(Quota::new(NonZeroU32::new(slots).unwrap(), lease).unwrap()),
@@ -209,11 +206,20 @@ async fn cluster_of_two_nodes(
     let options = RedisOptions {
         timeout: Duration::from_millis(200),
         deny_cache_entries: 0,
-        ..RedisOptions::default()
+        ..options
     };
-    let store = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
+    RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
         .await
-        .expect("connects");
+        .expect("connects")
+}
+
+/// [`two_rules`], with a key whose two rules live on different masters.
+async fn cluster_of_two_nodes(
+    cluster: &RedisCluster,
+    slots: u32,
+    lease: Duration,
+) -> (RedisStore, &'static str, usize, usize) {
+    let store = two_rules(cluster, slots, lease, RedisOptions::default()).await;
     for key in ["k", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"] {
         let fw = cluster.master_of(&format!("spillway:{{fw:{key}}}:fwi:3600000000"));
         let cc = cluster.master_of(&format!("spillway:{{cc:{key}}}:ls"));
@@ -375,4 +381,69 @@ async fn on_a_cluster_a_lease_taken_while_another_node_is_away_is_named_by_its_f
     assert_eq!(in_flight(&s, key).await, 1);
     let members = cluster.nodes()[cc].command(&format!("ZCARD spillway:{{cc:{key}}}:ls"));
     assert_eq!(members.trim(), ":2");
+}
+
+#[tokio::test]
+async fn a_lease_named_by_its_holder_is_taken_at_its_renew_and_released_by_its_name() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let s = store(&server, 2, RedisOptions::default()).await;
+    // A request let in while Redis was away: its front end draws a name.
+    let drawn = Concurrency::drawn(1, 0x5eed);
+    for sent in 0..2 {
+        let r = s.renew(&renew(drawn)).await.expect("answers");
+        assert_eq!(r[0].was_held, sent == 1, "{r:?}");
+        assert_eq!(r[0].decision.remaining, 1);
+    }
+    let release = [Settle {
+        rule: RuleId(0),
+        key: "k",
+        charged: drawn,
+        actual: 0,
+    }];
+    s.settle("drawn-release", &release).await.expect("answers");
+    assert!(members(&server).is_empty(), "{:?}", members(&server));
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_request_refused_fail_closed_gives_back_its_own_lease() {
+    let Some(mut cluster) = RedisCluster::start() else {
+        return;
+    };
+    let (_, key, fw, _) = cluster_of_two_nodes(&cluster, 2, Duration::from_secs(30)).await;
+    let options = RedisOptions {
+        on_error: spillway_redis::OnError::FailClosed,
+        ..RedisOptions::default()
+    };
+    let s = two_rules(&cluster, 2, Duration::from_secs(30), options).await;
+    assert_eq!(in_flight(&s, key).await, 2);
+    // The fixed window's node hangs while request A is on its way: its
+    // slot is taken, then A is refused (fail_closed) and gives it back.
+    // Meanwhile B takes the other slot.
+    cluster.nodes_mut()[fw].pause();
+    let s2 = s.clone();
+    let a = tokio::spawn(async move { s2.check(&both(key)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let only = [Check {
+        rule: RuleId(1),
+        key,
+        cost: 1,
+    }];
+    let vb = s.check(&only).await.expect("answers");
+    assert!(vb.allowed);
+    let b = Charged::of(1, vb.decided_at, &vb.decisions[0]);
+    assert!(a.await.expect("the task").is_err(), "A is refused");
+    cluster.nodes_mut()[fw].resume();
+    // A gave back its own slot, not B's: B is held, and B's release frees
+    // the last.
+    assert_eq!(in_flight(&s, key).await, 1);
+    let release = [Settle {
+        rule: RuleId(1),
+        key,
+        charged: b,
+        actual: 0,
+    }];
+    s.settle("release-b", &release).await.expect("answers");
+    assert_eq!(in_flight(&s, key).await, 2);
 }

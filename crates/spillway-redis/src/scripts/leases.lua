@@ -115,9 +115,13 @@ local function leases(op, key, s, cost, now, limit, lease)
     local name = s.lease_id
     if not name or name == 0 then
       local v = redis.call('ZRANGEBYSCORE', key, int(now + lease), '+inf')
+      -- Names drawn by their holders (from 2^52) were taken by renews.
       for _, m in ipairs(v) do
         local id = string.match(m, '^(%d+)') + 0
-        if id >= now + lease and (not name or name == 0 or id > name) then name = id end
+        if id >= now + lease and id < 4503599627370496
+            and (not name or name == 0 or id > name) then
+          name = id
+        end
       end
       if not name or name == 0 then return end
     end
@@ -156,11 +160,16 @@ local function leases(op, key, s, cost, now, limit, lease)
     if not (ends and ends + 0 > now) then return end
     for j = s.actual + 1, cost do redis.call('ZREM', key, member(id, j)) end
     if s.actual == 0 then
-      -- Released: remembered until the end it had.
+      -- Released: remembered until the end it had, and a margin (the
+      -- lease, 10 s at most: a token issued at its last renew expires on
+      -- its server's clock), 1024 at most (spillway::algorithm::
+      -- concurrency::{RELEASE_MARGIN, MAX_RELEASED}).
       local rel = key .. ':rel'
+      local untl = ends + math.min(lease, 10000000)
       redis.call('ZREMRANGEBYSCORE', rel, '-inf', int(now))
-      redis.call('ZADD', rel, ends, int(id))
-      local ms = cdiv(ends - now, 1000)
+      redis.call('ZADD', rel, untl, int(id))
+      if redis.call('ZCARD', rel) > 1024 then redis.call('ZPOPMIN', rel) end
+      local ms = cdiv(untl - now, 1000)
       -- Under a test's virtual clock, past the test's steps (as the
       -- driver's TTLs).
       if ALLOW_TIME_OVERRIDE then ms = ms + 60000 end

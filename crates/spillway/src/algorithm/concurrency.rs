@@ -78,13 +78,28 @@ pub struct LeaseState {
     // ends.
     held: u64,
     // The leases released before they ended: each name and the end it had
-    // then. Until that end a renew of it does not take it back (every token
-    // of the lease has expired by then). Dropped by the renews and settles
-    // that find them past; a check never reads them.
+    // then, plus a margin (`RELEASE_MARGIN`). Until then a renew of it does
+    // not take it back (every token of the lease has expired by then). At
+    // most `MAX_RELEASED`, the oldest forgotten first; dropped by the
+    // renews and settles that find them past. A check never reads them.
     released: VecDeque<(Micros, Micros)>,
     // The latest of those ends: when the state is fresh again.
     released_until: Micros,
 }
+
+/// The least name [`Concurrency::drawn`] draws.
+const DRAWN: Micros = 1 << 52;
+
+/// The most releases a key remembers (see [`Concurrency::renew`]): past
+/// that, the oldest is forgotten, and a renew that raced it may take its
+/// slot back until its lease ends.
+pub const MAX_RELEASED: usize = 1024;
+
+/// How long after the end it had a released lease is remembered, at most
+/// (and at most its lease): a token issued at its last renew expires on
+/// the clock of the server that issued it, which may be a little behind
+/// the store's.
+pub const RELEASE_MARGIN: Micros = 10_000_000;
 
 impl LeaseState {
     /// The slots held by the leases in the state (some may have ended
@@ -139,14 +154,16 @@ impl LeaseState {
             .map(|&(_, until)| until)
     }
 
-    /// Remembers that the lease named `id`, which would have ended at
-    /// `until`, was released.
+    /// Remembers that the lease named `id` was released, until `until`.
     fn release(&mut self, id: Micros, until: Micros, now: Micros) {
         while self
             .released
             .front()
             .is_some_and(|&(_, until)| until <= now)
         {
+            self.released.pop_front();
+        }
+        if self.released.len() == MAX_RELEASED {
             self.released.pop_front();
         }
         self.released.push_back((id, until));
@@ -271,11 +288,10 @@ impl Concurrency {
     /// assert_eq!(state.held(), 1);
     /// ```
     pub fn drawn(slots: u64, random: u64) -> Charged {
-        const FROM: u64 = 1 << 52;
         Charged {
             cost: slots,
             at: 0,
-            reset_after: FROM | (random & (FROM - 1)),
+            reset_after: DRAWN | (random & (DRAWN - 1)),
         }
     }
 
@@ -392,7 +408,10 @@ impl Concurrency {
         }
         // Released, and its request served: not taken back before the
         // lease would have ended (a renew that raced its release).
-        if let Some(until) = id.and_then(|id| state.released_until(id, now)) {
+        if let Some(until) = id
+            .filter(|_| cost > 0)
+            .and_then(|id| state.released_until(id, now))
+        {
             let limit = self.slots();
             let remaining = limit.saturating_sub(state.held);
             let wait = until
@@ -489,7 +508,9 @@ impl Algorithm for Concurrency {
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
         let first = charged_at.saturating_add(self.lease_micros());
         let own = (0..state.leases.len())
-            .filter(|&i| state.leases[i].id >= first)
+            // Names drawn by their holders (from 2^52) were taken by
+            // renews, not by this charge.
+            .filter(|&i| (first..DRAWN).contains(&state.leases[i].id))
             .max_by_key(|&i| state.leases[i].id);
         let Some(i) = own else {
             return;
@@ -520,7 +541,8 @@ impl Algorithm for Concurrency {
         lease.slots = kept;
         if kept == 0 {
             let gone = state.remove(i);
-            state.release(gone.id, gone.ends, now);
+            let margin = RELEASE_MARGIN.min(self.lease_micros());
+            state.release(gone.id, gone.ends.saturating_add(margin), now);
         }
     }
 
@@ -622,21 +644,22 @@ mod tests {
         a.settle(&mut s, c1, 0, 60);
         assert_eq!(a.check(&mut s, 0, 60).unwrap().remaining, 2);
         // Renewed after its release (a renew that raced it): not taken
-        // back before the lease would have ended, at 1 007.
+        // back before the lease would have ended, at 1 007, and a margin
+        // (the lease, here) after.
         let r = a.renew(&mut s, c1, 70).unwrap();
         assert!(!r.was_held && !r.decision.allowed);
-        assert_eq!(r.decision.retry_after, Some(Duration::from_micros(937)));
+        assert_eq!(r.decision.retry_after, Some(Duration::from_micros(1_937)));
         assert_eq!(s.held(), 1);
         a.settle(&mut s, c2, 0, 80);
         assert!(leases_of(&s).is_empty());
-        assert_eq!(a.idle_at(&s), 1_008);
+        assert_eq!(a.idle_at(&s), 2_008);
         // After that, a renew takes it afresh (the store lost it while the
         // request ran), and a renew sent twice takes it once.
         for _ in 0..2 {
-            a.renew(&mut s, c1, 1_010).unwrap();
+            a.renew(&mut s, c1, 2_010).unwrap();
             assert_eq!(s.held(), 1);
         }
-        assert_eq!(leases_of(&s), [lease(1_007, 2_010, 1)]);
+        assert_eq!(leases_of(&s), [lease(1_007, 3_010, 1)]);
     }
 
     #[test]
