@@ -334,6 +334,59 @@ const P99: plotters::style::RGBColor = plotters::style::RGBColor(210, 40, 40);
 const P50: plotters::style::RGBColor = plotters::style::RGBColor(120, 120, 120);
 const SLOW: plotters::style::RGBColor = plotters::style::RGBColor(252, 240, 215);
 
+/// One panel of the chart: `caption`, time on the x axis to `max.0`, a y
+/// axis to `max.1` with `y_labels` pixels for its labels, and the slow
+/// third (`slow`, in seconds) shaded.
+fn panel<'a, 'b>(
+    area: &'a plotters::drawing::DrawingArea<
+        plotters::backend::SVGBackend<'b>,
+        plotters::coord::Shift,
+    >,
+    caption: String,
+    y_labels: u32,
+    max: (f64, f64),
+    slow: (f64, f64),
+) -> Result<
+    plotters::chart::ChartContext<
+        'a,
+        plotters::backend::SVGBackend<'b>,
+        plotters::coord::cartesian::Cartesian2d<
+            plotters::coord::types::RangedCoordf64,
+            plotters::coord::types::RangedCoordf64,
+        >,
+    >,
+    String,
+> {
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 16))
+        .margin(8)
+        .x_label_area_size(30)
+        .y_label_area_size(y_labels)
+        .build_cartesian_2d(0f64..max.0, 0f64..max.1)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .max_light_lines(0)
+        .x_labels(7)
+        .y_labels(5)
+        .x_desc("time (s)")
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 13))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series([Rectangle::new(
+            [(slow.0, 0.0), (slow.1, max.1)],
+            SLOW.filled(),
+        )])
+        .map_err(|e| err(&e))?;
+    Ok(chart)
+}
+
 /// The chart of `run`, as SVG text: a row per front door, the requests
 /// inside the backend on the left and the time to serve on the right, over
 /// time; the slow third shaded.
@@ -385,29 +438,8 @@ pub fn backend_chart(run: &BackendRun) -> Result<String, SimError> {
                 "{}: {} served, {} denied, at most {} inside",
                 door.name, door.served, door.denied, door.max_in_flight
             );
-            let mut left = ChartBuilder::on(&areas[2 * row])
-                .caption(caption, ("sans-serif", 16))
-                .margin(8)
-                .x_label_area_size(30)
-                .y_label_area_size(48)
-                .build_cartesian_2d(0f64..x_max, 0f64..inside_max)
+            let mut left = panel(&areas[2 * row], caption, 48, (x_max, inside_max), slow)
                 .map_err(|e| err(&e))?;
-            left.configure_mesh()
-                .max_light_lines(0)
-                .x_labels(7)
-                .y_labels(5)
-                .x_desc("time (s)")
-                .label_style(("sans-serif", 13))
-                .axis_desc_style(("sans-serif", 13))
-                .x_label_formatter(&|x| format!("{x:.0}"))
-                .y_label_formatter(&|y| format!("{y:.0}"))
-                .draw()
-                .map_err(|e| err(&e))?;
-            left.draw_series([Rectangle::new(
-                [(slow.0, 0.0), (slow.1, inside_max)],
-                SLOW.filled(),
-            )])
-            .map_err(|e| err(&e))?;
             left.draw_series(LineSeries::new(
                 door.in_flight
                     .iter()
@@ -421,33 +453,8 @@ pub fn backend_chart(run: &BackendRun) -> Result<String, SimError> {
                 P99.stroke_width(1),
             ))
             .map_err(|e| err(&e))?;
-            let mut right = ChartBuilder::on(&areas[2 * row + 1])
-                .caption(
-                    format!("p50 {:.0} ms, p99 {:.0} ms", door.p50_ms, door.p99_ms),
-                    ("sans-serif", 16),
-                )
-                .margin(8)
-                .x_label_area_size(30)
-                .y_label_area_size(56)
-                .build_cartesian_2d(0f64..x_max, 0f64..latency_max)
-                .map_err(|e| err(&e))?;
-            right
-                .configure_mesh()
-                .max_light_lines(0)
-                .x_labels(7)
-                .y_labels(5)
-                .x_desc("time (s)")
-                .label_style(("sans-serif", 13))
-                .axis_desc_style(("sans-serif", 13))
-                .x_label_formatter(&|x| format!("{x:.0}"))
-                .y_label_formatter(&|y| format!("{y:.0}"))
-                .draw()
-                .map_err(|e| err(&e))?;
-            right
-                .draw_series([Rectangle::new(
-                    [(slow.0, 0.0), (slow.1, latency_max)],
-                    SLOW.filled(),
-                )])
+            let caption = format!("p50 {:.0} ms, p99 {:.0} ms", door.p50_ms, door.p99_ms);
+            let mut right = panel(&areas[2 * row + 1], caption, 56, (x_max, latency_max), slow)
                 .map_err(|e| err(&e))?;
             for (pick, color, width) in [(0usize, P50, 1u32), (1, P99, 2)] {
                 right
