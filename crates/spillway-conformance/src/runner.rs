@@ -26,6 +26,16 @@ pub trait Harness {
     /// with.
     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError>;
 
+    /// Decides on one request as [`check`](Harness::check) does, holding
+    /// the charges of rules that release them open under `id` (the store's
+    /// [`reserve`](spillway::store::Store::reserve)).
+    fn reserve(
+        &mut self,
+        id: &str,
+        checks: &[Check<'_>],
+        now_us: u64,
+    ) -> Result<Verdict, HarnessError>;
+
     /// Settles an admitted request's charges, at `now_us` on the store's
     /// clock, once per `id` (the store's
     /// [`settle`](spillway::store::Store::settle)).
@@ -44,6 +54,15 @@ pub trait Harness {
 impl<H: Harness + ?Sized> Harness for &mut H {
     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError> {
         (**self).check(checks, now_us)
+    }
+
+    fn reserve(
+        &mut self,
+        id: &str,
+        checks: &[Check<'_>],
+        now_us: u64,
+    ) -> Result<Verdict, HarnessError> {
+        (**self).reserve(id, checks, now_us)
     }
 
     fn settle(
@@ -252,7 +271,14 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
                         cost: c.cost,
                     })
                     .collect();
-                let answer = harness.check(&checks, step.t_us);
+                let held = request
+                    .checks
+                    .iter()
+                    .any(|c| case.rules[c.rule].release_after.is_some());
+                let answer = match &request.id {
+                    Some(id) if held => harness.reserve(id, &checks, step.t_us),
+                    _ => harness.check(&checks, step.t_us),
+                };
                 compare(case, request, &answer, &mut report);
                 if request.id.is_some() {
                     charges.insert(i, answer);
@@ -263,7 +289,7 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
                     .check()
                     .expect("a settle names a request");
                 let charged = charges.get(&settle.charge);
-                match settles_of(request, &settle.actuals, charged) {
+                match settles_of(case, request, &settle.actuals, charged) {
                     Ok(settles) => {
                         let answer = harness.settle(&settle.id, &settles, step.t_us);
                         compare_settled(case, request, settle, answer, &mut report);
@@ -281,7 +307,7 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
                     .check()
                     .expect("a renew names a request");
                 let lease = charges.get(&renew.charge);
-                match settles_of(request, &[0], lease) {
+                match settles_of(case, request, &[0], lease) {
                     Ok(settles) => {
                         let [
                             Settle {
@@ -310,6 +336,7 @@ pub fn run_case<H: Harness + ?Sized>(case: &Case, harness: &mut H) -> Vec<Mismat
 /// The settles of `request`'s charges, built from what the store answered
 /// it (`charged`); or, when it charged nothing, what it answered instead.
 fn settles_of<'a>(
+    case: &Case,
     request: &'a CheckStep,
     actuals: &[u64],
     charged: Option<&Result<Verdict, HarnessError>>,
@@ -332,11 +359,15 @@ fn settles_of<'a>(
         .iter()
         .zip(&verdict.decisions)
         .zip(actuals)
-        .map(|((check, decision), &actual)| Settle {
-            rule: RuleId(check.rule),
-            key: &check.key,
-            charged: Charged::of(check.cost, verdict.decided_at, decision),
-            actual,
+        .map(|((check, decision), &actual)| {
+            let charged = Charged::of(check.cost, verdict.decided_at, decision);
+            let held = case.rules[check.rule].release_after.is_some() && check.cost > 0;
+            Settle {
+                rule: RuleId(check.rule),
+                key: &check.key,
+                charged: if held { charged.held_open() } else { charged },
+                actual,
+            }
         })
         .collect())
 }

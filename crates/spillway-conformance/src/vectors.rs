@@ -38,6 +38,10 @@
 //! | `leaky_bucket` | `period_us`, `capacity`, `mode` (`"shape"`, the default, or `"police"`), `delay` (nginx's `delay=n`; shape only, default 0) |
 //! | `concurrency` | `lease_us` (`limit` is the slots) |
 //!
+//! Any rule but a concurrency rule may also have `release_after_us`: its
+//! reservations are given back by the store when no settle names them
+//! within that time (`Rule::release_unsettled_after`).
+//!
 //! **Steps.** A step happens at `t_us`. Its request is either one check,
 //! written inline as `rule` (a rule name; only needed when the case has
 //! several), `key` (default [`DEFAULT_KEY`]) and `cost`, or several, as
@@ -88,6 +92,14 @@
 //! check. Such a decision is always allowed, never delayed and has no
 //! retry_after, so those fields are not written; its `limit` is checked as
 //! any other.
+//!
+//! A request with an `id` whose checks include a rule with
+//! `release_after_us` is sent as a reservation under that id
+//! (`Store::reserve`), and the parts of its settles whose rule has it and
+//! whose cost is not 0 are held (`Charged::held`): such a charge not
+//! settled by its time plus `release_after_us` is settled at 0 as of its
+//! time by the store itself, and a settle that comes later charges its
+//! whole `actual`.
 //!
 //! **Renews.** A concurrency lease that an admitted one-check request
 //! named with `id = "r1"` is renewed by `renew = "r1"` (`Store::renew`),
@@ -171,6 +183,7 @@ pub const VECTOR_FILES: &[(&str, &str)] = &[
         include_str!("../vectors/multi_rule.toml"),
     ),
     ("settle.toml", include_str!("../vectors/settle.toml")),
+    ("release.toml", include_str!("../vectors/release.toml")),
     (
         "concurrency.toml",
         include_str!("../vectors/concurrency.toml"),
@@ -253,12 +266,19 @@ pub struct RuleSpec {
     pub name: String,
     /// The algorithm and its configuration.
     pub config: AlgorithmConfig,
+    /// How long its reservations stay open unsettled before the store
+    /// gives them back ([`Rule::release_unsettled_after`]), if it does.
+    pub release_after: Option<Duration>,
 }
 
 impl RuleSpec {
     /// The store rule.
     pub fn to_rule(&self) -> Rule {
-        Rule::new(self.name.as_str(), self.config.to_algorithm())
+        let rule = Rule::new(self.name.as_str(), self.config.to_algorithm());
+        match self.release_after {
+            Some(within) => rule.release_unsettled_after(within),
+            None => rule,
+        }
     }
 }
 
@@ -581,6 +601,7 @@ struct RawRule {
     mode: Option<String>,
     delay: Option<u32>,
     lease_us: Option<u64>,
+    release_after_us: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -754,8 +775,21 @@ impl RawRule {
                 }
             }
         };
+        let release_after = match self.release_after_us {
+            Some(_) if self.algorithm == "concurrency" => {
+                return Err(
+                    "`release_after_us`: a concurrency rule's leases end by themselves".into(),
+                );
+            }
+            Some(0) => return Err("`release_after_us` must be at least 1".into()),
+            other => other.map(Duration::from_micros),
+        };
         let name = self.name.unwrap_or_else(|| config.name().to_owned());
-        Ok(RuleSpec { name, config })
+        Ok(RuleSpec {
+            name,
+            config,
+            release_after,
+        })
     }
 }
 

@@ -25,6 +25,15 @@ impl Harness for Memory {
         Ok(self.0.check_at(checks, now_us)?)
     }
 
+    fn reserve(
+        &mut self,
+        id: &str,
+        checks: &[Check<'_>],
+        now_us: u64,
+    ) -> Result<Verdict, HarnessError> {
+        Ok(self.0.reserve_at(id, checks, now_us)?)
+    }
+
     fn settle(
         &mut self,
         id: &str,

@@ -174,6 +174,19 @@ fn multi_rule_cases_cover_partial_denials() {
 struct OffByOne(MemoryStore<FakeClock>);
 
 impl Harness for OffByOne {
+    fn reserve(
+        &mut self,
+        id: &str,
+        checks: &[Check<'_>],
+        now_us: u64,
+    ) -> Result<Verdict, HarnessError> {
+        let mut verdict = self.0.reserve_at(id, checks, now_us)?;
+        for d in &mut verdict.decisions {
+            d.remaining += 1;
+        }
+        Ok(verdict)
+    }
+
     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError> {
         let mut verdict = self.0.check_at(checks, now_us)?;
         for d in &mut verdict.decisions {
@@ -327,6 +340,17 @@ struct Tampered(MemoryStore<FakeClock>, fn(&mut Verdict));
 impl Harness for Tampered {
     fn check(&mut self, checks: &[Check<'_>], now_us: u64) -> Result<Verdict, HarnessError> {
         let mut verdict = self.0.check_at(checks, now_us)?;
+        (self.1)(&mut verdict);
+        Ok(verdict)
+    }
+
+    fn reserve(
+        &mut self,
+        id: &str,
+        checks: &[Check<'_>],
+        now_us: u64,
+    ) -> Result<Verdict, HarnessError> {
+        let mut verdict = self.0.reserve_at(id, checks, now_us)?;
         (self.1)(&mut verdict);
         Ok(verdict)
     }
@@ -574,6 +598,15 @@ impl Harness for BadSettle {
         Ok(self.0.check_at(checks, now_us)?)
     }
 
+    fn reserve(
+        &mut self,
+        id: &str,
+        checks: &[Check<'_>],
+        now_us: u64,
+    ) -> Result<Verdict, HarnessError> {
+        Ok(self.0.reserve_at(id, checks, now_us)?)
+    }
+
     fn settle(
         &mut self,
         id: &str,
@@ -666,7 +699,7 @@ fn a_store_whose_settle_is_wrong_fails() {
             report
                 .mismatches
                 .iter()
-                .all(|m| m.file == "settle.toml" || m.file == "concurrency.toml"),
+                .all(|m| ["settle.toml", "concurrency.toml", "release.toml"].contains(&&*m.file)),
             "{what}: {report}"
         );
         if what == "not idempotent" {

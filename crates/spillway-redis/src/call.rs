@@ -15,6 +15,9 @@ pub(crate) struct Prepared {
     /// A concurrency check's lease, by name, for a refund to give back (0
     /// when not known: the script then takes the last taken).
     pub(crate) lease: u64,
+    /// How long (µs) a reservation of the check's rule stays open
+    /// unsettled before it is given back; 0 if it never is.
+    pub(crate) release_us: u64,
 }
 
 /// The checks of one script call: all of a request's on a standalone
@@ -47,19 +50,26 @@ pub(crate) enum Mode<'a> {
     /// Renew leases: each check's lease name, by index in the request
     /// (`None`: the request holds no lease yet).
     Renew(&'a [Option<u64>]),
+    /// Decide, and hold the charges of rules that give back what is not
+    /// settled in time open under this id.
+    Reserve(&'a str),
 }
 
-/// A refund's time of charge and its receipt key.
+/// A refund's time of charge and its receipt key, and the id its charges
+/// were held open under, if they were (a reservation).
 #[derive(Clone, Copy)]
 pub(crate) struct Refund<'a> {
     pub(crate) charged_at: u64,
     pub(crate) receipt: &'a str,
+    pub(crate) held: Option<&'a str>,
 }
 
 /// A settle: its receipt key and how long the receipt lives, and each
 /// check's charge and actual cost, by index in the request (as `Prepared`).
 #[derive(Clone, Copy)]
 pub(crate) struct SettleCall<'a> {
+    /// The settle's id, which names the reservations it closes.
+    pub(crate) id: &'a str,
     pub(crate) receipt: &'a str,
     pub(crate) receipt_ms: u64,
     pub(crate) parts: &'a [SettlePart],
@@ -75,6 +85,8 @@ pub(crate) struct SettlePart {
     /// The actual cost (no more than the charge plus twice the capacity:
     /// past that, every algorithm's cap makes it the same).
     pub(crate) actual: u64,
+    /// The charge is a reservation held open under the settle's id.
+    pub(crate) held: bool,
 }
 
 impl RedisStore {
@@ -119,11 +131,25 @@ impl RedisStore {
         }
         .map_err(|_| Error::Timeout(timeout))??;
         let checks = group.checks.len();
-        let (reply, renewed) = match mode {
-            Mode::Renew(_) => script::split_renewed(&reply, checks)?,
-            _ => (&reply[..], Vec::new()),
+        let (reply, renewed, given_back) = match (mode, family) {
+            (Mode::Renew(_), _) => {
+                let (reply, renewed) = script::split_renewed(&reply, checks)?;
+                (reply, renewed, 0)
+            }
+            // The general script says last how many it gave back.
+            (_, None) => match reply.split_last() {
+                Some((&n, head)) => (head, Vec::new(), n.max(0) as u64),
+                None => (&reply[..], Vec::new(), 0),
+            },
+            (_, Some(_)) => (&reply[..], Vec::new(), 0),
         };
         let (allowed, now, decisions) = script::decode(reply, checks)?;
+        if given_back > 0 {
+            self.inner
+                .counters
+                .given_back
+                .fetch_add(given_back, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(Reply {
             allowed,
             now,
@@ -142,7 +168,11 @@ pub(crate) fn single_family(
     mode: Mode<'_>,
 ) -> Option<usize> {
     match (group, mode) {
-        (&[i], Mode::Decide) => Some(script::family(&prepared[i].params)),
+        // A key whose rule gives reservations back is seen to by the
+        // general script.
+        (&[i], Mode::Decide) if prepared[i].release_us == 0 => {
+            Some(script::family(&prepared[i].params))
+        }
         _ => None,
     }
 }
@@ -216,18 +246,22 @@ pub(crate) fn assemble(
         Mode::Refund(r) => out.number(r.charged_at),
         Mode::Settle(_) => out.text("settle"),
         Mode::Renew(_) => out.text("renew"),
+        Mode::Reserve(_) => out.text("reserve"),
     }
     for &i in group {
         let p = &prepared[i];
         out.key(&p.key);
         p.params.iter().for_each(|&v| out.number(v));
         out.number(p.cost);
+        out.number(p.release_us);
     }
     match mode {
         Mode::Decide => {}
+        Mode::Reserve(id) => out.text(id),
         Mode::Refund(r) => {
             out.key(r.receipt);
             group.iter().for_each(|&i| out.number(prepared[i].lease));
+            out.text(r.held.unwrap_or(""));
         }
         Mode::Settle(settle) => {
             for &i in group {
@@ -235,8 +269,10 @@ pub(crate) fn assemble(
                 out.number(part.at);
                 out.number(part.reset_after);
                 out.number(part.actual);
+                out.number(u64::from(part.held));
             }
             out.number(settle.receipt_ms);
+            out.text(settle.id);
             out.key(settle.receipt);
         }
         Mode::Renew(ids) => group.iter().for_each(|&i| match ids[i] {

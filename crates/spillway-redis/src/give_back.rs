@@ -14,8 +14,14 @@ use crate::{Error, RedisStore, Scripts, bump, fallback, is_outage, script, stand
 
 /// A refund or settle to send again (see `RedisStore::send_later`).
 pub(crate) enum Later {
-    Refund { charged_at: u64 },
-    Settle { parts: Vec<SettlePart> },
+    Refund {
+        charged_at: u64,
+        held: Option<String>,
+    },
+    Settle {
+        parts: Vec<SettlePart>,
+        id: String,
+    },
 }
 
 /// A settle receipt's life, in ms.
@@ -36,6 +42,7 @@ impl RedisStore {
         groups: &[Group],
         charged: &[(usize, u64)],
         now: Option<u64>,
+        held: Option<&str>,
     ) -> Vec<(usize, Reply)> {
         let calls = charged.iter().map(|&(g, charged_at)| {
             let receipt = self.receipt(&prepared[groups[g].checks[0]].key);
@@ -43,6 +50,7 @@ impl RedisStore {
                 let refund = Refund {
                     charged_at,
                     receipt: &receipt,
+                    held,
                 };
                 let result = self
                     .call(scripts, prepared, &groups[g], now, Mode::Refund(refund))
@@ -63,7 +71,11 @@ impl RedisStore {
                         .iter()
                         .map(|&i| prepared[i].clone())
                         .collect();
-                    self.refund_later(group, groups[g].slot, charged_at, receipt);
+                    let later = Later::Refund {
+                        charged_at,
+                        held: held.map(str::to_owned),
+                    };
+                    self.send_later(group, groups[g].slot, later, receipt);
                 }
                 Err(_) => bump(&self.inner.counters.refund_errors),
             }
@@ -75,18 +87,6 @@ impl RedisStore {
     /// interval apart (a second at most, so that the last is sent well
     /// within its receipt's 10 s). The receipt makes a refund that did run
     /// the first time give nothing back again.
-    pub(crate) fn refund_later(
-        &self,
-        prepared: Vec<Prepared>,
-        slot: u16,
-        charged_at: u64,
-        receipt: String,
-    ) {
-        self.send_later(prepared, slot, Later::Refund { charged_at }, receipt);
-    }
-
-    /// Sends a refund or a settle that failed to answer again, as
-    /// [`refund_later`](Self::refund_later) says.
     pub(crate) fn send_later(
         &self,
         prepared: Vec<Prepared>,
@@ -108,11 +108,13 @@ impl RedisStore {
                     .min(Duration::from_secs(1));
                 tokio::time::sleep(pause).await;
                 let mode = match &later {
-                    Later::Refund { charged_at } => Mode::Refund(Refund {
+                    Later::Refund { charged_at, held } => Mode::Refund(Refund {
                         charged_at: *charged_at,
                         receipt: &receipt,
+                        held: held.as_deref(),
                     }),
-                    Later::Settle { parts } => Mode::Settle(SettleCall {
+                    Later::Settle { parts, id } => Mode::Settle(SettleCall {
+                        id,
                         receipt: &receipt,
                         receipt_ms: receipt_ms(),
                         parts,
@@ -169,6 +171,9 @@ impl RedisStore {
                 .map(|&i| {
                     let mut settle = settles[i];
                     settle.charged.at &= !fallback::LOCAL;
+                    // The fallback holds nothing open: the charge stands
+                    // there until this settle.
+                    settle.charged.held = false;
                     settle
                 })
                 .collect();
@@ -202,6 +207,7 @@ impl RedisStore {
                     actual: settle
                         .actual
                         .min(settle.charged.cost.saturating_add(2 * p.capacity)),
+                    held: settle.charged.held,
                 }
             })
             .collect();
@@ -221,6 +227,7 @@ impl RedisStore {
             let remote_prepared = &remote_prepared;
             async move {
                 let mode = Mode::Settle(SettleCall {
+                    id,
                     receipt: &receipt,
                     receipt_ms: receipt_ms(),
                     parts,
@@ -249,7 +256,10 @@ impl RedisStore {
                         self.send_later(
                             prepared.collect(),
                             group.slot,
-                            Later::Settle { parts },
+                            Later::Settle {
+                                parts,
+                                id: id.to_owned(),
+                            },
                             receipt,
                         );
                     } else {
@@ -307,8 +317,15 @@ impl RedisStore {
         let prepared = self.prepare(checks)?;
         let groups = self.groups(&prepared);
         let charged: Vec<(usize, u64)> = (0..groups.len()).map(|g| (g, charged_at)).collect();
-        self.refund_groups(&self.inner.scripts, &prepared, &groups, &charged, None)
-            .await;
+        self.refund_groups(
+            &self.inner.scripts,
+            &prepared,
+            &groups,
+            &charged,
+            None,
+            None,
+        )
+        .await;
         Ok(())
     }
 }

@@ -338,10 +338,40 @@ impl RedisStore {
     /// service never enables.
     #[cfg(feature = "test-time")]
     pub async fn check_at(&self, checks: &[Check<'_>], now: u64) -> Result<Verdict, Error> {
+        self.decide_at(None, checks, now).await
+    }
+
+    /// Reserves as if the server's clock read `now` (µs): the conformance
+    /// suite's [`Store::reserve`], with the `test-time` feature.
+    #[cfg(feature = "test-time")]
+    pub async fn reserve_at(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        now: u64,
+    ) -> Result<Verdict, Error> {
+        check_hold_id(id)?;
+        self.decide_at(Some(id), checks, now).await
+    }
+
+    #[cfg(feature = "test-time")]
+    async fn decide_at(
+        &self,
+        hold: Option<&str>,
+        checks: &[Check<'_>],
+        now: u64,
+    ) -> Result<Verdict, Error> {
         let prepared = self.prepare(checks)?;
         let groups = self.groups(&prepared);
         let results = self
-            .run(&self.inner.test_scripts, &prepared, &groups, &[], Some(now))
+            .run(
+                &self.inner.test_scripts,
+                &prepared,
+                &groups,
+                &[],
+                Some(now),
+                hold,
+            )
             .await;
         self.settle(
             &self.inner.test_scripts,
@@ -349,6 +379,7 @@ impl RedisStore {
             &groups,
             results,
             Some(now),
+            hold,
         )
         .await
         .map_err(|failed| failed.error)
@@ -406,6 +437,7 @@ impl RedisStore {
             data_errors: get(&c.data_errors),
             settles: get(&c.settles),
             settle_errors: get(&c.settle_errors),
+            reservations_given_back: get(&c.given_back),
         }
     }
 
@@ -460,7 +492,11 @@ impl RedisStore {
 
     /// The production path: the deny cache, the breakers, Redis, then the
     /// failure policy.
-    async fn check_with_fallback(&self, checks: &[Check<'_>]) -> Result<Verdict, Error> {
+    async fn check_with_fallback(
+        &self,
+        checks: &[Check<'_>],
+        hold: Option<&str>,
+    ) -> Result<Verdict, Error> {
         let inner = &*self.inner;
         let prepared = self.prepare(checks)?;
         let now = Instant::now();
@@ -485,10 +521,10 @@ impl RedisStore {
             return self.fall_back(checks, &prepared, Error::Unavailable);
         }
         let results = self
-            .run(&inner.scripts, &prepared, &groups, &open, None)
+            .run(&inner.scripts, &prepared, &groups, &open, None, hold)
             .await;
         let settled = self
-            .settle(&inner.scripts, &prepared, &groups, results, None)
+            .settle(&inner.scripts, &prepared, &groups, results, None, hold)
             .await;
         drop(probes);
         match settled {
@@ -536,6 +572,7 @@ impl RedisStore {
                             &groups,
                             &failed.charged,
                             None,
+                            hold,
                         )
                         .await;
                     }
@@ -555,12 +592,14 @@ impl RedisStore {
         groups: &[Group],
         open: &[usize],
         now: Option<u64>,
+        hold: Option<&str>,
     ) -> Vec<Result<Reply, Error>> {
+        let mode = hold.map_or(Mode::Decide, Mode::Reserve);
         let calls = groups.iter().enumerate().map(|(g, group)| async move {
             if open.contains(&g) {
                 return Err(Error::Unavailable);
             }
-            self.call(scripts, prepared, group, now, Mode::Decide).await
+            self.call(scripts, prepared, group, now, mode).await
         });
         futures_util::future::join_all(calls).await
     }
@@ -578,6 +617,7 @@ impl RedisStore {
         groups: &[Group],
         results: Vec<Result<Reply, Error>>,
         now: Option<u64>,
+        hold: Option<&str>,
     ) -> Result<Verdict, Failed> {
         let inner = &*self.inner;
         let answered_at = Instant::now();
@@ -640,7 +680,7 @@ impl RedisStore {
             let prepared = named_leases(prepared, &named);
             // Their decisions become their state as it now stands.
             for (g, reply) in self
-                .refund_groups(scripts, &prepared, groups, &charged, now)
+                .refund_groups(scripts, &prepared, groups, &charged, now, hold)
                 .await
             {
                 for (&i, d) in groups[g].checks.iter().zip(&reply.decisions) {
@@ -735,6 +775,12 @@ impl RedisStore {
                     cost: check.cost,
                     lease: 0,
                     capacity,
+                    release_us: match rule.algorithm() {
+                        spillway::algorithm::AnyAlgorithm::Concurrency(_) => 0,
+                        _ => rule.release_after().map_or(0, |d| {
+                            u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+                        }),
+                    },
                 })
             })
             .collect()
@@ -837,7 +883,17 @@ impl Store for RedisStore {
         &self,
         checks: &[Check<'_>],
     ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
-        self.check_with_fallback(checks)
+        self.check_with_fallback(checks, None)
+    }
+
+    /// Decides as [`check`](Store::check) does, in the same script call
+    /// that holds the reservations open: on Redis, a key's reservations
+    /// live in its slot, and any instance's call that touches the key once
+    /// one's time has passed gives it back. A reservation made by the local
+    /// fallback is not held (it lives and dies with this process).
+    async fn reserve(&self, id: &str, checks: &[Check<'_>]) -> Result<Verdict, Error> {
+        check_hold_id(id)?;
+        self.check_with_fallback(checks, Some(id)).await
     }
 
     /// Gives back the charges with the script's refund mode. A verdict that
@@ -891,6 +947,14 @@ impl fmt::Debug for RedisStore {
             .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
+}
+
+/// A reservation's id must be a settle's ([`MAX_SETTLE_ID`](spillway::store::MAX_SETTLE_ID)).
+fn check_hold_id(id: &str) -> Result<(), Error> {
+    if id.is_empty() || id.len() > spillway::store::MAX_SETTLE_ID {
+        return Err(spillway::Error::SettleId { len: id.len() }.into());
+    }
+    Ok(())
 }
 
 /// `prepared`, with the leases of its concurrency checks named (check

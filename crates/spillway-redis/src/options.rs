@@ -93,6 +93,9 @@ pub struct Stats {
     /// Settles that failed every attempt: their reservations stand as
     /// charged.
     pub settle_errors: u64,
+    /// Reservations given back because no settle named them in time (by
+    /// this process's calls: another instance's calls give back the rest).
+    pub reservations_given_back: u64,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +110,7 @@ pub(crate) struct Counters {
     pub(crate) data_errors: AtomicU64,
     pub(crate) settles: AtomicU64,
     pub(crate) settle_errors: AtomicU64,
+    pub(crate) given_back: AtomicU64,
     // Refund receipts: this process's random prefix and a sequence.
     pub(crate) receipt_prefix: u64,
     pub(crate) receipts: AtomicU64,

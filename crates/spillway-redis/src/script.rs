@@ -24,7 +24,10 @@ const DRIVER: &str = include_str!("scripts/driver.lua");
 /// (when not empty) replaces the server's clock: only the test build asks
 /// for that.
 pub(crate) fn source(time_override: bool) -> String {
-    let mut src = format!("local ALLOW_TIME_OVERRIDE = {time_override}\n{COMMON}\n");
+    let mut src = format!(
+        "local ALLOW_TIME_OVERRIDE = {time_override}\nlocal MAX_HOLDS_PER_KEY = {}\n{COMMON}\n",
+        spillway::store::MAX_HOLDS_PER_KEY
+    );
     for family in &FAMILIES {
         src.push_str(family.file);
         src.push('\n');

@@ -23,6 +23,17 @@ impl Harness for Redis<'_> {
             .map_err(harness_error)
     }
 
+    fn reserve(
+        &mut self,
+        id: &str,
+        checks: &[Check<'_>],
+        now_us: u64,
+    ) -> Result<Verdict, HarnessError> {
+        self.runtime
+            .block_on(self.store.reserve_at(id, checks, now_us))
+            .map_err(harness_error)
+    }
+
     fn settle(
         &mut self,
         id: &str,

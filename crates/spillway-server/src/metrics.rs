@@ -21,6 +21,7 @@
 //! | `spillway_budget_settled_total` | counter | `rule`, `how` | budget reservations closed: `measured`, `left` (the client left mid-response), `cut` (at the budget), `released` (a refused 4xx, a 5xx given back), `kept` (nothing measured: the reservation stands) |
 //! | `spillway_budget_overruns_total` | counter | `rule` | responses that cost more than their charges: the rest was charged, in debt if the key had nothing left |
 //! | `spillway_budget_units_total` | counter | `rule`, `kind` | units `charged` before the settles, and the `actual` cost they were settled at: how far the reservations are from the real costs |
+//! | `spillway_budget_given_back_total` | counter | | budget reservations the store gave back because no settle came within the rule's `settle_within` (`on_expiry = "release"`), by this instance's store calls: on Redis, another instance's calls may give back the rest |
 //! | `spillway_leases_total` | counter | `rule`, `event` | what became of concurrency leases while their requests ran: `renewed`, `lost`, `retaken`, `released`, `expired` |
 //!
 //! The Redis figures come from the store's own counters. A reload builds a
@@ -357,6 +358,7 @@ impl Metrics {
             r.refund_errors += s.refund_errors;
             r.settles += s.settles;
             r.settle_errors += s.settle_errors;
+            r.reservations_given_back += s.reservations_given_back;
             r.data_errors += s.data_errors;
         }
     }
@@ -453,8 +455,13 @@ impl StoreSnapshot {
             stats.refund_errors += s.refund_errors;
             stats.settles += s.settles;
             stats.settle_errors += s.settle_errors;
+            stats.reservations_given_back += s.reservations_given_back;
             stats.data_errors += s.data_errors;
             healthy = redis.is_healthy();
+        }
+        // The memory store's count is shared by the stores reloads make.
+        if let Some(memory) = store.memory() {
+            stats.reservations_given_back += memory.reservations_released();
         }
         let keys = match store.memory() {
             Some(memory) => store
@@ -521,6 +528,11 @@ impl Collector for StoreSnapshot {
                 "spillway_redis_settle_errors",
                 "Settles that failed every attempt: their charges stand as made.",
                 self.stats.settle_errors,
+            ),
+            (
+                "spillway_budget_given_back",
+                "Budget reservations given back because no settle came in time (on_expiry = \"release\").",
+                self.stats.reservations_given_back,
             ),
             (
                 "spillway_redis_data_errors",

@@ -81,6 +81,30 @@ impl Store for AnyStore {
         result
     }
 
+    async fn reserve(&self, id: &str, checks: &[Check<'_>]) -> Result<Verdict, StoreError> {
+        let started = Instant::now();
+        let result = match &self.inner {
+            StoreImpl::Memory(s) => s.reserve_now(id, checks).map_err(StoreError::from),
+            StoreImpl::Redis(s) => s.reserve(id, checks).await,
+        };
+        self.observe(started, result.as_ref().err());
+        result
+    }
+
+    fn try_reserve_now(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+    ) -> Option<Result<Verdict, StoreError>> {
+        let StoreImpl::Memory(s) = &self.inner else {
+            return None;
+        };
+        let started = Instant::now();
+        let result = s.reserve_now(id, checks).map_err(StoreError::from);
+        self.observe(started, result.as_ref().err());
+        Some(result)
+    }
+
     fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, StoreError>> {
         let StoreImpl::Memory(s) = &self.inner else {
             return None;

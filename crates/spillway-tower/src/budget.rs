@@ -134,6 +134,7 @@ pub struct ResponseCost {
     pub(crate) max_reserve: Option<u64>,
     pub(crate) on_overrun: Overrun,
     pub(crate) release_on_5xx: bool,
+    pub(crate) release_after: Option<std::time::Duration>,
 }
 
 impl ResponseCost {
@@ -159,6 +160,7 @@ impl ResponseCost {
             max_reserve: None,
             on_overrun: Overrun::Finish,
             release_on_5xx: false,
+            release_after: None,
         }
     }
 
@@ -186,6 +188,26 @@ impl ResponseCost {
     pub fn release_on_5xx(mut self, release: bool) -> Self {
         self.release_on_5xx = release;
         self
+    }
+
+    /// Gives back a reservation no settle has closed within `within` of
+    /// its charge (`on_expiry = "release"`): the store holds each open
+    /// and settles it at 0 by itself once that time has passed, whichever
+    /// instance meets its key first
+    /// ([`Rule::release_unsettled_after`](spillway::store::Rule::release_unsettled_after)),
+    /// so a front end that died with responses in flight costs their
+    /// clients nothing past it; a settle that comes later charges the
+    /// whole actual cost. Unset (the default), such a reservation stays
+    /// charged: what was reserved is what it costs.
+    pub fn release_unsettled_after(mut self, within: std::time::Duration) -> Self {
+        self.release_after = Some(within);
+        self
+    }
+
+    /// How long a reservation stays open unsettled before it is given back,
+    /// if it ever is ([`release_unsettled_after`](Self::release_unsettled_after)).
+    pub fn release_after(&self) -> Option<std::time::Duration> {
+        self.release_after
     }
 
     /// Where the cost is read.

@@ -229,6 +229,9 @@ pub struct Charge {
     of: Option<(usize, usize)>,
     key: String,
     cost: u64,
+    // The store rule gives back what is not settled in time: a charge of
+    // it is held open under the request's id.
+    releases: bool,
 }
 
 impl Charge {
@@ -312,6 +315,9 @@ pub struct Ruling {
     // The charges that were charged, and the store's time of the charge.
     charged: Option<(Small<usize>, u64)>,
     reported: Option<usize>,
+    // The id the store holds the reservations of releasing rules open
+    // under, if the request made any.
+    hold: Option<Arc<str>>,
 }
 
 impl Ruling {
@@ -327,6 +333,7 @@ impl Ruling {
             rejected_by: None,
             charged: None,
             reported: None,
+            hold: None,
         }
     }
 
@@ -385,6 +392,7 @@ impl Ruling {
     /// would give back what was never taken.
     pub fn into_held(self) -> Option<Held> {
         let (charged, at) = self.charged?;
+        let hold = self.hold;
         let mut charges = self.charges;
         let decisions = self.decisions;
         let undecided = self.undecided;
@@ -408,13 +416,20 @@ impl Ruling {
                         cost: charge.cost,
                         at,
                         reset_after: 0,
+                        held: false,
                     },
                     |d| Charged::of(charge.cost, at, d),
                 );
-                (charge, charged)
+                // Held open by the store under the request's id.
+                let held = hold.is_some() && charge.cost > 0 && charge.releases;
+                (charge, if held { charged.held_open() } else { charged })
             })
             .collect();
-        Some(Held { charges, unmade })
+        Some(Held {
+            charges,
+            unmade,
+            hold,
+        })
     }
 
     /// The outcome, and (with `hold`) what the request charged
@@ -435,6 +450,10 @@ impl Ruling {
     }
 }
 
+/// A [`Held`]'s parts: the charges the store could not make, those it
+/// made, and the id it holds reservations open under.
+pub(crate) type HeldParts = (Vec<Charge>, Vec<(Charge, Charged)>, Option<Arc<str>>);
+
 /// The charges of an admitted request, held open until its response ends.
 #[derive(Debug)]
 pub struct Held {
@@ -442,26 +461,50 @@ pub struct Held {
     // The charges the store could not make (admitted by a failure policy):
     // a concurrency rule's slot is taken for them once the store answers.
     unmade: Vec<Charge>,
+    // The id the store holds the charges of releasing rules open under.
+    hold: Option<Arc<str>>,
 }
 
 impl Held {
     /// The charges the store could not make (it could not be reached, and
-    /// the rule's failure policy admitted the request), and the ones it
-    /// made.
-    pub(crate) fn into_parts(self) -> (Vec<Charge>, Vec<(Charge, Charged)>) {
-        (self.unmade, self.charges)
+    /// the rule's failure policy admitted the request), the ones it made,
+    /// and the id it holds reservations open under.
+    pub(crate) fn into_parts(self) -> HeldParts {
+        (self.unmade, self.charges, self.hold)
     }
 
     /// A `Held` of these charges: the inverse of
     /// [`into_parts`](Self::into_parts).
-    pub(crate) fn from_parts(unmade: Vec<Charge>, charges: Vec<(Charge, Charged)>) -> Self {
-        Self { charges, unmade }
+    pub(crate) fn from_parts(
+        unmade: Vec<Charge>,
+        charges: Vec<(Charge, Charged)>,
+        hold: Option<Arc<str>>,
+    ) -> Self {
+        Self {
+            charges,
+            unmade,
+            hold,
+        }
     }
 
     /// Each charge held, and what the store charged for it: what a
     /// [`Settle`] of it must say.
     pub fn charges(&self) -> &[(Charge, Charged)] {
         &self.charges
+    }
+
+    /// The id the store holds the reservations of rules that give back
+    /// what is not settled in time open under
+    /// ([`Store::reserve`]): the settle of a charge that is
+    /// [held](Charged::held) must be sent under it. `None` when no charge
+    /// is held.
+    pub fn hold_id(&self) -> Option<&str> {
+        self.hold.as_deref()
+    }
+
+    /// The id to settle these charges under: the hold's, else a new one.
+    pub(crate) fn settle_id(&self) -> String {
+        self.hold.as_deref().map_or_else(settle_id, str::to_owned)
     }
 
     /// Gives every charge back (the request was abandoned before it was
@@ -479,7 +522,11 @@ impl Held {
                 actual: 0,
             })
             .collect();
-        engine.store.settle(&settle_id(), &settles).await.map(drop)
+        engine
+            .store
+            .settle(&self.settle_id(), &settles)
+            .await
+            .map(drop)
     }
 }
 
@@ -686,12 +733,22 @@ impl<St: Store> Engine<St> {
     pub fn charge(&self, index: usize, tier: Option<&str>, key: String, cost: u64) -> Charge {
         let rule = &self.policy.rules[index];
         let quota = rule.quota_index(tier);
+        let id = RuleId(rule.first_id + quota);
         Charge {
-            id: RuleId(rule.first_id + quota),
+            id,
             of: Some((index, quota)),
             key,
             cost,
+            releases: self.releases(id),
         }
+    }
+
+    /// Whether store rule `id` gives back the reservations not settled in
+    /// time ([`Rule::release_unsettled_after`](spillway::store::Rule::release_unsettled_after)).
+    fn releases(&self, id: RuleId) -> bool {
+        self.store.rules().get(id.0).is_some_and(|r| {
+            r.release_after().is_some() && !matches!(r.algorithm(), AnyAlgorithm::Concurrency(_))
+        })
     }
 
     /// A charge of the policy rule called `rule` under its quota for
@@ -800,11 +857,12 @@ impl<St: Store> Engine<St> {
     /// not have or one of the policy's.
     pub fn charge_own(&self, id: RuleId, key: String, cost: u64) -> Option<Charge> {
         let own = self.policy.store_rule_count()..self.store.rules().len();
-        own.contains(&id.0).then_some(Charge {
+        own.contains(&id.0).then(|| Charge {
             id,
             of: None,
             key,
             cost,
+            releases: self.releases(id),
         })
     }
 
@@ -855,11 +913,13 @@ impl<St: Store> Engine<St> {
                 rule.algorithm_of(quota).capacity()
             })
             .map_err(Unplanned::BadRequest)?;
+            let id = RuleId(rule.first_id + quota);
             charges.push(Charge {
-                id: RuleId(rule.first_id + quota),
+                id,
                 of: Some((index, quota)),
                 key,
                 cost,
+                releases: self.releases(id),
             });
         }
         Ok(charges)
@@ -897,9 +957,13 @@ impl<St: Store> Engine<St> {
             return Ruling::without_store(Outcome::Unlimited, charges);
         }
         let mut deciding = Deciding::new(self, charges, asking);
+        let hold = deciding.hold.clone();
         loop {
             let Some(asked) = deciding.ask() else { break };
-            let answered = self.store.check(&asked).await;
+            let answered = match &hold {
+                Some(id) => self.store.reserve(id, &asked).await,
+                None => self.store.check(&asked).await,
+            };
             drop(asked);
             match answered {
                 Ok(verdict) => deciding.answer(&verdict),
@@ -920,9 +984,13 @@ impl<St: Store> Engine<St> {
             return Ok(Ruling::without_store(Outcome::Unlimited, charges));
         }
         let mut deciding = Deciding::new(self, charges, asking);
+        let hold = deciding.hold.clone();
         loop {
             let Some(asked) = deciding.ask() else { break };
-            let answered = self.store.try_check_now(&asked);
+            let answered = match &hold {
+                Some(id) => self.store.try_reserve_now(id, &asked),
+                None => self.store.try_check_now(&asked),
+            };
             drop(asked);
             match answered {
                 None => return Err(deciding.charges),
@@ -1060,6 +1128,9 @@ struct Deciding<'e, St> {
     active: Small<usize>,
     // Only look: every cost is 0.
     look_only: bool,
+    // The id to hold reservations open under, when a charge's rule gives
+    // back what is not settled in time.
+    hold: Option<Arc<str>>,
 }
 
 impl<'e, St: Store> Deciding<'e, St> {
@@ -1074,7 +1145,10 @@ impl<'e, St: Store> Deciding<'e, St> {
                 .collect(),
         };
         let look_only = asking.look_only || over_capacity.contains(&true);
+        let hold = (!look_only && charges.iter().any(|c| c.releases && c.cost > 0))
+            .then(|| Arc::from(settle_id()));
         Self {
+            hold,
             engine,
             asking,
             decisions: smallvec::smallvec![None; n],
@@ -1267,6 +1341,7 @@ impl<'e, St: Store> Deciding<'e, St> {
             charged: self.charged.filter(|_| !self.look_only),
             reported,
             charges: self.charges,
+            hold: self.hold,
         }
     }
 }

@@ -62,9 +62,15 @@ pub(crate) enum Extended {
 
 /// The engine, without its store's type, as a response body needs it.
 pub(crate) trait Budgets: Keeper {
-    /// Settles each charge at its actual cost, in the background of the
-    /// caller (a failure is logged: the store's own retries are done).
-    fn settle(self: Arc<Self>, parts: Vec<(Charge, Charged, u64)>) -> BoxFuture<()>;
+    /// Settles each charge at its actual cost, under the id the store
+    /// holds its reservations open under if it holds any, in the
+    /// background of the caller (a failure is logged: the store's own
+    /// retries are done).
+    fn settle(
+        self: Arc<Self>,
+        parts: Vec<(Charge, Charged, u64)>,
+        hold: Option<Arc<str>>,
+    ) -> BoxFuture<()>;
     /// Charges `cost` more to `charge`'s rule and key.
     fn extend(self: Arc<Self>, charge: Charge, cost: u64) -> BoxFuture<Extended>;
     /// The budget of `charge`'s rule, if it is a budget rule.
@@ -80,7 +86,11 @@ pub(crate) trait Budgets: Keeper {
 }
 
 impl<St: Store + 'static> Budgets for Engine<St> {
-    fn settle(self: Arc<Self>, parts: Vec<(Charge, Charged, u64)>) -> BoxFuture<()> {
+    fn settle(
+        self: Arc<Self>,
+        parts: Vec<(Charge, Charged, u64)>,
+        hold: Option<Arc<str>>,
+    ) -> BoxFuture<()> {
         Box::pin(async move {
             let settles: Vec<Settle<'_>> = parts
                 .iter()
@@ -91,7 +101,8 @@ impl<St: Store + 'static> Budgets for Engine<St> {
                     actual: *actual,
                 })
                 .collect();
-            if let Err(e) = self.store().settle(&settle_id(), &settles).await {
+            let id = hold.as_deref().map_or_else(settle_id, str::to_owned);
+            if let Err(e) = self.store().settle(&id, &settles).await {
                 tracing::warn!(error = %e, "could not settle a response's cost");
             }
         })
@@ -212,6 +223,8 @@ pub struct Metering {
     unanswered: bool,
     // The request's in-flight slots, given back when this is dropped.
     leases: Option<Leases>,
+    // The id the store holds the budget charges' reservations open under.
+    hold: Option<Arc<str>>,
 }
 
 /// How a response's metering ends.
@@ -250,7 +263,7 @@ pub(crate) fn keep_leases(
     budgets: &Arc<dyn Budgets>,
     held: Held,
 ) -> (Option<Leases>, Option<Held>) {
-    let (unmade, made) = held.into_parts();
+    let (unmade, made, hold) = held.into_parts();
     // A slot the store could not take (fail_open), or took without a
     // time to name it by (a cluster node that did not answer), is taken at
     // the first renew the store answers, if one is free, under a name drawn
@@ -292,7 +305,7 @@ pub(crate) fn keep_leases(
         }
     };
     let rest = (!made_rest.is_empty() || !unmade_rest.is_empty())
-        .then(|| Held::from_parts(unmade_rest, made_rest));
+        .then(|| Held::from_parts(unmade_rest, made_rest, hold));
     (leases, rest)
 }
 
@@ -322,7 +335,10 @@ impl Metering {
         prompt_estimate: u64,
         leases: Option<Leases>,
     ) -> Option<Self> {
-        let made = held.map(|h| h.into_parts().1).unwrap_or_default();
+        let (made, hold) = held.map_or_else(Default::default, |h| {
+            let (_, made, hold) = h.into_parts();
+            (made, hold)
+        });
         let parts: SmallVec<[Part; 1]> = made
             .into_iter()
             .filter_map(|(charge, charged)| {
@@ -363,6 +379,7 @@ impl Metering {
             trailers: None,
             unanswered: false,
             leases,
+            hold,
         })
     }
 
@@ -727,6 +744,9 @@ impl Metering {
                 Settled::Kept => charged,
                 _ => measured.unwrap_or(0),
             };
+            // A reservation the store holds open is closed even when it
+            // stands as charged: else it would be given back in time.
+            let held = p.charged.iter().any(|c| c.held);
             self.budgets.observe(
                 &p.charge,
                 BudgetEvent::Closed {
@@ -735,7 +755,7 @@ impl Metering {
                     actual,
                 },
             );
-            if how == Settled::Kept {
+            if how == Settled::Kept && !held {
                 continue;
             }
             // The first charges are filled first, the last takes the rest:
@@ -759,7 +779,7 @@ impl Metering {
             tracing::warn!("no runtime to settle a response's cost on: its reservation stands");
             return;
         };
-        runtime.spawn(self.budgets.clone().settle(settles));
+        runtime.spawn(self.budgets.clone().settle(settles, self.hold.clone()));
     }
 }
 

@@ -882,9 +882,22 @@ impl Policy {
     pub fn store_rules(&self) -> Vec<Rule> {
         let mut out = Vec::new();
         for rule in &self.rules {
-            out.push(Rule::new(rule.name.as_str(), rule.algorithm));
+            // A budget that gives back what is not settled in time has its
+            // store hold each reservation open.
+            let release = match &rule.cost {
+                Cost::Response(budget) => budget.release_after,
+                _ => None,
+            };
+            let store_rule = |name: String, algorithm| {
+                let r = Rule::new(name, algorithm);
+                match release {
+                    Some(within) => r.release_unsettled_after(within),
+                    None => r,
+                }
+            };
+            out.push(store_rule(rule.name.clone(), rule.algorithm));
             for (tier, algorithm) in &rule.tiers {
-                out.push(Rule::new(format!("{}@{tier}", rule.name), *algorithm));
+                out.push(store_rule(format!("{}@{tier}", rule.name), *algorithm));
             }
         }
         out

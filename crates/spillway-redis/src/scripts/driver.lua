@@ -12,19 +12,33 @@
 --          check's lease name, or 0.
 --          Or "settle", to settle admitted charges at their actual costs:
 --          one more key, last, the settle's receipt; and after the checks,
---          three numbers per check (the charge's time, its decision's
---          reset_after, the actual cost), then the receipt's life in ms.
+--          four numbers per check (the charge's time, its decision's
+--          reset_after, the actual cost, 1 if the charge is a reservation
+--          held open under the settle's id), then the receipt's life in ms
+--          and the settle's id.
 --          Or "renew", to renew concurrency leases: after the checks, one
 --          number per check, its lease's name (-1 for a request that holds
 --          none yet).
--- then 7 numbers per check: algorithm, p1..p5, cost (for a settle, the
--- cost charged).
+--          Or "reserve", to decide and hold the charges of the checks that
+--          release what is not settled in time open under an id: after the
+--          checks, the id.
+--          A refund also has, after the lease names, the id its charges were
+--          held open under ("" for none): they are closed.
+-- then 8 numbers per check: algorithm, p1..p5, cost (for a settle, the
+-- cost charged), and how long (µs) a reservation of its rule stays open
+-- unsettled before it is given back, 0 if it never is.
+-- Before a call does anything with a key whose rule gives reservations
+-- back, it gives back those whose time has passed (`give_back_due`). A
+-- key's open reservations are a sorted set, `KEY:rs` (the id, scored by
+-- the time it is given back), and a hash, `KEY:rs:c` (the id: its charge's
+-- cost, time and reset_after, as this node took them).
 -- The reply: admitted (0/1), the time, then the seven numbers of each
--- check's decision. A settle's: applied (0/1: 0 if its receipt was there
--- already), the time, then each key's state as it now stands. A renew's:
--- 1, the time, each lease's decision (admitted: held now), then two numbers
--- per check: whether the lease was still held (0/1), and the time of the
--- renew.
+-- check's decision, then how many reservations were given back. A
+-- settle's: applied (0/1: 0 if its receipt was there already), the time,
+-- then each key's state as it now stands, then how many were given back. A
+-- renew's: 1, the time, each lease's decision (admitted: held now), then
+-- two numbers per check: whether the lease was still held (0/1), and the
+-- time of the renew.
 local now
 -- Keys expire on the server's real clock. Under a test's virtual clock they
 -- must outlive the test's steps instead: an idle state decides like a fresh
@@ -40,12 +54,14 @@ end
 
 local n = #KEYS
 -- A refund's or a settle's receipt is the last key; a renew has none.
-if ARGV[2] ~= '' and ARGV[2] ~= 'renew' then n = n - 1 end
+if ARGV[2] ~= '' and ARGV[2] ~= 'renew' and ARGV[2] ~= 'reserve' then n = n - 1 end
+-- Where the arguments after the checks begin.
+local extra = 2 + 8 * n
 
 -- Check i's algorithm (by its number, script.rs::params), its cost and its
 -- parameters: only those the algorithm reads are converted.
 local function check_of(i)
-  local base = 2 + (i - 1) * 7
+  local base = 2 + (i - 1) * 8
   local id = ARGV[base + 1]
   if id == '1' then
     return fixed_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
@@ -81,12 +97,14 @@ local function put(reply, i, allowed, limit, remaining, reset_after, refill_afte
   return allowed
 end
 
--- Each check's algorithm, cost, and parameters (five slots per check).
-local algos, costs, params = {}, {}, {}
+-- Each check's algorithm, cost, and parameters (five slots per check),
+-- and how long its rule holds a reservation open (0: never given back).
+local algos, costs, params, holds = {}, {}, {}, {}
 for i = 1, n do
   local o = 5 * i
   algos[i], costs[i], params[o + 1], params[o + 2], params[o + 3], params[o + 4], params[o + 5] =
     check_of(i)
+  holds[i] = ARGV[2 + i * 8] + 0
 end
 -- Check i's call of its algorithm.
 local function run(i, op, state, cost, at)
@@ -100,20 +118,93 @@ local function save_of(i, state)
     params[o + 5])
 end
 
+-- How many reservations this call gave back.
+local given_back = 0
+
+-- Gives back `ids`, reservations of check i's key: each settled at 0 as
+-- of its charge, and closed.
+local function give_back(i, ids)
+  if #ids == 0 then return end
+  local rs = KEYS[i] .. ':rs'
+  local charges = redis.call('HMGET', rs .. ':c', unpack(ids))
+  local state = run(i, 'load', nil, 0, now)
+  run(i, 'check', state, 0, now)
+  for j = 1, #ids do
+    local c = charges[j]
+    if c then
+      local cost, at, reset = string.match(c, '^(%d+) (%d+) (%d+)$')
+      if cost then
+        state.charged_at, state.charged_reset, state.actual = at + 0, reset + 0, 0
+        run(i, 'settle', state, cost + 0, now)
+      end
+    end
+  end
+  save_of(i, state)
+  redis.call('ZREM', rs, unpack(ids))
+  redis.call('HDEL', rs .. ':c', unpack(ids))
+  given_back = given_back + #ids
+end
+
+-- Gives back check i's reservations whose time has passed.
+local function give_back_due(i)
+  if holds[i] > 0 then
+    give_back(i, redis.call('ZRANGEBYSCORE', KEYS[i] .. ':rs', '-inf', now))
+  end
+end
+
+-- Closes reservation `id` of check i's key: whether it was open.
+local function close(i, id)
+  local rs = KEYS[i] .. ':rs'
+  if redis.call('ZREM', rs, id) == 0 then return false end
+  redis.call('HDEL', rs .. ':c', id)
+  return true
+end
+
+-- Holds check i's charge (admitted now, `reset` its reset_after) open
+-- under `id`; the key's oldest is given back at once past its bound. Both
+-- keys live as long as the reservations, or the state, whichever is
+-- longer, and a minute more.
+local function hold(i, id, reset)
+  local rs = KEYS[i] .. ':rs'
+  redis.call('ZADD', rs, now + holds[i], id)
+  redis.call('HSET', rs .. ':c', id, costs[i] .. ' ' .. now .. ' ' .. reset)
+  local over = redis.call('ZCARD', rs) - MAX_HOLDS_PER_KEY
+  if over > 0 then
+    give_back(i, redis.call('ZRANGE', rs, 0, over - 1))
+  end
+  local keep = math.max(cdiv(holds[i], 1000), redis.call('PTTL', KEYS[i])) + 60000 + ttl_slack_ms
+  if redis.call('PTTL', rs) < keep then
+    redis.call('PEXPIRE', rs, keep)
+    redis.call('PEXPIRE', rs .. ':c', keep)
+  end
+end
+
+for i = 1, n do give_back_due(i) end
+
 if ARGV[2] == 'settle' then
   local applied = 0
-  local extra = 2 + 7 * n
-  if redis.call('SET', KEYS[n + 1], 1, 'NX', 'PX', ARGV[extra + 3 * n + 1]) then
+  local id = ARGV[extra + 4 * n + 2]
+  if redis.call('SET', KEYS[n + 1], 1, 'NX', 'PX', ARGV[extra + 4 * n + 1]) then
     applied = 1
     for i = 1, n do
       local state = run(i, 'load', nil, 0, now)
       -- A peek first rolls the windows and drops what left a log, as a
       -- check at `now` would.
       run(i, 'check', state, 0, now)
-      local o = extra + 3 * (i - 1)
-      state.charged_at, state.charged_reset, state.actual =
-        ARGV[o + 1] + 0, ARGV[o + 2] + 0, ARGV[o + 3] + 0
-      run(i, 'settle', state, costs[i], now)
+      local o = extra + 4 * (i - 1)
+      local cost, reset = costs[i], ARGV[o + 2] + 0
+      if ARGV[o + 4] == '1' and not close(i, id) then
+        -- Given back already (not settled in time): the whole actual
+        -- cost is charged, as a charge of nothing at its time, which for
+        -- a bucket ends where the given-back one began.
+        if algos[i] == bucket then
+          local p = 5 * i
+          reset = math.max(reset - idiv(cost * params[p + 2], params[p + 3]), 0)
+        end
+        cost = 0
+      end
+      state.charged_at, state.charged_reset, state.actual = ARGV[o + 1] + 0, reset, ARGV[o + 3] + 0
+      run(i, 'settle', state, cost, now)
       save_of(i, state)
     end
   end
@@ -121,6 +212,7 @@ if ARGV[2] == 'settle' then
   for i = 1, n do
     put(reply, i, run(i, 'check', run(i, 'load', nil, 0, now), 0, now))
   end
+  reply[#reply + 1] = given_back
   return reply
 end
 
@@ -129,7 +221,6 @@ if ARGV[2] == 'renew' then
   -- whatever else is in flight (a limit lowered since included); one that
   -- ended is taken afresh under its name if it fits; a request that holds
   -- none yet takes one as a check would.
-  local extra = 2 + 7 * n
   local reply, renewed = { 1, now }, {}
   for i = 1, n do
     local state = run(i, 'load', nil, 0, now)
@@ -151,16 +242,19 @@ if ARGV[2] == 'renew' then
   return reply
 end
 
-if ARGV[2] ~= '' then
+if ARGV[2] ~= '' and ARGV[2] ~= 'reserve' then
   -- Refund: another part of the request (on another cluster node) denied.
   local charged_at = ARGV[2] + 0
   -- The receipt outlives every retry of the refund (the store sends its
   -- last within about 8 s); short-lived, so that many refunds cost little.
   if redis.call('SET', KEYS[n + 1], 1, 'NX', 'PX', 10000) then
+    -- Charges held open under an id are closed: given back here.
+    local id = ARGV[extra + n + 1] or ''
     for i = 1, n do
+      if id ~= '' and holds[i] > 0 and costs[i] > 0 then close(i, id) end
       if costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
         local state = run(i, 'load', nil, 0, now)
-        state.lease_id = (ARGV[2 + 7 * n + i] or 0) + 0
+        state.lease_id = (ARGV[extra + i] or 0) + 0
         if algos[i] == sliding_log then
           -- The log also needs the time now, to tell an expired charge.
           local o = 5 * i
@@ -178,6 +272,7 @@ if ARGV[2] ~= '' then
   for i = 1, n do
     put(reply, i, run(i, 'check', run(i, 'load', nil, 0, now), 0, now))
   end
+  reply[#reply + 1] = given_back
   return reply
 end
 
@@ -200,6 +295,12 @@ if reply[1] == 1 then
       save_of(i, states[key])
     end
   end
+  if ARGV[2] == 'reserve' then
+    local id = ARGV[extra + 1]
+    for i = 1, n do
+      if holds[i] > 0 and costs[i] > 0 then hold(i, id, reply[7 * i - 1]) end
+    end
+  end
 else
   -- Nothing is charged: the admitting checks (peeks included, which may
   -- have seen a charge of this request) report their state as it stands,
@@ -218,4 +319,5 @@ else
     end
   end
 end
+reply[#reply + 1] = given_back
 return reply

@@ -58,7 +58,7 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
             TokenCharge::of(engine, charge, &charged)
         })
         .collect();
-    token_of(PREFIX, loaded, key, charges, life)
+    token_of(PREFIX, loaded, key, charges, life, None)
 }
 
 /// The body of `POST /v1/renew` and `POST /v1/release`.
@@ -181,8 +181,15 @@ async fn renew_answer(state: &State, body: &[u8]) -> Answer {
             ),
         );
     }
-    let (text, life) =
-        token_of(PREFIX, &loaded, &state.settle_key, charges.clone(), life).expect("charged");
+    let (text, life) = token_of(
+        PREFIX,
+        &loaded,
+        &state.settle_key,
+        charges.clone(),
+        life,
+        None,
+    )
+    .expect("charged");
     let rules = charges
         .iter()
         .zip(token.charges.iter().zip(&renewed))

@@ -70,6 +70,10 @@ pub(super) struct TokenCharge {
     /// The rule's algorithm then: a reload that made a budget rule a
     /// concurrency rule (or back) is seen.
     pub(super) algorithm: String,
+    /// The store holds the charge open under the token's id, and gives it
+    /// back if no settle comes in time (`on_expiry = "release"`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) held: bool,
 }
 
 impl TokenCharge {
@@ -85,6 +89,7 @@ impl TokenCharge {
             reset_after: charged.reset_after,
             capacity: rule.algorithm().capacity(),
             algorithm: rule.algorithm().name().to_string(),
+            held: charged.held,
         }
     }
 
@@ -94,6 +99,7 @@ impl TokenCharge {
             cost: self.cost,
             at: self.at,
             reset_after: self.reset_after,
+            held: self.held,
         }
     }
 }
@@ -222,7 +228,8 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
         .map(|(charge, charged)| TokenCharge::of(engine, charge, charged))
         .collect();
     let within = loaded.config.server.settle_within;
-    token_of(PREFIX, loaded, key, charges, within)
+    // Settled under the id the store holds the reservations open under.
+    token_of(PREFIX, loaded, key, charges, within, held.hold_id())
 }
 
 /// A token of the kind `prefix` names (`st1.`, `ls1.`) for `charges`, good
@@ -233,12 +240,13 @@ pub(super) fn token_of(
     key: &SettleKey,
     charges: Vec<TokenCharge>,
     life: Duration,
+    id: Option<&str>,
 ) -> Option<(String, Duration)> {
     if charges.is_empty() {
         return None;
     }
     let token = Token {
-        id: new_id(&prefix[..2]),
+        id: id.map_or_else(|| new_id(&prefix[..2]), str::to_owned),
         exp: now_ms().saturating_add(ms(life)),
         store: key.store_id(loaded),
         charges,
@@ -570,6 +578,7 @@ mod tests {
                 reset_after: 2,
                 capacity: 1000,
                 algorithm: "token_bucket".into(),
+                held: false,
             }],
         }
     }

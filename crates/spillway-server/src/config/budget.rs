@@ -1,6 +1,8 @@
 //! A rule's budget: `cost = "response:..."` and the fields that go with
 //! it (`reserve`, `reserve_default`, `max_reserve`, `on_overrun`,
-//! `release_on_5xx`).
+//! `release_on_5xx`, `on_expiry`, `settle_within`).
+
+use std::time::Duration;
 
 use http::HeaderName;
 use serde::Deserialize;
@@ -11,6 +13,7 @@ use toml::Spanned;
 
 use super::RawRule;
 use super::errors::{ConfigError, Text, not_one_of};
+use super::parse_duration;
 
 /// A budget rule's `reserve`: a number, or where to read it.
 #[derive(Debug, Clone, Deserialize)]
@@ -30,6 +33,7 @@ pub(super) fn response_cost(
     r: &RawRule,
     cost: &Spanned<impl Sized>,
     text: &str,
+    settle_within: Duration,
     lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<Option<Cost>, ConfigError> {
@@ -123,6 +127,9 @@ pub(super) fn response_cost(
     if let Some(release) = &r.release_on_5xx {
         budget = budget.release_on_5xx(*release.get_ref());
     }
+    if let Some(within) = on_expiry(r, settle_within, lines, field)? {
+        budget = budget.release_unsettled_after(within);
+    }
     if !r.descriptors.is_empty() {
         return Err(lines.err(
             cost,
@@ -132,6 +139,51 @@ pub(super) fn response_cost(
         ));
     }
     Ok(Some(Cost::Response(Box::new(budget))))
+}
+
+/// The most a budget rule's `settle_within` may be.
+const MOST_SETTLE_WITHIN: Duration = Duration::from_secs(24 * 3600);
+
+/// `on_expiry` and `settle_within`: how long a reservation may go
+/// unsettled before the store gives it back, if it does (`"release"`);
+/// `None` for `"charge"` (the default: it stays charged).
+fn on_expiry(
+    r: &RawRule,
+    default: Duration,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<Option<Duration>, ConfigError> {
+    let release = match &r.on_expiry {
+        None => false,
+        Some(o) => match o.get_ref().as_str() {
+            "charge" => false,
+            "release" => true,
+            other => {
+                return Err(lines.err(
+                    o,
+                    field("on_expiry"),
+                    not_one_of(other, &["charge", "release"]),
+                ));
+            }
+        },
+    };
+    let Some(raw) = &r.settle_within else {
+        return Ok(release.then_some(default));
+    };
+    if !release {
+        return Err(lines.err(
+            raw,
+            field("settle_within"),
+            "is how long a reservation stays open before it is given back: \
+             it needs `on_expiry = \"release\"`",
+        ));
+    }
+    let within =
+        parse_duration(&raw.get_ref().0).map_err(|m| lines.err(raw, field("settle_within"), m))?;
+    if within < Duration::from_secs(1) || within > MOST_SETTLE_WITHIN {
+        return Err(lines.err(raw, field("settle_within"), "must be between 1s and 24h"));
+    }
+    Ok(Some(within))
 }
 
 /// A `reserve` read from the request.
@@ -186,6 +238,12 @@ pub(super) fn check_not_budget(
     if let Some(at) = &r.release_on_5xx {
         return only(lines, at, field("release_on_5xx"));
     }
+    if let Some(at) = &r.on_expiry {
+        return only(lines, at, field("on_expiry"));
+    }
+    if let Some(at) = &r.settle_within {
+        return only(lines, at, field("settle_within"));
+    }
     Ok(())
 }
 
@@ -237,6 +295,46 @@ mod tests {
     }
 
     #[test]
+    fn on_expiry_release_has_the_store_give_back_what_is_not_settled_in_time() {
+        let release_of = |text: &str| {
+            let config = Config::parse(text).expect("valid");
+            config.policy.store_rules()[0].release_after()
+        };
+        let budget = format!("{RULE}cost = \"response:usage\"\n");
+        assert_eq!(release_of(&budget), None);
+        assert_eq!(
+            release_of(&format!("{budget}on_expiry = \"charge\"\n")),
+            None
+        );
+        // By default once a settle token would have expired...
+        assert_eq!(
+            release_of(&format!("{budget}on_expiry = \"release\"\n")),
+            Some(std::time::Duration::from_secs(300))
+        );
+        assert_eq!(
+            release_of(&format!(
+                "[server]\nsettle_within = \"2m\"\n{budget}on_expiry = \"release\"\n"
+            )),
+            Some(std::time::Duration::from_secs(120))
+        );
+        // ...or as the rule says, for its tiers too.
+        let tiered = format!(
+            "{budget}on_expiry = \"release\"\nsettle_within = \"90s\"\n\
+             [rules.tiers.pro]\nlimit = 50000\nwindow = \"1m\"\n\
+             [tiers.pro]\napi_keys = [\"k\"]\n"
+        );
+        let config = Config::parse(&tiered).expect("valid");
+        for rule in config.policy.store_rules() {
+            assert_eq!(
+                rule.release_after(),
+                Some(std::time::Duration::from_secs(90)),
+                "{}",
+                rule.name()
+            );
+        }
+    }
+
+    #[test]
     fn budget_mistakes_name_the_field_and_line() {
         let cases = [
             (
@@ -284,6 +382,26 @@ mod tests {
                 "cost = \"response:usage\"\ndescriptors = [\"tokens\"]\n",
                 "rules[0].cost",
                 "Envoy",
+            ),
+            (
+                "cost = \"response:usage\"\non_expiry = \"refund\"\n",
+                "rules[0].on_expiry",
+                "release",
+            ),
+            (
+                "cost = \"response:usage\"\nsettle_within = \"1m\"\n",
+                "rules[0].settle_within",
+                "on_expiry",
+            ),
+            (
+                "cost = \"response:usage\"\non_expiry = \"release\"\nsettle_within = \"2d\"\n",
+                "rules[0].settle_within",
+                "24h",
+            ),
+            (
+                "cost = 2\non_expiry = \"release\"\n",
+                "rules[0].on_expiry",
+                "response",
             ),
             (
                 "cost = \"response:usage\"\nroute_costs = [{ path = \"/a\", cost = 2 }]\n",

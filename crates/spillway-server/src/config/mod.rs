@@ -134,6 +134,8 @@ struct RawRule {
     max_reserve: Option<Spanned<u64>>,
     on_overrun: Option<Spanned<String>>,
     release_on_5xx: Option<Spanned<bool>>,
+    on_expiry: Option<Spanned<String>>,
+    settle_within: Option<Spanned<RawDuration>>,
     action: Option<Spanned<String>>,
     on_error: Option<Spanned<String>>,
     retry_after: Option<Spanned<RawDuration>>,
@@ -340,8 +342,19 @@ fn convert(read: read::Read, lines: &Text<'_>, dir: &Path) -> Result<Config, Vec
     let normalize = errors.take(convert_proxy(&raw.proxy, lines));
     let proxy_bounds = errors.take(convert_proxy_bounds(&raw.proxy, lines));
     let tiers = read.tiers_read.then_some(&raw.tiers);
-    let (mut rules, mut descriptors) =
-        convert_rules(&raw.rules, &read.rule_index, tiers, lines, &mut errors);
+    // A budget that gives back what is not settled in time does so, by
+    // default, once a settle token would have expired.
+    let settle_within = server
+        .as_ref()
+        .map_or(ServerConfig::SETTLE_WITHIN, |s| s.settle_within);
+    let (mut rules, mut descriptors) = convert_rules(
+        &raw.rules,
+        &read.rule_index,
+        tiers,
+        settle_within,
+        lines,
+        &mut errors,
+    );
     if !errors.is_empty() {
         return Err(errors.0);
     }

@@ -47,6 +47,7 @@ pub(super) fn convert_rules(
     raw: &[Spanned<RawRule>],
     index: &[usize],
     tiers: Option<&BTreeMap<String, RawTier>>,
+    settle_within: std::time::Duration,
     lines: &Text<'_>,
     errors: &mut Gathered,
 ) -> (Vec<HttpRule>, Vec<Vec<String>>) {
@@ -79,8 +80,15 @@ pub(super) fn convert_rules(
         let rule = HttpRule::new(name, algorithm);
         let rule = errors.take(denial_of(rule, r, leases, lines, &field));
         let rule = rule.and_then(|rule| errors.take(rule_match(rule, r, lines, &field)));
-        let rule =
-            rule.and_then(|rule| errors.take(rule_key_cost_action(rule, spanned, lines, &field)));
+        let rule = rule.and_then(|rule| {
+            errors.take(rule_key_cost_action(
+                rule,
+                spanned,
+                settle_within,
+                lines,
+                &field,
+            ))
+        });
         let rule = rule.and_then(|rule| errors.take(rule_tiers(rule, r, tiers, &quota, lines, i)));
         if let Some(rule) = rule
             && errors.0.len() == before
@@ -232,6 +240,7 @@ fn rule_match(
 fn rule_key_cost_action(
     mut rule: HttpRule,
     spanned: &Spanned<RawRule>,
+    settle_within: std::time::Duration,
     lines: &Text<'_>,
     field: &dyn Fn(&str) -> String,
 ) -> Result<HttpRule, ConfigError> {
@@ -252,7 +261,9 @@ fn rule_key_cost_action(
     }
     let budget = match r.cost.as_ref() {
         Some(cost) => match cost.get_ref() {
-            RawCost::Header(text) => super::budget::response_cost(r, cost, text, lines, field)?,
+            RawCost::Header(text) => {
+                super::budget::response_cost(r, cost, text, settle_within, lines, field)?
+            }
             RawCost::Fixed(_) => None,
         },
         None => None,

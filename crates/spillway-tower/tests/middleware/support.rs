@@ -98,6 +98,16 @@ impl Store for CountingStore {
         self.inner.check(checks).await
     }
 
+    async fn reserve(&self, id: &str, checks: &[Check<'_>]) -> Result<Verdict, spillway::Error> {
+        self.calls.lock().expect("not poisoned").push(
+            checks
+                .iter()
+                .map(|c| (c.rule.0, c.key.to_string(), c.cost))
+                .collect(),
+        );
+        self.inner.reserve(id, checks).await
+    }
+
     async fn refund(
         &self,
         checks: &[Check<'_>],

@@ -354,6 +354,43 @@ impl Algorithm for AnyAlgorithm {
 }
 
 impl AnyAlgorithm {
+    /// `charged` once given back whole (settled at 0): a charge of nothing
+    /// at its time, as a later settle of what the request cost must name
+    /// it. A bucket's charge of nothing ends where the given-back one
+    /// began: its end moves back by the cost's time (rounded down, so
+    /// never before it). The windows and the log name a charge by its
+    /// time alone.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::{AnyAlgorithm, Charged, TokenBucket};
+    /// use spillway::Quota;
+    ///
+    /// let nz = |n| NonZeroU32::new(n).unwrap();
+    /// // 10 a second: a unit is 100 ms.
+    /// let tb = AnyAlgorithm::from(TokenBucket::new(Quota::per_second(nz(10)), nz(10)));
+    /// let charged = Charged { cost: 8, at: 0, reset_after: 800_000, held: true };
+    /// let back = tb.given_back(charged);
+    /// assert_eq!((back.cost, back.at, back.reset_after), (0, 0, 0));
+    /// ```
+    pub fn given_back(&self, charged: Charged) -> Charged {
+        let reset_after = match self {
+            Self::TokenBucket(_) | Self::LeakyBucket(_) => {
+                let i = self.quota().emission_interval();
+                let back = u128::from(charged.cost) * u128::from(i.micros) / u128::from(i.per);
+                charged
+                    .reset_after
+                    .saturating_sub(u64::try_from(back).unwrap_or(u64::MAX))
+            }
+            _ => charged.reset_after,
+        };
+        Charged {
+            cost: 0,
+            reset_after,
+            ..charged
+        }
+    }
+
     /// Renews a concurrency rule's lease ([`Concurrency::renew`]); `None`
     /// for the other algorithms, which hold no leases.
     pub fn renew(

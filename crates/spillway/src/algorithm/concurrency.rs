@@ -292,6 +292,7 @@ impl Concurrency {
             cost: slots,
             at: 0,
             reset_after: DRAWN | (random & (DRAWN - 1)),
+            held: false,
         }
     }
 
@@ -760,6 +761,7 @@ mod tests {
             cost: 1,
             at: 0,
             reset_after: 0,
+            held: false,
         };
         let r = a.renew(&mut s, none, 300).unwrap();
         assert!(!r.was_held && r.decision.allowed);

@@ -238,6 +238,12 @@ pub struct Charged {
     /// ends at `at + reset_after`, when the bucket would be whole again with
     /// nothing charged after it.
     pub reset_after: Micros,
+    /// The charge is a reservation the store holds open under its
+    /// request's settle id ([`Store::reserve`](crate::store::Store::reserve)
+    /// on a rule that [releases](crate::store::Rule::release_unsettled_after)
+    /// what is not settled in time): the settle that names it closes it,
+    /// and finds it already given back if it was not settled in time.
+    pub held: bool,
 }
 
 impl Charged {
@@ -247,7 +253,13 @@ impl Charged {
             cost,
             at,
             reset_after: u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX),
+            held: false,
         }
+    }
+
+    /// The same charge, held open ([`held`](Self::held)).
+    pub fn held_open(self) -> Self {
+        Self { held: true, ..self }
     }
 }
 

@@ -11,12 +11,13 @@ use std::time::Duration;
 use compact_str::CompactString;
 
 use super::cell::SharedState;
+use super::holds::{Holds, Release};
 use super::receipts::Receipts;
 use super::table::{ShardGuard, Table};
 use super::{
     Check, KeyRef, MAX_SETTLE_ID, Renew, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
 };
-use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState, Renewed};
+use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState, Charged, Renewed};
 use crate::clock::{Clock, Micros, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{CostTooLarge, Error};
@@ -367,6 +368,9 @@ pub struct MemoryStore<C = MonotonicClock> {
     tables: Vec<Arc<Table<CompactString, AnyState>>>,
     // Shared with the stores `reconfigure` makes, as the counters are.
     receipts: Arc<Receipts>,
+    // The reservations open under rules that release them, shared as the
+    // receipts are.
+    holds: Arc<Holds>,
     options: MemoryOptions,
     clock: C,
 }
@@ -393,6 +397,7 @@ impl<C: Clock> MemoryStore<C> {
             receipts: Arc::new(Receipts::new(
                 u64::try_from(SETTLE_RECEIPT_TTL.as_micros()).unwrap_or(u64::MAX),
             )),
+            holds: Arc::new(Holds::new()),
             options,
             clock,
         }
@@ -452,6 +457,7 @@ impl<C: Clock> MemoryStore<C> {
             rules,
             tables,
             receipts: self.receipts.clone(),
+            holds: self.holds.clone(),
             options: self.options,
             clock: self.clock.clone(),
         }
@@ -465,6 +471,9 @@ impl<C: Clock> MemoryStore<C> {
     /// Decides on one request at `now`: every check at once, none charged if
     /// any denies.
     pub fn check_at(&self, checks: &[Check<'_>], now: Micros) -> Result<Verdict, Error> {
+        if self.holds.due_by(now) {
+            self.give_back_due(now);
+        }
         if let [check] = checks {
             // One rule: the common case, without the batch's bookkeeping.
             let rule = self.rules.get(check.rule.0).ok_or(Error::UnknownRule {
@@ -544,6 +553,83 @@ impl<C: Clock> MemoryStore<C> {
             decided_at: now,
             undecided: Vec::new(),
         })
+    }
+
+    /// Decides on one request now, holding the charges of releasing rules
+    /// open under `id` (see [`Store::reserve`]).
+    pub fn reserve_now(&self, id: &str, checks: &[Check<'_>]) -> Result<Verdict, Error> {
+        self.reserve_at(id, checks, self.clock.now())
+    }
+
+    /// Decides on one request at `now`, holding the charges of releasing
+    /// rules open under `id` (see [`Store::reserve`]).
+    pub fn reserve_at(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        now: Micros,
+    ) -> Result<Verdict, Error> {
+        if id.is_empty() || id.len() > MAX_SETTLE_ID {
+            return Err(Error::SettleId { len: id.len() });
+        }
+        let verdict = self.check_at(checks, now)?;
+        if !verdict.allowed {
+            return Ok(verdict);
+        }
+        let fingerprint = self.holds.fingerprint(id);
+        let mut full = Vec::new();
+        let mut book = self.holds.lock();
+        for (check, decision) in checks.iter().zip(&verdict.decisions) {
+            let rule = &self.rules[check.rule.0];
+            let Some(within) = releases(rule) else {
+                continue;
+            };
+            if check.cost == 0 {
+                continue;
+            }
+            let charged = Charged::of(check.cost, now, decision).held_open();
+            let until = now.saturating_add(u64::try_from(within.as_micros()).unwrap_or(u64::MAX));
+            let name = (rule.name_arc(), CompactString::new(check.key));
+            book.open(name, fingerprint, charged, until, &mut full);
+        }
+        self.release(&full, now);
+        drop(book);
+        Ok(verdict)
+    }
+
+    /// How many reservations this store (and those `reconfigure` made from
+    /// it) has given back because no settle named them in time.
+    pub fn reservations_released(&self) -> u64 {
+        self.holds.released()
+    }
+
+    /// Gives back every reservation whose time has passed at `now`.
+    fn give_back_due(&self, now: Micros) {
+        let mut due = Vec::new();
+        let mut book = self.holds.lock();
+        book.due(now, &mut due);
+        self.release(&due, now);
+        drop(book);
+    }
+
+    /// Settles each reservation at 0 as of its charge (the book is held).
+    fn release(&self, released: &[Release], now: Micros) {
+        for ((rule, key), charged) in released {
+            let Some(i) = self.rules.iter().position(|r| r.name() == &**rule) else {
+                // The rule is gone (a reload): so are its counts.
+                continue;
+            };
+            let table = &self.tables[i];
+            let hash = table.hash(key);
+            table.lock(table.shard_of(hash)).settle(
+                self.rules[i].algorithm(),
+                key,
+                hash,
+                *charged,
+                0,
+                now,
+            );
+        }
     }
 
     /// Gives back the charges of an admitted request (see [`Store::refund`]).
@@ -638,7 +724,34 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Settled, Error> {
         let checks: Vec<Check<'_>> = settles.iter().map(|s| s.check()).collect();
         let algorithms = self.validate(&checks)?;
+        if receipt.is_none() && settles.iter().any(|s| s.charged.held) {
+            // A reservation is closed by its id.
+            return Err(Error::SettleId { len: 0 });
+        }
+        // Reservations due are given back first, and the book is held
+        // until those closed here are settled.
+        let mut book = self.holds.lock();
+        let mut due = Vec::new();
+        book.due(now, &mut due);
+        self.release(&due, now);
         let applied = receipt.is_none_or(|id| self.receipts.first(id, now));
+        let fingerprint = receipt.map(|id| self.holds.fingerprint(id));
+        let settles: Vec<Settle<'_>> = settles
+            .iter()
+            .map(|s| {
+                let mut s = *s;
+                if applied && s.charged.held {
+                    let name = (self.rules[s.rule.0].name_arc(), CompactString::new(s.key));
+                    if !fingerprint.is_some_and(|id| book.close(&name, id)) {
+                        // Given back already (not settled in time): the
+                        // whole actual cost is charged.
+                        s.charged = self.rules[s.rule.0].algorithm().given_back(s.charged);
+                    }
+                }
+                s
+            })
+            .collect();
+        let settles = &settles[..];
         let located = settles.iter().zip(&algorithms).map(|(settle, algorithm)| {
             let table = &self.tables[settle.rule.0];
             let hash = table.hash(settle.key);
@@ -773,6 +886,15 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+/// How long `rule` holds a reservation open before it gives it back, if
+/// it does (a concurrency rule's leases end by themselves).
+pub(super) fn releases(rule: &Rule) -> Option<Duration> {
+    match rule.algorithm() {
+        AnyAlgorithm::Concurrency(_) => None,
+        _ => rule.release_after(),
+    }
+}
+
 /// For each rule, whether its checks are decided in place.
 fn in_place(rules: &[Rule]) -> Vec<bool> {
     rules
@@ -818,8 +940,20 @@ impl<C: Clock> Store for MemoryStore<C> {
         std::future::ready(self.renew_now(renews))
     }
 
+    fn reserve(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+    ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
+        std::future::ready(self.reserve_now(id, checks))
+    }
+
     fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {
         Some(self.check_now(checks))
+    }
+
+    fn try_reserve_now(&self, id: &str, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {
+        Some(self.reserve_now(id, checks))
     }
 
     fn try_settle_once_now(&self, settles: &[Settle<'_>]) -> Option<Result<Settled, Error>> {

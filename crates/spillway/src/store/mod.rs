@@ -37,6 +37,7 @@
 //! forgotten, a sliding log) takes the shard's lock exclusively.
 
 mod cell;
+mod holds;
 mod memory;
 mod receipts;
 mod table;
@@ -46,6 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use cell::{AnyCell, SharedState, Words};
+pub use holds::MAX_OPEN_HOLDS;
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 
 use crate::algorithm::{AnyAlgorithm, Charged, Renewed};
@@ -98,6 +100,7 @@ impl KeyRef<Vec<u8>> for [u8] {
 pub struct Rule {
     name: Arc<str>,
     algorithm: AnyAlgorithm,
+    release_after: Option<Duration>,
 }
 
 impl Rule {
@@ -106,7 +109,50 @@ impl Rule {
         Self {
             name: name.into(),
             algorithm: algorithm.into(),
+            release_after: None,
         }
+    }
+
+    /// The same rule, whose reservations ([`Store::reserve`]) the store
+    /// gives back by itself when no settle has named them within `within`
+    /// of their charge: each is settled at 0 as of its charge's time, by
+    /// whichever call meets its key first once that time has passed (on
+    /// Redis, any instance's). A settle that comes later finds it given
+    /// back and charges the whole actual cost, so what a request costs in
+    /// the end is the same either way. Without it (the default), a
+    /// reservation never settled stays charged. Not for a concurrency
+    /// rule, whose leases end by themselves.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use spillway::algorithm::{Charged, FixedWindow};
+    /// use spillway::clock::FakeClock;
+    /// use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId};
+    /// use spillway::Quota;
+    ///
+    /// let quota = Quota::per_hour(NonZeroU32::new(100).unwrap());
+    /// let rule = Rule::new("tokens", FixedWindow::new(quota)).release_unsettled_after(Duration::from_secs(60));
+    /// let clock = FakeClock::new(0);
+    /// let store = MemoryStore::with_clock(vec![rule], MemoryOptions::default(), clock.clone());
+    /// let check = [Check { rule: RuleId(0), key: "ann", cost: 40 }];
+    /// store.reserve_now("req-1", &check).unwrap();
+    /// // Its instance died: nobody settles it. A minute on, it is given back.
+    /// clock.advance(Duration::from_secs(60));
+    /// let peek = store.check_now(&[Check { cost: 0, ..check[0] }]).unwrap();
+    /// assert_eq!(peek.decisions[0].remaining, 100);
+    /// ```
+    pub fn release_unsettled_after(self, within: Duration) -> Self {
+        Self {
+            release_after: Some(within),
+            ..self
+        }
+    }
+
+    /// How long a reservation of this rule may go unsettled before the
+    /// store gives it back ([`release_unsettled_after`](Self::release_unsettled_after)).
+    pub fn release_after(&self) -> Option<Duration> {
+        self.release_after
     }
 
     /// The rule's name (it also namespaces its keys).
@@ -117,6 +163,11 @@ impl Rule {
     /// The algorithm and its quota.
     pub fn algorithm(&self) -> &AnyAlgorithm {
         &self.algorithm
+    }
+
+    /// The rule's name, shared.
+    pub(crate) fn name_arc(&self) -> Arc<str> {
+        self.name.clone()
     }
 }
 
@@ -243,6 +294,10 @@ impl<'a> Renew<'a> {
 /// The longest settle id, in bytes.
 pub const MAX_SETTLE_ID: usize = 128;
 
+/// The most reservations one key holds open ([`Store::reserve`]) under a
+/// rule that releases them: past it, the oldest is given back at once.
+pub const MAX_HOLDS_PER_KEY: usize = 1_000;
+
 /// How long a store remembers a settle id: the same settle sent again
 /// within this time changes nothing. Long enough for every retry a store or
 /// a client makes; not for ever, or the receipts would fill the store.
@@ -285,6 +340,12 @@ pub trait Store: Send + Sync {
     /// longer than [`MAX_SETTLE_ID`], an unknown rule or a charge above its
     /// rule's capacity fails the whole settle, changing nothing.
     ///
+    /// A part whose charge is [held](crate::algorithm::Charged::held) (a
+    /// reservation of [`reserve`](Store::reserve) under `id`) closes it. If
+    /// the store gave it back already, because no settle came within its
+    /// rule's time, the part charges its whole actual cost as of the
+    /// charge, so the request costs what it cost either way.
+    ///
     /// ```
     /// use std::num::NonZeroU32;
     /// use spillway::algorithm::{Charged, FixedWindow};
@@ -310,6 +371,22 @@ pub trait Store: Send + Sync {
         id: &str,
         settles: &[Settle<'_>],
     ) -> impl Future<Output = Result<Settled, Self::Error>> + Send;
+
+    /// [`check`](Store::check), where each charge of a rule that
+    /// [releases](Rule::release_unsettled_after) what is not settled in
+    /// time is a reservation held open under `id`: the id of the settle
+    /// that will close it (see [`settle`](Store::settle), and
+    /// [`Charged::held`](crate::algorithm::Charged::held)). If no settle
+    /// of `id` names it within the rule's time, the store gives it back by
+    /// itself. The charges of other rules are made as `check` makes them.
+    /// A key holds at most [`MAX_HOLDS_PER_KEY`] reservations open: past
+    /// it, the oldest is given back at once (its settle then charges its
+    /// whole actual cost, so nothing is lost but the wait).
+    fn reserve(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Verdict, Self::Error>> + Send;
 
     /// Renews leases of concurrency rules (a request still in flight): each
     /// lease still held runs again from now, for its rule's lease time,
@@ -374,6 +451,17 @@ pub trait Store: Send + Sync {
     /// ```
     fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, Self::Error>> {
         let _ = checks;
+        None
+    }
+
+    /// [`reserve`](Store::reserve) without waiting, as
+    /// [`try_check_now`](Store::try_check_now) is `check` without waiting.
+    fn try_reserve_now(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+    ) -> Option<Result<Verdict, Self::Error>> {
+        let _ = (id, checks);
         None
     }
 
