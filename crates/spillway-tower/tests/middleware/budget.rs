@@ -594,3 +594,48 @@ async fn a_last_event_ended_by_a_lone_cr_is_cut_too() {
     assert!(body.contains("event: error"), "{body:?}");
     assert_eq!(left(&layer).await, 0);
 }
+
+/// `on_expiry = "release"`: a reservation comes back by itself only when
+/// no settle closed it in time; one settled (at its usage, or kept at its
+/// reservation) never comes back a second time, and a response that
+/// outlives its time is charged in full when it ends.
+#[tokio::test(start_paused = true)]
+async fn a_released_reservation_comes_back_only_when_nothing_settled_it() {
+    let within = std::time::Duration::from_secs(60);
+    let limit = u64::from(LIMIT);
+    let (app, layer) = app(reserving(300).release_unsettled_after(within));
+    body_string(get_through(&app, "/json/120").await).await;
+    // Nothing measured: the reservation stands, and is closed as it is.
+    body_string(get_through(&app, "/text").await).await;
+    assert_eq!(left(&layer).await, limit - 420);
+    tokio::time::advance(within * 2).await;
+    assert_eq!(left(&layer).await, limit - 420, "settled ones stay settled");
+    assert_eq!(layer.store().reservations_released(), 0);
+
+    // A stream still running when its time comes.
+    let mut body = get_through(&app, "/deltas/50").await.into_body();
+    for _ in 0..2 {
+        assert!(body.frame().await.expect("a frame").expect("no error").is_data());
+    }
+    assert_eq!(left(&layer).await, limit - 720);
+    tokio::time::advance(within).await;
+    assert_eq!(left(&layer).await, limit - 420, "given back at its time");
+    assert_eq!(layer.store().reservations_released(), 1);
+    while let Some(frame) = body.frame().await {
+        frame.expect("no error");
+    }
+    assert_eq!(left(&layer).await, limit - 470, "then charged in full");
+}
+
+/// Without `on_expiry = "release"`, a reservation never settled (its
+/// settle lost with the instance) stays charged however long it is left.
+#[tokio::test(start_paused = true)]
+async fn without_release_an_open_reservation_stays_charged() {
+    let (app, layer) = app(reserving(300));
+    let mut body = get_through(&app, "/deltas/50").await.into_body();
+    assert!(body.frame().await.expect("a frame").expect("no error").is_data());
+    tokio::time::advance(std::time::Duration::from_secs(600)).await;
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 300);
+    std::mem::forget(body);
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 300);
+}
