@@ -218,3 +218,86 @@ async fn on_redis_an_instance_settles_another_ones_token_if_they_share_a_key() {
     assert_eq!(again.json()["applied"], false);
     assert_eq!(again.json()["rules"][0]["remaining"], 900);
 }
+
+/// `on_expiry = "release"` on a shared Redis: a reservation whose token is
+/// never settled is given back by whichever instance meets its key once
+/// `settle_within` has passed, and a settle that comes later (its token
+/// still good) charges the whole actual cost, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_reservation_never_settled_is_given_back_and_a_late_settle_charges_in_full() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let text = format!(
+        "[server]\nsettle_key = \"0123456789abcdef0123456789abcdef\"\nadmin_token = \"s3cret\"\n\
+         [store]\nkind = \"redis\"\nurl = \"{}\"\n\
+         [[rules]]\nname = \"tokens\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\n\
+         limit = 1000\nwindow = \"1h\"\ncost = \"response:usage\"\nreserve = 300\n\
+         on_expiry = \"release\"\nsettle_within = \"1s\"\n",
+        redis.url()
+    );
+    let a = Service::start(Config::parse(&text).expect("valid"), None).await;
+    let b = Service::start(Config::parse(&text).expect("valid"), None).await;
+    let peek = async |http: &Http| {
+        let a = http
+            .send(
+                Method::GET,
+                "/admin/rules/tokens/keys/api_key=k",
+                &[("authorization", "Bearer s3cret")],
+                "",
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        a.json()["quotas"][0]["remaining"]
+            .as_u64()
+            .expect("remaining")
+    };
+
+    let reserved_at = std::time::Instant::now();
+    let answer = check(&a.http).await;
+    assert_eq!(remaining(&answer, "tokens"), 700);
+    let token = answer["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    // The instance that reserved says nothing more: the other one, peeking
+    // at the key, gives the reservation back once its second has passed.
+    let given_back = loop {
+        let left = peek(&b.http).await;
+        if left == 1000 {
+            break reserved_at.elapsed();
+        }
+        assert_eq!(left, 700);
+        assert!(
+            reserved_at.elapsed() < std::time::Duration::from_secs(10),
+            "not given back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(
+        given_back >= std::time::Duration::from_secs(1),
+        "{given_back:?}"
+    );
+    let metric = "spillway_budget_given_back_total";
+    assert_eq!(b.http.metric(metric).await, Some(1.0));
+    assert_eq!(a.http.metric(metric).await, Some(0.0));
+
+    // The settle comes late: the request cost 100, charged in full, once.
+    let late = settle(&a.http, json!({"token": token, "actual": 100})).await;
+    assert_eq!(late.status, StatusCode::OK, "{}", late.text());
+    assert_eq!(late.json()["applied"], true);
+    assert_eq!(late.json()["rules"][0]["remaining"], 900);
+    let again = settle(&b.http, json!({"token": token, "actual": 100})).await;
+    assert_eq!(again.json()["applied"], false);
+    assert_eq!(peek(&a.http).await, 900);
+
+    // Settled in time, a reservation is never given back a second time.
+    let token = check(&a.http).await["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    let a2 = settle(&b.http, json!({"token": token, "actual": 50})).await;
+    assert_eq!(a2.json()["rules"][0]["remaining"], 850);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(peek(&a.http).await, 850);
+}

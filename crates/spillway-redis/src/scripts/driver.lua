@@ -167,7 +167,8 @@ end
 local function hold(i, id, reset)
   local rs = KEYS[i] .. ':rs'
   redis.call('ZADD', rs, now + holds[i], id)
-  redis.call('HSET', rs .. ':c', id, costs[i] .. ' ' .. now .. ' ' .. reset)
+  -- Written with %d: Lua's own number-to-text keeps 14 digits only.
+  redis.call('HSET', rs .. ':c', id, string.format('%d %d %d', costs[i], now, reset))
   local over = redis.call('ZCARD', rs) - MAX_HOLDS_PER_KEY
   if over > 0 then
     give_back(i, redis.call('ZRANGE', rs, 0, over - 1))

@@ -615,7 +615,13 @@ async fn a_released_reservation_comes_back_only_when_nothing_settled_it() {
     // A stream still running when its time comes.
     let mut body = get_through(&app, "/deltas/50").await.into_body();
     for _ in 0..2 {
-        assert!(body.frame().await.expect("a frame").expect("no error").is_data());
+        assert!(
+            body.frame()
+                .await
+                .expect("a frame")
+                .expect("no error")
+                .is_data()
+        );
     }
     assert_eq!(left(&layer).await, limit - 720);
     tokio::time::advance(within).await;
@@ -633,7 +639,13 @@ async fn a_released_reservation_comes_back_only_when_nothing_settled_it() {
 async fn without_release_an_open_reservation_stays_charged() {
     let (app, layer) = app(reserving(300));
     let mut body = get_through(&app, "/deltas/50").await.into_body();
-    assert!(body.frame().await.expect("a frame").expect("no error").is_data());
+    assert!(
+        body.frame()
+            .await
+            .expect("a frame")
+            .expect("no error")
+            .is_data()
+    );
     tokio::time::advance(std::time::Duration::from_secs(600)).await;
     assert_eq!(left(&layer).await, u64::from(LIMIT) - 300);
     std::mem::forget(body);

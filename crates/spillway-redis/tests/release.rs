@@ -1,0 +1,179 @@
+//! Reservations given back when no settle comes in time
+//! (`Rule::release_unsettled_after`), on a real redis-server and a real
+//! Redis Cluster: given back on the server's clock by any call that meets
+//! the key; a key holds at most `MAX_HOLDS_PER_KEY` open; a reservation
+//! refunded because another node denied its request is closed with it,
+//! and never given back a second time.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use spillway::Quota;
+use spillway::algorithm::{Charged, FixedWindow};
+use spillway::store::{Check, MAX_HOLDS_PER_KEY, Rule, RuleId, Settle, Store};
+use spillway_conformance::redis_server::{RedisCluster, RedisServer};
+use spillway_redis::{RedisOptions, RedisStore, Topology};
+
+fn tokens(limit: u32, within: Duration) -> Rule {
+    let quota = Quota::per_hour(NonZeroU32::new(limit).unwrap());
+    Rule::new("tokens", FixedWindow::new(quota)).release_unsettled_after(within)
+}
+
+fn charge(key: &str, cost: u64) -> [Check<'_>; 1] {
+    [Check {
+        rule: RuleId(0),
+        key,
+        cost,
+    }]
+}
+
+async fn left(store: &RedisStore, key: &str) -> u64 {
+    store
+        .check(&charge(key, 0))
+        .await
+        .expect("answers")
+        .decisions[0]
+        .remaining
+}
+
+async fn standalone(server: &RedisServer, rule: Rule) -> RedisStore {
+    RedisStore::connect(
+        Topology::Standalone(server.url()),
+        vec![rule],
+        RedisOptions::default(),
+    )
+    .await
+    .expect("connects")
+}
+
+#[tokio::test]
+async fn a_reservation_is_given_back_on_the_servers_clock_and_a_late_settle_charges_in_full() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = standalone(&server, tokens(1_000, Duration::from_millis(300))).await;
+    // Real times are past 2^47 µs: what the store keeps of a charge must
+    // be exact there too.
+    let v = store
+        .reserve("r1", &charge("k", 600))
+        .await
+        .expect("answers");
+    assert!(v.allowed);
+    assert_eq!(left(&store, "k").await, 400);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(left(&store, "k").await, 1_000);
+    assert_eq!(store.stats().reservations_given_back, 1);
+    let late = [Settle {
+        rule: RuleId(0),
+        key: "k",
+        charged: Charged::of(600, v.decided_at, &v.decisions[0]).held_open(),
+        actual: 250,
+    }];
+    let settled = store.settle("r1", &late).await.expect("answers");
+    assert!(settled.applied);
+    assert_eq!(settled.decisions[0].remaining, 750);
+    // Nothing is left of it.
+    assert_eq!(
+        server.command("EXISTS spillway:{tokens:k}:fwi:3600000000:rs"),
+        ":0\r\n"
+    );
+}
+
+#[tokio::test]
+async fn a_key_holds_a_bounded_number_open_and_the_oldest_goes_back_first() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = standalone(&server, tokens(5_000, Duration::from_secs(3600))).await;
+    let mut first = None;
+    for i in 0..=MAX_HOLDS_PER_KEY {
+        let v = store
+            .reserve(&format!("r{i}"), &charge("k", 1))
+            .await
+            .expect("answers");
+        assert!(v.allowed);
+        first.get_or_insert(v);
+    }
+    assert_eq!(
+        server.command("ZCARD spillway:{tokens:k}:fwi:3600000000:rs"),
+        format!(":{MAX_HOLDS_PER_KEY}\r\n")
+    );
+    // The first went back at once: 1,001 charged, 1 given back.
+    assert_eq!(left(&store, "k").await, 5_000 - MAX_HOLDS_PER_KEY as u64);
+    // Its settle, which comes when its response ends, charges it in full.
+    let v = first.expect("reserved");
+    let settle = [Settle {
+        rule: RuleId(0),
+        key: "k",
+        charged: Charged::of(1, v.decided_at, &v.decisions[0]).held_open(),
+        actual: 1,
+    }];
+    store.settle("r0", &settle).await.expect("answers");
+    assert_eq!(
+        left(&store, "k").await,
+        5_000 - 1 - MAX_HOLDS_PER_KEY as u64
+    );
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_reservation_refunded_with_its_denied_request_is_never_given_back() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let one = Quota::per_hour(NonZeroU32::new(1).unwrap());
+    let rules = vec![
+        tokens(1_000, Duration::from_millis(300)),
+        Rule::new("gate", FixedWindow::new(one)),
+    ];
+    let store = RedisStore::connect(
+        Topology::Cluster(cluster.urls()),
+        rules,
+        RedisOptions::default(),
+    )
+    .await
+    .expect("connects");
+    let key = ["k", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"]
+        .into_iter()
+        .find(|key| {
+            let a = cluster.master_of(&format!("spillway:{{tokens:{key}}}:fwi:3600000000"));
+            let b = cluster.master_of(&format!("spillway:{{gate:{key}}}:fwi:3600000000"));
+            a.is_some() && a != b
+        })
+        .expect("a key whose two rules live on two masters");
+    let both = |cost| {
+        [
+            Check {
+                rule: RuleId(0),
+                key,
+                cost,
+            },
+            Check {
+                rule: RuleId(1),
+                key,
+                cost: 1,
+            },
+        ]
+    };
+    // 100 charged and kept (never given back), then the gate shut.
+    assert!(
+        store
+            .check(&charge(key, 100))
+            .await
+            .expect("answers")
+            .allowed
+    );
+    let gate = [Check {
+        rule: RuleId(1),
+        key,
+        cost: 1,
+    }];
+    assert!(store.check(&gate).await.expect("answers").allowed);
+    // Reserved on one node, denied on the other: refunded, and closed.
+    let denied = store.reserve("r1", &both(500)).await.expect("answers");
+    assert!(!denied.allowed);
+    assert_eq!(left(&store, key).await, 900);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Given back a second time, the 100 kept would go too.
+    assert_eq!(left(&store, key).await, 900);
+    assert_eq!(store.stats().reservations_given_back, 0);
+}
