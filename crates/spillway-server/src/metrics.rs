@@ -20,6 +20,7 @@
 //! | `spillway_budget_open` | gauge | `rule` | budget reservations whose response has not ended (docs/budgets.md) |
 //! | `spillway_budget_settled_total` | counter | `rule`, `how` | budget reservations closed: `measured`, `left` (the client left mid-response), `cut` (at the budget), `released` (a refused 4xx, a 5xx given back), `kept` (nothing measured: the reservation stands) |
 //! | `spillway_budget_overruns_total` | counter | `rule` | responses that cost more than their charges: the rest was charged, in debt if the key had nothing left |
+//! | `spillway_budget_exhausted_total` | counter | `rule` | settles that charged more than the reservation and left the key nothing: at its limit, or past it in debt (later requests wait out the exact `Retry-After`) |
 //! | `spillway_budget_units_total` | counter | `rule`, `kind` | units `charged` before the settles, and the `actual` cost they were settled at: how far the reservations are from the real costs |
 //! | `spillway_budget_given_back_total` | counter | | budget reservations the store gave back because no settle came within the rule's `settle_within` (`on_expiry = "release"`), by this instance's store calls: on Redis, another instance's calls may give back the rest |
 //! | `spillway_leases_total` | counter | `rule`, `event` | what became of concurrency leases while their requests ran: `renewed`, `lost`, `retaken`, `released`, `expired` |
@@ -78,6 +79,7 @@ struct BudgetMetrics {
     open: Family<RuleLabels, Gauge>,
     settled: Family<RuleHowLabels, Counter>,
     overruns: Family<RuleLabels, Counter>,
+    exhausted: Family<RuleLabels, Counter>,
     units: Family<RuleKindLabels, Counter>,
 }
 
@@ -216,6 +218,11 @@ impl Metrics {
             budgets.overruns.clone(),
         );
         registry.register(
+            "spillway_budget_exhausted",
+            "Settles whose overrun left the key nothing: at its limit or in debt",
+            budgets.exhausted.clone(),
+        );
+        registry.register(
             "spillway_budget_units",
             "Budget units charged before the settles, and the actual costs settled",
             budgets.units.clone(),
@@ -256,14 +263,20 @@ impl Metrics {
         let labels = RuleLabels {
             rule: rule.to_string(),
         };
-        let BudgetEvent::Closed {
-            how,
-            charged,
-            actual,
-        } = event
-        else {
-            b.open.get_or_create(&labels).inc();
-            return;
+        let (how, charged, actual) = match event {
+            BudgetEvent::Opened => {
+                b.open.get_or_create(&labels).inc();
+                return;
+            }
+            BudgetEvent::Exhausted => {
+                b.exhausted.get_or_create(&labels).inc();
+                return;
+            }
+            BudgetEvent::Closed {
+                how,
+                charged,
+                actual,
+            } => (how, charged, actual),
         };
         b.open.get_or_create(&labels).dec();
         let how = how.name();

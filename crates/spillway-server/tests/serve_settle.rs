@@ -89,10 +89,25 @@ async fn a_reservation_is_settled_once_by_its_token() {
         .to_string();
     let a = settle(http, json!({"token": token, "actual": 500})).await;
     assert_eq!(a.json()["rules"][0]["remaining"], 380);
+    let exhausted = "spillway_budget_exhausted_total{rule=\"tokens\"}";
+    assert_eq!(
+        http.metric(exhausted).await,
+        None,
+        "380 left: not exhausted"
+    );
+
+    // Far above what the key has left: in debt, counted.
+    let token = check(http).await["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    let a = settle(http, json!({"token": token, "actual": 1000})).await;
+    assert_eq!(a.json()["rules"][0]["remaining"], 0);
+    assert_eq!(http.metric(exhausted).await, Some(1.0));
 
     let metric =
         |how: &str| format!("spillway_budget_settled_total{{rule=\"tokens\",how=\"{how}\"}}");
-    assert_eq!(http.metric(&metric("measured")).await, Some(2.0));
+    assert_eq!(http.metric(&metric("measured")).await, Some(3.0));
 }
 
 #[tokio::test]

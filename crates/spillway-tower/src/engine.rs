@@ -134,6 +134,11 @@ pub enum BudgetEvent {
         /// kept).
         actual: u64,
     },
+    /// A settle charged more than the reservation and left the key with
+    /// nothing: at its limit, or past it in debt, which later requests
+    /// wait out. (A peek's `remaining` is 0 in both cases: they are not
+    /// told apart.)
+    Exhausted,
 }
 
 /// How a budget reservation was settled.

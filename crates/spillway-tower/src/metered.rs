@@ -102,8 +102,19 @@ impl<St: Store + 'static> Budgets for Engine<St> {
                 })
                 .collect();
             let id = hold.as_deref().map_or_else(settle_id, str::to_owned);
-            if let Err(e) = self.store().settle(&id, &settles).await {
-                tracing::warn!(error = %e, "could not settle a response's cost");
+            match self.store().settle(&id, &settles).await {
+                Ok(settled) if settled.applied => {
+                    // Each budget whose overrun left its key nothing, once.
+                    let mut told: SmallVec<[&Charge; 1]> = SmallVec::new();
+                    for ((charge, charged, actual), d) in parts.iter().zip(&settled.decisions) {
+                        if *actual > charged.cost && d.remaining == 0 && !told.contains(&charge) {
+                            told.push(charge);
+                            self.observe(charge, BudgetEvent::Exhausted);
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not settle a response's cost"),
             }
         })
     }

@@ -425,6 +425,13 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
         Ok(settled) => {
             if settled.applied {
                 observe(&loaded, &token, Settled::Measured, Some(actual));
+                if let Some(observer) = engine.observer() {
+                    for (c, d) in token.charges.iter().zip(&settled.decisions) {
+                        if actual > c.cost && d.remaining == 0 {
+                            observer.budget(&c.name, BudgetEvent::Exhausted);
+                        }
+                    }
+                }
             }
             settled_answer(&token, &settled)
         }

@@ -651,3 +651,40 @@ async fn without_release_an_open_reservation_stays_charged() {
     std::mem::forget(body);
     assert_eq!(left(&layer).await, u64::from(LIMIT) - 300);
 }
+
+/// A settle whose overrun leaves the key nothing is told once, after its
+/// close; one the key could pay is not.
+#[tokio::test(start_paused = true)]
+async fn the_observer_hears_an_overrun_that_exhausts_the_key() {
+    let heard = Heard::default();
+    let layer = memory_layer(Policy::new([budget_rule(reserving(100))])).observer(heard.clone());
+    let app = upstream().layer(layer.clone());
+    let events = |uri: &'static str| {
+        let app = app.clone();
+        let (layer, heard) = (layer.clone(), heard.clone());
+        async move {
+            body_string(get_through(&app, uri).await).await;
+            left(&layer).await;
+            let taken = std::mem::take(&mut *heard.0.lock().expect("not poisoned"));
+            taken.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
+        }
+    };
+    let closed = |charged, actual| BudgetEvent::Closed {
+        how: Settled::Measured,
+        charged,
+        actual,
+    };
+    assert_eq!(
+        events("/json/600").await,
+        [BudgetEvent::Opened, closed(100, 600)]
+    );
+    // 600 + 700 > 1,000: in debt.
+    assert_eq!(
+        events("/json/700").await,
+        [
+            BudgetEvent::Opened,
+            closed(100, 700),
+            BudgetEvent::Exhausted
+        ]
+    );
+}
