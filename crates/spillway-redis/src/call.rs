@@ -53,6 +53,9 @@ pub(crate) enum Mode<'a> {
     /// Decide, and hold the charges of rules that give back what is not
     /// settled in time open under this id.
     Reserve(&'a str),
+    /// Close the reservations held open under this id, leaving their
+    /// charges as they stand.
+    Close(&'a str),
 }
 
 /// A refund's time of charge and its receipt key, and the id its charges
@@ -247,6 +250,7 @@ pub(crate) fn assemble(
         Mode::Settle(_) => out.text("settle"),
         Mode::Renew(_) => out.text("renew"),
         Mode::Reserve(_) => out.text("reserve"),
+        Mode::Close(_) => out.text("close"),
     }
     for &i in group {
         let p = &prepared[i];
@@ -257,7 +261,7 @@ pub(crate) fn assemble(
     }
     match mode {
         Mode::Decide => {}
-        Mode::Reserve(id) => out.text(id),
+        Mode::Reserve(id) | Mode::Close(id) => out.text(id),
         Mode::Refund(r) => {
             out.key(r.receipt);
             group.iter().for_each(|&i| out.number(prepared[i].lease));

@@ -276,6 +276,43 @@ impl RedisStore {
         Ok(Settled { applied, decisions })
     }
 
+    /// Closes the reservations the groups held open under `id`, in the
+    /// background, leaving their charges as they stand: for a request that
+    /// the failure policy let in after some groups had answered (their
+    /// charges cannot be settled by a verdict that is not Redis's). A
+    /// group that did not answer may still run its call: it is sent again
+    /// once, a retry interval later.
+    pub(crate) fn close_later(&self, prepared: &[Prepared], groups: &[Group], id: &str) {
+        let store = self.clone();
+        let (prepared, groups, id) = (prepared.to_vec(), groups.to_vec(), id.to_owned());
+        tokio::spawn(async move {
+            let scripts = &store.inner.scripts;
+            let mut left: Vec<&Group> = groups.iter().collect();
+            for attempt in 0..2 {
+                if attempt > 0 {
+                    let pause = store
+                        .inner
+                        .options
+                        .retry_interval
+                        .min(Duration::from_secs(1));
+                    tokio::time::sleep(pause).await;
+                }
+                let mut failed = Vec::new();
+                for group in left {
+                    let mode = Mode::Close(&id);
+                    if store
+                        .call(scripts, &prepared, group, None, mode)
+                        .await
+                        .is_err()
+                    {
+                        failed.push(group);
+                    }
+                }
+                left = failed;
+            }
+        });
+    }
+
     /// A settle's script call answered: counted if it applied, and the deny
     /// cache forgets its keys (a denial cached before a give-back may no
     /// longer hold).

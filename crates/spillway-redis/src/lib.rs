@@ -548,6 +548,12 @@ impl RedisStore {
                     // What the groups that answered decided is known: it
                     // is reported, not an unknown full quota.
                     Ok(v) if v.allowed => {
+                        // The verdict is not Redis's: its charges there
+                        // cannot be settled by their hold. They stand, as
+                        // a reservation never settled does under "charge".
+                        if let Some(id) = hold {
+                            self.close_later(&prepared, &groups, id);
+                        }
                         for &(i, mut d) in &failed.decided {
                             // The verdict has no time of Redis's: a lease
                             // taken there cannot be named by it. The charge

@@ -115,6 +115,112 @@ async fn a_key_holds_a_bounded_number_open_and_the_oldest_goes_back_first() {
     );
 }
 
+/// A cluster store of `tokens` (given back after `within`) and `gate` (one
+/// an hour), and a key whose two rules live on two masters: (store, key,
+/// the gate's master).
+async fn two_nodes(
+    cluster: &RedisCluster,
+    within: Duration,
+    options: RedisOptions,
+) -> (RedisStore, &'static str, usize) {
+    let one = Quota::per_hour(NonZeroU32::new(1).unwrap());
+    let rules = vec![
+        tokens(1_000, within),
+        Rule::new("gate", FixedWindow::new(one)),
+    ];
+    let store = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
+        .await
+        .expect("connects");
+    for key in ["k", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"] {
+        let a = cluster.master_of(&format!("spillway:{{tokens:{key}}}:fwi:3600000000"));
+        let b = cluster.master_of(&format!("spillway:{{gate:{key}}}:fwi:3600000000"));
+        if let (Some(a), Some(b)) = (a, b)
+            && a != b
+        {
+            return (store, key, b);
+        }
+    }
+    panic!("no key whose two rules live on two masters");
+}
+
+fn both(key: &str, cost: u64) -> [Check<'_>; 2] {
+    [
+        Check {
+            rule: RuleId(0),
+            key,
+            cost,
+        },
+        Check {
+            rule: RuleId(1),
+            key,
+            cost: 1,
+        },
+    ]
+}
+
+/// The other node answers (a denial) only after the reservation's time
+/// has passed: the refund finds it given back already, and gives nothing
+/// back a second time.
+#[tokio::test]
+async fn on_a_cluster_a_refund_after_the_reservation_was_given_back_gives_nothing_twice() {
+    let Some(mut cluster) = RedisCluster::start() else {
+        return;
+    };
+    let options = RedisOptions {
+        timeout: Duration::from_secs(5),
+        ..RedisOptions::default()
+    };
+    let (store, key, gate) = two_nodes(&cluster, Duration::from_millis(200), options).await;
+    assert!(
+        store
+            .check(&charge(key, 100))
+            .await
+            .expect("answers")
+            .allowed
+    );
+    let shut = [Check {
+        rule: RuleId(1),
+        key,
+        cost: 1,
+    }];
+    assert!(store.check(&shut).await.expect("answers").allowed);
+    cluster.nodes_mut()[gate].pause();
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move { store.reserve("r1", &both(key, 500)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    cluster.nodes_mut()[gate].resume();
+    let denied = waiting.await.expect("joined").expect("answers");
+    assert!(!denied.allowed);
+    // The 100 kept stay: 500 given back once, not twice.
+    assert_eq!(left(&store, key).await, 900);
+}
+
+/// The other node does not answer and the request is let in (fail_open):
+/// the reservation held on the node that answered cannot be settled by a
+/// verdict that is not Redis's, so it is closed and stands, never given
+/// back for free.
+#[tokio::test]
+async fn on_a_cluster_a_reservation_let_in_by_the_failure_policy_stands() {
+    let Some(mut cluster) = RedisCluster::start() else {
+        return;
+    };
+    let options = RedisOptions {
+        timeout: Duration::from_millis(300),
+        retry_interval: Duration::from_millis(200),
+        ..RedisOptions::default()
+    };
+    let (store, key, gate) = two_nodes(&cluster, Duration::from_millis(500), options).await;
+    cluster.nodes_mut()[gate].pause();
+    let v = store.reserve("r1", &both(key, 400)).await.expect("answers");
+    cluster.nodes_mut()[gate].resume();
+    assert!(v.allowed && !v.is_decided(1));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(left(&store, key).await, 600);
+    assert_eq!(store.stats().reservations_given_back, 0);
+}
+
 #[tokio::test]
 async fn on_a_cluster_a_reservation_refunded_with_its_denied_request_is_never_given_back() {
     let Some(cluster) = RedisCluster::start() else {

@@ -22,6 +22,8 @@
 --          Or "reserve", to decide and hold the charges of the checks that
 --          release what is not settled in time open under an id: after the
 --          checks, the id.
+--          Or "close", to close the reservations held open under an id,
+--          leaving their charges as they stand: after the checks, the id.
 --          A refund also has, after the lease names, the id its charges were
 --          held open under ("" for none): they are closed.
 -- then 8 numbers per check: algorithm, p1..p5, cost (for a settle, the
@@ -54,7 +56,9 @@ end
 
 local n = #KEYS
 -- A refund's or a settle's receipt is the last key; a renew has none.
-if ARGV[2] ~= '' and ARGV[2] ~= 'renew' and ARGV[2] ~= 'reserve' then n = n - 1 end
+if ARGV[2] ~= '' and ARGV[2] ~= 'renew' and ARGV[2] ~= 'reserve' and ARGV[2] ~= 'close' then
+  n = n - 1
+end
 -- Where the arguments after the checks begin.
 local extra = 2 + 8 * n
 
@@ -182,6 +186,17 @@ end
 
 for i = 1, n do give_back_due(i) end
 
+if ARGV[2] == 'close' then
+  local id = ARGV[extra + 1]
+  local reply = { 1, now }
+  for i = 1, n do
+    if holds[i] > 0 then close(i, id) end
+    put(reply, i, run(i, 'check', run(i, 'load', nil, 0, now), 0, now))
+  end
+  reply[#reply + 1] = given_back
+  return reply
+end
+
 if ARGV[2] == 'settle' then
   local applied = 0
   local id = ARGV[extra + 4 * n + 2]
@@ -243,17 +258,19 @@ if ARGV[2] == 'renew' then
   return reply
 end
 
-if ARGV[2] ~= '' and ARGV[2] ~= 'reserve' then
+if ARGV[2] ~= '' and ARGV[2] ~= 'reserve' and ARGV[2] ~= 'close' then
   -- Refund: another part of the request (on another cluster node) denied.
   local charged_at = ARGV[2] + 0
   -- The receipt outlives every retry of the refund (the store sends its
   -- last within about 8 s); short-lived, so that many refunds cost little.
   if redis.call('SET', KEYS[n + 1], 1, 'NX', 'PX', 10000) then
-    -- Charges held open under an id are closed: given back here.
+    -- Charges held open under an id are closed: given back here, unless
+    -- they were given back already (their time passed, or the key's
+    -- bound pushed them out), which must not happen twice.
     local id = ARGV[extra + n + 1] or ''
     for i = 1, n do
-      if id ~= '' and holds[i] > 0 and costs[i] > 0 then close(i, id) end
-      if costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+      local gone = id ~= '' and holds[i] > 0 and costs[i] > 0 and not close(i, id)
+      if not gone and costs[i] > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
         local state = run(i, 'load', nil, 0, now)
         state.lease_id = (ARGV[extra + i] or 0) + 0
         if algos[i] == sliding_log then
