@@ -98,6 +98,9 @@ impl RedisStore {
         if key.ends_with(":ls") {
             cmd.arg(format!("{key}:rel"));
         }
+        // And the reservations held open on it: given back later, they
+        // would take from what is counted after the reset.
+        cmd.arg(format!("{key}:rs")).arg(format!("{key}:rs:c"));
         let deleted: i64 = self.query(&key, &cmd).await?;
         Ok(deleted > 0)
     }

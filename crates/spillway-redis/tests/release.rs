@@ -283,3 +283,29 @@ async fn on_a_cluster_a_reservation_refunded_with_its_denied_request_is_never_gi
     assert_eq!(left(&store, key).await, 900);
     assert_eq!(store.stats().reservations_given_back, 0);
 }
+
+#[tokio::test]
+async fn a_reset_key_forgets_its_reservations() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = standalone(&server, tokens(1_000, Duration::from_millis(200))).await;
+    assert!(
+        store
+            .reserve("r1", &charge("k", 400))
+            .await
+            .expect("answers")
+            .allowed
+    );
+    assert!(store.reset(RuleId(0), "k").await.expect("answers"));
+    assert!(
+        store
+            .check(&charge("k", 300))
+            .await
+            .expect("answers")
+            .allowed
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(left(&store, "k").await, 700, "the 400 went with the reset");
+    assert_eq!(store.stats().reservations_given_back, 0);
+}

@@ -744,16 +744,8 @@ impl<St: Store> Engine<St> {
             of: Some((index, quota)),
             key,
             cost,
-            releases: self.releases(id),
+            releases: releases(rule),
         }
-    }
-
-    /// Whether store rule `id` gives back the reservations not settled in
-    /// time ([`Rule::release_unsettled_after`](spillway::store::Rule::release_unsettled_after)).
-    fn releases(&self, id: RuleId) -> bool {
-        self.store.rules().get(id.0).is_some_and(|r| {
-            r.release_after().is_some() && !matches!(r.algorithm(), AnyAlgorithm::Concurrency(_))
-        })
     }
 
     /// A charge of the policy rule called `rule` under its quota for
@@ -862,12 +854,14 @@ impl<St: Store> Engine<St> {
     /// not have or one of the policy's.
     pub fn charge_own(&self, id: RuleId, key: String, cost: u64) -> Option<Charge> {
         let own = self.policy.store_rule_count()..self.store.rules().len();
-        own.contains(&id.0).then(|| Charge {
+        own.contains(&id.0).then_some(Charge {
             id,
             of: None,
             key,
             cost,
-            releases: self.releases(id),
+            // The caller's own rule is not a budget: its charges are
+            // never settled, so none is held open.
+            releases: false,
         })
     }
 
@@ -924,7 +918,7 @@ impl<St: Store> Engine<St> {
                 of: Some((index, quota)),
                 key,
                 cost,
-                releases: self.releases(id),
+                releases: releases(rule),
             });
         }
         Ok(charges)
@@ -1113,6 +1107,15 @@ fn most_restrictive(
             .min_by_key(|(_, d)| (d.remaining, d.limit))
             .map(|(i, _)| i)
     })
+}
+
+/// Whether a charge of policy rule `rule` is a reservation the store holds
+/// open: a budget that gives back what is not settled in time
+/// ([`ResponseCost::release_unsettled_after`]). Only a budget's charges
+/// are settled (its response is metered), so no other rule's are held,
+/// whatever its store rule says.
+fn releases(rule: &crate::HttpRule) -> bool {
+    matches!(&rule.cost, Cost::Response(b) if b.release_after.is_some())
 }
 
 /// One decision in the making: the loop of [`Engine::decide`], one store

@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use compact_str::CompactString;
 
 use super::MAX_HOLDS_PER_KEY;
-use crate::algorithm::Charged;
+use super::table::Table;
+use crate::algorithm::{AnyAlgorithm, AnyState, Charged};
 use crate::clock::Micros;
 
 /// The most reservations the memory store holds open, all keys together
@@ -29,18 +30,24 @@ pub const MAX_OPEN_HOLDS: usize = 1 << 18;
 /// A rule (by name: a reload may renumber the rules) and a key.
 pub(super) type KeyName = (Arc<str>, CompactString);
 
-/// A reservation to give back: its rule and key, and the charge.
-pub(super) type Release = (KeyName, Charged);
+/// Where a reservation was charged: its rule's table and algorithm then.
+/// A store made by a reload that no longer has the rule, or has it anew
+/// in another table, gives it back there all the same.
+pub(super) type Target = (Arc<Table<CompactString, AnyState>>, AnyAlgorithm);
 
-#[derive(Debug)]
+/// A reservation to give back: its rule and key, where it was charged,
+/// and the charge.
+pub(super) type Release = (KeyName, Target, Charged);
+
 struct Open {
     id: u64,
     seq: u64,
     until: Micros,
+    target: Target,
     charged: Charged,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct Book {
     keys: HashMap<KeyName, Vec<Open>>,
     /// Every open reservation by (its time, the order it was made in).
@@ -49,7 +56,6 @@ pub(super) struct Book {
 }
 
 /// The open reservations of a memory store.
-#[derive(Debug)]
 pub(super) struct Holds {
     hasher: RandomState,
     book: Mutex<Book>,
@@ -122,6 +128,7 @@ impl Locked<'_> {
         &mut self,
         name: KeyName,
         id: u64,
+        target: Target,
         charged: Charged,
         until: Micros,
         out: &mut Vec<Release>,
@@ -135,6 +142,7 @@ impl Locked<'_> {
             id,
             seq,
             until,
+            target,
             charged,
         });
         if held.len() > MAX_HOLDS_PER_KEY {
@@ -164,6 +172,16 @@ impl Locked<'_> {
         true
     }
 
+    /// Forgets every reservation of `name` without giving it back (the key
+    /// was reset: its counts are gone).
+    pub(super) fn forget(&mut self, name: &KeyName) {
+        if let Some(held) = self.book.keys.remove(name) {
+            for open in held {
+                self.book.queue.remove(&(open.until, open.seq));
+            }
+        }
+    }
+
     /// Takes out the reservation of `name` that `which` picks (its queue
     /// entry already gone, or removed here), to give back.
     fn take(&mut self, name: KeyName, which: impl Fn(&Open) -> bool, out: &mut Vec<Release>) {
@@ -179,7 +197,7 @@ impl Locked<'_> {
         }
         self.book.queue.remove(&(open.until, open.seq));
         self.holds.released.fetch_add(1, Ordering::Relaxed);
-        out.push((name, open.charged));
+        out.push((name, open.target, open.charged));
     }
 }
 
@@ -213,15 +231,24 @@ mod tests {
         (Arc::from("r"), CompactString::new(key))
     }
 
+    fn target() -> Target {
+        let rule = super::super::Rule::new(
+            "r",
+            crate::algorithm::FixedWindow::new(crate::Quota::per_second(std::num::NonZeroU32::MIN)),
+        );
+        let options = super::super::MemoryOptions::default();
+        (Arc::new(options.table(1, |_| 0)), *rule.algorithm())
+    }
+
     #[test]
     fn a_reservation_is_due_once_its_time_has_passed_unless_closed() {
         let holds = Holds::new();
         let mut out = Vec::new();
         {
             let mut book = holds.lock();
-            book.open(name("a"), 1, charged(5, 0), 100, &mut out);
-            book.open(name("a"), 2, charged(6, 10), 110, &mut out);
-            book.open(name("b"), 1, charged(7, 20), 120, &mut out);
+            book.open(name("a"), 1, target(), charged(5, 0), 100, &mut out);
+            book.open(name("a"), 2, target(), charged(6, 10), 110, &mut out);
+            book.open(name("b"), 1, target(), charged(7, 20), 120, &mut out);
         }
         assert!(out.is_empty());
         assert!(!holds.due_by(99));
@@ -231,7 +258,7 @@ mod tests {
         assert!(!book.close(&name("a"), 2));
         book.due(200, &mut out);
         drop(book);
-        let costs: Vec<u64> = out.iter().map(|(_, c)| c.cost).collect();
+        let costs: Vec<u64> = out.iter().map(|(_, _, c)| c.cost).collect();
         assert_eq!(costs, [5, 7]);
         assert_eq!(holds.released(), 2);
         assert!(!holds.due_by(u64::MAX - 1));
@@ -243,10 +270,10 @@ mod tests {
         let mut out = Vec::new();
         let mut book = holds.lock();
         for i in 0..=MAX_HOLDS_PER_KEY as u64 {
-            book.open(name("a"), i, charged(1, i), 1_000 + i, &mut out);
+            book.open(name("a"), i, target(), charged(1, i), 1_000 + i, &mut out);
         }
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].1.at, 0);
+        assert_eq!(out[0].2.at, 0);
         assert!(!book.close(&name("a"), 0));
         assert!(book.close(&name("a"), 1));
     }

@@ -153,7 +153,7 @@ impl Default for MemoryOptions {
 impl MemoryOptions {
     /// A table for one of `rules` rules sharing `max_memory`, whose keys
     /// own `key_heap` bytes on the heap.
-    fn table<K: Hash + Eq, S: SharedState>(
+    pub(super) fn table<K: Hash + Eq, S: SharedState>(
         &self,
         rules: usize,
         key_heap: fn(&K) -> usize,
@@ -590,7 +590,8 @@ impl<C: Clock> MemoryStore<C> {
             let charged = Charged::of(check.cost, now, decision).held_open();
             let until = now.saturating_add(u64::try_from(within.as_micros()).unwrap_or(u64::MAX));
             let name = (rule.name_arc(), CompactString::new(check.key));
-            book.open(name, fingerprint, charged, until, &mut full);
+            let target = (self.tables[check.rule.0].clone(), *rule.algorithm());
+            book.open(name, fingerprint, target, charged, until, &mut full);
         }
         self.release(&full, now);
         drop(book);
@@ -612,23 +613,15 @@ impl<C: Clock> MemoryStore<C> {
         drop(book);
     }
 
-    /// Settles each reservation at 0 as of its charge (the book is held).
+    /// Settles each reservation at 0 as of its charge, in the table it was
+    /// charged to, whichever store (before or after a reload) meets it (the
+    /// book is held).
     fn release(&self, released: &[Release], now: Micros) {
-        for ((rule, key), charged) in released {
-            let Some(i) = self.rules.iter().position(|r| r.name() == &**rule) else {
-                // The rule is gone (a reload): so are its counts.
-                continue;
-            };
-            let table = &self.tables[i];
+        for ((_, key), (table, algorithm), charged) in released {
             let hash = table.hash(key);
-            table.lock(table.shard_of(hash)).settle(
-                self.rules[i].algorithm(),
-                key,
-                hash,
-                *charged,
-                0,
-                now,
-            );
+            table
+                .lock(table.shard_of(hash))
+                .settle(algorithm, key, hash, *charged, 0, now);
         }
     }
 
@@ -783,6 +776,10 @@ impl<C: Clock> MemoryStore<C> {
     /// Forgets `key` under `rule`. Returns whether it was held.
     pub fn reset(&self, rule: super::RuleId, key: &str) -> bool {
         self.tables.get(rule.0).is_some_and(|table| {
+            // Its reservations go too: given back later, they would take
+            // from what is counted after the reset.
+            let name = (self.rules[rule.0].name_arc(), CompactString::new(key));
+            self.holds.lock().forget(&name);
             let hash = table.hash(key);
             table.lock(table.shard_of(hash)).remove(key, hash)
         })

@@ -1,0 +1,93 @@
+//! Reservations the in-memory store gives back when no settle comes in
+//! time (`Rule::release_unsettled_after`), across a reload and a reset.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use spillway::Quota;
+use spillway::algorithm::{Charged, FixedWindow, TokenBucket};
+use spillway::clock::FakeClock;
+use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId, Settle};
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+fn per_hour(n: u32) -> Quota {
+    Quota::per_hour(NonZeroU32::new(n).unwrap())
+}
+
+fn tokens() -> Rule {
+    Rule::new("tokens", FixedWindow::new(per_hour(1_000))).release_unsettled_after(WITHIN)
+}
+
+fn charge(rule: usize, cost: u64) -> [Check<'static>; 1] {
+    [Check {
+        rule: RuleId(rule),
+        key: "k",
+        cost,
+    }]
+}
+
+fn left(store: &MemoryStore<FakeClock>, rule: usize) -> u64 {
+    store.check_now(&charge(rule, 0)).unwrap().decisions[0].remaining
+}
+
+#[test]
+fn a_reload_that_renumbers_the_rule_gives_the_reservation_back_where_it_was_charged() {
+    let clock = FakeClock::new(0);
+    let old = MemoryStore::with_clock(vec![tokens()], MemoryOptions::default(), clock.clone());
+    assert!(old.reserve_now("r1", &charge(0, 400)).unwrap().allowed);
+    let other = Rule::new("other", FixedWindow::new(per_hour(5)));
+    let new = old.reconfigure(vec![other, tokens()]);
+    assert_eq!(left(&new, 1), 600);
+    clock.advance(WITHIN);
+    // The old store (an engine still serving a request) meets it first:
+    // it is given back in the table the new store counts in.
+    assert_eq!(left(&old, 0), 1_000);
+    assert_eq!(left(&new, 1), 1_000);
+    assert_eq!(new.reservations_released(), 1);
+}
+
+#[test]
+fn a_reservation_of_a_rule_started_afresh_by_a_reload_takes_nothing_from_the_new_counts() {
+    let clock = FakeClock::new(0);
+    let old = MemoryStore::with_clock(vec![tokens()], MemoryOptions::default(), clock.clone());
+    assert!(old.reserve_now("r1", &charge(0, 400)).unwrap().allowed);
+    // The same name, another algorithm: a new table, counted afresh.
+    let ten = NonZeroU32::new(1_000).unwrap();
+    let bucket = Rule::new("tokens", TokenBucket::new(per_hour(1_000), ten));
+    let new = old.reconfigure(vec![bucket]);
+    assert!(new.check_now(&charge(0, 300)).unwrap().allowed);
+    clock.advance(WITHIN);
+    // 300 charged 60 s ago, refilled by 1,000 an hour: 16.7 back.
+    assert_eq!(left(&new, 0), 716);
+    assert_eq!(new.reservations_released(), 1);
+}
+
+#[test]
+fn a_reset_key_forgets_its_reservations() {
+    let clock = FakeClock::new(0);
+    let store = MemoryStore::with_clock(vec![tokens()], MemoryOptions::default(), clock.clone());
+    assert!(store.reserve_now("r1", &charge(0, 400)).unwrap().allowed);
+    assert!(store.reset(RuleId(0), "k"));
+    assert!(store.check_now(&charge(0, 300)).unwrap().allowed);
+    clock.advance(WITHIN);
+    assert_eq!(left(&store, 0), 700, "the 400 went with the reset");
+    assert_eq!(store.reservations_released(), 0);
+}
+
+#[test]
+fn a_held_charge_is_settled_only_under_its_id() {
+    let store =
+        MemoryStore::with_clock(vec![tokens()], MemoryOptions::default(), FakeClock::new(0));
+    let v = store.reserve_now("r1", &charge(0, 400)).unwrap();
+    let settle = [Settle {
+        rule: RuleId(0),
+        key: "k",
+        charged: Charged::of(400, v.decided_at, &v.decisions[0]).held_open(),
+        actual: 100,
+    }];
+    assert!(store.settle_once_now(&settle).is_err());
+    assert_eq!(left(&store, 0), 600);
+    assert!(store.settle_now("r1", &settle).unwrap().applied);
+    assert_eq!(left(&store, 0), 900);
+}
