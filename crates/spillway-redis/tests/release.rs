@@ -80,13 +80,13 @@ async fn a_reservation_is_given_back_on_the_servers_clock_and_a_late_settle_char
 }
 
 #[tokio::test]
-async fn a_key_holds_a_bounded_number_open_and_the_oldest_goes_back_first() {
+async fn a_key_holds_a_bounded_number_open_and_denies_one_more_until_one_is_settled() {
     let Some(server) = RedisServer::start() else {
         return;
     };
     let store = standalone(&server, tokens(5_000, Duration::from_secs(3600))).await;
     let mut first = None;
-    for i in 0..=MAX_HOLDS_PER_KEY {
+    for i in 0..MAX_HOLDS_PER_KEY {
         let v = store
             .reserve(&format!("r{i}"), &charge("k", 1))
             .await
@@ -94,13 +94,25 @@ async fn a_key_holds_a_bounded_number_open_and_the_oldest_goes_back_first() {
         assert!(v.allowed);
         first.get_or_insert(v);
     }
+    let open = MAX_HOLDS_PER_KEY as u64;
+    let denied = store
+        .reserve("one-more", &charge("k", 1))
+        .await
+        .expect("answers");
+    assert!(!denied.allowed);
+    let wait = denied.decisions[0].retry_after.expect("a wait");
+    assert!(
+        wait > Duration::from_secs(3590) && wait <= Duration::from_secs(3600),
+        "{wait:?}"
+    );
+    assert_eq!(denied.decisions[0].remaining, 5_000 - open);
+    // Nothing was charged, nothing given back: no count lost.
+    assert_eq!(left(&store, "k").await, 5_000 - open);
     assert_eq!(
         server.command("ZCARD spillway:{tokens:k}:fwi:3600000000:rs"),
         format!(":{MAX_HOLDS_PER_KEY}\r\n")
     );
-    // The first went back at once: 1,001 charged, 1 given back.
-    assert_eq!(left(&store, "k").await, 5_000 - MAX_HOLDS_PER_KEY as u64);
-    // Its settle, which comes when its response ends, charges it in full.
+    // One settled: one more fits.
     let v = first.expect("reserved");
     let settle = [Settle {
         rule: RuleId(0),
@@ -109,10 +121,12 @@ async fn a_key_holds_a_bounded_number_open_and_the_oldest_goes_back_first() {
         actual: 1,
     }];
     store.settle("r0", &settle).await.expect("answers");
-    assert_eq!(
-        left(&store, "k").await,
-        5_000 - 1 - MAX_HOLDS_PER_KEY as u64
-    );
+    let v = store
+        .reserve("one-more", &charge("k", 1))
+        .await
+        .expect("answers");
+    assert!(v.allowed);
+    assert_eq!(left(&store, "k").await, 5_000 - open - 1);
 }
 
 /// A cluster store of `tokens` (given back after `within`) and `gate` (one

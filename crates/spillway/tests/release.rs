@@ -91,3 +91,43 @@ fn a_held_charge_is_settled_only_under_its_id() {
     assert!(store.settle_now("r1", &settle).unwrap().applied);
     assert_eq!(left(&store, 0), 900);
 }
+
+#[test]
+fn a_key_holds_a_bounded_number_open_and_denies_one_more_until_one_is_settled() {
+    use spillway::store::MAX_HOLDS_PER_KEY;
+    let clock = FakeClock::new(0);
+    let rule =
+        Rule::new("tokens", FixedWindow::new(per_hour(5_000))).release_unsettled_after(WITHIN);
+    let store = MemoryStore::with_clock(vec![rule], MemoryOptions::default(), clock.clone());
+    let mut first = None;
+    for i in 0..MAX_HOLDS_PER_KEY {
+        clock.advance(Duration::from_micros(1));
+        let v = store.reserve_now(&format!("r{i}"), &charge(0, 1)).unwrap();
+        assert!(v.allowed);
+        first.get_or_insert(v);
+    }
+    let open = MAX_HOLDS_PER_KEY as u64;
+    let denied = store.reserve_now("one-more", &charge(0, 1)).unwrap();
+    assert!(!denied.allowed);
+    // Until the first one's time: 60 s after it, 999 µs ago.
+    assert_eq!(
+        denied.decisions[0].retry_after,
+        Some(WITHIN - Duration::from_micros(open - 1))
+    );
+    assert_eq!(left(&store, 0), 5_000 - open);
+    let v = first.unwrap();
+    let settle = [Settle {
+        rule: RuleId(0),
+        key: "k",
+        charged: Charged::of(1, v.decided_at, &v.decisions[0]).held_open(),
+        actual: 1,
+    }];
+    store.settle_now("r0", &settle).unwrap();
+    assert!(
+        store
+            .reserve_now("one-more", &charge(0, 1))
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(left(&store, 0), 5_000 - open - 1);
+}

@@ -165,7 +165,7 @@ local function close(i, id)
 end
 
 -- Holds check i's charge (admitted now, `reset` its reset_after) open
--- under `id`; the key's oldest is given back at once past its bound. Both
+-- under `id` (the decision saw room for it: see the bound below). Both
 -- keys live as long as the reservations, or the state, whichever is
 -- longer, and a minute more.
 local function hold(i, id, reset)
@@ -173,10 +173,6 @@ local function hold(i, id, reset)
   redis.call('ZADD', rs, now + holds[i], id)
   -- Written with %d: Lua's own number-to-text keeps 14 digits only.
   redis.call('HSET', rs .. ':c', id, string.format('%d %d %d', costs[i], now, reset))
-  local over = redis.call('ZCARD', rs) - MAX_HOLDS_PER_KEY
-  if over > 0 then
-    give_back(i, redis.call('ZRANGE', rs, 0, over - 1))
-  end
   local keep = math.max(cdiv(holds[i], 1000), redis.call('PTTL', KEYS[i])) + 60000 + ttl_slack_ms
   if redis.call('PTTL', rs) < keep then
     redis.call('PEXPIRE', rs, keep)
@@ -302,6 +298,21 @@ for i = 1, n do
     states[key] = run(i, 'load', nil, 0, now)
   end
   if put(reply, i, run(i, 'check', states[key], costs[i], now)) == 0 then reply[1] = 0 end
+end
+
+-- A key holds a bounded number of reservations open: one more is denied
+-- until the first of them is settled or given back.
+if ARGV[2] == 'reserve' and reply[1] == 1 then
+  for i = 1, n do
+    local rs = KEYS[i] .. ':rs'
+    if holds[i] > 0 and costs[i] > 0 and redis.call('ZCARD', rs) >= MAX_HOLDS_PER_KEY then
+      local first = redis.call('ZRANGE', rs, 0, 0, 'WITHSCORES')
+      local wait = math.max((first[2] or now) - now, 1)
+      local _, limit, remaining, reset, refill = run(i, 'check', run(i, 'load', nil, 0, now), 0, now)
+      put(reply, i, 0, limit, remaining, reset, refill, wait, 0)
+      reply[1] = 0
+    end
+  end
 end
 
 if reply[1] == 1 then

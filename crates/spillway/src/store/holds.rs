@@ -24,7 +24,8 @@ use crate::algorithm::{AnyAlgorithm, AnyState, Charged};
 use crate::clock::Micros;
 
 /// The most reservations the memory store holds open, all keys together
-/// (about 25 MiB): past it, the oldest is given back at once.
+/// (about 25 MiB): one more is denied until one is settled or given back
+/// (past it by a race of two threads, the oldest is given back at once).
 pub const MAX_OPEN_HOLDS: usize = 1 << 18;
 
 /// A rule (by name: a reload may renumber the rules) and a key.
@@ -154,6 +155,21 @@ impl Locked<'_> {
         {
             self.take(name, |o| o.seq == seq, out);
         }
+    }
+
+    /// When one more reservation of `name` can be held, if not now: its
+    /// key, or the book, is full until its first one is settled or given
+    /// back (`Some` of that time).
+    pub(super) fn full_until(&self, name: &KeyName) -> Option<Micros> {
+        if let Some(held) = self.book.keys.get(name)
+            && held.len() >= MAX_HOLDS_PER_KEY
+        {
+            return held.iter().map(|o| o.until).min();
+        }
+        if self.book.queue.len() >= MAX_OPEN_HOLDS {
+            return self.book.queue.first_key_value().map(|(k, _)| k.0);
+        }
+        None
     }
 
     /// Closes reservation `id` of `name`: whether it was open.

@@ -572,6 +572,10 @@ impl<C: Clock> MemoryStore<C> {
         if id.is_empty() || id.len() > MAX_SETTLE_ID {
             return Err(Error::SettleId { len: id.len() });
         }
+        self.validate(checks)?;
+        if let Some(denied) = self.holds_full(checks, now)? {
+            return Ok(denied);
+        }
         let verdict = self.check_at(checks, now)?;
         if !verdict.allowed {
             return Ok(verdict);
@@ -596,6 +600,34 @@ impl<C: Clock> MemoryStore<C> {
         self.release(&full, now);
         drop(book);
         Ok(verdict)
+    }
+
+    /// The denial of a reservation that a full key (or a full book) cannot
+    /// hold: each key's state as it stands, the full one's denied until
+    /// its first reservation's time. (A reservation made meanwhile by
+    /// another thread may pass the bound: the book then gives its oldest
+    /// back at once.)
+    fn holds_full(&self, checks: &[Check<'_>], now: Micros) -> Result<Option<Verdict>, Error> {
+        let full = {
+            let book = self.holds.lock();
+            checks.iter().enumerate().find_map(|(i, check)| {
+                let rule = self.rules.get(check.rule.0)?;
+                releases(rule)?;
+                let name = (rule.name_arc(), CompactString::new(check.key));
+                let until = book.full_until(&name).filter(|_| check.cost > 0)?;
+                Some((i, until))
+            })
+        };
+        let Some((i, until)) = full else {
+            return Ok(None);
+        };
+        let peeks: Vec<Check<'_>> = checks.iter().map(|c| Check { cost: 0, ..*c }).collect();
+        let mut verdict = self.check_at(&peeks, now)?;
+        verdict.allowed = false;
+        let d = &mut verdict.decisions[i];
+        d.allowed = false;
+        d.retry_after = Some(Duration::from_micros(until.saturating_sub(now).max(1)));
+        Ok(Some(verdict))
     }
 
     /// How many reservations this store (and those `reconfigure` made from

@@ -295,7 +295,8 @@ impl<'a> Renew<'a> {
 pub const MAX_SETTLE_ID: usize = 128;
 
 /// The most reservations one key holds open ([`Store::reserve`]) under a
-/// rule that releases them: past it, the oldest is given back at once.
+/// rule that releases them: one more is denied until one is settled or
+/// given back.
 pub const MAX_HOLDS_PER_KEY: usize = 1_000;
 
 /// How long a store remembers a settle id: the same settle sent again
@@ -379,9 +380,9 @@ pub trait Store: Send + Sync {
     /// [`Charged::held`](crate::algorithm::Charged::held)). If no settle
     /// of `id` names it within the rule's time, the store gives it back by
     /// itself. The charges of other rules are made as `check` makes them.
-    /// A key holds at most [`MAX_HOLDS_PER_KEY`] reservations open: past
-    /// it, the oldest is given back at once (its settle then charges its
-    /// whole actual cost, so nothing is lost but the wait).
+    /// A key holds at most [`MAX_HOLDS_PER_KEY`] reservations open: one
+    /// more is denied (a denial, with `retry_after` until the first of
+    /// them is given back) until one is settled.
     fn reserve(
         &self,
         id: &str,
