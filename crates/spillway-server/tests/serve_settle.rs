@@ -316,3 +316,42 @@ async fn on_redis_a_reservation_never_settled_is_given_back_and_a_late_settle_ch
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert_eq!(peek(&a.http).await, 850);
 }
+
+/// Under `on_expiry = "release"`, a token outlives its reservation (so a
+/// late settle still charges in full), within what a receipt allows; and
+/// it is settled by an instance whose rules are numbered otherwise (a
+/// reload that added one above, another instance's configuration).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_reservations_token_outlives_it_and_finds_its_rule_by_name() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let config = |extra: &str, within: &str| {
+        let text = format!(
+            "[server]\nsettle_key = \"0123456789abcdef0123456789abcdef\"\n\
+             [store]\nkind = \"redis\"\nurl = \"{}\"\n{extra}\
+             [[rules]]\nname = \"tokens\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\n\
+             limit = 1000\nwindow = \"1h\"\ncost = \"response:usage\"\nreserve = 300\n\
+             on_expiry = \"release\"\nsettle_within = \"{within}\"\n",
+            redis.url()
+        );
+        Config::parse(&text).expect("valid")
+    };
+    let first = "[[rules]]\nname = \"first\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\n\
+                 limit = 10\nwindow = \"1m\"\nmatch = { path = \"/elsewhere\" }\n";
+    let a = Service::start(config("", "6m"), None).await;
+    let b = Service::start(config(first, "6m"), None).await;
+    let answer = check(&a.http).await;
+    // 6 minutes and half a minute, past the 5 of `[server] settle_within`.
+    assert_eq!(answer["settle"]["expires_in_ms"], 390_000);
+    let token = answer["settle"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    let settled = settle(&b.http, json!({"token": token, "actual": 100})).await;
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.text());
+    assert_eq!(settled.json()["rules"][0]["remaining"], 900);
+    // At most what a receipt allows (a minute less than its 10).
+    let c = Service::start(config("", "20m"), None).await;
+    assert_eq!(check(&c.http).await["settle"]["expires_in_ms"], 540_000);
+}

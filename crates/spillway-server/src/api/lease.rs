@@ -110,7 +110,8 @@ fn read_token(state: &State, loaded: &Loaded, body: &[u8]) -> Result<Token, Box<
             )));
         }
     };
-    still_applies(state, loaded, &token, "its lease ends by itself")?;
+    let mut token = token;
+    still_applies(state, loaded, &mut token, "its lease ends by itself")?;
     Ok(token)
 }
 

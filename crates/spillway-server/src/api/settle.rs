@@ -26,7 +26,7 @@ use spillway::algorithm::Charged;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
-use spillway::store::{Check, RuleId, Settle, Store, StoreError as _};
+use spillway::store::{Check, RuleId, SETTLE_RECEIPT_TTL, Settle, Store, StoreError as _};
 use spillway_tower::{BudgetEvent, Charge, Held, Settled};
 
 use crate::config::StoreKind;
@@ -227,7 +227,22 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
         .filter(|(charge, charged)| engine.response_cost(charge).is_some() && charged.cost > 0)
         .map(|(charge, charged)| TokenCharge::of(engine, charge, charged))
         .collect();
-    let within = loaded.config.server.settle_within;
+    // A reservation the store gives back when nobody settles it is still
+    // charged in full by a settle that comes later: the token outlives its
+    // rule's `settle_within` when a receipt can (by half a minute, for
+    // clocks a little apart), so that such a settle is accepted.
+    let rules = engine.store().rules();
+    let given_back_after = charges
+        .iter()
+        .filter(|c| c.held)
+        .filter_map(|c| rules.get(c.rule)?.release_after())
+        .max();
+    let most = SETTLE_RECEIPT_TTL.saturating_sub(Duration::from_secs(60));
+    let within = given_back_after.map_or(loaded.config.server.settle_within, |d| {
+        (d + Duration::from_secs(30))
+            .min(most)
+            .max(loaded.config.server.settle_within)
+    });
     // Settled under the id the store holds the reservations open under.
     token_of(PREFIX, loaded, key, charges, within, held.hold_id())
 }
@@ -388,11 +403,16 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
             observe(&loaded, &token, Settled::Expired, Some(0));
             return Answer::problem(
                 StatusCode::GONE,
-                "The settle token has expired (`[server] settle_within`): its reservation stands.",
+                format!(
+                    "The settle token has expired (`[server] settle_within`): {}.",
+                    stands(&token)
+                ),
             );
         }
     };
-    if let Err(conflict) = still_applies(state, &loaded, &token, "its reservation stands") {
+    let mut token = token;
+    let what_stands = stands(&token);
+    if let Err(conflict) = still_applies(state, &loaded, &mut token, &what_stands) {
         return *conflict;
     }
     let engine = loaded.layer.engine();
@@ -449,10 +469,24 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
 /// A 409 when `token`'s charges no longer apply here: made in another
 /// store (an in-memory store since restarted), or under a rule a reload has
 /// renamed, renumbered or resized. `stands` says what becomes of them.
+/// What becomes of a token's reservation that is not settled now.
+fn stands(token: &Token) -> String {
+    if token.charges.iter().any(|c| c.held) {
+        "its reservation stands until its rule's `settle_within`, and is then given back \
+         (`on_expiry = \"release\"`)"
+            .to_string()
+    } else {
+        "its reservation stands".to_string()
+    }
+}
+
+/// Whether the token's charges still apply to the rules as they are now:
+/// each rule of the same name, algorithm and capacity, found by its name
+/// if a reload moved it (the token is changed to name it where it is).
 pub(super) fn still_applies(
     state: &State,
     loaded: &Loaded,
-    token: &Token,
+    token: &mut Token,
     stands: &str,
 ) -> Result<(), Box<Answer>> {
     if token.store != state.settle_key.store_id(loaded) {
@@ -462,13 +496,19 @@ pub(super) fn still_applies(
         )));
     }
     let rules = loaded.layer.engine().store().rules();
-    for c in &token.charges {
-        let same = rules.get(c.rule).is_some_and(|r| {
+    for c in &mut token.charges {
+        let same = |r: &spillway::store::Rule| {
             r.name() == c.name
                 && r.algorithm().capacity() == c.capacity
                 && r.algorithm().name() == c.algorithm
-        });
-        if !same {
+        };
+        let at = match rules.get(c.rule) {
+            Some(r) if same(r) => Some(c.rule),
+            _ => rules.iter().position(same),
+        };
+        if let Some(at) = at {
+            c.rule = at;
+        } else {
             return Err(Box::new(Answer::problem(
                 StatusCode::CONFLICT,
                 format!(
