@@ -1378,9 +1378,22 @@ impl Described {
     pub(crate) fn fields<St: Store>(&self, engine: &Engine<St>) -> RateLimitFields {
         let policy = &engine.policy;
         let options = &policy.headers;
-        if !(options.legacy || options.ietf) || self.applied.is_empty() {
+        if !(options.legacy || options.ietf || options.openai) || self.applied.is_empty() {
             return RateLimitFields::default();
         }
+        // The budget rule with the least left, for the OpenAI-style family.
+        let tokens = options
+            .openai
+            .then(|| {
+                self.applied
+                    .iter()
+                    .filter(|d| {
+                        d.of.is_some_and(|(i, _)| matches!(policy.rules[i].cost, Cost::Response(_)))
+                    })
+                    .map(|d| d.decision)
+                    .min_by_key(|d| d.remaining)
+            })
+            .flatten();
         // The names of the store's own rules are serialized here; the
         // policy's were when the rule was made.
         let own: Small<String> = self
@@ -1408,7 +1421,7 @@ impl Described {
                 },
             })
             .collect();
-        RateLimitFields::new(options, &applied, self.reported)
+        RateLimitFields::new(options, &applied, self.reported, tokens.as_ref())
     }
 }
 

@@ -21,6 +21,16 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11, §4): `r` the
 /// available quota, `t` the effective window in seconds.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `x-ratelimit-limit-tokens` (OpenAI's name): a budget's quota.
+pub const X_RATELIMIT_LIMIT_TOKENS: HeaderName =
+    HeaderName::from_static("x-ratelimit-limit-tokens");
+/// `x-ratelimit-remaining-tokens` (OpenAI's name): what a budget has left.
+pub const X_RATELIMIT_REMAINING_TOKENS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-tokens");
+/// `x-ratelimit-reset-tokens` (OpenAI's name): when a budget is whole
+/// again, as a duration (`6m0s`, `1.5s`, `250ms`).
+pub const X_RATELIMIT_RESET_TOKENS: HeaderName =
+    HeaderName::from_static("x-ratelimit-reset-tokens");
 
 /// Which headers to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +41,12 @@ pub struct HeaderOptions {
     pub ietf: bool,
     /// How `X-RateLimit-Reset` is written.
     pub reset: ResetFormat,
+    /// `x-ratelimit-limit-tokens`, `x-ratelimit-remaining-tokens` and
+    /// `x-ratelimit-reset-tokens`, the names OpenAI's API sends and LLM
+    /// client libraries read, describing the request's budget rule (the
+    /// one with the least left, if several): sent only when a budget rule
+    /// applied. Off by default.
+    pub openai: bool,
 }
 
 impl Default for HeaderOptions {
@@ -39,6 +55,7 @@ impl Default for HeaderOptions {
             legacy: true,
             ietf: true,
             reset: ResetFormat::Unix,
+            openai: false,
         }
     }
 }
@@ -199,6 +216,42 @@ pub(crate) fn printable_name(name: &str) -> String {
         .collect()
 }
 
+/// Appends `d` as OpenAI's rate-limit headers write a wait (Go's duration
+/// format): `250ms` under a second, else hours, minutes and seconds with
+/// up to three decimals (`1.5s`, `6m0s`, `1h0m0s`), rounded up to the
+/// millisecond, so that a client that waits it is never early.
+pub(crate) fn push_go_duration(out: &mut BytesMut, d: Duration) {
+    let mut digits = itoa::Buffer::new();
+    let ms = d.as_micros().div_ceil(1000);
+    if ms < 1000 {
+        out.extend_from_slice(digits.format(ms).as_bytes());
+        out.extend_from_slice(if ms == 0 { b"s" } else { b"ms" });
+        return;
+    }
+    let (secs, frac) = (ms / 1000, ms % 1000);
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    if h > 0 {
+        out.extend_from_slice(digits.format(h).as_bytes());
+        out.extend_from_slice(b"h");
+    }
+    if h > 0 || m > 0 {
+        out.extend_from_slice(digits.format(m).as_bytes());
+        out.extend_from_slice(b"m");
+    }
+    out.extend_from_slice(digits.format(s).as_bytes());
+    if frac > 0 {
+        let three = [
+            b'0' + (frac / 100) as u8,
+            b'0' + (frac / 10 % 10) as u8,
+            b'0' + (frac % 10) as u8,
+        ];
+        let keep = three.iter().rposition(|&c| c != b'0').map_or(0, |i| i + 1);
+        out.extend_from_slice(b".");
+        out.extend_from_slice(&three[..keep]);
+    }
+    out.extend_from_slice(b"s");
+}
+
 /// Appends a parameter `;key=value`. Structured-field integers are their
 /// decimal digits, at most 15 of them.
 fn push_param(out: &mut BytesMut, key: &str, value: u64) {
@@ -224,16 +277,19 @@ pub struct RateLimitFields {
     // Each field's range of `values`, in the order of `NAMES`; empty when
     // the field is not sent. Kept this small because answers carrying the
     // fields are moved through every layer of a server.
-    spans: [(u32, u32); 5],
+    spans: [(u32, u32); 8],
 }
 
 /// The fields' names, in the order they are sent.
-const NAMES: [HeaderName; 5] = [
+const NAMES: [HeaderName; 8] = [
     X_RATELIMIT_LIMIT,
     X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
     RATELIMIT_POLICY,
     RATELIMIT,
+    X_RATELIMIT_LIMIT_TOKENS,
+    X_RATELIMIT_REMAINING_TOKENS,
+    X_RATELIMIT_RESET_TOKENS,
 ];
 
 impl RateLimitFields {
@@ -241,15 +297,21 @@ impl RateLimitFields {
     /// `X-RateLimit-*` and `RateLimit` describe. Each rule's name comes
     /// pre-serialized (see [`sf_name`]), and the values that never change
     /// are made in advance ([`Presented`]): this runs on every response, so
-    /// it builds the values in one buffer.
-    pub(crate) fn new(options: &HeaderOptions, applied: &[Applied<'_>], reported: usize) -> Self {
+    /// it builds the values in one buffer. `tokens` is the decision of
+    /// the request's budget rule, if one applied (the OpenAI-style family).
+    pub(crate) fn new(
+        options: &HeaderOptions,
+        applied: &[Applied<'_>],
+        reported: usize,
+        tokens: Option<&Decision>,
+    ) -> Self {
         let Some(main) = applied.get(reported) else {
             return Self::default();
         };
         let d = &main.decision;
         let made = main.presented();
         let mut values = BytesMut::with_capacity(96 + main.name.len());
-        let mut spans = [(0u32, 0u32); 5];
+        let mut spans = [(0u32, 0u32); 8];
         let mut digits = itoa::Buffer::new();
         // The buffer is a few hundred bytes: its offsets fit a u32.
         let span = |values: &BytesMut, start: usize| (start as u32, values.len() as u32);
@@ -298,6 +360,17 @@ impl RateLimitFields {
             push_param(&mut values, "r", d.remaining);
             push_param(&mut values, "t", effective_window_secs(d));
             spans[4] = span(&values, start);
+        }
+        if let (true, Some(t)) = (options.openai, tokens) {
+            let start = values.len();
+            values.extend_from_slice(digits.format(t.limit).as_bytes());
+            spans[5] = span(&values, start);
+            let start = values.len();
+            values.extend_from_slice(digits.format(t.remaining).as_bytes());
+            spans[6] = span(&values, start);
+            let start = values.len();
+            push_go_duration(&mut values, t.reset_after);
+            spans[7] = span(&values, start);
         }
         Self { values, spans }
     }
@@ -372,7 +445,7 @@ mod tests {
                 window_secs,
                 presented: Some(&made),
             };
-            RateLimitFields::new(&HeaderOptions::default(), &[applied], 0).write_to(&mut map);
+            RateLimitFields::new(&HeaderOptions::default(), &[applied], 0, None).write_to(&mut map);
             map
         };
         let same = write_for(100, 60);
@@ -412,7 +485,7 @@ mod tests {
             },
         ];
         let mut map = HeaderMap::new();
-        RateLimitFields::new(&HeaderOptions::default(), &applied, 0).write_to(&mut map);
+        RateLimitFields::new(&HeaderOptions::default(), &applied, 0, None).write_to(&mut map);
         assert_eq!(
             map[RATELIMIT_POLICY],
             "\"slots\";q=5;qu=\"concurrent-requests\", \"api\";q=100;w=60"
@@ -423,6 +496,26 @@ mod tests {
 
     /// The fields as listed say what the header map says, for every option
     /// and for one rule or several (values made in advance or not).
+    #[test]
+    fn a_wait_is_written_as_openai_writes_it_never_early() {
+        let go = |micros: u64| {
+            let mut out = BytesMut::new();
+            push_go_duration(&mut out, Duration::from_micros(micros));
+            String::from_utf8(out.to_vec()).expect("ASCII")
+        };
+        assert_eq!(go(0), "0s");
+        assert_eq!(go(1), "1ms");
+        assert_eq!(go(250_000), "250ms");
+        assert_eq!(go(999_001), "1s");
+        assert_eq!(go(1_500_000), "1.5s");
+        assert_eq!(go(1_250_000), "1.25s");
+        assert_eq!(go(17_003_000), "17.003s");
+        assert_eq!(go(59_999_100), "1m0s");
+        assert_eq!(go(360_000_000), "6m0s");
+        assert_eq!(go(3_600_000_000), "1h0m0s");
+        assert_eq!(go(3_723_400_000), "1h2m3.4s");
+    }
+
     #[test]
     fn the_fields_listed_are_the_header_map_written_out() {
         let quota = Quota::per_minute(NonZeroU32::new(100).expect("nonzero"));
@@ -449,13 +542,14 @@ mod tests {
                         legacy,
                         ietf,
                         reset,
+                        openai: false,
                     };
                     for (rules, restrictive) in [(&applied[..1], 0), (&applied[..], 1)] {
                         let mut map = HeaderMap::new();
-                        RateLimitFields::new(&options, rules, restrictive).write_to(&mut map);
+                        RateLimitFields::new(&options, rules, restrictive, None).write_to(&mut map);
                         let mut lines = String::new();
                         for (name, value) in
-                            RateLimitFields::new(&options, rules, restrictive).iter()
+                            RateLimitFields::new(&options, rules, restrictive, None).iter()
                         {
                             let value = std::str::from_utf8(value).expect("text");
                             lines.push_str(&format!("{name}: {value}\r\n"));

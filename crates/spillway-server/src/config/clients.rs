@@ -18,6 +18,8 @@ pub(super) struct RawHeaders {
     legacy: bool,
     #[serde(default = "yes")]
     ietf: bool,
+    #[serde(default)]
+    openai: bool,
     reset: Option<Spanned<String>>,
     body: Option<Spanned<String>>,
 }
@@ -27,6 +29,7 @@ impl Default for RawHeaders {
         Self {
             legacy: true,
             ietf: true,
+            openai: false,
             reset: None,
             body: None,
         }
@@ -159,6 +162,7 @@ pub(super) fn convert_headers(
         legacy: raw.legacy,
         ietf: raw.ietf,
         reset: ResetFormat::Unix,
+        openai: raw.openai,
     };
     if let Some(r) = &raw.reset {
         headers.reset = match r.get_ref().as_str() {

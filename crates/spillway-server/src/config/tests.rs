@@ -411,6 +411,7 @@ instances = 3
 
 [headers]
 reset = "delta"
+openai = true
 
 [clients]
 trusted_proxies = ["10.0.0.0/8", "127.0.0.1"]
@@ -433,6 +434,8 @@ limit = 10000
 "#;
     let c = Config::parse(text).unwrap();
     assert_eq!(c.server.listen.port(), 9000);
+    assert!(c.policy.header_options().openai);
+    assert!(!Config::parse("").unwrap().policy.header_options().openai);
     assert_eq!(c.store.timeout, Duration::from_millis(20));
     assert_eq!(
         c.store.on_error,

@@ -688,3 +688,78 @@ async fn the_observer_hears_an_overrun_that_exhausts_the_key() {
         ]
     );
 }
+
+/// `[headers] openai`: the family LLM client libraries read, of the
+/// request's budget rule, beside the usual fields; none on a response no
+/// budget rule applied to.
+#[tokio::test(start_paused = true)]
+async fn the_openai_token_fields_describe_the_budget() {
+    let per_ip = HttpRule::new(
+        "requests",
+        FixedWindow::new(Quota::per_minute(NonZeroU32::new(50).expect("nonzero"))),
+    );
+    let policy = Policy::new([per_ip, budget_rule(reserving(300)).path("/json/**")]).headers(
+        spillway_tower::HeaderOptions {
+            openai: true,
+            ..spillway_tower::HeaderOptions::default()
+        },
+    );
+    let layer = memory_layer(policy);
+    let app = upstream().layer(layer.clone());
+    let res = get_through(&app, "/json/120").await;
+    assert_eq!(
+        header_u64(&res, "x-ratelimit-limit-tokens"),
+        u64::from(LIMIT)
+    );
+    assert_eq!(
+        header_u64(&res, "x-ratelimit-remaining-tokens"),
+        u64::from(LIMIT) - 300
+    );
+    // Until the hour's window ends, as Go writes a duration.
+    let reset = go_millis(
+        res.headers()["x-ratelimit-reset-tokens"]
+            .to_str()
+            .expect("ASCII"),
+    );
+    assert!(reset > 0 && reset <= 3_600_000, "{reset}");
+    // The usual fields report the rule with the least left, as ever.
+    assert_eq!(header_u64(&res, "x-ratelimit-remaining"), 49);
+    body_string(res).await;
+    tokio::time::advance(std::time::Duration::from_secs(10)).await;
+    let res = get_through(&app, "/json/1").await;
+    let later = go_millis(
+        res.headers()["x-ratelimit-reset-tokens"]
+            .to_str()
+            .expect("ASCII"),
+    );
+    assert_eq!(later, reset - 10_000);
+    body_string(res).await;
+    let res = get_through(&app, "/text").await;
+    assert!(res.headers().get("x-ratelimit-limit-tokens").is_none());
+    assert_eq!(header_u64(&res, "x-ratelimit-remaining"), 47);
+}
+
+/// Milliseconds of a duration written as Go writes one (`1h2m3.5s`,
+/// `250ms`).
+fn go_millis(text: &str) -> u64 {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse().expect("ms");
+    }
+    let mut total = 0.0;
+    let mut number = String::new();
+    for c in text.chars() {
+        match c {
+            'h' | 'm' | 's' => {
+                let n: f64 = number.parse().expect("a number");
+                total += n * match c {
+                    'h' => 3_600_000.0,
+                    'm' => 60_000.0,
+                    _ => 1_000.0,
+                };
+                number.clear();
+            }
+            _ => number.push(c),
+        }
+    }
+    total.round() as u64
+}

@@ -341,6 +341,7 @@ async fn header_families_can_be_turned_off() {
                 legacy: false,
                 ietf: false,
                 reset: ResetFormat::Delta,
+                openai: false,
             },
             false,
             false,
