@@ -234,9 +234,6 @@ pub struct Charge {
     of: Option<(usize, usize)>,
     key: String,
     cost: u64,
-    // The store rule gives back what is not settled in time: a charge of
-    // it is held open under the request's id.
-    releases: bool,
 }
 
 impl Charge {
@@ -320,9 +317,17 @@ pub struct Ruling {
     // The charges that were charged, and the store's time of the charge.
     charged: Option<(Small<usize>, u64)>,
     reported: Option<usize>,
-    // The id the store holds the reservations of releasing rules open
-    // under, if the request made any.
-    hold: Option<Arc<str>>,
+    // The reservations the store holds open, if the request made any.
+    hold: Option<Box<Hold>>,
+}
+
+/// The reservations a request's charges hold open in the store: the id
+/// they are held under, and which charges are held (those of budget rules
+/// that give back what is not settled in time).
+#[derive(Debug, Clone)]
+struct Hold {
+    id: Arc<str>,
+    held: Small<bool>,
 }
 
 impl Ruling {
@@ -397,7 +402,9 @@ impl Ruling {
     /// would give back what was never taken.
     pub fn into_held(self) -> Option<Held> {
         let (charged, at) = self.charged?;
-        let hold = self.hold;
+        let (hold, held) = self
+            .hold
+            .map_or((None, Small::new()), |h| (Some(h.id), h.held));
         let mut charges = self.charges;
         let decisions = self.decisions;
         let undecided = self.undecided;
@@ -426,8 +433,15 @@ impl Ruling {
                     |d| Charged::of(charge.cost, at, d),
                 );
                 // Held open by the store under the request's id.
-                let held = hold.is_some() && charge.cost > 0 && charge.releases;
-                (charge, if held { charged.held_open() } else { charged })
+                let is_held = held.get(i).copied().unwrap_or(false);
+                (
+                    charge,
+                    if is_held {
+                        charged.held_open()
+                    } else {
+                        charged
+                    },
+                )
             })
             .collect();
         Some(Held {
@@ -583,6 +597,9 @@ pub struct Engine<St> {
     // Whether a rule is a concurrency rule, whose slots are held until the
     // response ends: likewise.
     pub(crate) leases: bool,
+    // Whether a budget rule gives back what is not settled in time, whose
+    // charges the store holds open: likewise.
+    releasing: bool,
     // The leases of the requests in flight, renewed while they run.
     book: crate::leases::LeaseBook,
 }
@@ -635,6 +652,7 @@ impl<St: Store> Engine<St> {
             .rules
             .iter()
             .any(|r| matches!(r.cost, Cost::Response(_)));
+        let releasing = policy.rules.iter().any(releases);
         let shortest = store
             .rules()
             .iter()
@@ -652,6 +670,7 @@ impl<St: Store> Engine<St> {
             logged_missing_addr: AtomicBool::new(false),
             budgets,
             leases,
+            releasing,
             book,
         })
     }
@@ -744,7 +763,6 @@ impl<St: Store> Engine<St> {
             of: Some((index, quota)),
             key,
             cost,
-            releases: releases(rule),
         }
     }
 
@@ -859,9 +877,6 @@ impl<St: Store> Engine<St> {
             of: None,
             key,
             cost,
-            // The caller's own rule is not a budget: its charges are
-            // never settled, so none is held open.
-            releases: false,
         })
     }
 
@@ -918,7 +933,6 @@ impl<St: Store> Engine<St> {
                 of: Some((index, quota)),
                 key,
                 cost,
-                releases: releases(rule),
             });
         }
         Ok(charges)
@@ -956,7 +970,7 @@ impl<St: Store> Engine<St> {
             return Ruling::without_store(Outcome::Unlimited, charges);
         }
         let mut deciding = Deciding::new(self, charges, asking);
-        let hold = deciding.hold.clone();
+        let hold = deciding.hold.as_ref().map(|h| h.id.clone());
         loop {
             let Some(asked) = deciding.ask() else { break };
             let answered = match &hold {
@@ -983,7 +997,7 @@ impl<St: Store> Engine<St> {
             return Ok(Ruling::without_store(Outcome::Unlimited, charges));
         }
         let mut deciding = Deciding::new(self, charges, asking);
-        let hold = deciding.hold.clone();
+        let hold = deciding.hold.as_ref().map(|h| h.id.clone());
         loop {
             let Some(asked) = deciding.ask() else { break };
             let answered = match &hold {
@@ -1136,9 +1150,9 @@ struct Deciding<'e, St> {
     active: Small<usize>,
     // Only look: every cost is 0.
     look_only: bool,
-    // The id to hold reservations open under, when a charge's rule gives
-    // back what is not settled in time.
-    hold: Option<Arc<str>>,
+    // The reservations to hold open, when a charge's rule gives back what
+    // is not settled in time.
+    hold: Option<Box<Hold>>,
 }
 
 impl<'e, St: Store> Deciding<'e, St> {
@@ -1153,8 +1167,23 @@ impl<'e, St: Store> Deciding<'e, St> {
                 .collect(),
         };
         let look_only = asking.look_only || over_capacity.contains(&true);
-        let hold = (!look_only && charges.iter().any(|c| c.releases && c.cost > 0))
-            .then(|| Arc::from(settle_id()));
+        // Looked for only under a policy that has such a rule.
+        let hold = (engine.releasing && !look_only)
+            .then(|| {
+                let held: Small<bool> = charges
+                    .iter()
+                    .map(|c| {
+                        c.cost > 0 && c.of.is_some_and(|(i, _)| releases(&engine.policy.rules[i]))
+                    })
+                    .collect();
+                held.contains(&true).then(|| {
+                    Box::new(Hold {
+                        id: Arc::from(settle_id()),
+                        held,
+                    })
+                })
+            })
+            .flatten();
         Self {
             hold,
             engine,
