@@ -753,30 +753,34 @@ impl<C: Clock> MemoryStore<C> {
             // A reservation is closed by its id.
             return Err(Error::SettleId { len: 0 });
         }
-        // Reservations due are given back first, and the book is held
-        // until those closed here are settled.
-        let mut book = self.holds.lock();
-        let mut due = Vec::new();
-        book.due(now, &mut due);
-        self.release(&due, now);
+        // Reservations due are given back first.
+        if self.holds.due_by(now) {
+            self.give_back_due(now);
+        }
         let applied = receipt.is_none_or(|id| self.receipts.first(id, now));
-        let fingerprint = receipt.map(|id| self.holds.fingerprint(id));
-        let settles: Vec<Settle<'_>> = settles
-            .iter()
-            .map(|s| {
-                let mut s = *s;
-                if applied && s.charged.held {
-                    let name = (self.rules[s.rule.0].name_arc(), CompactString::new(s.key));
-                    if !fingerprint.is_some_and(|id| book.close(&name, id)) {
-                        // Given back already (not settled in time): the
-                        // whole actual cost is charged.
-                        s.charged = self.rules[s.rule.0].algorithm().given_back(s.charged);
-                    }
-                }
-                s
-            })
-            .collect();
-        let settles = &settles[..];
+        // The reservations closed here: each found open is settled as any
+        // charge; one found given back already (not settled in time)
+        // charges its whole actual cost. Only a settle of held charges
+        // takes the book.
+        let closed: Option<Vec<Settle<'_>>> = (applied && settles.iter().any(|s| s.charged.held))
+            .then(|| {
+                let fingerprint = receipt.map(|id| self.holds.fingerprint(id));
+                let mut book = self.holds.lock();
+                settles
+                    .iter()
+                    .map(|s| {
+                        let mut s = *s;
+                        if s.charged.held {
+                            let name = (self.rules[s.rule.0].name_arc(), CompactString::new(s.key));
+                            if !fingerprint.is_some_and(|id| book.close(&name, id)) {
+                                s.charged = self.rules[s.rule.0].algorithm().given_back(s.charged);
+                            }
+                        }
+                        s
+                    })
+                    .collect()
+            });
+        let settles = closed.as_deref().unwrap_or(settles);
         let located = settles.iter().zip(&algorithms).map(|(settle, algorithm)| {
             let table = &self.tables[settle.rule.0];
             let hash = table.hash(settle.key);
