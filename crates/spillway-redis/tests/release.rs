@@ -9,14 +9,16 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use spillway::Quota;
-use spillway::algorithm::{Charged, FixedWindow};
+use spillway::algorithm::{Charged, SlidingLog};
 use spillway::store::{Check, MAX_HOLDS_PER_KEY, Rule, RuleId, Settle, Store};
 use spillway_conformance::redis_server::{RedisCluster, RedisServer};
 use spillway_redis::{RedisOptions, RedisStore, Topology};
 
+/// A budget on a sliding log of an hour: on the server's real clock, no
+/// window edge for a test to cross.
 fn tokens(limit: u32, within: Duration) -> Rule {
     let quota = Quota::per_hour(NonZeroU32::new(limit).unwrap());
-    Rule::new("tokens", FixedWindow::new(quota)).release_unsettled_after(within)
+    Rule::new("tokens", SlidingLog::new(quota)).release_unsettled_after(within)
 }
 
 fn charge(key: &str, cost: u64) -> [Check<'_>; 1] {
@@ -73,10 +75,7 @@ async fn a_reservation_is_given_back_on_the_servers_clock_and_a_late_settle_char
     assert!(settled.applied);
     assert_eq!(settled.decisions[0].remaining, 750);
     // Nothing is left of it.
-    assert_eq!(
-        server.command("EXISTS spillway:{tokens:k}:fwi:3600000000:rs"),
-        ":0\r\n"
-    );
+    assert_eq!(server.command("EXISTS spillway:{tokens:k}:sl:rs"), ":0\r\n");
 }
 
 #[tokio::test]
@@ -109,7 +108,7 @@ async fn a_key_holds_a_bounded_number_open_and_denies_one_more_until_one_is_sett
     // Nothing was charged, nothing given back: no count lost.
     assert_eq!(left(&store, "k").await, 5_000 - open);
     assert_eq!(
-        server.command("ZCARD spillway:{tokens:k}:fwi:3600000000:rs"),
+        server.command("ZCARD spillway:{tokens:k}:sl:rs"),
         format!(":{MAX_HOLDS_PER_KEY}\r\n")
     );
     // One settled: one more fits.
@@ -140,14 +139,14 @@ async fn two_nodes(
     let one = Quota::per_hour(NonZeroU32::new(1).unwrap());
     let rules = vec![
         tokens(1_000, within),
-        Rule::new("gate", FixedWindow::new(one)),
+        Rule::new("gate", SlidingLog::new(one)),
     ];
     let store = RedisStore::connect(Topology::Cluster(cluster.urls()), rules, options)
         .await
         .expect("connects");
     for key in ["k", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"] {
-        let a = cluster.master_of(&format!("spillway:{{tokens:{key}}}:fwi:3600000000"));
-        let b = cluster.master_of(&format!("spillway:{{gate:{key}}}:fwi:3600000000"));
+        let a = cluster.master_of(&format!("spillway:{{tokens:{key}}}:sl"));
+        let b = cluster.master_of(&format!("spillway:{{gate:{key}}}:sl"));
         if let (Some(a), Some(b)) = (a, b)
             && a != b
         {
@@ -243,7 +242,7 @@ async fn on_a_cluster_a_reservation_refunded_with_its_denied_request_is_never_gi
     let one = Quota::per_hour(NonZeroU32::new(1).unwrap());
     let rules = vec![
         tokens(1_000, Duration::from_millis(300)),
-        Rule::new("gate", FixedWindow::new(one)),
+        Rule::new("gate", SlidingLog::new(one)),
     ];
     let store = RedisStore::connect(
         Topology::Cluster(cluster.urls()),
@@ -255,8 +254,8 @@ async fn on_a_cluster_a_reservation_refunded_with_its_denied_request_is_never_gi
     let key = ["k", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"]
         .into_iter()
         .find(|key| {
-            let a = cluster.master_of(&format!("spillway:{{tokens:{key}}}:fwi:3600000000"));
-            let b = cluster.master_of(&format!("spillway:{{gate:{key}}}:fwi:3600000000"));
+            let a = cluster.master_of(&format!("spillway:{{tokens:{key}}}:sl"));
+            let b = cluster.master_of(&format!("spillway:{{gate:{key}}}:sl"));
             a.is_some() && a != b
         })
         .expect("a key whose two rules live on two masters");

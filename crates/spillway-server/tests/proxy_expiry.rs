@@ -81,7 +81,7 @@ async fn killed_with_a_reservation_open(
         format!(
             "[server]\nadmin_token = \"s3cret\"\n\n\
              [store]\nkind = \"redis\"\nurl = \"{}\"\n\n\
-             [[rules]]\nname = \"tokens\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\n\
+             [[rules]]\nname = \"tokens\"\nkey = [\"ip\"]\nalgorithm = \"sliding_log\"\n\
              limit = 1000\nwindow = \"1h\"\ncost = \"response:header:x-usage\"\nreserve = 400\n\
              {on_expiry}",
             redis.url()

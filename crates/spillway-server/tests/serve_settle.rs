@@ -246,7 +246,7 @@ async fn on_redis_a_reservation_never_settled_is_given_back_and_a_late_settle_ch
     let text = format!(
         "[server]\nsettle_key = \"0123456789abcdef0123456789abcdef\"\nadmin_token = \"s3cret\"\n\
          [store]\nkind = \"redis\"\nurl = \"{}\"\n\
-         [[rules]]\nname = \"tokens\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\n\
+         [[rules]]\nname = \"tokens\"\nkey = [\"api_key\"]\nalgorithm = \"sliding_log\"\n\
          limit = 1000\nwindow = \"1h\"\ncost = \"response:usage\"\nreserve = 300\n\
          on_expiry = \"release\"\nsettle_within = \"1s\"\n",
         redis.url()
@@ -330,7 +330,7 @@ async fn a_released_reservations_token_outlives_it_and_finds_its_rule_by_name() 
         let text = format!(
             "[server]\nsettle_key = \"0123456789abcdef0123456789abcdef\"\n\
              [store]\nkind = \"redis\"\nurl = \"{}\"\n{extra}\
-             [[rules]]\nname = \"tokens\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\n\
+             [[rules]]\nname = \"tokens\"\nkey = [\"api_key\"]\nalgorithm = \"sliding_log\"\n\
              limit = 1000\nwindow = \"1h\"\ncost = \"response:usage\"\nreserve = 300\n\
              on_expiry = \"release\"\nsettle_within = \"{within}\"\n",
             redis.url()

@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderName, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use spillway::Quota;
-use spillway::algorithm::FixedWindow;
+use spillway::algorithm::{FixedWindow, SlidingLog, TokenBucket};
 use spillway::store::{Check, MemoryStore, RuleId};
 use spillway_tower::budget::{Overrun, RequestReserve, Reserve, ResponseCost, Unanswered};
 use spillway_tower::usage::UsageField;
@@ -595,6 +595,15 @@ async fn a_last_event_ended_by_a_lone_cr_is_cut_too() {
     assert_eq!(left(&layer).await, 0);
 }
 
+/// `app` on a sliding log of an hour: no window edge for a test that moves
+/// the clock to cross, wherever the clock starts.
+fn log_app(cost: ResponseCost) -> (Router, RateLimitLayer<MemoryStore<TokioClock>>) {
+    let quota = Quota::per_hour(NonZeroU32::new(LIMIT).expect("nonzero"));
+    let rule = HttpRule::new("tokens", SlidingLog::new(quota)).cost(Cost::Response(Box::new(cost)));
+    let layer = memory_layer(Policy::new([rule]));
+    (upstream().layer(layer.clone()), layer)
+}
+
 /// `on_expiry = "release"`: a reservation comes back by itself only when
 /// no settle closed it in time; one settled (at its usage, or kept at its
 /// reservation) never comes back a second time, and a response that
@@ -603,7 +612,7 @@ async fn a_last_event_ended_by_a_lone_cr_is_cut_too() {
 async fn a_released_reservation_comes_back_only_when_nothing_settled_it() {
     let within = std::time::Duration::from_secs(60);
     let limit = u64::from(LIMIT);
-    let (app, layer) = app(reserving(300).release_unsettled_after(within));
+    let (app, layer) = log_app(reserving(300).release_unsettled_after(within));
     body_string(get_through(&app, "/json/120").await).await;
     // Nothing measured: the reservation stands, and is closed as it is.
     body_string(get_through(&app, "/text").await).await;
@@ -637,7 +646,7 @@ async fn a_released_reservation_comes_back_only_when_nothing_settled_it() {
 /// settle lost with the instance) stays charged however long it is left.
 #[tokio::test(start_paused = true)]
 async fn without_release_an_open_reservation_stays_charged() {
-    let (app, layer) = app(reserving(300));
+    let (app, layer) = log_app(reserving(300));
     let mut body = get_through(&app, "/deltas/50").await.into_body();
     assert!(
         body.frame()
@@ -691,19 +700,21 @@ async fn the_observer_hears_an_overrun_that_exhausts_the_key() {
 
 /// `[headers] openai`: the family LLM client libraries read, of the
 /// request's budget rule, beside the usual fields; none on a response no
-/// budget rule applied to.
+/// budget rule applied to. (A token bucket and a sliding log: no window
+/// edge for the clock to cross.)
 #[tokio::test(start_paused = true)]
 async fn the_openai_token_fields_describe_the_budget() {
-    let per_ip = HttpRule::new(
-        "requests",
-        FixedWindow::new(Quota::per_minute(NonZeroU32::new(50).expect("nonzero"))),
-    );
-    let policy = Policy::new([per_ip, budget_rule(reserving(300)).path("/json/**")]).headers(
-        spillway_tower::HeaderOptions {
-            openai: true,
-            ..spillway_tower::HeaderOptions::default()
-        },
-    );
+    let nz = |n| NonZeroU32::new(n).expect("nonzero");
+    let per_ip = HttpRule::new("requests", SlidingLog::new(Quota::per_hour(nz(50))));
+    // 1,000 an hour: a token is 3.6 s.
+    let bucket = TokenBucket::new(Quota::per_hour(nz(LIMIT)), nz(LIMIT));
+    let budget = HttpRule::new("tokens", bucket)
+        .cost(Cost::Response(Box::new(reserving(300))))
+        .path("/json/**");
+    let policy = Policy::new([per_ip, budget]).headers(spillway_tower::HeaderOptions {
+        openai: true,
+        ..spillway_tower::HeaderOptions::default()
+    });
     let layer = memory_layer(policy);
     let app = upstream().layer(layer.clone());
     let res = get_through(&app, "/json/120").await;
@@ -715,51 +726,17 @@ async fn the_openai_token_fields_describe_the_budget() {
         header_u64(&res, "x-ratelimit-remaining-tokens"),
         u64::from(LIMIT) - 300
     );
-    // Until the hour's window ends, as Go writes a duration.
-    let reset = go_millis(
-        res.headers()["x-ratelimit-reset-tokens"]
-            .to_str()
-            .expect("ASCII"),
-    );
-    assert!(reset > 0 && reset <= 3_600_000, "{reset}");
+    // 300 tokens to refill: 1,080 s.
+    assert_eq!(res.headers()["x-ratelimit-reset-tokens"], "18m0s");
     // The usual fields report the rule with the least left, as ever.
     assert_eq!(header_u64(&res, "x-ratelimit-remaining"), 49);
     body_string(res).await;
+    // Settled at 120 (432 s to refill), 10 s on, 300 more (1,080 s): 1,502 s.
     tokio::time::advance(std::time::Duration::from_secs(10)).await;
     let res = get_through(&app, "/json/1").await;
-    let later = go_millis(
-        res.headers()["x-ratelimit-reset-tokens"]
-            .to_str()
-            .expect("ASCII"),
-    );
-    assert_eq!(later, reset - 10_000);
+    assert_eq!(res.headers()["x-ratelimit-reset-tokens"], "25m2s");
     body_string(res).await;
     let res = get_through(&app, "/text").await;
     assert!(res.headers().get("x-ratelimit-limit-tokens").is_none());
     assert_eq!(header_u64(&res, "x-ratelimit-remaining"), 47);
-}
-
-/// Milliseconds of a duration written as Go writes one (`1h2m3.5s`,
-/// `250ms`).
-fn go_millis(text: &str) -> u64 {
-    if let Some(ms) = text.strip_suffix("ms") {
-        return ms.parse().expect("ms");
-    }
-    let mut total = 0.0;
-    let mut number = String::new();
-    for c in text.chars() {
-        match c {
-            'h' | 'm' | 's' => {
-                let n: f64 = number.parse().expect("a number");
-                total += n * match c {
-                    'h' => 3_600_000.0,
-                    'm' => 60_000.0,
-                    _ => 1_000.0,
-                };
-                number.clear();
-            }
-            _ => number.push(c),
-        }
-    }
-    total.round() as u64
 }
