@@ -100,7 +100,11 @@ pub struct MemoryOptions {
     /// counted: the allocator's own overhead per allocation, and a fixed
     /// few kilobytes per rule (the shards' locks); with
     /// [`RateLimiter`], keys that own memory themselves (a `String`'s text)
-    /// beyond their slot.
+    /// beyond their slot; and the reservations held open for rules that
+    /// give back what is not settled in time
+    /// ([`Rule::release_unsettled_after`]), which have a bound of their own
+    /// ([`MAX_OPEN_HOLDS`](super::MAX_OPEN_HOLDS), about 100 bytes each
+    /// plus a long key's text).
     ///
     /// Each rule gets an even share, and each shard of its table a share of
     /// that: a shard's table may grow to three quarters of its share, and

@@ -121,7 +121,9 @@ impl Rule {
     /// back and charges the whole actual cost, so what a request costs in
     /// the end is the same either way. Without it (the default), a
     /// reservation never settled stays charged. Not for a concurrency
-    /// rule, whose leases end by themselves.
+    /// rule, whose leases end by themselves. `within` is from the charge:
+    /// make it longer than any response takes (at 0, a reservation is
+    /// given back by the next call that meets its key).
     ///
     /// ```
     /// use std::num::NonZeroU32;
