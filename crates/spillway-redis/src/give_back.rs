@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use spillway::Decision;
-use spillway::store::{Check, MAX_SETTLE_ID, SETTLE_RECEIPT_TTL, Settle, Settled};
+use spillway::store::{Check, SETTLE_RECEIPT_TTL, Settle, Settled};
 
 use crate::call::{Group, Mode, Prepared, Refund, Reply, SettleCall, SettlePart};
 use crate::{Error, RedisStore, Scripts, bump, fallback, is_outage, script, stand_in_for_unknown};
@@ -101,12 +101,7 @@ impl RedisStore {
                 checks: (0..prepared.len()).collect(),
             };
             for _ in 0..2 {
-                let pause = store
-                    .inner
-                    .options
-                    .retry_interval
-                    .min(Duration::from_secs(1));
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(store.retry_pause()).await;
                 let mode = match &later {
                     Later::Refund { charged_at, held } => Mode::Refund(Refund {
                         charged_at: *charged_at,
@@ -152,9 +147,7 @@ impl RedisStore {
         settles: &[Settle<'_>],
         now: Option<u64>,
     ) -> Result<Settled, Error> {
-        if id.is_empty() || id.len() > MAX_SETTLE_ID {
-            return Err(spillway::Error::SettleId { len: id.len() }.into());
-        }
+        spillway::store::check_settle_id(id)?;
         let checks: Vec<Check<'_>> = settles.iter().map(|s| s.check()).collect();
         let prepared = self.prepare(&checks)?;
         let mut decisions: Vec<Option<Decision>> = vec![None; settles.len()];
@@ -290,12 +283,7 @@ impl RedisStore {
             let mut left: Vec<&Group> = groups.iter().collect();
             for attempt in 0..2 {
                 if attempt > 0 {
-                    let pause = store
-                        .inner
-                        .options
-                        .retry_interval
-                        .min(Duration::from_secs(1));
-                    tokio::time::sleep(pause).await;
+                    tokio::time::sleep(store.retry_pause()).await;
                 }
                 let mut failed = Vec::new();
                 for group in left {
@@ -311,6 +299,15 @@ impl RedisStore {
                 left = failed;
             }
         });
+    }
+
+    /// How long a call sent again in the background waits first: a retry
+    /// interval, a second at most.
+    fn retry_pause(&self) -> Duration {
+        self.inner
+            .options
+            .retry_interval
+            .min(Duration::from_secs(1))
     }
 
     /// A settle's script call answered: counted if it applied, and the deny

@@ -350,7 +350,7 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: u64,
     ) -> Result<Verdict, Error> {
-        check_hold_id(id)?;
+        spillway::store::check_settle_id(id)?;
         self.decide_at(Some(id), checks, now).await
     }
 
@@ -898,7 +898,7 @@ impl Store for RedisStore {
     /// one's time has passed gives it back. A reservation made by the local
     /// fallback is not held (it lives and dies with this process).
     async fn reserve(&self, id: &str, checks: &[Check<'_>]) -> Result<Verdict, Error> {
-        check_hold_id(id)?;
+        spillway::store::check_settle_id(id)?;
         self.check_with_fallback(checks, Some(id)).await
     }
 
@@ -953,14 +953,6 @@ impl fmt::Debug for RedisStore {
             .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
-}
-
-/// A reservation's id must be a settle's ([`MAX_SETTLE_ID`](spillway::store::MAX_SETTLE_ID)).
-fn check_hold_id(id: &str) -> Result<(), Error> {
-    if id.is_empty() || id.len() > spillway::store::MAX_SETTLE_ID {
-        return Err(spillway::Error::SettleId { len: id.len() }.into());
-    }
-    Ok(())
 }
 
 /// `prepared`, with the leases of its concurrency checks named (check

@@ -156,6 +156,15 @@ async fn two_nodes(
     panic!("no key whose two rules live on two masters");
 }
 
+/// A check of the gate alone: the first shuts it for the hour.
+fn gate(key: &str) -> [Check<'_>; 1] {
+    [Check {
+        rule: RuleId(1),
+        key,
+        cost: 1,
+    }]
+}
+
 fn both(key: &str, cost: u64) -> [Check<'_>; 2] {
     [
         Check {
@@ -183,7 +192,7 @@ async fn on_a_cluster_a_refund_after_the_reservation_was_given_back_gives_nothin
         timeout: Duration::from_secs(5),
         ..RedisOptions::default()
     };
-    let (store, key, gate) = two_nodes(&cluster, Duration::from_millis(200), options).await;
+    let (store, key, gate_node) = two_nodes(&cluster, Duration::from_millis(200), options).await;
     assert!(
         store
             .check(&charge(key, 100))
@@ -191,19 +200,14 @@ async fn on_a_cluster_a_refund_after_the_reservation_was_given_back_gives_nothin
             .expect("answers")
             .allowed
     );
-    let shut = [Check {
-        rule: RuleId(1),
-        key,
-        cost: 1,
-    }];
-    assert!(store.check(&shut).await.expect("answers").allowed);
-    cluster.nodes_mut()[gate].pause();
+    assert!(store.check(&gate(key)).await.expect("answers").allowed);
+    cluster.nodes_mut()[gate_node].pause();
     let waiting = {
         let store = store.clone();
         tokio::spawn(async move { store.reserve("r1", &both(key, 500)).await })
     };
     tokio::time::sleep(Duration::from_millis(600)).await;
-    cluster.nodes_mut()[gate].resume();
+    cluster.nodes_mut()[gate_node].resume();
     let denied = waiting.await.expect("joined").expect("answers");
     assert!(!denied.allowed);
     // The 100 kept stay: 500 given back once, not twice.
@@ -224,10 +228,10 @@ async fn on_a_cluster_a_reservation_let_in_by_the_failure_policy_stands() {
         retry_interval: Duration::from_millis(200),
         ..RedisOptions::default()
     };
-    let (store, key, gate) = two_nodes(&cluster, Duration::from_millis(500), options).await;
-    cluster.nodes_mut()[gate].pause();
+    let (store, key, gate_node) = two_nodes(&cluster, Duration::from_millis(500), options).await;
+    cluster.nodes_mut()[gate_node].pause();
     let v = store.reserve("r1", &both(key, 400)).await.expect("answers");
-    cluster.nodes_mut()[gate].resume();
+    cluster.nodes_mut()[gate_node].resume();
     assert!(v.allowed && !v.is_decided(1));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(left(&store, key).await, 600);
@@ -239,40 +243,8 @@ async fn on_a_cluster_a_reservation_refunded_with_its_denied_request_is_never_gi
     let Some(cluster) = RedisCluster::start() else {
         return;
     };
-    let one = Quota::per_hour(NonZeroU32::new(1).unwrap());
-    let rules = vec![
-        tokens(1_000, Duration::from_millis(300)),
-        Rule::new("gate", SlidingLog::new(one)),
-    ];
-    let store = RedisStore::connect(
-        Topology::Cluster(cluster.urls()),
-        rules,
-        RedisOptions::default(),
-    )
-    .await
-    .expect("connects");
-    let key = ["k", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"]
-        .into_iter()
-        .find(|key| {
-            let a = cluster.master_of(&format!("spillway:{{tokens:{key}}}:sl"));
-            let b = cluster.master_of(&format!("spillway:{{gate:{key}}}:sl"));
-            a.is_some() && a != b
-        })
-        .expect("a key whose two rules live on two masters");
-    let both = |cost| {
-        [
-            Check {
-                rule: RuleId(0),
-                key,
-                cost,
-            },
-            Check {
-                rule: RuleId(1),
-                key,
-                cost: 1,
-            },
-        ]
-    };
+    let within = Duration::from_millis(300);
+    let (store, key, _) = two_nodes(&cluster, within, RedisOptions::default()).await;
     // 100 charged and kept (never given back), then the gate shut.
     assert!(
         store
@@ -281,14 +253,9 @@ async fn on_a_cluster_a_reservation_refunded_with_its_denied_request_is_never_gi
             .expect("answers")
             .allowed
     );
-    let gate = [Check {
-        rule: RuleId(1),
-        key,
-        cost: 1,
-    }];
-    assert!(store.check(&gate).await.expect("answers").allowed);
+    assert!(store.check(&gate(key)).await.expect("answers").allowed);
     // Reserved on one node, denied on the other: refunded, and closed.
-    let denied = store.reserve("r1", &both(500)).await.expect("answers");
+    let denied = store.reserve("r1", &both(key, 500)).await.expect("answers");
     assert!(!denied.allowed);
     assert_eq!(left(&store, key).await, 900);
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -9,10 +9,9 @@
 mod process_support;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use process_support::{Conn, Process, Raw, Upstream};
+use process_support::{Conn, Process, Raw, Upstream, temp_dir};
 use spillway_conformance::redis_server::RedisServer;
 
 /// The longest one answer may take.
@@ -23,38 +22,7 @@ const WAIT: Duration = Duration::from_secs(5);
 /// busy machine.
 const NOTICED_WITHIN: Duration = Duration::from_secs(5);
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("spillway-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    dir
-}
-
 /// One request on a fresh connection, answered within [`WAIT`].
-/// `spillway proxy` in front of `upstream` with `config`, its admin
-/// listener on a port of its own.
-fn proxy_with_admin(
-    upstream: &Upstream,
-    config: &std::path::Path,
-    dir: &std::path::Path,
-) -> Process {
-    let upstream_url = format!("http://{}", upstream.addr);
-    Process::start(
-        "proxy",
-        &[
-            "--upstream",
-            &upstream_url,
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().expect("a UTF-8 path"),
-        ],
-        dir,
-    )
-}
-
 async fn send(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Raw {
     let mut conn = Conn::connect(addr).await;
     let request = format!(
@@ -117,7 +85,7 @@ async fn the_admin_listener_serves_health_metrics_and_admin_off_the_proxied_port
          algorithm = \"sliding_log\"\nlimit = 2\nwindow = \"1m\"\n",
     )
     .expect("the config");
-    let proxy = proxy_with_admin(&upstream, &config, &dir);
+    let proxy = Process::proxy_with_admin(&upstream, &config, &dir);
     let admin = proxy.admin.expect("an admin address");
     assert_ne!(admin, proxy.addr);
 
@@ -179,7 +147,7 @@ async fn a_redis_outage_under_the_proxy_is_seen_logged_once_and_claims_no_quota(
         ),
     )
     .expect("the config");
-    let mut proxy = proxy_with_admin(&upstream, &config, &dir);
+    let mut proxy = Process::proxy_with_admin(&upstream, &config, &dir);
     let admin = proxy.admin.expect("an admin address");
     for remaining in ["1", "0"] {
         let a = send(proxy.addr, "POST", "/login", "").await;

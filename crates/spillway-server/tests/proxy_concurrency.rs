@@ -13,20 +13,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use process_support::{Conn, Process, Raw};
+use process_support::{Conn, Process, Raw, temp_dir};
 use spillway_conformance::redis_server::RedisServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// The longest one answer may take.
 const WAIT: Duration = Duration::from_secs(10);
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("spillway-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    dir
-}
 
 /// An upstream that counts the requests inside it: `GET /work/N` stays N
 /// ms, `GET /hold` until [`release`](Counting::release), any other path

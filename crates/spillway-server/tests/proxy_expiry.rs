@@ -10,39 +10,13 @@
 mod process_support;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use process_support::{Conn, Process, Upstream};
+use process_support::{Conn, Process, Upstream, temp_dir};
 use spillway_conformance::redis_server::RedisServer;
 
 /// The longest one answer may take.
 const WAIT: Duration = Duration::from_secs(5);
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("spillway-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    dir
-}
-
-fn proxy(upstream: &Upstream, config: &Path, dir: &Path) -> Process {
-    let upstream_url = format!("http://{}", upstream.addr);
-    Process::start(
-        "proxy",
-        &[
-            "--upstream",
-            &upstream_url,
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().expect("a UTF-8 path"),
-        ],
-        dir,
-    )
-}
 
 /// What the budget of 127.0.0.1 has left, as the admin API peeks at it.
 async fn left(admin: SocketAddr) -> u64 {
@@ -88,7 +62,7 @@ async fn killed_with_a_reservation_open(
         ),
     )
     .expect("the config");
-    let mut first = proxy(upstream, &config, &dir);
+    let mut first = Process::proxy_with_admin(upstream, &config, &dir);
     let addr = first.addr;
     let sent = Instant::now();
     let in_flight = tokio::spawn(async move {
@@ -110,7 +84,7 @@ async fn killed_with_a_reservation_open(
     first.child.kill().expect("killed");
     first.child.wait().expect("reaped");
     assert!(in_flight.await.expect("joined").is_err(), "no answer came");
-    let second = proxy(upstream, &config, &dir);
+    let second = Process::proxy_with_admin(upstream, &config, &dir);
     (second, sent)
 }
 

@@ -10,7 +10,7 @@ pub mod load;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -19,6 +19,15 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+
+/// A fresh directory of its own for a test, `name` and the test process's
+/// id under the system's temp directory.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("spillway-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    dir
+}
 
 /// A `spillway` process, killed on drop if still running.
 pub struct Process {
@@ -40,6 +49,26 @@ impl Process {
         let mut binary = Command::new(env!("CARGO_BIN_EXE_spillway"));
         binary.arg(command).args(args);
         Self::spawn(binary, command, args, dir)
+    }
+
+    /// `spillway proxy` in front of `upstream` with `config`, its admin
+    /// listener on a port of its own.
+    pub fn proxy_with_admin(upstream: &Upstream, config: &Path, dir: &Path) -> Self {
+        let upstream_url = format!("http://{}", upstream.addr);
+        Self::start(
+            "proxy",
+            &[
+                "--upstream",
+                &upstream_url,
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--config",
+                config.to_str().expect("a UTF-8 path"),
+            ],
+            dir,
+        )
     }
 
     /// [`start`](Self::start) with the process's open-file limit lowered

@@ -14,9 +14,7 @@ use super::cell::SharedState;
 use super::holds::{Holds, Release};
 use super::receipts::Receipts;
 use super::table::{ShardGuard, Table};
-use super::{
-    Check, KeyRef, MAX_SETTLE_ID, Renew, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
-};
+use super::{Check, KeyRef, Renew, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict};
 use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState, Charged, Renewed};
 use crate::clock::{Clock, Micros, MonotonicClock};
 use crate::decision::Decision;
@@ -573,9 +571,7 @@ impl<C: Clock> MemoryStore<C> {
         checks: &[Check<'_>],
         now: Micros,
     ) -> Result<Verdict, Error> {
-        if id.is_empty() || id.len() > MAX_SETTLE_ID {
-            return Err(Error::SettleId { len: id.len() });
-        }
+        super::check_settle_id(id)?;
         self.validate(checks)?;
         if let Some(denied) = self.holds_full(checks, now)? {
             return Ok(denied);
@@ -730,9 +726,7 @@ impl<C: Clock> MemoryStore<C> {
         settles: &[Settle<'_>],
         now: Micros,
     ) -> Result<Settled, Error> {
-        if id.is_empty() || id.len() > MAX_SETTLE_ID {
-            return Err(Error::SettleId { len: id.len() });
-        }
+        super::check_settle_id(id)?;
         self.settle_with(Some(id), settles, now)
     }
 

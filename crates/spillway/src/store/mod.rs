@@ -296,6 +296,15 @@ impl<'a> Renew<'a> {
 /// The longest settle id, in bytes.
 pub const MAX_SETTLE_ID: usize = 128;
 
+/// Fails a settle id (or a reservation's, which is its settle's) that is
+/// empty or longer than [`MAX_SETTLE_ID`]: what every store checks first.
+pub fn check_settle_id(id: &str) -> Result<(), crate::Error> {
+    if id.is_empty() || id.len() > MAX_SETTLE_ID {
+        return Err(crate::Error::SettleId { len: id.len() });
+    }
+    Ok(())
+}
+
 /// The most reservations one key holds open ([`Store::reserve`]) under a
 /// rule that releases them: one more is denied until one is settled or
 /// given back.
