@@ -495,10 +495,17 @@ impl RedisStore {
     async fn check_with_fallback(
         &self,
         checks: &[Check<'_>],
-        hold: Option<&str>,
+        hold: Option<(&str, Duration)>,
     ) -> Result<Verdict, Error> {
         let inner = &*self.inner;
-        let prepared = self.prepare(checks)?;
+        let mut prepared = self.prepare(checks)?;
+        let hold = hold.map(|(id, within)| {
+            let within = u64::try_from(within.as_micros()).unwrap_or(u64::MAX).max(1);
+            for p in prepared.iter_mut().filter(|p| p.release_us > 0) {
+                p.release_us = p.release_us.min(within);
+            }
+            id
+        });
         let now = Instant::now();
         if let Some(verdict) = self.cached_denial(&prepared, now) {
             bump(&inner.counters.deny_cache_hits);
@@ -899,7 +906,20 @@ impl Store for RedisStore {
     /// fallback is not held (it lives and dies with this process).
     async fn reserve(&self, id: &str, checks: &[Check<'_>]) -> Result<Verdict, Error> {
         spillway::store::check_settle_id(id)?;
-        self.check_with_fallback(checks, Some(id)).await
+        self.check_with_fallback(checks, Some((id, Duration::MAX)))
+            .await
+    }
+
+    /// [`reserve`](Store::reserve), each reservation held for the shorter
+    /// of `within` and its rule's time (the script is told each check's).
+    async fn reserve_within(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        within: Duration,
+    ) -> Result<Verdict, Error> {
+        spillway::store::check_settle_id(id)?;
+        self.check_with_fallback(checks, Some((id, within))).await
     }
 
     /// Gives back the charges with the script's refund mode. A verdict that

@@ -78,6 +78,30 @@ async fn a_reservation_is_given_back_on_the_servers_clock_and_a_late_settle_char
     assert_eq!(server.command("EXISTS spillway:{tokens:k}:sl:rs"), ":0\r\n");
 }
 
+/// `reserve_within`: the script is told the shorter time.
+#[tokio::test]
+async fn a_reservation_held_for_less_than_its_rules_time_is_given_back_at_its_own() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = standalone(&server, tokens(1_000, Duration::from_secs(3600))).await;
+    let short = store
+        .reserve_within("r1", &charge("k", 600), Duration::from_millis(300))
+        .await
+        .expect("answers");
+    assert!(short.allowed);
+    let long = store
+        .reserve_within("r2", &charge("k", 100), Duration::from_secs(7200))
+        .await
+        .expect("answers");
+    assert!(long.allowed);
+    assert_eq!(left(&store, "k").await, 300);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // r1 is back; r2 is held for the rule's hour.
+    assert_eq!(left(&store, "k").await, 900);
+    assert_eq!(store.stats().reservations_given_back, 1);
+}
+
 #[tokio::test]
 async fn a_key_holds_a_bounded_number_open_and_denies_one_more_until_one_is_settled() {
     let Some(server) = RedisServer::start() else {

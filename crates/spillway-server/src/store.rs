@@ -91,6 +91,23 @@ impl Store for AnyStore {
         result
     }
 
+    async fn reserve_within(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        within: std::time::Duration,
+    ) -> Result<Verdict, StoreError> {
+        let started = Instant::now();
+        let result = match &self.inner {
+            StoreImpl::Memory(s) => s
+                .reserve_within_now(id, checks, within)
+                .map_err(StoreError::from),
+            StoreImpl::Redis(s) => s.reserve_within(id, checks, within).await,
+        };
+        self.observe(started, result.as_ref().err());
+        result
+    }
+
     fn try_reserve_now(
         &self,
         id: &str,

@@ -294,6 +294,13 @@ pub struct Asking {
     /// The request is denied by the caller already: nothing is charged,
     /// every rule is only looked at (cost 0).
     pub look_only: bool,
+    /// A reservation its caller settles itself (Kuadrant's `Reserve`):
+    /// the charges of every store rule that gives back what is not settled
+    /// in time ([`Rule::release_unsettled_after`](spillway::store::Rule::release_unsettled_after))
+    /// are held open, each for the shorter of this and its rule's time
+    /// ([`Store::reserve_within`]). `None`: only the charges of budgets
+    /// that release are held, for their rule's time.
+    pub hold_for: Option<Duration>,
 }
 
 /// The engine's answer on one request: the outcome, each charge's
@@ -958,6 +965,9 @@ impl<St: Store> Engine<St> {
     /// the future of a caller that awaits this stays small (it is moved
     /// whole through every layer above it).
     pub async fn decide(&self, charges: Charges, asking: Asking) -> Ruling {
+        if asking.hold_for.is_some() {
+            return Box::pin(self.decide_waiting(charges, asking)).await;
+        }
         match self.decide_now(charges, asking) {
             Ok(ruling) => ruling,
             Err(charges) => Box::pin(self.decide_waiting(charges, asking)).await,
@@ -973,9 +983,10 @@ impl<St: Store> Engine<St> {
         let hold = deciding.hold.as_ref().map(|h| h.id.clone());
         loop {
             let Some(asked) = deciding.ask() else { break };
-            let answered = match &hold {
-                Some(id) => self.store.reserve(id, &asked).await,
-                None => self.store.check(&asked).await,
+            let answered = match (&hold, asking.hold_for) {
+                (Some(id), Some(within)) => self.store.reserve_within(id, &asked, within).await,
+                (Some(id), None) => self.store.reserve(id, &asked).await,
+                (None, _) => self.store.check(&asked).await,
             };
             drop(asked);
             match answered {
@@ -993,6 +1004,10 @@ impl<St: Store> Engine<St> {
     // them would add an allocation to every request that waits.
     #[allow(clippy::result_large_err)]
     pub fn decide_now(&self, charges: Charges, asking: Asking) -> Result<Ruling, Charges> {
+        if asking.hold_for.is_some() {
+            // The store's wait-free reservation holds for its rules' time.
+            return Err(charges);
+        }
         if charges.is_empty() {
             return Ok(Ruling::without_store(Outcome::Unlimited, charges));
         }
@@ -1132,6 +1147,17 @@ fn releases(rule: &crate::HttpRule) -> bool {
     matches!(&rule.cost, Cost::Response(b) if b.release_after.is_some())
 }
 
+/// Whether the store holds a reservation of `rule` open, and gives it back
+/// when it is not settled in time (a concurrency rule's leases end by
+/// themselves).
+fn store_releases(rule: &spillway::store::Rule) -> bool {
+    rule.release_after().is_some()
+        && !matches!(
+            rule.algorithm(),
+            spillway::algorithm::AnyAlgorithm::Concurrency(_)
+        )
+}
+
 /// One decision in the making: the loop of [`Engine::decide`], one store
 /// answer at a time, so that the same steps serve a store that must be
 /// waited for and one that answers at once.
@@ -1168,12 +1194,16 @@ impl<'e, St: Store> Deciding<'e, St> {
         };
         let look_only = asking.look_only || over_capacity.contains(&true);
         // Looked for only under a policy that has such a rule.
-        let hold = (engine.releasing && !look_only)
+        let hold = ((engine.releasing || asking.hold_for.is_some()) && !look_only)
             .then(|| {
+                let store_rules = engine.store.rules();
                 let held: Small<bool> = charges
                     .iter()
                     .map(|c| {
-                        c.cost > 0 && c.of.is_some_and(|(i, _)| releases(&engine.policy.rules[i]))
+                        c.cost > 0
+                            && (c.of.is_some_and(|(i, _)| releases(&engine.policy.rules[i]))
+                                || (asking.hold_for.is_some()
+                                    && store_releases(&store_rules[c.id.0])))
                     })
                     .collect();
                 held.contains(&true).then(|| {
@@ -1626,6 +1656,7 @@ mod tests {
         let deny = Asking {
             over_capacity: OverCapacity::Deny,
             look_only: false,
+            hold_for: None,
         };
         let denied = engine.decide_now(charges(7), deny).expect("in memory");
         assert!(matches!(denied.outcome(), Outcome::Rejected { rule, .. } if rule == "small"));
@@ -1638,6 +1669,7 @@ mod tests {
         let look = Asking {
             over_capacity: OverCapacity::Deny,
             look_only: true,
+            hold_for: None,
         };
         let looked = engine.decide_now(charges(3), look).expect("in memory");
         assert!(matches!(looked.outcome(), Outcome::Admitted { .. }));

@@ -131,3 +131,44 @@ fn a_key_holds_a_bounded_number_open_and_denies_one_more_until_one_is_settled() 
     );
     assert_eq!(left(&store, 0), 5_000 - open - 1);
 }
+
+#[test]
+fn a_reservation_held_for_less_than_its_rules_time_is_given_back_at_its_own() {
+    let clock = FakeClock::new(0);
+    let store = MemoryStore::with_clock(vec![tokens()], MemoryOptions::default(), clock.clone());
+    let short = Duration::from_secs(5);
+    assert!(
+        store
+            .reserve_within_now("r1", &charge(0, 400), short)
+            .unwrap()
+            .allowed
+    );
+    // Longer than the rule's time: held for the rule's.
+    assert!(
+        store
+            .reserve_within_now("r2", &charge(0, 100), WITHIN * 2)
+            .unwrap()
+            .allowed
+    );
+    clock.advance(short - Duration::from_micros(1));
+    assert_eq!(left(&store, 0), 500);
+    clock.advance(Duration::from_micros(1));
+    assert_eq!(left(&store, 0), 900, "r1 given back at 5 s");
+    clock.advance(WITHIN - short);
+    assert_eq!(left(&store, 0), 1_000, "r2 given back at the rule's 60 s");
+    assert_eq!(store.reservations_released(), 2);
+}
+
+#[test]
+fn a_rule_that_does_not_release_holds_nothing_whatever_the_time_asked() {
+    let clock = FakeClock::new(0);
+    let kept = Rule::new("kept", FixedWindow::new(per_hour(1_000)));
+    let store = MemoryStore::with_clock(vec![kept], MemoryOptions::default(), clock.clone());
+    let v = store
+        .reserve_within_now("r1", &charge(0, 400), Duration::from_secs(1))
+        .unwrap();
+    assert!(v.allowed);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(left(&store, 0), 600);
+    assert_eq!(store.reservations_released(), 0);
+}

@@ -108,6 +108,21 @@ impl Store for CountingStore {
         self.inner.reserve(id, checks).await
     }
 
+    async fn reserve_within(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        within: std::time::Duration,
+    ) -> Result<Verdict, spillway::Error> {
+        self.calls.lock().expect("not poisoned").push(
+            checks
+                .iter()
+                .map(|c| (c.rule.0, c.key.to_string(), c.cost))
+                .collect(),
+        );
+        self.inner.reserve_within(id, checks, within).await
+    }
+
     async fn refund(
         &self,
         checks: &[Check<'_>],

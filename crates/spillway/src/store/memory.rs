@@ -563,12 +563,36 @@ impl<C: Clock> MemoryStore<C> {
         self.reserve_at(id, checks, self.clock.now())
     }
 
+    /// Decides on one request now, holding the charges of releasing rules
+    /// open under `id` for at most `within` (see [`Store::reserve_within`]).
+    pub fn reserve_within_now(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        within: Duration,
+    ) -> Result<Verdict, Error> {
+        self.reserve_within_at(id, checks, within, self.clock.now())
+    }
+
     /// Decides on one request at `now`, holding the charges of releasing
     /// rules open under `id` (see [`Store::reserve`]).
     pub fn reserve_at(
         &self,
         id: &str,
         checks: &[Check<'_>],
+        now: Micros,
+    ) -> Result<Verdict, Error> {
+        self.reserve_within_at(id, checks, Duration::MAX, now)
+    }
+
+    /// Decides on one request at `now`, holding the charges of releasing
+    /// rules open under `id` for at most `within` (see
+    /// [`Store::reserve_within`]).
+    pub fn reserve_within_at(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        within: Duration,
         now: Micros,
     ) -> Result<Verdict, Error> {
         super::check_settle_id(id)?;
@@ -585,9 +609,10 @@ impl<C: Clock> MemoryStore<C> {
         let mut book = self.holds.lock();
         for (check, decision) in checks.iter().zip(&verdict.decisions) {
             let rule = &self.rules[check.rule.0];
-            let Some(within) = releases(rule) else {
+            let Some(rule_within) = releases(rule) else {
                 continue;
             };
+            let within = rule_within.min(within);
             if check.cost == 0 {
                 continue;
             }
@@ -977,6 +1002,15 @@ impl<C: Clock> Store for MemoryStore<C> {
         checks: &[Check<'_>],
     ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
         std::future::ready(self.reserve_now(id, checks))
+    }
+
+    fn reserve_within(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        within: Duration,
+    ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
+        std::future::ready(self.reserve_within_now(id, checks, within))
     }
 
     fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {

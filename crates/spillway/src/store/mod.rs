@@ -398,6 +398,21 @@ pub trait Store: Send + Sync {
         &self,
         id: &str,
         checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Verdict, Self::Error>> + Send {
+        self.reserve_within(id, checks, Duration::MAX)
+    }
+
+    /// [`reserve`](Store::reserve), with each reservation given back after
+    /// at most `within` of its charge when no settle has named it: the
+    /// shorter of `within` and its rule's time. For a caller that says how
+    /// long it will take to settle (Kuadrant's `Reserve` and its `ttl`).
+    /// The charges of rules that do not release what is not settled are
+    /// made as `check` makes them, whatever `within` says.
+    fn reserve_within(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        within: Duration,
     ) -> impl Future<Output = Result<Verdict, Self::Error>> + Send;
 
     /// Renews leases of concurrency rules (a request still in flight): each
