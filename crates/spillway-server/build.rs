@@ -1,4 +1,5 @@
-//! Generates the Envoy rate limit service's gRPC code from `proto/`.
+//! Generates the gRPC code of Envoy's rate limit service and of Kuadrant
+//! limitador's from `proto/`.
 //!
 //! The .proto files are parsed by protox, in Rust, so building needs no
 //! `protoc`; tonic-prost-build then writes the messages, the server trait
@@ -6,9 +7,12 @@
 //! Rust) into `OUT_DIR`, with `envoy.rs` nesting them by package.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const ROOT: &str = "envoy/service/ratelimit/v3/rls.proto";
+    const ROOTS: [&str; 2] = [
+        "envoy/service/ratelimit/v3/rls.proto",
+        "kuadrant/service/ratelimit/v1/kuadrantrls.proto",
+    ];
     println!("cargo:rerun-if-changed=proto");
-    let files = protox::compile([ROOT], ["proto"])?;
+    let files = protox::compile(ROOTS, ["proto"])?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

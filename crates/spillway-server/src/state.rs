@@ -124,6 +124,14 @@ impl Loaded {
         let overrides =
             previous.map_or_else(|| Overrides::new(Instant::now()), |p| p.overrides.clone());
         let mut rules = config.policy.store_rules();
+        // An Envoy rule's reservations (Kuadrant's `Reserve`) given back
+        // when nobody commits them in time.
+        for (i, within) in config.reserve_released.iter().enumerate() {
+            if let Some(within) = *within {
+                let id = config.policy.rule_id(i, None).0;
+                rules[id] = rules[id].clone().release_unsettled_after(within);
+            }
+        }
         rules.extend(overrides.slots.iter().map(|s| override_rule(s.limit)));
         // The same Redis with the same options: the same connection, so
         // that a reload costs no reconnection (and its first calls no

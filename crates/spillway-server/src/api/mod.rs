@@ -14,7 +14,7 @@ mod check;
 mod forward_auth;
 mod health;
 mod lease;
-mod settle;
+pub(crate) mod settle;
 mod site;
 
 pub(crate) use settle::SettleKey;

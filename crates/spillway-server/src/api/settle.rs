@@ -34,51 +34,51 @@ use crate::state::{Loaded, State};
 use crate::store::AnyStore;
 
 /// The engine of `spillway serve`.
-pub(super) type Engine = spillway_tower::Engine<AnyStore>;
+pub(crate) type Engine = spillway_tower::Engine<AnyStore>;
 
 use super::answer::{Answer, bad_request, ms, unavailable};
 use super::check::authorized_body;
 
 /// What a settle token says, signed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(super) struct Token {
+pub(crate) struct Token {
     /// The settle id: the store's receipt is kept under it.
-    pub(super) id: String,
+    pub(crate) id: String,
     /// When the token expires, in milliseconds since the Unix epoch.
-    pub(super) exp: u64,
+    pub(crate) exp: u64,
     /// The store that holds the charges ([`SettleKey::store_id`]): a token
     /// of an in-memory store that has since restarted, or of another
     /// store, is not settled against this one.
-    pub(super) store: String,
+    pub(crate) store: String,
     /// The charges to settle.
-    pub(super) charges: Vec<TokenCharge>,
+    pub(crate) charges: Vec<TokenCharge>,
 }
 
 /// One charge of a token.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(super) struct TokenCharge {
+pub(crate) struct TokenCharge {
     /// The store rule, and its name then: a reload that renumbered the
     /// rules is seen, not settled against another rule.
-    pub(super) rule: usize,
-    pub(super) name: String,
-    pub(super) key: String,
-    pub(super) cost: u64,
-    pub(super) at: u64,
-    pub(super) reset_after: u64,
+    pub(crate) rule: usize,
+    pub(crate) name: String,
+    pub(crate) key: String,
+    pub(crate) cost: u64,
+    pub(crate) at: u64,
+    pub(crate) reset_after: u64,
     /// The rule's capacity then: a reload that resized it is seen.
-    pub(super) capacity: u64,
+    pub(crate) capacity: u64,
     /// The rule's algorithm then: a reload that made a budget rule a
     /// concurrency rule (or back) is seen.
-    pub(super) algorithm: String,
+    pub(crate) algorithm: String,
     /// The store holds the charge open under the token's id, and gives it
     /// back if no settle comes in time (`on_expiry = "release"`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub(super) held: bool,
+    pub(crate) held: bool,
 }
 
 impl TokenCharge {
     /// A held charge, as a token names it.
-    pub(super) fn of(engine: &Engine, charge: &Charge, charged: &Charged) -> Self {
+    pub(crate) fn of(engine: &Engine, charge: &Charge, charged: &Charged) -> Self {
         let rule = &engine.store().rules()[charge.rule_id().0];
         Self {
             rule: charge.rule_id().0,
@@ -94,7 +94,7 @@ impl TokenCharge {
     }
 
     /// The charge as the store named it.
-    pub(super) fn charged(&self) -> Charged {
+    pub(crate) fn charged(&self) -> Charged {
         Charged {
             cost: self.cost,
             at: self.at,
@@ -134,7 +134,7 @@ const MAX_SPENT: usize = if cfg!(test) { 4 } else { 1 << 20 };
 
 /// Whether a token may be settled now.
 #[derive(Debug, PartialEq, Eq)]
-enum Spend {
+pub(crate) enum Spend {
     First,
     Again,
     Full,
@@ -169,7 +169,7 @@ impl SettleKey {
     /// The store `loaded` counts in: this process's memory, or the Redis
     /// servers it names (hashed: a token is readable, and a URL may hold a
     /// password).
-    pub(super) fn store_id(&self, loaded: &Loaded) -> String {
+    pub(crate) fn store_id(&self, loaded: &Loaded) -> String {
         match &loaded.config.store.kind {
             StoreKind::Memory => self.0.memory_store.clone(),
             StoreKind::Redis(topology) => {
@@ -180,7 +180,7 @@ impl SettleKey {
     }
 
     /// Records token `id`, good until `exp`, as settled at `now`.
-    fn spend(&self, id: &str, exp: u64, now: u64) -> Spend {
+    pub(crate) fn spend(&self, id: &str, exp: u64, now: u64) -> Spend {
         let mut spent = self.0.spent.lock().unwrap_or_else(|p| p.into_inner());
         let Spent { ids, order } = &mut *spent;
         while order.front().is_some_and(|(e, _)| *e <= now) {
@@ -200,7 +200,7 @@ impl SettleKey {
     }
 
     /// Forgets token `id` (its settle failed, and may be sent again).
-    fn unspend(&self, id: &str) {
+    pub(crate) fn unspend(&self, id: &str) {
         let mut spent = self.0.spent.lock().unwrap_or_else(|p| p.into_inner());
         spent.ids.remove(id);
     }
@@ -209,7 +209,7 @@ impl SettleKey {
 /// The prefix of every token, and the version of its form.
 const PREFIX: &str = "st1.";
 
-pub(super) fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
@@ -249,7 +249,7 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
 
 /// A token of the kind `prefix` names (`st1.`, `ls1.`) for `charges`, good
 /// for `life`, signed: `None` when there are no charges.
-pub(super) fn token_of(
+pub(crate) fn token_of(
     prefix: &str,
     loaded: &Loaded,
     key: &SettleKey,
@@ -276,7 +276,7 @@ pub(super) fn token_of(
 }
 
 /// A token id drawn from the OS: 128 bits after `kind`.
-pub(super) fn new_id(kind: &str) -> String {
+pub(crate) fn new_id(kind: &str) -> String {
     let mut id = [0u8; 16];
     getrandom::fill(&mut id).expect("the OS's random numbers");
     format!("{kind}-{}", hex(&id))
@@ -299,7 +299,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Why a token is refused.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Refused {
+pub(crate) enum Refused {
     /// Not a token this server (or one with its key) signed.
     Forged,
     /// Signed, but past its time.
@@ -313,7 +313,7 @@ fn verify(text: &str, key: &SettleKey, configured: Option<&str>) -> Result<Token
 
 /// The token `text` (of the kind `prefix` names) says, if its signature
 /// holds and it has not expired.
-pub(super) fn verify_as(
+pub(crate) fn verify_as(
     prefix: &str,
     text: &str,
     key: &SettleKey,
@@ -470,7 +470,7 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
 /// store (an in-memory store since restarted), or under a rule a reload has
 /// renamed, renumbered or resized. `stands` says what becomes of them.
 /// What becomes of a token's reservation that is not settled now.
-fn stands(token: &Token) -> String {
+pub(crate) fn stands(token: &Token) -> String {
     if token.charges.iter().any(|c| c.held) {
         "its reservation stands until its rule's `settle_within`, and is then given back \
          (`on_expiry = \"release\"`)"
@@ -489,11 +489,19 @@ pub(super) fn still_applies(
     token: &mut Token,
     stands: &str,
 ) -> Result<(), Box<Answer>> {
-    if token.store != state.settle_key.store_id(loaded) {
-        return Err(Box::new(Answer::problem(
-            StatusCode::CONFLICT,
-            "The token's charges are in another store (an in-memory store since restarted, or one the configuration no longer names): there is nothing here to settle.",
-        )));
+    rules_unchanged(&state.settle_key, loaded, token, stands)
+        .map_err(|message| Box::new(Answer::problem(StatusCode::CONFLICT, message)))
+}
+
+/// [`still_applies`], for any front end: why not, as a sentence.
+pub(crate) fn rules_unchanged(
+    key: &SettleKey,
+    loaded: &Loaded,
+    token: &mut Token,
+    stands: &str,
+) -> Result<(), String> {
+    if token.store != key.store_id(loaded) {
+        return Err("The token's charges are in another store (an in-memory store since restarted, or one the configuration no longer names): there is nothing here to settle.".to_string());
     }
     let rules = loaded.layer.engine().store().rules();
     for c in &mut token.charges {
@@ -509,13 +517,10 @@ pub(super) fn still_applies(
         if let Some(at) = at {
             c.rule = at;
         } else {
-            return Err(Box::new(Answer::problem(
-                StatusCode::CONFLICT,
-                format!(
-                    "Rule `{}` has changed since the check (the configuration was reloaded): {stands}.",
-                    c.name
-                ),
-            )));
+            return Err(format!(
+                "Rule `{}` has changed since the check (the configuration was reloaded): {stands}.",
+                c.name
+            ));
         }
     }
     Ok(())
@@ -548,7 +553,7 @@ async fn again(loaded: &Loaded, token: &Token) -> Answer {
 /// Tells the metrics what became of a token's reservations: each opened
 /// and closed at once (the server holds none open between the two calls),
 /// at `actual`, or kept as charged.
-fn observe(loaded: &Loaded, token: &Token, how: Settled, actual: Option<u64>) {
+pub(crate) fn observe(loaded: &Loaded, token: &Token, how: Settled, actual: Option<u64>) {
     // An expired token may be sent any number of times: counted each time,
     // it adds no units.
     let expired = how == Settled::Expired;

@@ -147,7 +147,7 @@ const MOST_SETTLE_WITHIN: Duration = Duration::from_secs(24 * 3600);
 /// `on_expiry` and `settle_within`: how long a reservation may go
 /// unsettled before the store gives it back, if it does (`"release"`);
 /// `None` for `"charge"` (the default: it stays charged).
-fn on_expiry(
+pub(super) fn on_expiry(
     r: &RawRule,
     default: Duration,
     lines: &Text<'_>,
@@ -238,11 +238,18 @@ pub(super) fn check_not_budget(
     if let Some(at) = &r.release_on_5xx {
         return only(lines, at, field("release_on_5xx"));
     }
-    if let Some(at) = &r.on_expiry {
-        return only(lines, at, field("on_expiry"));
-    }
-    if let Some(at) = &r.settle_within {
-        return only(lines, at, field("settle_within"));
+    // On a rule Envoy reaches, they say what becomes of a Kuadrant
+    // `Reserve` nobody commits (docs/envoy.md).
+    if r.descriptors.is_empty() {
+        const EXPIRY: &str = "says what becomes of a reservation nobody settles: only a rule \
+             whose cost is read from the response, or one Envoy reaches by `descriptors` \
+             (Kuadrant's `Reserve`), takes it";
+        if let Some(at) = &r.on_expiry {
+            return Err(lines.err(at, field("on_expiry"), EXPIRY));
+        }
+        if let Some(at) = &r.settle_within {
+            return Err(lines.err(at, field("settle_within"), EXPIRY));
+        }
     }
     Ok(())
 }
@@ -316,6 +323,21 @@ mod tests {
                 "[server]\nsettle_within = \"2m\"\n{budget}on_expiry = \"release\"\n"
             )),
             Some(std::time::Duration::from_secs(120))
+        );
+        // An Envoy rule's: for Kuadrant's `Reserve`, beside the policy.
+        let envoy = "[[rules]]\nname = \"tokens\"\nalgorithm = \"sliding_log\"\nlimit = 100\n\
+                     window = \"1h\"\ndescriptors = [\"user\"]\n";
+        let released = |text: &str| Config::parse(text).expect("valid").reserve_released;
+        assert_eq!(released(envoy), [None]);
+        assert_eq!(
+            released(&format!("{envoy}on_expiry = \"release\"\n")),
+            [Some(std::time::Duration::from_secs(300))]
+        );
+        assert_eq!(
+            released(&format!(
+                "{envoy}on_expiry = \"release\"\nsettle_within = \"45s\"\n"
+            )),
+            [Some(std::time::Duration::from_secs(45))]
         );
         // ...or as the rule says, for its tiers too.
         let tiered = format!(
@@ -401,7 +423,17 @@ mod tests {
             (
                 "cost = 2\non_expiry = \"release\"\n",
                 "rules[0].on_expiry",
-                "response",
+                "Kuadrant",
+            ),
+            (
+                "descriptors = [\"user\"]\nsettle_within = \"1m\"\n",
+                "rules[0].settle_within",
+                "on_expiry",
+            ),
+            (
+                "descriptors = [\"user\"]\non_expiry = \"free\"\n",
+                "rules[0].on_expiry",
+                "release",
             ),
             (
                 "cost = \"response:usage\"\nroute_costs = [{ path = \"/a\", cost = 2 }]\n",

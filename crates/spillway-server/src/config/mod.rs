@@ -59,6 +59,11 @@ pub struct Config {
     /// from Envoy by keys; a rule of the descriptor file is reached through
     /// [`descriptor_tree`](Self::descriptor_tree) instead).
     pub descriptors: Vec<Vec<String>>,
+    /// By rule index: how long a reservation of Kuadrant's `Reserve` may
+    /// go uncommitted before the store gives it back (a rule with
+    /// `descriptors` and `on_expiry = "release"`); `None` (or past the
+    /// end): it stays charged.
+    pub reserve_released: Vec<Option<std::time::Duration>>,
     /// The Envoy rate limit domain this service answers for.
     pub envoy_domain: String,
     /// The tree of `[envoy] descriptors_file`, if set. Its rate limits are
@@ -347,7 +352,7 @@ fn convert(read: read::Read, lines: &Text<'_>, dir: &Path) -> Result<Config, Vec
     let settle_within = server
         .as_ref()
         .map_or(ServerConfig::SETTLE_WITHIN, |s| s.settle_within);
-    let (mut rules, mut descriptors) = convert_rules(
+    let (mut rules, mut descriptors, reserve_released) = convert_rules(
         &raw.rules,
         &read.rule_index,
         tiers,
@@ -400,6 +405,7 @@ fn convert(read: read::Read, lines: &Text<'_>, dir: &Path) -> Result<Config, Vec
             store,
             policy,
             descriptors,
+            reserve_released,
             envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
             descriptor_tree,
             envoy_limits,

@@ -39,7 +39,9 @@ const LEASES: (std::time::Duration, std::time::Duration) = (
 use super::{RawCost, RawQuota, RawRule, RawTier, parse_duration};
 
 /// `[[rules]]`: each rule that was read (`rules[k]` is `rules[index[k]]` of
-/// the file), and the Envoy descriptor keys it answers to; each rule's
+/// the file), the Envoy descriptor keys it answers to, and how long a
+/// Kuadrant `Reserve` of it may go uncommitted before it is given back (an
+/// Envoy rule's `on_expiry = "release"`); each rule's
 /// errors are gathered in `errors`, and a rule with any is left out. With
 /// `tiers` `None` (`[tiers]` could not be read), a rule's tiers are not
 /// checked against it.
@@ -50,10 +52,15 @@ pub(super) fn convert_rules(
     settle_within: std::time::Duration,
     lines: &Text<'_>,
     errors: &mut Gathered,
-) -> (Vec<HttpRule>, Vec<Vec<String>>) {
+) -> (
+    Vec<HttpRule>,
+    Vec<Vec<String>>,
+    Vec<Option<std::time::Duration>>,
+) {
     let mut names = std::collections::HashSet::new();
     let mut rules = Vec::new();
     let mut descriptors = Vec::new();
+    let mut released = Vec::new();
     for (spanned, &i) in raw.iter().zip(index) {
         let r = spanned.get_ref();
         let before = errors.0.len();
@@ -90,14 +97,25 @@ pub(super) fn convert_rules(
             ))
         });
         let rule = rule.and_then(|rule| errors.take(rule_tiers(rule, r, tiers, &quota, lines, i)));
+        // A budget's `on_expiry` is its own (read with its cost); an Envoy
+        // rule's is for the reservations Kuadrant's `Reserve` makes.
+        // (A budget rule with descriptors is an error already.)
+        let kuadrant = if r.descriptors.is_empty() || rule.is_none() {
+            None
+        } else {
+            errors
+                .take(super::budget::on_expiry(r, settle_within, lines, &field))
+                .flatten()
+        };
         if let Some(rule) = rule
             && errors.0.len() == before
         {
             descriptors.push(r.descriptors.clone());
+            released.push(kuadrant);
             rules.push(rule);
         }
     }
-    (rules, descriptors)
+    (rules, descriptors, released)
 }
 
 /// What a concurrency rule may not have: a cost the client or the response

@@ -7,6 +7,7 @@
 //!
 #![doc = include_str!("../../docs/envoy.md")]
 
+mod kuadrant;
 mod service;
 
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::state::Live;
 
+pub use kuadrant::KuadrantRateLimiter;
 pub use service::EnvoyRateLimiter;
 
 /// The code generated from `proto/` (Envoy's published API, the subset we
@@ -84,7 +86,8 @@ async fn serve_until(
     });
     Server::builder()
         .layer(stamp)
-        .add_service(EnvoyRateLimiter::new(shared).into_service())
+        .add_service(EnvoyRateLimiter::new(shared.clone()).into_service())
+        .add_service(KuadrantRateLimiter::new(shared).into_service())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(std::io::Error::other)

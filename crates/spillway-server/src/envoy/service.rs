@@ -67,33 +67,69 @@ impl RateLimitService for EnvoyRateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let arrived = request
-            .extensions()
-            .get::<Arrived>()
-            .map_or_else(Instant::now, |a| a.0);
-        let deadline = grpc_timeout(request.metadata()).map(|t| arrived + t);
-        let request = request.into_inner();
-        let engine = self.shared.current();
-        // Before any work: a call too large for its bounds costs no more
-        // than reading it.
-        within_limits(&engine.config.envoy_limits, &request)?;
-        let decided = async move {
-            let mut engine = engine;
-            let missing = overrides_missing(&engine, &request, arrived)?;
-            if !missing.is_empty() {
-                engine = self
-                    .shared
-                    .with_overrides(&missing)
-                    .await
-                    .map_err(|e| match e {
-                        OverrideError::TooMany => Status::resource_exhausted(e.to_string()),
-                        OverrideError::Store(e) => Status::invalid_argument(e.to_string()),
-                    })?;
-            }
-            answer(&engine, request).await
+        let (arrived, deadline, request) = arrival(request);
+        let call = Call {
+            domain: &request.domain,
+            descriptors: &request.descriptors,
         };
+        let request = &request;
+        within_call(&self.shared, arrived, deadline, call, |engine| async move {
+            answer(&engine, request).await
+        })
+        .await
+        .map(Response::new)
+    }
+}
+
+/// When a call arrived (see [`Arrived`]), when its client gives up on it
+/// (its `grpc-timeout`), and its message.
+pub(super) fn arrival<R>(request: Request<R>) -> (Instant, Option<Instant>, R) {
+    let arrived = request
+        .extensions()
+        .get::<Arrived>()
+        .map_or_else(Instant::now, |a| a.0);
+    let deadline = grpc_timeout(request.metadata()).map(|t| arrived + t);
+    (arrived, deadline, request.into_inner())
+}
+
+/// What a call names: its domain and descriptors.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Call<'a> {
+    pub(super) domain: &'a str,
+    pub(super) descriptors: &'a [RateLimitDescriptor],
+}
+
+/// Decides a call with `decide`, on an engine that counts its limit
+/// overrides, held to its bounds (`[envoy] max_descriptors` and
+/// `max_entries`) and its deadline.
+pub(super) async fn within_call<T, Fut>(
+    shared: &Live,
+    arrived: Instant,
+    deadline: Option<Instant>,
+    call: Call<'_>,
+    decide: impl FnOnce(Arc<Loaded>) -> Fut,
+) -> Result<T, Status>
+where
+    Fut: Future<Output = Result<T, Status>>,
+{
+    let engine = shared.current();
+    // Before any work: a call too large for its bounds costs no more
+    // than reading it.
+    within_limits(&engine.config.envoy_limits, call.descriptors)?;
+    let decided = async move {
+        let mut engine = engine;
+        let missing = overrides_missing(&engine, call, arrived)?;
+        if !missing.is_empty() {
+            engine = shared.with_overrides(&missing).await.map_err(|e| match e {
+                OverrideError::TooMany => Status::resource_exhausted(e.to_string()),
+                OverrideError::Store(e) => Status::invalid_argument(e.to_string()),
+            })?;
+        }
+        decide(engine).await
+    };
+    {
         let Some(deadline) = deadline else {
-            return decided.await.map(Response::new);
+            return decided.await;
         };
         // A call whose client has given up is not decided: nothing is
         // charged for an answer nobody waits for. The deadline is looked at
@@ -108,23 +144,22 @@ impl RateLimitService for EnvoyRateLimiter {
         tokio::select! {
             biased;
             () = tokio::time::sleep_until(deadline) => Err(expired()),
-            decided = decided => decided.map(Response::new),
+            decided = decided => decided,
         }
     }
 }
 
 /// Refuses a call over `[envoy] max_descriptors` or `max_entries`, before
 /// anything is looked up or charged.
-fn within_limits(limits: &EnvoyLimits, request: &RateLimitRequest) -> Result<(), Status> {
-    let n = request.descriptors.len();
+fn within_limits(limits: &EnvoyLimits, descriptors: &[RateLimitDescriptor]) -> Result<(), Status> {
+    let n = descriptors.len();
     if n > limits.max_descriptors.get() {
         return Err(Status::invalid_argument(format!(
             "{n} descriptors in one call; the most is {} (`[envoy] max_descriptors`)",
             limits.max_descriptors
         )));
     }
-    let longest = request
-        .descriptors
+    let longest = descriptors
         .iter()
         .enumerate()
         .find(|(_, d)| d.entries.len() > limits.max_entries.get());
@@ -162,11 +197,11 @@ fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
 /// Where a descriptor leads: one of the rules it maps to, or the limit it
 /// came with, at a cost.
 #[derive(Debug)]
-struct Mapped {
-    descriptor: usize,
+pub(super) struct Mapped {
+    pub(super) descriptor: usize,
     source: Source,
     id: spillway::store::RuleId,
-    cost: u64,
+    pub(super) cost: u64,
 }
 
 /// What a store check counts for.
@@ -224,14 +259,14 @@ fn override_limit(
 /// going to new overrides (see [`Live::with_overrides`]).
 fn overrides_missing(
     engine: &Loaded,
-    request: &RateLimitRequest,
+    call: Call<'_>,
     now: Instant,
 ) -> Result<Vec<UnitLimit>, Status> {
     let mut missing = Vec::new();
-    if request.domain != engine.config.envoy_domain {
+    if call.domain != engine.config.envoy_domain {
         return Ok(missing);
     }
-    for descriptor in &request.descriptors {
+    for descriptor in call.descriptors {
         if let Some(limit) = &descriptor.limit
             && let Ok(limit) = override_limit(limit)?
             && engine.use_override(limit, now).is_none()
@@ -245,49 +280,24 @@ fn overrides_missing(
 
 /// Decides on one request: maps its descriptors onto charges, asks the
 /// engine, and answers with each descriptor's status and the headers.
-async fn answer(engine: &Loaded, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
-    // What envoyproxy/ratelimit answers too: these are malformed requests.
-    if request.domain.is_empty() {
-        return Err(Status::invalid_argument(
-            "the rate limit domain must not be empty",
-        ));
+async fn answer(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    let call = Call {
+        domain: &request.domain,
+        descriptors: &request.descriptors,
+    };
+    if !for_this_domain(engine, call)? {
+        return Ok(nothing_limited(call));
     }
-    if request.descriptors.is_empty() {
-        return Err(Status::invalid_argument(
-            "the descriptor list must not be empty",
-        ));
-    }
-    let config = &engine.config;
-    if request.domain != config.envoy_domain {
-        // Like envoyproxy/ratelimit: a domain with no configuration limits
-        // nothing. An error would make Envoy apply its failure mode instead.
-        tracing::debug!(domain = %request.domain, "unknown rate limit domain: nothing is limited");
-        return Ok(RateLimitResponse {
-            overall_code: Code::Ok.into(),
-            statuses: vec![unlimited(); request.descriptors.len()],
-            ..RateLimitResponse::default()
-        });
-    }
-    let mapping = map_descriptors(engine, &request)?;
+    let mapping = map_descriptors(engine, call, addend(request), true)?;
+    let charges = charges_of(engine, call, &mapping)?;
     let deciding = engine.layer.engine();
-    let keys: Vec<String> = request.descriptors.iter().map(key_of).collect();
-    let charges = mapping
-        .mapped
-        .iter()
-        .map(|m| match m.source {
-            Source::Rule(rule) => {
-                Some(deciding.charge(rule, None, keys[m.descriptor].clone(), m.cost))
-            }
-            Source::Override(_) => deciding.charge_own(m.id, keys[m.descriptor].clone(), m.cost),
-        })
-        .collect::<Option<Charges>>()
-        .ok_or_else(|| Status::internal("a limit override has no store rule"))?;
     // As envoyproxy/ratelimit: a descriptor over a limit it can never pass
     // (a cost above the rule's capacity, a limit of 0) is OVER_LIMIT, and
     // then nothing is charged: the others are only looked at.
     let asking = Asking {
         over_capacity: OverCapacity::Deny,
         look_only: mapping.zero_limit.iter().any(Option::is_some),
+        hold_for: None,
     };
     let ruling = deciding.decide(charges, asking).await;
     match ruling.outcome() {
@@ -298,7 +308,7 @@ async fn answer(engine: &Loaded, request: RateLimitRequest) -> Result<RateLimitR
         Outcome::Unavailable(message) => return Err(Status::unavailable(message.clone())),
         _ => {}
     }
-    let statuses = statuses(engine, &mapping, &ruling);
+    let statuses = statuses(engine, &mapping, &ruling, &|i| ruling.denies(i));
     let over = statuses
         .iter()
         .any(|s| s.code == i32::from(Code::OverLimit));
@@ -316,7 +326,7 @@ async fn answer(engine: &Loaded, request: RateLimitRequest) -> Result<RateLimitR
 /// The headers Envoy adds to the response (our rate-limit fields, and
 /// Retry-After when over the limit) and to the request it lets through
 /// (the degrade mark).
-fn headers_of(
+pub(super) fn headers_of(
     engine: &Loaded,
     ruling: &Ruling,
     over: bool,
@@ -353,34 +363,100 @@ fn headers_of(
     (response_headers, request_headers)
 }
 
+/// Whether a well-formed call is for the domain this service answers for;
+/// a malformed one (no domain, no descriptors) is an error, as
+/// envoyproxy/ratelimit answers.
+pub(super) fn for_this_domain(engine: &Loaded, call: Call<'_>) -> Result<bool, Status> {
+    if call.domain.is_empty() {
+        return Err(Status::invalid_argument(
+            "the rate limit domain must not be empty",
+        ));
+    }
+    if call.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "the descriptor list must not be empty",
+        ));
+    }
+    let ours = call.domain == engine.config.envoy_domain;
+    if !ours {
+        tracing::debug!(domain = %call.domain, "unknown rate limit domain: nothing is limited");
+    }
+    Ok(ours)
+}
+
+/// The answer to a call for another domain. Like envoyproxy/ratelimit: a
+/// domain with no configuration limits nothing (an error would make Envoy
+/// apply its failure mode instead).
+pub(super) fn nothing_limited(call: Call<'_>) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: Code::Ok.into(),
+        statuses: vec![unlimited(); call.descriptors.len()],
+        ..RateLimitResponse::default()
+    }
+}
+
+/// A request's cost: Envoy's unset (0) `hits_addend` means 1.
+pub(super) fn addend(request: &RateLimitRequest) -> u64 {
+    u64::from(request.hits_addend.max(1))
+}
+
+/// The engine's charges of a call's mapping, one per mapped rule or
+/// override, in order.
+pub(super) fn charges_of(
+    engine: &Loaded,
+    call: Call<'_>,
+    mapping: &Mapping,
+) -> Result<Charges, Status> {
+    let deciding = engine.layer.engine();
+    let keys: Vec<String> = call.descriptors.iter().map(key_of).collect();
+    mapping
+        .mapped
+        .iter()
+        .map(|m| match m.source {
+            Source::Rule(rule) => {
+                Some(deciding.charge(rule, None, keys[m.descriptor].clone(), m.cost))
+            }
+            Source::Override(_) => deciding.charge_own(m.id, keys[m.descriptor].clone(), m.cost),
+        })
+        .collect::<Option<Charges>>()
+        .ok_or_else(|| Status::internal("a limit override has no store rule"))
+}
+
 /// A request's descriptors, mapped onto what counts them.
-struct Mapping {
+pub(super) struct Mapping {
     /// Every descriptor's rules and overrides, in descriptor order.
-    mapped: Vec<Mapped>,
+    pub(super) mapped: Vec<Mapped>,
     /// The descriptors the file's tree says are `unlimited`.
     unlimited_in_file: Vec<bool>,
     /// The descriptors whose limit override is 0 requests per unit: over
     /// it whatever the state, with the unit of that override.
-    zero_limit: Vec<Option<descriptors::Unit>>,
+    pub(super) zero_limit: Vec<Option<descriptors::Unit>>,
 }
 
 /// Maps each descriptor onto the rules whose `descriptors` keys it has,
-/// and the one the descriptor file's tree leads to, or onto its own limit.
-fn map_descriptors(engine: &Loaded, request: &RateLimitRequest) -> Result<Mapping, Status> {
+/// and the one the descriptor file's tree leads to, or onto its own limit,
+/// at `request_cost`; with `descriptor_costs`, a descriptor's own
+/// `hits_addend` wins (Envoy's: present, it may be 0 to only look).
+pub(super) fn map_descriptors(
+    engine: &Loaded,
+    call: Call<'_>,
+    request_cost: u64,
+    descriptor_costs: bool,
+) -> Result<Mapping, Status> {
     let config = &engine.config;
     let policy = &config.policy;
-    // Envoy: an unset (0) request-level addend means 1; a descriptor-level
-    // one, when present, wins, and may be 0 to only look.
-    let request_cost = u64::from(request.hits_addend.max(1));
     let tree = config.descriptor_tree.as_ref();
-    let n = request.descriptors.len();
+    let n = call.descriptors.len();
     let mut mapping = Mapping {
         mapped: Vec::new(),
         unlimited_in_file: vec![false; n],
         zero_limit: vec![None; n],
     };
-    for (d, descriptor) in request.descriptors.iter().enumerate() {
-        let cost = descriptor.hits_addend.unwrap_or(request_cost);
+    for (d, descriptor) in call.descriptors.iter().enumerate() {
+        let cost = match descriptor.hits_addend {
+            Some(own) if descriptor_costs => own,
+            _ => request_cost,
+        };
         if let Some(limit) = &descriptor.limit {
             // As envoyproxy/ratelimit: the descriptor's own limit is its
             // one limit, in place of whatever the configuration says.
@@ -436,8 +512,13 @@ fn map_descriptors(engine: &Loaded, request: &RateLimitRequest) -> Result<Mappin
 }
 
 /// Each descriptor's status: the most restrictive of its charges, over the
-/// limit if one of them denies.
-fn statuses(engine: &Loaded, mapping: &Mapping, ruling: &Ruling) -> Vec<DescriptorStatus> {
+/// limit if one of them is `over`.
+pub(super) fn statuses(
+    engine: &Loaded,
+    mapping: &Mapping,
+    ruling: &Ruling,
+    over: &dyn Fn(usize) -> bool,
+) -> Vec<DescriptorStatus> {
     let deciding = engine.layer.engine();
     let tree = engine.config.descriptor_tree.as_ref();
     let mapped = &mapping.mapped;
@@ -487,7 +568,7 @@ fn statuses(engine: &Loaded, mapping: &Mapping, ruling: &Ruling) -> Vec<Descript
             Source::Override(limit) => Some(limit),
         };
         statuses.push(DescriptorStatus {
-            code: if (first..end).any(|i| ruling.denies(i)) {
+            code: if (first..end).any(over) {
                 Code::OverLimit
             } else {
                 Code::Ok
