@@ -126,8 +126,8 @@ impl Loaded {
         let mut rules = config.policy.store_rules();
         // An Envoy rule's reservations (Kuadrant's `Reserve`) given back
         // when nobody commits them in time.
-        for (i, within) in config.reserve_released.iter().enumerate() {
-            if let Some(within) = *within {
+        for (i, envoy) in config.envoy_rules.iter().enumerate() {
+            if let Some(within) = envoy.reserve_released {
                 let id = config.policy.rule_id(i, None).0;
                 rules[id] = rules[id].clone().release_unsettled_after(within);
             }

@@ -327,7 +327,11 @@ mod tests {
         // An Envoy rule's: for Kuadrant's `Reserve`, beside the policy.
         let envoy = "[[rules]]\nname = \"tokens\"\nalgorithm = \"sliding_log\"\nlimit = 100\n\
                      window = \"1h\"\ndescriptors = [\"user\"]\n";
-        let released = |text: &str| Config::parse(text).expect("valid").reserve_released;
+        let released = |text: &str| {
+            let config = Config::parse(text).expect("valid");
+            let of = |r: &crate::config::EnvoyRule| r.reserve_released;
+            config.envoy_rules.iter().map(of).collect::<Vec<_>>()
+        };
         assert_eq!(released(envoy), [None]);
         assert_eq!(
             released(&format!("{envoy}on_expiry = \"release\"\n")),
@@ -434,6 +438,11 @@ mod tests {
                 "descriptors = [\"user\"]\non_expiry = \"free\"\n",
                 "rules[0].on_expiry",
                 "release",
+            ),
+            (
+                "hits_after_response = true\n",
+                "rules[0].hits_after_response",
+                "descriptors",
             ),
             (
                 "cost = \"response:usage\"\nroute_costs = [{ path = \"/a\", cost = 2 }]\n",

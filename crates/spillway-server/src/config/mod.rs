@@ -59,11 +59,9 @@ pub struct Config {
     /// from Envoy by keys; a rule of the descriptor file is reached through
     /// [`descriptor_tree`](Self::descriptor_tree) instead).
     pub descriptors: Vec<Vec<String>>,
-    /// By rule index: how long a reservation of Kuadrant's `Reserve` may
-    /// go uncommitted before the store gives it back (a rule with
-    /// `descriptors` and `on_expiry = "release"`); `None` (or past the
-    /// end): it stays charged.
-    pub reserve_released: Vec<Option<std::time::Duration>>,
+    /// By rule index, what a rule with `descriptors` says of the calls
+    /// Envoy and Kuadrant make (past the end: the defaults).
+    pub envoy_rules: Vec<EnvoyRule>,
     /// The Envoy rate limit domain this service answers for.
     pub envoy_domain: String,
     /// The tree of `[envoy] descriptors_file`, if set. Its rate limits are
@@ -115,6 +113,21 @@ struct RawTier {
     api_keys: Vec<String>,
 }
 
+/// What a rule with `descriptors` says of the calls Envoy and Kuadrant
+/// make (docs/envoy.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnvoyRule {
+    /// How long a reservation of Kuadrant's `Reserve` may go uncommitted
+    /// before the store gives it back (`on_expiry = "release"`); `None`:
+    /// it stays charged.
+    pub reserve_released: Option<std::time::Duration>,
+    /// `hits_after_response`: Envoy AI Gateway's pair of `ShouldRateLimit`
+    /// calls. One of 0 hits, before the request, is over the limit when
+    /// the key has nothing left; one of more, after the response, charges
+    /// its hits whatever is left, past the limit as debt.
+    pub hits_after_response: bool,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRule {
@@ -141,6 +154,7 @@ struct RawRule {
     release_on_5xx: Option<Spanned<bool>>,
     on_expiry: Option<Spanned<String>>,
     settle_within: Option<Spanned<RawDuration>>,
+    hits_after_response: Option<Spanned<bool>>,
     action: Option<Spanned<String>>,
     on_error: Option<Spanned<String>>,
     retry_after: Option<Spanned<RawDuration>>,
@@ -352,7 +366,7 @@ fn convert(read: read::Read, lines: &Text<'_>, dir: &Path) -> Result<Config, Vec
     let settle_within = server
         .as_ref()
         .map_or(ServerConfig::SETTLE_WITHIN, |s| s.settle_within);
-    let (mut rules, mut descriptors, reserve_released) = convert_rules(
+    let (mut rules, mut descriptors, envoy_rules) = convert_rules(
         &raw.rules,
         &read.rule_index,
         tiers,
@@ -405,7 +419,7 @@ fn convert(read: read::Read, lines: &Text<'_>, dir: &Path) -> Result<Config, Vec
             store,
             policy,
             descriptors,
-            reserve_released,
+            envoy_rules,
             envoy_domain: envoy_domain.unwrap_or_else(|| "spillway".to_string()),
             descriptor_tree,
             envoy_limits,

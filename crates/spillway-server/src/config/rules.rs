@@ -52,11 +52,7 @@ pub(super) fn convert_rules(
     settle_within: std::time::Duration,
     lines: &Text<'_>,
     errors: &mut Gathered,
-) -> (
-    Vec<HttpRule>,
-    Vec<Vec<String>>,
-    Vec<Option<std::time::Duration>>,
-) {
+) -> (Vec<HttpRule>, Vec<Vec<String>>, Vec<super::EnvoyRule>) {
     let mut names = std::collections::HashSet::new();
     let mut rules = Vec::new();
     let mut descriptors = Vec::new();
@@ -100,22 +96,45 @@ pub(super) fn convert_rules(
         // A budget's `on_expiry` is its own (read with its cost); an Envoy
         // rule's is for the reservations Kuadrant's `Reserve` makes.
         // (A budget rule with descriptors is an error already.)
-        let kuadrant = if r.descriptors.is_empty() || rule.is_none() {
+        let envoy = if rule.is_none() {
             None
         } else {
-            errors
-                .take(super::budget::on_expiry(r, settle_within, lines, &field))
-                .flatten()
+            errors.take(envoy_rule(r, settle_within, lines, &field))
         };
         if let Some(rule) = rule
+            && let Some(envoy) = envoy
             && errors.0.len() == before
         {
             descriptors.push(r.descriptors.clone());
-            released.push(kuadrant);
+            released.push(envoy);
             rules.push(rule);
         }
     }
     (rules, descriptors, released)
+}
+
+/// What a rule says of Envoy's and Kuadrant's calls: nothing without
+/// `descriptors`.
+fn envoy_rule(
+    r: &RawRule,
+    settle_within: std::time::Duration,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<super::EnvoyRule, ConfigError> {
+    if r.descriptors.is_empty() {
+        if let Some(after) = &r.hits_after_response {
+            return Err(lines.err(
+                after,
+                field("hits_after_response"),
+                "is about the calls Envoy makes: it needs `descriptors`",
+            ));
+        }
+        return Ok(super::EnvoyRule::default());
+    }
+    Ok(super::EnvoyRule {
+        reserve_released: super::budget::on_expiry(r, settle_within, lines, field)?,
+        hits_after_response: r.hits_after_response.as_ref().is_some_and(|h| *h.get_ref()),
+    })
 }
 
 /// What a concurrency rule may not have: a cost the client or the response

@@ -13,8 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use spillway::algorithm::Charged;
-use spillway::store::{Check, SETTLE_RECEIPT_TTL, Settle, Store as _, StoreError as _};
+use spillway::store::{SETTLE_RECEIPT_TTL, Settle, Store as _, StoreError as _};
 use spillway_tower::{Asking, BudgetEvent, Outcome, OverCapacity, Ruling, Settled};
 use tonic::{Request, Response, Status};
 
@@ -23,11 +22,11 @@ use super::rls::rate_limit_response::Code;
 use super::rls::{RateLimitRequest, RateLimitResponse};
 use super::service::{
     Call, addend, arrival, charges_of, for_this_domain, headers_of, map_descriptors,
-    nothing_limited, statuses, within_call,
+    nothing_limited, statuses, store_status, within_call,
 };
 use crate::api::SettleKey;
 use crate::api::settle::{
-    Refused, Spend, Token, TokenCharge, new_id, now_ms, observe, rules_unchanged, stands, token_of,
+    Refused, Spend, Token, TokenCharge, now_ms, observe, rules_unchanged, stands, token_of,
     verify_as,
 };
 use crate::state::{Live, Loaded};
@@ -195,18 +194,9 @@ fn decided(ruling: &Ruling) -> Result<(), Status> {
     }
 }
 
-fn store_status(e: &spillway_redis::Error) -> Status {
-    match e.invalid_request() {
-        Some(invalid) => Status::invalid_argument(invalid.to_string()),
-        None => Status::unavailable(format!("the rate limiter cannot reach its store: {e}")),
-    }
-}
-
-/// Charges `cost` to every descriptor's limits whatever they have left,
-/// past a limit as debt that later requests wait out (at most one quota of
-/// it, as a settle's overrun): a settle of a charge of nothing, made at the
-/// store's time of a look, so that each key's part is atomic and its time
-/// is the store's. A descriptor whose limit override is 0 charges nothing.
+/// Charges `cost` to every descriptor's limits whatever they have left
+/// ([`service::charge_regardless`](super::service::charge_regardless)). A
+/// descriptor whose limit override is 0 charges nothing.
 async fn charge_regardless(
     engine: &Loaded,
     call: Call<'_>,
@@ -216,48 +206,7 @@ async fn charge_regardless(
     let mapping = map_descriptors(engine, call, cost, descriptor_costs)?;
     let charges = charges_of(engine, call, &mapping)?;
     let charges: Vec<_> = charges.iter().filter(|c| c.cost() > 0).collect();
-    if charges.is_empty() {
-        return Ok(());
-    }
-    let deciding = engine.layer.engine();
-    let store = deciding.store();
-    let looks: Vec<Check<'_>> = charges
-        .iter()
-        .map(|c| Check {
-            rule: c.rule_id(),
-            key: c.key(),
-            cost: 0,
-        })
-        .collect();
-    let looked = store.check(&looks).await.map_err(|e| store_status(&e))?;
-    if !looked.undecided.is_empty() {
-        // Nothing is charged: the report may be sent again.
-        return Err(Status::unavailable(
-            "the rate limiter cannot reach its store: nothing was charged",
-        ));
-    }
-    let settles: Vec<Settle<'_>> = charges
-        .iter()
-        .zip(&looked.decisions)
-        .map(|(c, d)| Settle {
-            rule: c.rule_id(),
-            key: c.key(),
-            charged: Charged::of(0, looked.decided_at, d),
-            actual: c.cost(),
-        })
-        .collect();
-    let settled = store
-        .settle(&new_id("kp"), &settles)
-        .await
-        .map_err(|e| store_status(&e))?;
-    if let Some(observer) = deciding.observer() {
-        for (c, d) in charges.iter().zip(&settled.decisions) {
-            if d.remaining == 0 {
-                observer.budget(deciding.rule_name(c), BudgetEvent::Exhausted);
-            }
-        }
-    }
-    Ok(())
+    super::service::charge_regardless(engine, &charges).await
 }
 
 /// The longest a reservation id lives: within the time the store keeps the

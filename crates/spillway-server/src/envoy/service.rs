@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use spillway::store::Store as _;
+use spillway::algorithm::Charged;
+use spillway::store::{Check, Settle, Store as _, StoreError as _};
 use spillway::{Algorithm as _, Quota};
 use spillway_tower::key::key_from_pairs;
 use spillway_tower::{
-    Asking, Charges, Outcome, OverCapacity, RateLimitFields, Ruling, X_SPILLWAY_LIMITED,
-    retry_after_secs,
+    Asking, BudgetEvent, Charge, Charges, Outcome, OverCapacity, RateLimitFields, Ruling,
+    X_SPILLWAY_LIMITED, retry_after_secs,
 };
 use tonic::{Request, Response, Status};
 
@@ -288,7 +289,35 @@ async fn answer(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimit
     if !for_this_domain(engine, call)? {
         return Ok(nothing_limited(call));
     }
-    let mapping = map_descriptors(engine, call, addend(request), true)?;
+    let mut mapping = map_descriptors(engine, call, addend(request), true)?;
+    // Envoy AI Gateway's pair of calls, on a rule that says so: the one
+    // after the response is charged whatever is left, then only looked at
+    // with the rest; the one before it (0 hits) is over the limit when
+    // nothing is left.
+    let envoy_rules = &engine.config.envoy_rules;
+    let after: Vec<bool> = mapping
+        .mapped
+        .iter()
+        .map(|m| {
+            m.rule()
+                .and_then(|r| envoy_rules.get(r))
+                .is_some_and(|e| e.hits_after_response)
+        })
+        .collect();
+    let costs: Vec<u64> = mapping.mapped.iter().map(|m| m.cost).collect();
+    if after.contains(&true) {
+        let charges = charges_of(engine, call, &mapping)?;
+        let reported: Vec<&Charge> = charges
+            .iter()
+            .zip(&after)
+            .filter(|(c, after)| **after && c.cost() > 0)
+            .map(|(c, _)| c)
+            .collect();
+        charge_regardless(engine, &reported).await?;
+        for (m, _) in mapping.mapped.iter_mut().zip(&after).filter(|(_, a)| **a) {
+            m.cost = 0;
+        }
+    }
     let charges = charges_of(engine, call, &mapping)?;
     let deciding = engine.layer.engine();
     // As envoyproxy/ratelimit: a descriptor over a limit it can never pass
@@ -308,7 +337,12 @@ async fn answer(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimit
         Outcome::Unavailable(message) => return Err(Status::unavailable(message.clone())),
         _ => {}
     }
-    let statuses = statuses(engine, &mapping, &ruling, &|i| ruling.denies(i));
+    let nothing_left = |i: usize| {
+        after[i] && costs[i] == 0 && ruling.decision(i).is_some_and(|d| d.remaining == 0)
+    };
+    let statuses = statuses(engine, &mapping, &ruling, &|i| {
+        ruling.denies(i) || nothing_left(i)
+    });
     let over = statuses
         .iter()
         .any(|s| s.code == i32::from(Code::OverLimit));
@@ -420,6 +454,66 @@ pub(super) fn charges_of(
         })
         .collect::<Option<Charges>>()
         .ok_or_else(|| Status::internal("a limit override has no store rule"))
+}
+
+/// Charges each of `charges` its cost whatever its key has left, past a
+/// limit as debt that later requests wait out (at most one quota of it, as
+/// a settle's overrun): a settle of a charge of nothing, made at the
+/// store's time of a look, so that each key's part is atomic and its time
+/// is the store's. What a response cost, known after it: Kuadrant's
+/// `Report`, and Envoy AI Gateway's call after the response.
+pub(super) async fn charge_regardless(engine: &Loaded, charges: &[&Charge]) -> Result<(), Status> {
+    if charges.is_empty() {
+        return Ok(());
+    }
+    let deciding = engine.layer.engine();
+    let store = deciding.store();
+    let looks: Vec<Check<'_>> = charges
+        .iter()
+        .map(|c| Check {
+            rule: c.rule_id(),
+            key: c.key(),
+            cost: 0,
+        })
+        .collect();
+    let looked = store.check(&looks).await.map_err(|e| store_status(&e))?;
+    if !looked.undecided.is_empty() {
+        // Nothing is charged: the report may be sent again.
+        return Err(Status::unavailable(
+            "the rate limiter cannot reach its store: nothing was charged",
+        ));
+    }
+    let settles: Vec<Settle<'_>> = charges
+        .iter()
+        .zip(&looked.decisions)
+        .map(|(c, d)| Settle {
+            rule: c.rule_id(),
+            key: c.key(),
+            charged: Charged::of(0, looked.decided_at, d),
+            actual: c.cost(),
+        })
+        .collect();
+    let settled = store
+        .settle(&crate::api::settle::new_id("kp"), &settles)
+        .await
+        .map_err(|e| store_status(&e))?;
+    if let Some(observer) = deciding.observer() {
+        for (c, d) in charges.iter().zip(&settled.decisions) {
+            if d.remaining == 0 {
+                observer.budget(deciding.rule_name(c), BudgetEvent::Exhausted);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A store's error as a call's status: a request it can never decide is
+/// the caller's error; otherwise it is unavailable.
+pub(super) fn store_status(e: &spillway_redis::Error) -> Status {
+    match e.invalid_request() {
+        Some(invalid) => Status::invalid_argument(invalid.to_string()),
+        None => Status::unavailable(format!("the rate limiter cannot reach its store: {e}")),
+    }
 }
 
 /// A request's descriptors, mapped onto what counts them.
