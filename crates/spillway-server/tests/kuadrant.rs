@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use grpc_support::{code, descriptor, request};
-use spillway_conformance::redis_server::RedisServer;
+use spillway_conformance::redis_server::{RedisCluster, RedisServer};
 use spillway_server::config::Config;
 use spillway_server::envoy::pb::kuadrant::service::ratelimit::v1::rate_limit_service_client::RateLimitServiceClient;
 use spillway_server::envoy::pb::kuadrant::service::ratelimit::v1::{CommitRequest, ReserveRequest};
@@ -339,4 +339,162 @@ async fn on_redis_another_instance_commits_a_reservation_or_gives_it_back() {
     a.report(USER, 600).await;
     b.report(USER, 600).await;
     assert_eq!(a.look(USER, 1).await, (Code::OverLimit, 0));
+}
+
+/// A budget of 10,000 an hour for the concurrent tests (a sliding log on
+/// Redis takes no more), which 200 reservations of at most 20 and costs of
+/// at most 29 cannot overrun.
+const BIG: &str = r#"
+[envoy]
+domain = "llm"
+
+[[rules]]
+name = "big"
+algorithm = "sliding_log"
+limit = 10000
+window = "1h"
+descriptors = ["tenant"]
+on_expiry = "release"
+settle_within = "2m"
+"#;
+
+/// A debug build answering 200 calls at once may take longer than the
+/// default 50 ms store timeout: a call that times out must fail, not be let
+/// in by the failure policy (which would hold nothing to commit).
+const PATIENT: &str = "timeout = \"5s\"\non_error = \"fail_closed\"\n";
+
+/// 200 requests at once through 4 instances sharing `store`: each reserves
+/// up to 20 and commits up to 29 (some twice, on another instance):
+/// what is charged in the end is the sum of what they cost, exactly.
+async fn concurrent_commits_charge_exactly_what_the_requests_cost(store: &str) {
+    let config = format!(
+        "[server]\nsettle_key = \"{}\"\n{store}{BIG}",
+        "k".repeat(32)
+    );
+    let mut instances = Vec::new();
+    for _ in 0..4 {
+        instances.push(start(&config).await);
+    }
+    let clients: Vec<_> = instances.iter().map(|s| s.client.clone()).collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut tasks = Vec::new();
+    let mut total = 0;
+    for i in 0..200usize {
+        let amount = next() % 20 + 1;
+        let actual = next() % 30;
+        total += actual;
+        let mut here = clients[i % 4].clone();
+        let mut there = clients[(i + 1) % 4].clone();
+        tasks.push(tokio::spawn(async move {
+            let reserved = here
+                .reserve(ReserveRequest {
+                    domain: DOMAIN.into(),
+                    descriptors: vec![descriptor(TENANT)],
+                    amount,
+                    ttl: None,
+                })
+                .await
+                .expect("an answer")
+                .into_inner();
+            assert_eq!(code(reserved.code), Code::Ok);
+            let commit = CommitRequest {
+                domain: DOMAIN.into(),
+                descriptors: vec![descriptor(TENANT)],
+                reservation_id: reserved.reservation_id,
+                actual_amount: actual,
+            };
+            let first = here.commit(commit.clone()).await.expect("an answer");
+            assert!(first.into_inner().reservation_released);
+            if i % 2 == 0 {
+                let again = there.commit(commit).await.expect("an answer");
+                assert!(!again.into_inner().reservation_released);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("no panic");
+    }
+    let left = instances[3].left(TENANT).await;
+    assert_eq!(u64::from(left), 10_000 - total);
+}
+
+#[tokio::test]
+async fn in_memory_concurrent_commits_charge_exactly_what_the_requests_cost() {
+    // One instance in memory: the four clients share it.
+    let mut s = start(BIG).await;
+    let client = s.client.clone();
+    let mut total = 0;
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        let (amount, actual) = (i % 20 + 1, (i * 7919) % 30);
+        total += actual;
+        let mut c = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = c
+                .reserve(ReserveRequest {
+                    domain: DOMAIN.into(),
+                    descriptors: vec![descriptor(TENANT)],
+                    amount,
+                    ttl: None,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let commit = CommitRequest {
+                domain: DOMAIN.into(),
+                descriptors: vec![],
+                reservation_id: r.reservation_id,
+                actual_amount: actual,
+            };
+            assert!(
+                c.commit(commit.clone())
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .reservation_released
+            );
+            assert!(
+                !c.commit(commit)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .reservation_released
+            );
+        }));
+    }
+    for t in tasks {
+        t.await.expect("no panic");
+    }
+    assert_eq!(u64::from(s.left(TENANT).await), 10_000 - total);
+}
+
+#[tokio::test]
+async fn on_redis_concurrent_commits_charge_exactly_what_the_requests_cost() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let store = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\n{PATIENT}",
+        redis.url()
+    );
+    concurrent_commits_charge_exactly_what_the_requests_cost(&store).await;
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_concurrent_commits_charge_exactly_what_the_requests_cost() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let store = format!(
+        "[store]\nkind = \"redis\"\nurl = [{}]\n{PATIENT}",
+        urls.join(", ")
+    );
+    concurrent_commits_charge_exactly_what_the_requests_cost(&store).await;
 }
