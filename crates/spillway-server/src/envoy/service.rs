@@ -294,17 +294,19 @@ async fn answer(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimit
     // after the response is charged whatever is left, then only looked at
     // with the rest; the one before it (0 hits) is over the limit when
     // nothing is left.
+    // (Nothing is allocated for it unless a rule says so.)
     let envoy_rules = &engine.config.envoy_rules;
-    let after: Vec<bool> = mapping
-        .mapped
-        .iter()
-        .map(|m| {
+    let (after, costs): (Vec<bool>, Vec<u64>) = if envoy_rules.iter().any(|e| e.hits_after_response)
+    {
+        let of = |m: &Mapped| {
             m.rule()
                 .and_then(|r| envoy_rules.get(r))
                 .is_some_and(|e| e.hits_after_response)
-        })
-        .collect();
-    let costs: Vec<u64> = mapping.mapped.iter().map(|m| m.cost).collect();
+        };
+        mapping.mapped.iter().map(|m| (of(m), m.cost)).unzip()
+    } else {
+        (Vec::new(), Vec::new())
+    };
     if after.contains(&true) {
         let charges = charges_of(engine, call, &mapping)?;
         let reported: Vec<&Charge> = charges
@@ -338,7 +340,9 @@ async fn answer(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimit
         _ => {}
     }
     let nothing_left = |i: usize| {
-        after[i] && costs[i] == 0 && ruling.decision(i).is_some_and(|d| d.remaining == 0)
+        after.get(i).is_some_and(|&a| a)
+            && costs[i] == 0
+            && ruling.decision(i).is_some_and(|d| d.remaining == 0)
     };
     let statuses = statuses(engine, &mapping, &ruling, &|i| {
         ruling.denies(i) || nothing_left(i)
