@@ -18,6 +18,10 @@ pub(crate) struct Prepared {
     /// How long (µs) a reservation of the check's rule stays open
     /// unsettled before it is given back; 0 if it never is.
     pub(crate) release_us: u64,
+    /// Whether a reservation holds this check's charge open (when its
+    /// rule releases): a check that is not held still gives back its key's
+    /// reservations that are due (sent as a negative time).
+    pub(crate) held: bool,
 }
 
 /// The checks of one script call: all of a request's on a standalone
@@ -257,7 +261,11 @@ pub(crate) fn assemble(
         out.key(&p.key);
         p.params.iter().for_each(|&v| out.number(v));
         out.number(p.cost);
-        out.number(p.release_us);
+        if p.release_us > 0 && !p.held {
+            out.text(&format!("-{}", p.release_us));
+        } else {
+            out.number(p.release_us);
+        }
     }
     match mode {
         Mode::Decide => {}

@@ -34,7 +34,7 @@ pub use script::MAX_SLIDING_LOG_LIMIT;
 
 use redis::aio::ConnectionManagerConfig;
 use spillway::algorithm::Renewed;
-use spillway::store::{Check, Renew, Rule, Settle, Settled, Store, Verdict};
+use spillway::store::{Check, Hold, Renew, Rule, Settle, Settled, Store, Verdict};
 use spillway::{Algorithm, CostTooLarge};
 
 /// Everything that can go wrong talking to Redis.
@@ -495,14 +495,19 @@ impl RedisStore {
     async fn check_with_fallback(
         &self,
         checks: &[Check<'_>],
-        hold: Option<(&str, Duration)>,
+        hold: Option<(&str, Hold<'_>)>,
     ) -> Result<Verdict, Error> {
         let inner = &*self.inner;
         let mut prepared = self.prepare(checks)?;
-        let hold = hold.map(|(id, within)| {
-            let within = u64::try_from(within.as_micros()).unwrap_or(u64::MAX).max(1);
-            for p in prepared.iter_mut().filter(|p| p.release_us > 0) {
-                p.release_us = p.release_us.min(within);
+        let hold = hold.map(|(id, hold)| {
+            let within = u64::try_from(hold.within.as_micros())
+                .unwrap_or(u64::MAX)
+                .max(1);
+            for (i, p) in prepared.iter_mut().enumerate() {
+                if p.release_us > 0 {
+                    p.release_us = p.release_us.min(within);
+                    p.held = hold.holds(i);
+                }
             }
             id
         });
@@ -788,6 +793,7 @@ impl RedisStore {
                     cost: check.cost,
                     lease: 0,
                     capacity,
+                    held: true,
                     release_us: match rule.algorithm() {
                         spillway::algorithm::AnyAlgorithm::Concurrency(_) => 0,
                         _ => rule.release_after().map_or(0, |d| {
@@ -906,20 +912,22 @@ impl Store for RedisStore {
     /// fallback is not held (it lives and dies with this process).
     async fn reserve(&self, id: &str, checks: &[Check<'_>]) -> Result<Verdict, Error> {
         spillway::store::check_settle_id(id)?;
-        self.check_with_fallback(checks, Some((id, Duration::MAX)))
+        self.check_with_fallback(checks, Some((id, Hold::ALL)))
             .await
     }
 
-    /// [`reserve`](Store::reserve), each reservation held for the shorter
-    /// of `within` and its rule's time (the script is told each check's).
-    async fn reserve_within(
+    /// [`reserve`](Store::reserve), holding only what `hold` names, each
+    /// for the shorter of `hold.within` and its rule's time (the script is
+    /// told each check's; a check not held still gives back its key's
+    /// reservations that are due).
+    async fn reserve_held(
         &self,
         id: &str,
         checks: &[Check<'_>],
-        within: Duration,
+        hold: Hold<'_>,
     ) -> Result<Verdict, Error> {
         spillway::store::check_settle_id(id)?;
-        self.check_with_fallback(checks, Some((id, within))).await
+        self.check_with_fallback(checks, Some((id, hold))).await
     }
 
     /// Gives back the charges with the script's refund mode. A verdict that

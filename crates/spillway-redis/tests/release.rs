@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use spillway::Quota;
 use spillway::algorithm::{Charged, SlidingLog};
-use spillway::store::{Check, MAX_HOLDS_PER_KEY, Rule, RuleId, Settle, Store};
+use spillway::store::{Check, Hold, MAX_HOLDS_PER_KEY, Rule, RuleId, Settle, Store};
 use spillway_conformance::redis_server::{RedisCluster, RedisServer};
 use spillway_redis::{RedisOptions, RedisStore, Topology};
 
@@ -78,7 +78,11 @@ async fn a_reservation_is_given_back_on_the_servers_clock_and_a_late_settle_char
     assert_eq!(server.command("EXISTS spillway:{tokens:k}:sl:rs"), ":0\r\n");
 }
 
-/// `reserve_within`: the script is told the shorter time.
+fn within(within: Duration) -> Hold<'static> {
+    Hold { only: None, within }
+}
+
+/// `reserve_held`: the script is told the shorter time.
 #[tokio::test]
 async fn a_reservation_held_for_less_than_its_rules_time_is_given_back_at_its_own() {
     let Some(server) = RedisServer::start() else {
@@ -86,12 +90,12 @@ async fn a_reservation_held_for_less_than_its_rules_time_is_given_back_at_its_ow
     };
     let store = standalone(&server, tokens(1_000, Duration::from_secs(3600))).await;
     let short = store
-        .reserve_within("r1", &charge("k", 600), Duration::from_millis(300))
+        .reserve_held("r1", &charge("k", 600), within(Duration::from_millis(300)))
         .await
         .expect("answers");
     assert!(short.allowed);
     let long = store
-        .reserve_within("r2", &charge("k", 100), Duration::from_secs(7200))
+        .reserve_held("r2", &charge("k", 100), within(Duration::from_secs(7200)))
         .await
         .expect("answers");
     assert!(long.allowed);
@@ -100,6 +104,45 @@ async fn a_reservation_held_for_less_than_its_rules_time_is_given_back_at_its_ow
     // r1 is back; r2 is held for the rule's hour.
     assert_eq!(left(&store, "k").await, 900);
     assert_eq!(store.stats().reservations_given_back, 1);
+}
+
+/// A check whose charge is not held (a rule the request met but will not
+/// settle) is charged as a check is, and still gives back its key's
+/// reservations that are due.
+#[tokio::test]
+async fn only_the_charges_a_reservation_names_are_held() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = standalone(&server, tokens(1_000, Duration::from_millis(300))).await;
+    let not_held = Hold {
+        only: Some(&[false]),
+        within: Duration::MAX,
+    };
+    assert!(
+        store
+            .reserve_held("r1", &charge("k", 100), not_held)
+            .await
+            .expect("answers")
+            .allowed
+    );
+    assert!(
+        store
+            .reserve("r2", &charge("k", 200))
+            .await
+            .expect("answers")
+            .allowed
+    );
+    assert_eq!(left(&store, "k").await, 700);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // r2 is given back by a call that holds nothing; r1 stands.
+    let again = store
+        .reserve_held("r3", &charge("k", 1), not_held)
+        .await
+        .expect("answers");
+    assert_eq!(again.decisions[0].remaining, 899);
+    assert_eq!(store.stats().reservations_given_back, 1);
+    assert_eq!(server.command("ZCARD spillway:{tokens:k}:sl:rs"), ":0\r\n");
 }
 
 #[tokio::test]

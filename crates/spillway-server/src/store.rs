@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use spillway::algorithm::Renewed;
-use spillway::store::{Check, MemoryStore, Renew, Rule, Settle, Settled, Store, Verdict};
+use spillway::store::{Check, Hold, MemoryStore, Renew, Rule, Settle, Settled, Store, Verdict};
 use spillway_redis::{Error as StoreError, RedisStore};
 
 /// Called with every store call's latency and outcome, for metrics.
@@ -91,18 +91,18 @@ impl Store for AnyStore {
         result
     }
 
-    async fn reserve_within(
+    async fn reserve_held(
         &self,
         id: &str,
         checks: &[Check<'_>],
-        within: std::time::Duration,
+        hold: Hold<'_>,
     ) -> Result<Verdict, StoreError> {
         let started = Instant::now();
         let result = match &self.inner {
             StoreImpl::Memory(s) => s
-                .reserve_within_now(id, checks, within)
+                .reserve_held_now(id, checks, hold)
                 .map_err(StoreError::from),
-            StoreImpl::Redis(s) => s.reserve_within(id, checks, within).await,
+            StoreImpl::Redis(s) => s.reserve_held(id, checks, hold).await,
         };
         self.observe(started, result.as_ref().err());
         result
@@ -112,12 +112,15 @@ impl Store for AnyStore {
         &self,
         id: &str,
         checks: &[Check<'_>],
+        hold: Hold<'_>,
     ) -> Option<Result<Verdict, StoreError>> {
         let StoreImpl::Memory(s) = &self.inner else {
             return None;
         };
         let started = Instant::now();
-        let result = s.reserve_now(id, checks).map_err(StoreError::from);
+        let result = s
+            .reserve_held_now(id, checks, hold)
+            .map_err(StoreError::from);
         self.observe(started, result.as_ref().err());
         Some(result)
     }

@@ -355,3 +355,65 @@ async fn a_released_reservations_token_outlives_it_and_finds_its_rule_by_name() 
     let c = Service::start(config("", "20m"), None).await;
     assert_eq!(check(&c.http).await["settle"]["expires_in_ms"], 540_000);
 }
+
+/// A request that meets a budget that gives back what is not settled and
+/// a rule Kuadrant's `Reserve` also reaches (`descriptors`, `on_expiry =
+/// "release"`): only the budget's charge is held. The other rule counts
+/// the request as any rule does; nobody settles it, so a hold of it would
+/// be given back, and every request served for free.
+const BOTH_RELEASE: &str = r#"
+[[rules]]
+name = "tokens"
+key = ["api_key"]
+algorithm = "sliding_log"
+limit = 1000
+window = "1h"
+cost = "response:usage"
+reserve = 300
+on_expiry = "release"
+settle_within = "1s"
+
+[[rules]]
+name = "requests"
+key = ["api_key"]
+algorithm = "sliding_log"
+limit = 100
+window = "1h"
+descriptors = ["api_key"]
+on_expiry = "release"
+settle_within = "1s"
+"#;
+
+async fn only_the_budgets_charge_is_held(config: &str) {
+    let service = Service::start(Config::parse(config).expect("valid"), None).await;
+    let http = &service.http;
+    for served in 1..=2 {
+        let answer = check(http).await;
+        assert_eq!(remaining(&answer, "requests"), 100 - served);
+        let token = answer["settle"]["token"].as_str().expect("a token");
+        let settled = settle(http, json!({"token": token, "actual": 10})).await;
+        assert_eq!(settled.json()["applied"], true);
+        // Past both rules' `settle_within`.
+        tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    }
+    let answer = check(http).await;
+    assert_eq!(remaining(&answer, "requests"), 97);
+    assert_eq!(remaining(&answer, "tokens"), 1000 - 20 - 300);
+}
+
+#[tokio::test]
+async fn a_request_is_held_only_by_the_budget_it_settles() {
+    only_the_budgets_charge_is_held(BOTH_RELEASE).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_request_is_held_only_by_the_budget_it_settles() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let config = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\n{BOTH_RELEASE}",
+        redis.url()
+    );
+    only_the_budgets_charge_is_held(&config).await;
+}

@@ -965,9 +965,6 @@ impl<St: Store> Engine<St> {
     /// the future of a caller that awaits this stays small (it is moved
     /// whole through every layer above it).
     pub async fn decide(&self, charges: Charges, asking: Asking) -> Ruling {
-        if asking.hold_for.is_some() {
-            return Box::pin(self.decide_waiting(charges, asking)).await;
-        }
         match self.decide_now(charges, asking) {
             Ok(ruling) => ruling,
             Err(charges) => Box::pin(self.decide_waiting(charges, asking)).await,
@@ -981,12 +978,19 @@ impl<St: Store> Engine<St> {
         }
         let mut deciding = Deciding::new(self, charges, asking);
         let hold = deciding.hold.as_ref().map(|h| h.id.clone());
+        let within = asking.hold_for.unwrap_or(Duration::MAX);
         loop {
             let Some(asked) = deciding.ask() else { break };
-            let answered = match (&hold, asking.hold_for) {
-                (Some(id), Some(within)) => self.store.reserve_within(id, &asked, within).await,
-                (Some(id), None) => self.store.reserve(id, &asked).await,
-                (None, _) => self.store.check(&asked).await,
+            let answered = match &hold {
+                Some(id) => {
+                    let held = deciding.held_asked();
+                    let hold = spillway::store::Hold {
+                        only: Some(&held),
+                        within,
+                    };
+                    self.store.reserve_held(id, &asked, hold).await
+                }
+                None => self.store.check(&asked).await,
             };
             drop(asked);
             match answered {
@@ -1004,19 +1008,23 @@ impl<St: Store> Engine<St> {
     // them would add an allocation to every request that waits.
     #[allow(clippy::result_large_err)]
     pub fn decide_now(&self, charges: Charges, asking: Asking) -> Result<Ruling, Charges> {
-        if asking.hold_for.is_some() {
-            // The store's wait-free reservation holds for its rules' time.
-            return Err(charges);
-        }
         if charges.is_empty() {
             return Ok(Ruling::without_store(Outcome::Unlimited, charges));
         }
         let mut deciding = Deciding::new(self, charges, asking);
         let hold = deciding.hold.as_ref().map(|h| h.id.clone());
+        let within = asking.hold_for.unwrap_or(Duration::MAX);
         loop {
             let Some(asked) = deciding.ask() else { break };
             let answered = match &hold {
-                Some(id) => self.store.try_reserve_now(id, &asked),
+                Some(id) => {
+                    let held = deciding.held_asked();
+                    let hold = spillway::store::Hold {
+                        only: Some(&held),
+                        within,
+                    };
+                    self.store.try_reserve_now(id, &asked, hold)
+                }
                 None => self.store.try_check_now(&asked),
             };
             drop(asked);
@@ -1246,6 +1254,18 @@ impl<'e, St: Store> Deciding<'e, St> {
                 })
                 .collect()
         })
+    }
+
+    /// For each check [`ask`](Self::ask) gives, whether the store holds
+    /// its charge open: only those the caller will settle (a budget's, or
+    /// every one a [`Asking::hold_for`] caller settles), never another
+    /// rule's that the request also met, whatever its store rule says.
+    fn held_asked(&self) -> Small<bool> {
+        let held = self.hold.as_ref().map(|h| &h.held);
+        self.active
+            .iter()
+            .map(|&i| held.and_then(|h| h.get(i)).copied().unwrap_or(false))
+            .collect()
     }
 
     /// Takes the store's answer on what [`ask`](Self::ask) gave.

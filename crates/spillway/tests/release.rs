@@ -7,7 +7,7 @@ use std::time::Duration;
 use spillway::Quota;
 use spillway::algorithm::{Charged, FixedWindow, TokenBucket};
 use spillway::clock::FakeClock;
-use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId, Settle};
+use spillway::store::{Check, Hold, MemoryOptions, MemoryStore, Rule, RuleId, Settle};
 
 const WITHIN: Duration = Duration::from_secs(60);
 
@@ -25,6 +25,10 @@ fn charge(rule: usize, cost: u64) -> [Check<'static>; 1] {
         key: "k",
         cost,
     }]
+}
+
+fn within(within: Duration) -> Hold<'static> {
+    Hold { only: None, within }
 }
 
 fn left(store: &MemoryStore<FakeClock>, rule: usize) -> u64 {
@@ -139,14 +143,14 @@ fn a_reservation_held_for_less_than_its_rules_time_is_given_back_at_its_own() {
     let short = Duration::from_secs(5);
     assert!(
         store
-            .reserve_within_now("r1", &charge(0, 400), short)
+            .reserve_held_now("r1", &charge(0, 400), within(short))
             .unwrap()
             .allowed
     );
     // Longer than the rule's time: held for the rule's.
     assert!(
         store
-            .reserve_within_now("r2", &charge(0, 100), WITHIN * 2)
+            .reserve_held_now("r2", &charge(0, 100), within(WITHIN * 2))
             .unwrap()
             .allowed
     );
@@ -165,10 +169,40 @@ fn a_rule_that_does_not_release_holds_nothing_whatever_the_time_asked() {
     let kept = Rule::new("kept", FixedWindow::new(per_hour(1_000)));
     let store = MemoryStore::with_clock(vec![kept], MemoryOptions::default(), clock.clone());
     let v = store
-        .reserve_within_now("r1", &charge(0, 400), Duration::from_secs(1))
+        .reserve_held_now("r1", &charge(0, 400), within(Duration::from_secs(1)))
         .unwrap();
     assert!(v.allowed);
     clock.advance(Duration::from_secs(2));
     assert_eq!(left(&store, 0), 600);
     assert_eq!(store.reservations_released(), 0);
+}
+
+/// A request that met two releasing rules but settles only one of them
+/// (a budget, and a rule Kuadrant's `Reserve` also reaches): only that
+/// one's charge is held, and given back if not settled; the other's
+/// stands, as a check's does.
+#[test]
+fn only_the_charges_a_reservation_names_are_held() {
+    let clock = FakeClock::new(0);
+    let requests =
+        Rule::new("requests", FixedWindow::new(per_hour(100))).release_unsettled_after(WITHIN);
+    let store = MemoryStore::with_clock(
+        vec![tokens(), requests],
+        MemoryOptions::default(),
+        clock.clone(),
+    );
+    let both = [charge(0, 400)[0], charge(1, 1)[0]];
+    let hold = Hold {
+        only: Some(&[true, false]),
+        within: Duration::MAX,
+    };
+    assert!(store.reserve_held_now("r1", &both, hold).unwrap().allowed);
+    clock.advance(WITHIN);
+    assert_eq!(
+        left(&store, 0),
+        1_000,
+        "the budget's reservation is given back"
+    );
+    assert_eq!(left(&store, 1), 99, "the request stays counted");
+    assert_eq!(store.reservations_released(), 1);
 }

@@ -28,7 +28,8 @@
 --          held open under ("" for none): they are closed.
 -- then 8 numbers per check: algorithm, p1..p5, cost (for a settle, the
 -- cost charged), and how long (µs) a reservation of its rule stays open
--- unsettled before it is given back, 0 if it never is.
+-- unsettled before it is given back, 0 if it never is (negative: the rule
+-- gives reservations back, but this check's charge is not held).
 -- Before a call does anything with a key whose rule gives reservations
 -- back, it gives back those whose time has passed (`give_back_due`). A
 -- key's open reservations are a sorted set, `KEY:rs` (the id, scored by
@@ -149,9 +150,10 @@ local function give_back(i, ids)
   given_back = given_back + #ids
 end
 
--- Gives back check i's reservations whose time has passed.
+-- Gives back check i's reservations whose time has passed (a check whose
+-- own charge is not held, a negative time, does too).
 local function give_back_due(i)
-  if holds[i] > 0 then
+  if holds[i] ~= 0 then
     give_back(i, redis.call('ZRANGEBYSCORE', KEYS[i] .. ':rs', '-inf', now))
   end
 end

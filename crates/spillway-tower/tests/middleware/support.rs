@@ -108,11 +108,11 @@ impl Store for CountingStore {
         self.inner.reserve(id, checks).await
     }
 
-    async fn reserve_within(
+    async fn reserve_held(
         &self,
         id: &str,
         checks: &[Check<'_>],
-        within: std::time::Duration,
+        hold: spillway::store::Hold<'_>,
     ) -> Result<Verdict, spillway::Error> {
         self.calls.lock().expect("not poisoned").push(
             checks
@@ -120,7 +120,7 @@ impl Store for CountingStore {
                 .map(|c| (c.rule.0, c.key.to_string(), c.cost))
                 .collect(),
         );
-        self.inner.reserve_within(id, checks, within).await
+        self.inner.reserve_held(id, checks, hold).await
     }
 
     async fn refund(

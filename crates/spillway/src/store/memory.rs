@@ -14,7 +14,9 @@ use super::cell::SharedState;
 use super::holds::{Holds, Release};
 use super::receipts::Receipts;
 use super::table::{ShardGuard, Table};
-use super::{Check, KeyRef, Renew, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict};
+use super::{
+    Check, Hold, KeyRef, Renew, Rule, SETTLE_RECEIPT_TTL, Settle, Settled, Store, Verdict,
+};
 use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState, Charged, Renewed};
 use crate::clock::{Clock, Micros, MonotonicClock};
 use crate::decision::Decision;
@@ -563,15 +565,15 @@ impl<C: Clock> MemoryStore<C> {
         self.reserve_at(id, checks, self.clock.now())
     }
 
-    /// Decides on one request now, holding the charges of releasing rules
-    /// open under `id` for at most `within` (see [`Store::reserve_within`]).
-    pub fn reserve_within_now(
+    /// Decides on one request now, holding the charges `hold` names open
+    /// under `id` (see [`Store::reserve_held`]).
+    pub fn reserve_held_now(
         &self,
         id: &str,
         checks: &[Check<'_>],
-        within: Duration,
+        hold: Hold<'_>,
     ) -> Result<Verdict, Error> {
-        self.reserve_within_at(id, checks, within, self.clock.now())
+        self.reserve_held_at(id, checks, hold, self.clock.now())
     }
 
     /// Decides on one request at `now`, holding the charges of releasing
@@ -582,22 +584,21 @@ impl<C: Clock> MemoryStore<C> {
         checks: &[Check<'_>],
         now: Micros,
     ) -> Result<Verdict, Error> {
-        self.reserve_within_at(id, checks, Duration::MAX, now)
+        self.reserve_held_at(id, checks, Hold::ALL, now)
     }
 
-    /// Decides on one request at `now`, holding the charges of releasing
-    /// rules open under `id` for at most `within` (see
-    /// [`Store::reserve_within`]).
-    pub fn reserve_within_at(
+    /// Decides on one request at `now`, holding the charges `hold` names
+    /// open under `id` (see [`Store::reserve_held`]).
+    pub fn reserve_held_at(
         &self,
         id: &str,
         checks: &[Check<'_>],
-        within: Duration,
+        hold: Hold<'_>,
         now: Micros,
     ) -> Result<Verdict, Error> {
         super::check_settle_id(id)?;
         self.validate(checks)?;
-        if let Some(denied) = self.holds_full(checks, now)? {
+        if let Some(denied) = self.holds_full(checks, hold, now)? {
             return Ok(denied);
         }
         let verdict = self.check_at(checks, now)?;
@@ -607,12 +608,12 @@ impl<C: Clock> MemoryStore<C> {
         let fingerprint = self.holds.fingerprint(id);
         let mut full = Vec::new();
         let mut book = self.holds.lock();
-        for (check, decision) in checks.iter().zip(&verdict.decisions) {
+        for (i, (check, decision)) in checks.iter().zip(&verdict.decisions).enumerate() {
             let rule = &self.rules[check.rule.0];
-            let Some(rule_within) = releases(rule) else {
+            let Some(rule_within) = releases(rule).filter(|_| hold.holds(i)) else {
                 continue;
             };
-            let within = rule_within.min(within);
+            let within = rule_within.min(hold.within);
             if check.cost == 0 {
                 continue;
             }
@@ -632,12 +633,17 @@ impl<C: Clock> MemoryStore<C> {
     /// its first reservation's time. (A reservation made meanwhile by
     /// another thread may pass the bound: the book then gives its oldest
     /// back at once.)
-    fn holds_full(&self, checks: &[Check<'_>], now: Micros) -> Result<Option<Verdict>, Error> {
+    fn holds_full(
+        &self,
+        checks: &[Check<'_>],
+        hold: Hold<'_>,
+        now: Micros,
+    ) -> Result<Option<Verdict>, Error> {
         let full = {
             let book = self.holds.lock();
             checks.iter().enumerate().find_map(|(i, check)| {
                 let rule = self.rules.get(check.rule.0)?;
-                releases(rule)?;
+                releases(rule).filter(|_| hold.holds(i))?;
                 let name = (rule.name_arc(), CompactString::new(check.key));
                 let until = book.full_until(&name).filter(|_| check.cost > 0)?;
                 Some((i, until))
@@ -1004,21 +1010,26 @@ impl<C: Clock> Store for MemoryStore<C> {
         std::future::ready(self.reserve_now(id, checks))
     }
 
-    fn reserve_within(
+    fn reserve_held(
         &self,
         id: &str,
         checks: &[Check<'_>],
-        within: Duration,
+        hold: Hold<'_>,
     ) -> impl std::future::Future<Output = Result<Verdict, Error>> + Send {
-        std::future::ready(self.reserve_within_now(id, checks, within))
+        std::future::ready(self.reserve_held_now(id, checks, hold))
     }
 
     fn try_check_now(&self, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {
         Some(self.check_now(checks))
     }
 
-    fn try_reserve_now(&self, id: &str, checks: &[Check<'_>]) -> Option<Result<Verdict, Error>> {
-        Some(self.reserve_now(id, checks))
+    fn try_reserve_now(
+        &self,
+        id: &str,
+        checks: &[Check<'_>],
+        hold: Hold<'_>,
+    ) -> Option<Result<Verdict, Error>> {
+        Some(self.reserve_held_now(id, checks, hold))
     }
 
     fn try_settle_once_now(&self, settles: &[Settle<'_>]) -> Option<Result<Settled, Error>> {

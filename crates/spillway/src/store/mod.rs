@@ -293,6 +293,32 @@ impl<'a> Renew<'a> {
     }
 }
 
+/// Which charges of a reservation ([`Store::reserve_held`]) the store
+/// holds open, and for how long at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold<'a> {
+    /// Per check, in order: whether its charge is held (`None`: every
+    /// check's whose rule releases what is not settled in time).
+    pub only: Option<&'a [bool]>,
+    /// The longest a held charge stays open: the shorter of this and its
+    /// rule's time.
+    pub within: Duration,
+}
+
+impl Hold<'_> {
+    /// Every charge of a rule that releases, for its rule's time.
+    pub const ALL: Hold<'static> = Hold {
+        only: None,
+        within: Duration::MAX,
+    };
+
+    /// Whether check `i`'s charge is held (if its rule releases).
+    pub fn holds(&self, i: usize) -> bool {
+        self.only
+            .is_none_or(|only| only.get(i).copied().unwrap_or(false))
+    }
+}
+
 /// The longest settle id, in bytes.
 pub const MAX_SETTLE_ID: usize = 128;
 
@@ -399,20 +425,22 @@ pub trait Store: Send + Sync {
         id: &str,
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Verdict, Self::Error>> + Send {
-        self.reserve_within(id, checks, Duration::MAX)
+        self.reserve_held(id, checks, Hold::ALL)
     }
 
-    /// [`reserve`](Store::reserve), with each reservation given back after
-    /// at most `within` of its charge when no settle has named it: the
-    /// shorter of `within` and its rule's time. For a caller that says how
-    /// long it will take to settle (Kuadrant's `Reserve` and its `ttl`).
-    /// The charges of rules that do not release what is not settled are
-    /// made as `check` makes them, whatever `within` says.
-    fn reserve_within(
+    /// [`reserve`](Store::reserve), holding open only the charges `hold`
+    /// names, each for at most `hold.within` (the shorter of it and its
+    /// rule's time): for a caller that settles only some of a request's
+    /// charges (a budget's, not another rule's that the request also
+    /// met), or that says how long it will take (Kuadrant's `Reserve` and
+    /// its `ttl`). The other charges are made as `check` makes them; a
+    /// rule that does not release what is not settled holds nothing,
+    /// whatever `hold` says.
+    fn reserve_held(
         &self,
         id: &str,
         checks: &[Check<'_>],
-        within: Duration,
+        hold: Hold<'_>,
     ) -> impl Future<Output = Result<Verdict, Self::Error>> + Send;
 
     /// Renews leases of concurrency rules (a request still in flight): each
@@ -487,8 +515,9 @@ pub trait Store: Send + Sync {
         &self,
         id: &str,
         checks: &[Check<'_>],
+        hold: Hold<'_>,
     ) -> Option<Result<Verdict, Self::Error>> {
-        let _ = (id, checks);
+        let _ = (id, checks, hold);
         None
     }
 
