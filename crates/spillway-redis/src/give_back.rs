@@ -21,6 +21,7 @@ pub(crate) enum Later {
     Settle {
         parts: Vec<SettlePart>,
         id: String,
+        receipt_ms: u64,
     },
 }
 
@@ -108,10 +109,14 @@ impl RedisStore {
                         receipt: &receipt,
                         held: held.as_deref(),
                     }),
-                    Later::Settle { parts, id } => Mode::Settle(SettleCall {
+                    Later::Settle {
+                        parts,
+                        id,
+                        receipt_ms,
+                    } => Mode::Settle(SettleCall {
                         id,
                         receipt: &receipt,
-                        receipt_ms: receipt_ms(),
+                        receipt_ms: *receipt_ms,
                         parts,
                     }),
                 };
@@ -146,6 +151,7 @@ impl RedisStore {
         id: &str,
         settles: &[Settle<'_>],
         now: Option<u64>,
+        receipt_ms: u64,
     ) -> Result<Settled, Error> {
         spillway::store::check_settle_id(id)?;
         let checks: Vec<Check<'_>> = settles.iter().map(|s| s.check()).collect();
@@ -222,7 +228,7 @@ impl RedisStore {
                 let mode = Mode::Settle(SettleCall {
                     id,
                     receipt: &receipt,
-                    receipt_ms: receipt_ms(),
+                    receipt_ms,
                     parts,
                 });
                 let result = self.call(scripts, remote_prepared, group, now, mode).await;
@@ -252,6 +258,7 @@ impl RedisStore {
                             Later::Settle {
                                 parts,
                                 id: id.to_owned(),
+                                receipt_ms,
                             },
                             receipt,
                         );
@@ -299,6 +306,13 @@ impl RedisStore {
                 left = failed;
             }
         });
+    }
+
+    /// How long a receipt must live to cover this store's own sending of a
+    /// call: the first try and the two sent again in the background, each
+    /// after a pause and within the call timeout, with room to spare.
+    pub(crate) fn own_retries(&self) -> Duration {
+        Duration::from_secs(10) + 3 * (self.retry_pause() + self.inner.options.timeout)
     }
 
     /// How long a call sent again in the background waits first: a retry

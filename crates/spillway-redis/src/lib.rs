@@ -394,7 +394,8 @@ impl RedisStore {
         settles: &[Settle<'_>],
         now: u64,
     ) -> Result<Settled, Error> {
-        self.settle_charges(id, settles, Some(now)).await
+        self.settle_charges(id, settles, Some(now), give_back::receipt_ms())
+            .await
     }
 
     /// Renews leases as if the server's clock read `now` (µs): the
@@ -420,6 +421,21 @@ impl RedisStore {
         };
         call::assemble(&prepared, &group, None, Mode::Decide, family, &mut call);
         Ok(call)
+    }
+
+    /// Settles as [`Store::settle`] does, for a caller that never sends
+    /// the same settle again (a cost reported after the response, under an
+    /// id drawn for it): its receipt lives only as long as this store's own
+    /// retries of it need (ten seconds and a little more), not
+    /// [`SETTLE_RECEIPT_TTL`](spillway::store::SETTLE_RECEIPT_TTL), so
+    /// that many reports cost Redis little.
+    pub async fn settle_unrepeated(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+    ) -> Result<Settled, Error> {
+        let receipt = u64::try_from(self.own_retries().as_millis()).unwrap_or(u64::MAX);
+        self.settle_charges(id, settles, None, receipt).await
     }
 
     /// What the store has done so far.
@@ -952,7 +968,7 @@ impl Store for RedisStore {
         id: &str,
         settles: &[Settle<'_>],
     ) -> impl std::future::Future<Output = Result<Settled, Error>> + Send {
-        self.settle_charges(id, settles, None)
+        self.settle_charges(id, settles, None, give_back::receipt_ms())
     }
 
     /// Renews with the script's renew mode, one call per slot; a lease the

@@ -38,6 +38,23 @@ impl std::fmt::Debug for AnyStore {
 }
 
 impl AnyStore {
+    /// Settles under a fresh id that nobody will send again (a cost
+    /// reported after the response): with no receipt in memory, and with
+    /// one that lives only as long as the store's own retries on Redis.
+    pub async fn settle_unrepeated(
+        &self,
+        id: &str,
+        settles: &[Settle<'_>],
+    ) -> Result<Settled, StoreError> {
+        let started = Instant::now();
+        let result = match &self.inner {
+            StoreImpl::Memory(s) => s.settle_once_now(settles).map_err(StoreError::from),
+            StoreImpl::Redis(s) => s.settle_unrepeated(id, settles).await,
+        };
+        self.observe(started, result.as_ref().err());
+        result
+    }
+
     /// The in-memory store, if that is what this is.
     pub fn memory(&self) -> Option<&MemoryStore> {
         match &self.inner {

@@ -339,6 +339,18 @@ async fn on_redis_another_instance_commits_a_reservation_or_gives_it_back() {
     a.report(USER, 600).await;
     b.report(USER, 600).await;
     assert_eq!(a.look(USER, 1).await, (Code::OverLimit, 0));
+    // Nobody sends a report's id again: its receipt lives as long as the
+    // store's own retries (seconds), not a settle's 10 minutes.
+    let longest = redis.command(
+        "EVAL \"local m = -1 for _, k in ipairs(redis.call('KEYS', '*:settle:kp-*')) do \
+         m = math.max(m, redis.call('PTTL', k)) end return m\" 0",
+    );
+    let ms: i64 = longest
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .expect(&longest);
+    assert!((1..=20_000).contains(&ms), "{longest}");
 }
 
 /// A budget of 10,000 an hour for the concurrent tests (a sliding log on

@@ -297,10 +297,14 @@ pub struct Asking {
     /// A reservation its caller settles itself (Kuadrant's `Reserve`):
     /// the charges of every store rule that gives back what is not settled
     /// in time ([`Rule::release_unsettled_after`](spillway::store::Rule::release_unsettled_after))
-    /// are held open, each for the shorter of this and its rule's time
-    /// ([`Store::reserve_within`]). `None`: only the charges of budgets
-    /// that release are held, for their rule's time.
-    pub hold_for: Option<Duration>,
+    /// are held open ([`Store::reserve_held`]). `false`: only the charges
+    /// of budgets that release are.
+    pub hold_every: bool,
+    /// The longest a held charge stays open: the shorter of this and its
+    /// rule's time. For a caller whose settle token lives no longer, so
+    /// that a settle it can still send is never met by a reservation given
+    /// back. `None`: its rule's time.
+    pub hold_at_most: Option<Duration>,
 }
 
 /// The engine's answer on one request: the outcome, each charge's
@@ -945,12 +949,13 @@ impl<St: Store> Engine<St> {
         Ok(charges)
     }
 
-    /// Plans a request's parts and decides it, for a caller that describes
-    /// a request rather than serving it (a decision API): a rule that
-    /// counts by the client's address does not apply to parts without one.
-    pub async fn decide_parts(&self, parts: &Parts) -> Ruling {
+    /// Plans a request's parts and decides it as `asking` says, for a
+    /// caller that describes a request rather than serving it (a decision
+    /// API): a rule that counts by the client's address does not apply to
+    /// parts without one.
+    pub async fn decide_parts(&self, parts: &Parts, asking: Asking) -> Ruling {
         match self.plan(parts, MissingClientAddr::SkipRule) {
-            Ok(charges) => self.decide(charges, Asking::default()).await,
+            Ok(charges) => self.decide(charges, asking).await,
             Err(Unplanned::BadRequest(message)) => {
                 Ruling::without_store(Outcome::BadRequest(message), SmallVec::new())
             }
@@ -978,7 +983,7 @@ impl<St: Store> Engine<St> {
         }
         let mut deciding = Deciding::new(self, charges, asking);
         let hold = deciding.hold.as_ref().map(|h| h.id.clone());
-        let within = asking.hold_for.unwrap_or(Duration::MAX);
+        let within = asking.hold_at_most.unwrap_or(Duration::MAX);
         loop {
             let Some(asked) = deciding.ask() else { break };
             let answered = match &hold {
@@ -1013,7 +1018,7 @@ impl<St: Store> Engine<St> {
         }
         let mut deciding = Deciding::new(self, charges, asking);
         let hold = deciding.hold.as_ref().map(|h| h.id.clone());
-        let within = asking.hold_for.unwrap_or(Duration::MAX);
+        let within = asking.hold_at_most.unwrap_or(Duration::MAX);
         loop {
             let Some(asked) = deciding.ask() else { break };
             let answered = match &hold {
@@ -1202,7 +1207,7 @@ impl<'e, St: Store> Deciding<'e, St> {
         };
         let look_only = asking.look_only || over_capacity.contains(&true);
         // Looked for only under a policy that has such a rule.
-        let hold = ((engine.releasing || asking.hold_for.is_some()) && !look_only)
+        let hold = ((engine.releasing || asking.hold_every) && !look_only)
             .then(|| {
                 let store_rules = engine.store.rules();
                 let held: Small<bool> = charges
@@ -1210,8 +1215,7 @@ impl<'e, St: Store> Deciding<'e, St> {
                     .map(|c| {
                         c.cost > 0
                             && (c.of.is_some_and(|(i, _)| releases(&engine.policy.rules[i]))
-                                || (asking.hold_for.is_some()
-                                    && store_releases(&store_rules[c.id.0])))
+                                || (asking.hold_every && store_releases(&store_rules[c.id.0])))
                     })
                     .collect();
                 held.contains(&true).then(|| {
@@ -1258,7 +1262,7 @@ impl<'e, St: Store> Deciding<'e, St> {
 
     /// For each check [`ask`](Self::ask) gives, whether the store holds
     /// its charge open: only those the caller will settle (a budget's, or
-    /// every one a [`Asking::hold_for`] caller settles), never another
+    /// every one a [`Asking::hold_every`] caller settles), never another
     /// rule's that the request also met, whatever its store rule says.
     fn held_asked(&self) -> Small<bool> {
         let held = self.hold.as_ref().map(|h| &h.held);
@@ -1676,7 +1680,8 @@ mod tests {
         let deny = Asking {
             over_capacity: OverCapacity::Deny,
             look_only: false,
-            hold_for: None,
+            hold_every: false,
+            hold_at_most: None,
         };
         let denied = engine.decide_now(charges(7), deny).expect("in memory");
         assert!(matches!(denied.outcome(), Outcome::Rejected { rule, .. } if rule == "small"));
@@ -1689,7 +1694,8 @@ mod tests {
         let look = Asking {
             over_capacity: OverCapacity::Deny,
             look_only: true,
-            hold_for: None,
+            hold_every: false,
+            hold_at_most: None,
         };
         let looked = engine.decide_now(charges(3), look).expect("in memory");
         assert!(matches!(looked.outcome(), Outcome::Admitted { .. }));

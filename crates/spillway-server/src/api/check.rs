@@ -310,9 +310,7 @@ async fn check_rule(loaded: &Loaded, c: RuleCheck<'_>) -> Result<Ruling, Box<Ans
         Ok(charge) => charge,
         Err(message) => return refuse(message),
     };
-    Ok(engine
-        .decide(smallvec::smallvec![charge], Asking::default())
-        .await)
+    Ok(engine.decide(smallvec::smallvec![charge], by_token()).await)
 }
 
 async fn check_request(loaded: &Loaded, c: RequestCheck) -> Result<Ruling, Box<Answer>> {
@@ -366,7 +364,17 @@ async fn check_request(loaded: &Loaded, c: RequestCheck) -> Result<Ruling, Box<A
     if let Some(addr) = peer {
         parts.extensions.insert(ClientAddr(addr));
     }
-    Ok(loaded.layer.engine().decide_parts(&parts).await)
+    Ok(loaded.layer.engine().decide_parts(&parts, by_token()).await)
+}
+
+/// How a check whose reservations are settled by a token is decided: none
+/// is held longer than a token can live, so that a settle the token can
+/// still send never finds its reservation given back for nothing.
+fn by_token() -> Asking {
+    Asking {
+        hold_at_most: Some(super::settle::longest_hold()),
+        ..Asking::default()
+    }
 }
 
 /// A check refused with a 400 before it reached the engine.

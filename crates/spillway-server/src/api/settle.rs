@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use spillway::Algorithm as _;
 use spillway::algorithm::Charged;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use spillway::store::{Check, RuleId, SETTLE_RECEIPT_TTL, Settle, Store, StoreError as _};
@@ -117,15 +117,17 @@ struct Inner {
     spent: Mutex<Spent>,
 }
 
-/// The ids of the tokens settled by this process, until they expire: a
-/// token is settled once here even if the store's receipt of it is gone
-/// (the in-memory store keeps at most 2^20 receipts, the oldest dropped
-/// first).
+/// The ids of the tokens settled by this process, until they expire, on
+/// the in-memory store: a token is settled once here even if the store's
+/// receipt of it is gone (it keeps at most 2^20 receipts, the oldest
+/// dropped first). Redis keeps every receipt longer than a token lives.
 #[derive(Default)]
 struct Spent {
-    ids: HashSet<String>,
-    /// (expiry, id), in the order the tokens were settled.
-    order: VecDeque<(u64, String)>,
+    /// Each id, and when its token expires.
+    ids: HashMap<String, u64>,
+    /// (expiry, id): the first to expire first, whatever order they were
+    /// settled in (a token lives from `settle_within` to 9 minutes).
+    order: BTreeSet<(u64, String)>,
 }
 
 /// The most tokens remembered as settled at once: past it, a settle is
@@ -179,31 +181,60 @@ impl SettleKey {
         }
     }
 
+    /// Records token `id`, good until `exp`, as settled at `now` in the
+    /// store `loaded` counts in: remembered here for the in-memory store;
+    /// on Redis the store's receipt of the id tells (and nothing here can
+    /// fill up).
+    pub(crate) fn spend_in(&self, loaded: &Loaded, id: &str, exp: u64, now: u64) -> Spend {
+        match loaded.config.store.kind {
+            StoreKind::Memory => self.spend(id, exp, now),
+            StoreKind::Redis(_) => Spend::First,
+        }
+    }
+
     /// Records token `id`, good until `exp`, as settled at `now`.
-    pub(crate) fn spend(&self, id: &str, exp: u64, now: u64) -> Spend {
+    fn spend(&self, id: &str, exp: u64, now: u64) -> Spend {
         let mut spent = self.0.spent.lock().unwrap_or_else(|p| p.into_inner());
         let Spent { ids, order } = &mut *spent;
-        while order.front().is_some_and(|(e, _)| *e <= now) {
-            if let Some((_, old)) = order.pop_front() {
+        while let Some(first) = order.first()
+            && first.0 <= now
+        {
+            if let Some((_, old)) = order.pop_first() {
                 ids.remove(&old);
             }
         }
-        if ids.contains(id) {
+        if ids.contains_key(id) {
             return Spend::Again;
         }
         if ids.len() >= MAX_SPENT {
             return Spend::Full;
         }
-        ids.insert(id.to_string());
-        order.push_back((exp, id.to_string()));
+        ids.insert(id.to_string(), exp);
+        order.insert((exp, id.to_string()));
         Spend::First
     }
 
-    /// Forgets token `id` (its settle failed, and may be sent again).
+    /// Forgets token `id`: its settle did not apply, and may be sent again.
     pub(crate) fn unspend(&self, id: &str) {
         let mut spent = self.0.spent.lock().unwrap_or_else(|p| p.into_inner());
-        spent.ids.remove(id);
+        if let Some(exp) = spent.ids.remove(id) {
+            spent.order.remove(&(exp, id.to_string()));
+        }
     }
+}
+
+/// The longest a token lives: within the time a store keeps its settle's
+/// receipt (by a minute), so that it cannot be settled twice.
+pub(crate) fn longest_life() -> Duration {
+    SETTLE_RECEIPT_TTL.saturating_sub(Duration::from_secs(60))
+}
+
+/// The longest a reservation a token names is held open: half a minute
+/// less than the token lives (for clocks a little apart), so that a settle
+/// the token can still send never finds it given back, and a request that
+/// ran longer than its token is charged what was reserved.
+pub(crate) fn longest_hold() -> Duration {
+    longest_life().saturating_sub(Duration::from_secs(30))
 }
 
 /// The prefix of every token, and the version of its form.
@@ -236,11 +267,11 @@ pub(crate) fn issue(loaded: &Loaded, key: &SettleKey, held: &Held) -> Option<(St
         .iter()
         .filter(|c| c.held)
         .filter_map(|c| rules.get(c.rule)?.release_after())
+        .map(|d| d.min(longest_hold()))
         .max();
-    let most = SETTLE_RECEIPT_TTL.saturating_sub(Duration::from_secs(60));
     let within = given_back_after.map_or(loaded.config.server.settle_within, |d| {
         (d + Duration::from_secs(30))
-            .min(most)
+            .min(longest_life())
             .max(loaded.config.server.settle_within)
     });
     // Settled under the id the store holds the reservations open under.
@@ -426,7 +457,10 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
             actual,
         })
         .collect();
-    match state.settle_key.spend(&token.id, token.exp, now_ms()) {
+    match state
+        .settle_key
+        .spend_in(&loaded, &token.id, token.exp, now_ms())
+    {
         Spend::First => {}
         Spend::Again => return again(&loaded, &token).await,
         Spend::Full => {
@@ -435,13 +469,15 @@ async fn settle_answer(state: &State, body: &[u8]) -> Answer {
             );
         }
     }
-    match engine.store().settle(&token.id, &settles).await {
-        Err(e) if e.invalid_request().is_none() => {
-            state.settle_key.unspend(&token.id);
-            unavailable(
-                "The rate limiter cannot reach its store; send the same settle again shortly.",
-            )
-        }
+    let settled = engine.store().settle(&token.id, &settles).await;
+    if settled.is_err() {
+        // Nothing applied: the same settle may be sent again.
+        state.settle_key.unspend(&token.id);
+    }
+    match settled {
+        Err(e) if e.invalid_request().is_none() => unavailable(
+            "The rate limiter cannot reach its store; send the same settle again shortly.",
+        ),
         Ok(settled) => {
             if settled.applied {
                 observe(&loaded, &token, Settled::Measured, Some(actual));
@@ -706,5 +742,21 @@ mod tests {
         assert_eq!(key.spend("e", 200, 100), Spend::First);
         key.unspend("e");
         assert_eq!(key.spend("e", 200, 100), Spend::First);
+    }
+
+    #[test]
+    fn a_long_lived_token_does_not_keep_shorter_ones_remembered() {
+        let key = SettleKey::random();
+        // Settled first, good for 9 minutes; then three good for a second.
+        assert_eq!(key.spend("long", 540_000, 0), Spend::First);
+        for id in ["b", "c", "d"] {
+            assert_eq!(key.spend(id, 1_000, 0), Spend::First);
+        }
+        assert_eq!(key.spend("e", 2_000, 500), Spend::Full);
+        // At 2 s the three have expired behind the long one: room again.
+        assert_eq!(key.spend("e", 3_000, 2_000), Spend::First);
+        assert_eq!(key.spend("long", 540_000, 2_000), Spend::Again);
+        key.unspend("long");
+        assert_eq!(key.spend("long", 540_000, 2_000), Spend::First);
     }
 }

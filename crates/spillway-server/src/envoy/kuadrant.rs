@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use spillway::store::{SETTLE_RECEIPT_TTL, Settle, Store as _, StoreError as _};
+use spillway::store::{Settle, Store as _};
 use spillway_tower::{Asking, BudgetEvent, Outcome, OverCapacity, Ruling, Settled};
 use tonic::{Request, Response, Status};
 
@@ -26,8 +26,8 @@ use super::service::{
 };
 use crate::api::SettleKey;
 use crate::api::settle::{
-    Refused, Spend, Token, TokenCharge, now_ms, observe, rules_unchanged, stands, token_of,
-    verify_as,
+    Refused, Spend, Token, TokenCharge, longest_hold, longest_life, now_ms, observe,
+    rules_unchanged, stands, token_of, verify_as,
 };
 use crate::state::{Live, Loaded};
 use kuadrant::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
@@ -162,7 +162,8 @@ async fn look(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimitRe
     let asking = Asking {
         over_capacity: OverCapacity::Deny,
         look_only: true,
-        hold_for: None,
+        hold_every: false,
+        hold_at_most: None,
     };
     let ruling = engine.layer.engine().decide(charges, asking).await;
     decided(&ruling)?;
@@ -209,12 +210,6 @@ async fn charge_regardless(
     super::service::charge_regardless(engine, &charges).await
 }
 
-/// The longest a reservation id lives: within the time the store keeps the
-/// receipt of its settle, so that it cannot be committed twice.
-fn most_life() -> Duration {
-    SETTLE_RECEIPT_TTL.saturating_sub(Duration::from_secs(60))
-}
-
 /// `Reserve`: the call's `amount` charged to every descriptor's limits as
 /// `ShouldRateLimit` charges a cost, held open for a `Commit`.
 async fn reserve(
@@ -235,10 +230,15 @@ async fn reserve(
     }
     let ttl = match request.ttl {
         None => None,
+        // Negative parts are refused before prost's conversion, which
+        // negates them (and overflows on the least i64).
+        Some(ttl) if ttl.seconds < 0 || ttl.nanos < 0 => {
+            return Err(Status::invalid_argument("`ttl` must not be negative"));
+        }
         Some(ttl) => match Duration::try_from(ttl) {
             Ok(d) if d.is_zero() => None,
             Ok(d) => Some(d),
-            Err(_) => return Err(Status::invalid_argument("`ttl` must not be negative")),
+            Err(_) => return Err(Status::invalid_argument("`ttl` is not a duration")),
         },
     };
     let mapping = map_descriptors(engine, call, request.amount, false)?;
@@ -246,7 +246,11 @@ async fn reserve(
     let asking = Asking {
         over_capacity: OverCapacity::Deny,
         look_only: mapping.zero_limit.iter().any(Option::is_some),
-        hold_for: Some(ttl.unwrap_or(Duration::MAX)),
+        hold_every: true,
+        // Never longer than the id lives: a Commit it can still send finds
+        // the reservation, and one after that is refused while the
+        // reservation stands.
+        hold_at_most: Some(ttl.unwrap_or(Duration::MAX).min(longest_hold())),
     };
     let deciding = engine.layer.engine();
     let ruling = deciding.decide(charges, asking).await;
@@ -277,7 +281,7 @@ async fn reserve(
         .iter()
         .filter(|c| c.held)
         .filter_map(|c| rules.get(c.rule)?.release_after())
-        .map(|d| ttl.map_or(d, |t| d.min(t)))
+        .map(|d| ttl.map_or(d, |t| d.min(t)).min(longest_hold()))
         .max();
     let life = [
         engine.config.server.settle_within,
@@ -287,7 +291,7 @@ async fn reserve(
     .into_iter()
     .max()
     .unwrap_or_default()
-    .min(most_life());
+    .min(longest_life());
     let id = token_of(PREFIX, engine, key, charges, life, held.hold_id())
         .map(|(text, _)| text)
         .unwrap_or_default();
@@ -354,7 +358,7 @@ async fn settle(
             actual,
         })
         .collect();
-    match key.spend(&token.id, token.exp, now_ms()) {
+    match key.spend_in(engine, &token.id, token.exp, now_ms()) {
         Spend::First => {}
         Spend::Again => return Ok(false),
         Spend::Full => {
@@ -367,10 +371,8 @@ async fn settle(
     let settled = match deciding.store().settle(&token.id, &settles).await {
         Ok(settled) => settled,
         Err(e) => {
-            if e.invalid_request().is_none() {
-                // Not settled: the same Commit may be sent again.
-                key.unspend(&token.id);
-            }
+            // Nothing applied: the same Commit may be sent again.
+            key.unspend(&token.id);
             return Err(store_status(&e));
         }
     };

@@ -328,7 +328,8 @@ async fn answer(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimit
     let asking = Asking {
         over_capacity: OverCapacity::Deny,
         look_only: mapping.zero_limit.iter().any(Option::is_some),
-        hold_for: None,
+        hold_every: false,
+        hold_at_most: None,
     };
     let ruling = deciding.decide(charges, asking).await;
     match ruling.outcome() {
@@ -498,7 +499,7 @@ pub(super) async fn charge_regardless(engine: &Loaded, charges: &[&Charge]) -> R
         })
         .collect();
     let settled = store
-        .settle(&crate::api::settle::new_id("kp"), &settles)
+        .settle_unrepeated(&crate::api::settle::new_id("kp"), &settles)
         .await
         .map_err(|e| store_status(&e))?;
     if let Some(observer) = deciding.observer() {

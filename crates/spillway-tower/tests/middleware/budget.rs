@@ -642,6 +642,33 @@ async fn a_released_reservation_comes_back_only_when_nothing_settled_it() {
     assert_eq!(left(&layer).await, limit - 470, "then charged in full");
 }
 
+/// A caller whose settle can come no later than a time shorter than the
+/// rule's (a `POST /v1/check` token's life, a Kuadrant `Reserve`'s ttl)
+/// has its reservation held no longer: a settle it can still send finds
+/// it, and one it cannot send does not leave it given back for nothing.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_is_held_no_longer_than_its_caller_asks() {
+    let within = std::time::Duration::from_secs(3600);
+    let (_, layer) = log_app(reserving(300).release_unsettled_after(within));
+    let engine = layer.engine();
+    let at_most = std::time::Duration::from_secs(5);
+    let asking = spillway_tower::Asking {
+        hold_at_most: Some(at_most),
+        ..spillway_tower::Asking::default()
+    };
+    let charge = engine.charge(0, None, format!("ip={CLIENT}"), 300);
+    let ruling = engine.decide(smallvec::smallvec![charge], asking).await;
+    let held = ruling.into_held().expect("charged");
+    assert!(held.charges()[0].1.held);
+    assert_eq!(left(&layer).await, u64::from(LIMIT) - 300);
+    tokio::time::advance(at_most).await;
+    assert_eq!(
+        left(&layer).await,
+        u64::from(LIMIT),
+        "given back at 5 s, not 1 h"
+    );
+}
+
 /// Without `on_expiry = "release"`, a reservation never settled (its
 /// settle lost with the instance) stays charged however long it is left.
 #[tokio::test(start_paused = true)]
