@@ -949,11 +949,17 @@ impl<St: Store> Engine<St> {
         Ok(charges)
     }
 
-    /// Plans a request's parts and decides it as `asking` says, for a
-    /// caller that describes a request rather than serving it (a decision
-    /// API): a rule that counts by the client's address does not apply to
-    /// parts without one.
-    pub async fn decide_parts(&self, parts: &Parts, asking: Asking) -> Ruling {
+    /// Plans a request's parts and decides it, for a caller that describes
+    /// a request rather than serving it (a decision API): a rule that
+    /// counts by the client's address does not apply to parts without one.
+    pub async fn decide_parts(&self, parts: &Parts) -> Ruling {
+        self.decide_parts_asking(parts, Asking::default()).await
+    }
+
+    /// [`decide_parts`](Self::decide_parts), decided as `asking` says (a
+    /// caller whose settle tokens live a bounded time holds nothing
+    /// longer: [`Asking::hold_at_most`]).
+    pub async fn decide_parts_asking(&self, parts: &Parts, asking: Asking) -> Ruling {
         match self.plan(parts, MissingClientAddr::SkipRule) {
             Ok(charges) => self.decide(charges, asking).await,
             Err(Unplanned::BadRequest(message)) => {

@@ -364,7 +364,11 @@ async fn check_request(loaded: &Loaded, c: RequestCheck) -> Result<Ruling, Box<A
     if let Some(addr) = peer {
         parts.extensions.insert(ClientAddr(addr));
     }
-    Ok(loaded.layer.engine().decide_parts(&parts, by_token()).await)
+    Ok(loaded
+        .layer
+        .engine()
+        .decide_parts_asking(&parts, by_token())
+        .await)
 }
 
 /// How a check whose reservations are settled by a token is decided: none
