@@ -197,6 +197,10 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
         Ok([id, capacity, interval.micros, interval.per, mode, undelayed])
     };
     match algorithm {
+        AnyAlgorithm::FixedWindow(fw) if fw.calendar_of().is_some() => Err(too_large(
+            "a calendar window (a day, week or month in a time zone) is counted in memory \
+             only for now; on Redis use a fixed window of its length",
+        )),
         AnyAlgorithm::FixedWindow(_) => windowed(1, false),
         AnyAlgorithm::SlidingLog(_) if quota.limit().get() > MAX_SLIDING_LOG_LIMIT => {
             Err(too_large(

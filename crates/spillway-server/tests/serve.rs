@@ -1451,3 +1451,41 @@ async fn shutdown_lets_the_request_in_flight_finish() {
         .expect("no panic")
         .expect("no error");
 }
+
+/// A calendar day in UTC: a denial waits until the next midnight, to the
+/// millisecond, as the wall clock says now.
+#[tokio::test]
+async fn a_calendar_window_waits_until_the_next_period() {
+    let config = Config::parse(
+        "[[rules]]\nname = \"daily\"\nalgorithm = \"fixed_window\"\nlimit = 1\n\
+         window = \"calendar_day\"\n",
+    )
+    .expect("valid");
+    let app = app_of(config).await;
+    let until_midnight = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as u64;
+        86_400_000 - now % 86_400_000
+    };
+    assert_eq!(
+        check(&app, json!({"rule": "daily", "key": "ip=a"}))
+            .await
+            .json()["allowed"],
+        true
+    );
+    let before = until_midnight();
+    let v = check(&app, json!({"rule": "daily", "key": "ip=a"}))
+        .await
+        .json();
+    let after = until_midnight();
+    assert_eq!(v["allowed"], false);
+    let retry = v["rules"][0]["retry_after_ms"].as_u64().expect("a wait");
+    // Rounded up to the ms: at most one more than the wall clock's.
+    assert!(
+        retry <= before + 1 && retry >= after,
+        "{retry} not in [{after}, {before}]"
+    );
+    assert_eq!(v["rules"][0]["reset_after_ms"], retry);
+}

@@ -145,6 +145,7 @@ struct RawRule {
     burst: Option<Spanned<u64>>,
     mode: Option<Spanned<String>>,
     delay: Option<Spanned<u64>>,
+    time_zone: Option<Spanned<String>>,
     cost: Option<Spanned<RawCost>>,
     route_costs: Option<Spanned<Vec<Spanned<RawRouteCost>>>>,
     reserve: Option<Spanned<budget::RawReserve>>,
@@ -188,6 +189,7 @@ struct RawQuota {
     burst: Option<Spanned<u64>>,
     mode: Option<Spanned<String>>,
     delay: Option<Spanned<u64>>,
+    time_zone: Option<Spanned<String>>,
 }
 
 impl RawQuota {
@@ -201,6 +203,7 @@ impl RawQuota {
             burst: rule.burst.clone(),
             mode: rule.mode.clone(),
             delay: rule.delay.clone(),
+            time_zone: rule.time_zone.clone(),
         }
     }
 
@@ -217,6 +220,7 @@ impl RawQuota {
             burst: pick(&self.burst, &base.burst),
             mode: pick(&self.mode, &base.mode),
             delay: pick(&self.delay, &base.delay),
+            time_zone: pick(&self.time_zone, &base.time_zone),
         }
     }
 }

@@ -5,9 +5,10 @@ use std::num::NonZeroU32;
 
 use http::{HeaderName, Method};
 use spillway::Quota;
+use spillway::algorithm::calendar::Tz;
 use spillway::algorithm::{
-    AnyAlgorithm, Concurrency, FixedWindow, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow,
-    TokenBucket,
+    AnyAlgorithm, Calendar, Concurrency, FixedWindow, LeakyBucket, LeakyMode, Period, SlidingLog,
+    SlidingWindow, TokenBucket,
 };
 use spillway_tower::{Action, Cost, HttpRule, KeyPart, RouteCost};
 use toml::Spanned;
@@ -429,6 +430,63 @@ fn rule_tiers(
     Ok(rule)
 }
 
+/// The calendar period a window names, if it names one.
+fn calendar_period(window: &str) -> Option<Period> {
+    [Period::Day, Period::Week, Period::Month]
+        .into_iter()
+        .find(|p| p.name() == window)
+}
+
+/// A fixed window over calendar periods in `q`'s time zone (UTC unless
+/// it says another).
+fn calendar_of(
+    q: &RawQuota,
+    name: &str,
+    limit: NonZeroU32,
+    period: Period,
+    window_field: &Spanned<super::RawDuration>,
+    lines: &Text<'_>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<AnyAlgorithm, ConfigError> {
+    if name != "fixed_window" {
+        return Err(lines.err(
+            window_field,
+            field("window"),
+            format!(
+                "a calendar window starts afresh at each {}: it is a fixed window's, not {name}'s",
+                match period {
+                    Period::Day => "day",
+                    Period::Week => "week",
+                    Period::Month => "month",
+                }
+            ),
+        ));
+    }
+    for (v, f) in [(&q.burst, "burst"), (&q.delay, "delay")] {
+        if let Some(v) = v {
+            return Err(lines.err(v, field(f), format!("does not apply to {name}")));
+        }
+    }
+    if let Some(m) = &q.mode {
+        return Err(lines.err(m, field("mode"), format!("does not apply to {name}")));
+    }
+    let zone = match &q.time_zone {
+        None => Tz::UTC,
+        Some(z) => z.get_ref().parse::<Tz>().map_err(|_| {
+            lines.err(
+                z,
+                field("time_zone"),
+                format!(
+                    "`{}` is not a time zone of the IANA database (like \"Europe/Paris\", \
+                     \"America/New_York\" or \"UTC\")",
+                    z.get_ref()
+                ),
+            )
+        })?,
+    };
+    Ok(FixedWindow::calendar(limit, Calendar::new(period, zone)).into())
+}
+
 /// A rule's (or a tier's) algorithm on its quota.
 pub(super) fn algorithm_of(
     q: &RawQuota,
@@ -468,6 +526,17 @@ pub(super) fn algorithm_of(
                 "must be between 1 and 4294967295",
             )
         })?;
+    if let Some(period) = calendar_period(&window_field.get_ref().0) {
+        return calendar_of(q, name, limit, period, window_field, lines, field);
+    }
+    if let Some(zone) = &q.time_zone {
+        return Err(lines.err(
+            zone,
+            field("time_zone"),
+            "applies to a calendar window only (`window = \"calendar_day\"`, \
+             \"calendar_week\" or \"calendar_month\")",
+        ));
+    }
     let window = parse_duration(&window_field.get_ref().0)
         .map_err(|m| lines.err(window_field, field("window"), m))?;
     // The quota's period is the file's window.

@@ -694,3 +694,68 @@ fn a_tier_keeps_a_rule_a_concurrency_rule_or_a_rate_rule() {
     ));
     assert_eq!(e.field, "rules[0].tiers.gold.window");
 }
+
+#[test]
+fn calendar_windows_are_fixed_windows_in_a_time_zone() {
+    use spillway::algorithm::{AnyAlgorithm, Period};
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"plan\"\nalgorithm = \"fixed_window\"\nlimit = 1000\n\
+             window = \"calendar_month\"\n{extra}"
+        )
+    };
+    let calendar_of = |text: &str| {
+        let config = Config::parse(text).expect("valid");
+        match config.policy.store_rules()[0].algorithm() {
+            AnyAlgorithm::FixedWindow(fw) => fw.calendar_of(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let utc = calendar_of(&rule("")).expect("a calendar");
+    assert_eq!((utc.period(), utc.zone().name()), (Period::Month, "UTC"));
+    let paris = calendar_of(&rule("time_zone = \"Europe/Paris\"\n")).expect("a calendar");
+    assert_eq!(paris.zone().name(), "Europe/Paris");
+    // A tier takes the rule's zone, or its own.
+    let tiered = rule(
+        "time_zone = \"Asia/Tokyo\"\n[rules.tiers.pro]\nlimit = 9000\nwindow = \"calendar_week\"\n\
+         [tiers.pro]\napi_keys = [\"k\"]\n",
+    );
+    let config = Config::parse(&tiered).expect("valid");
+    match config.policy.store_rules()[1].algorithm() {
+        AnyAlgorithm::FixedWindow(fw) => {
+            let c = fw.calendar_of().expect("a calendar");
+            assert_eq!((c.period(), c.zone().name()), (Period::Week, "Asia/Tokyo"));
+        }
+        other => panic!("{other:?}"),
+    }
+    for (text, field, says) in [
+        (
+            rule("time_zone = \"Mars/Olympus\"\n"),
+            "rules[0].time_zone",
+            "IANA",
+        ),
+        (
+            rule("").replace("fixed_window", "sliding_log"),
+            "rules[0].window",
+            "fixed window",
+        ),
+        (
+            format!("{RULE}time_zone = \"UTC\"\n"),
+            "rules[0].time_zone",
+            "calendar window only",
+        ),
+        (
+            format!(
+                "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n{}",
+                rule("")
+            ),
+            "rules[0].limit",
+            "in memory only",
+        ),
+    ] {
+        let e = error(&text);
+        assert_eq!(e.field, field, "{text}: {e}");
+        assert!(e.message.contains(says), "{text}: {e}");
+        assert!(e.line.is_some(), "{text}: {e}");
+    }
+}

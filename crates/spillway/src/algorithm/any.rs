@@ -117,7 +117,7 @@ impl AnyAlgorithm {
         let quota = Quota::new(part(quota.limit().get()), quota.period())
             .expect("the period was already valid");
         match self {
-            Self::FixedWindow(_) => FixedWindow::new(quota).into(),
+            Self::FixedWindow(a) => a.with_limit(quota.limit()).into(),
             Self::SlidingLog(_) => SlidingLog::new(quota).into(),
             Self::SlidingWindow(_) => SlidingWindow::new(quota).into(),
             Self::TokenBucket(a) => TokenBucket::new(quota, part(a.burst().get())).into(),
@@ -173,6 +173,9 @@ impl AnyAlgorithm {
             // inside.
             (Self::Concurrency(_), Self::Concurrency(_)) => return true,
             (Self::LeakyBucket(a), Self::LeakyBucket(b)) => a.mode() == b.mode(),
+            // A calendar's periods are not a fixed length's windows, nor
+            // another calendar's.
+            (Self::FixedWindow(a), Self::FixedWindow(b)) => a.calendar_of() == b.calendar_of(),
             (a, b) => a.name() == b.name(),
         };
         same_kind && self.quota().period_micros() == old.quota().period_micros()

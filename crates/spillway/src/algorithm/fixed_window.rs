@@ -23,6 +23,9 @@
 //! assert!(fw.check(&mut state, 1, 1_000_000).unwrap().allowed);
 //! ```
 
+use std::num::NonZeroU32;
+
+use super::calendar::Calendar;
 use super::{Algorithm, Charged, check_keeping_a_copy, ensure_fits, owing_at_most_one_quota};
 use crate::clock::Micros;
 use crate::decision::Decision;
@@ -33,12 +36,15 @@ use crate::quota::Quota;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FixedWindow {
     quota: Quota,
+    /// Windows of calendar periods, in place of the quota's period.
+    calendar: Option<Calendar>,
 }
 
 /// A key's count in its current window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FixedWindowState {
-    /// The index of the window the count belongs to (`now / window`).
+    /// The index of the window the count belongs to (`now / window`, or
+    /// the calendar period's index).
     pub window: u64,
     /// The cost admitted in that window.
     pub count: u64,
@@ -47,15 +53,74 @@ pub struct FixedWindowState {
 impl FixedWindow {
     /// `quota.limit()` per aligned window of `quota.period()`.
     pub const fn new(quota: Quota) -> Self {
-        Self { quota }
+        Self {
+            quota,
+            calendar: None,
+        }
+    }
+
+    /// `limit` per calendar period (a day, a week, a month in a time zone):
+    /// the count starts afresh at each period's first instant, and a
+    /// denial waits exactly until then, whatever the period's length
+    /// (daylight saving, months of 28 to 31 days). Its quota's period is
+    /// the calendar's nominal one ([`Period::nominal`](super::Period::nominal)).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use spillway::algorithm::{Algorithm, Calendar, FixedWindow, Period};
+    ///
+    /// let monthly = FixedWindow::calendar(
+    ///     NonZeroU32::new(2).unwrap(),
+    ///     Calendar::new(Period::Month, "UTC".parse().unwrap()),
+    /// );
+    /// let mut state = Default::default();
+    /// let feb_28_noon = 1_835_352_000_000_000; // 2028-02-28T12:00:00Z
+    /// assert!(monthly.check(&mut state, 2, feb_28_noon).unwrap().allowed);
+    /// let denied = monthly.check(&mut state, 1, feb_28_noon).unwrap();
+    /// // 2028 is a leap year: March starts 36 hours later.
+    /// assert_eq!(denied.retry_after, Some(Duration::from_secs(36 * 3600)));
+    /// ```
+    pub fn calendar(limit: NonZeroU32, calendar: Calendar) -> Self {
+        let quota = Quota::new(limit, calendar.period().nominal())
+            .expect("a calendar's nominal period is valid");
+        Self {
+            quota,
+            calendar: Some(calendar),
+        }
+    }
+
+    /// The calendar whose periods are the windows, if they are.
+    pub const fn calendar_of(&self) -> Option<Calendar> {
+        self.calendar
+    }
+
+    /// The same windows with another limit.
+    pub fn with_limit(&self, limit: NonZeroU32) -> Self {
+        let quota = Quota::new(limit, self.quota.period()).expect("the period was already valid");
+        Self { quota, ..*self }
     }
 
     fn limit(&self) -> u64 {
         u64::from(self.quota.limit().get())
     }
 
-    fn window(&self) -> u64 {
-        self.quota.period_micros()
+    /// The index of the window that holds `t`.
+    fn index(&self, t: Micros) -> u64 {
+        match &self.calendar {
+            Some(c) => c.index(t),
+            None => t / self.quota.period_micros(),
+        }
+    }
+
+    /// When window `k` ends (the next one starts).
+    fn end(&self, k: u64) -> Micros {
+        match &self.calendar {
+            Some(c) => c.start(k.saturating_add(1)),
+            None => k
+                .saturating_add(1)
+                .saturating_mul(self.quota.period_micros()),
+        }
     }
 }
 
@@ -78,9 +143,9 @@ impl Algorithm for FixedWindow {
         cost: u64,
         now: Micros,
     ) -> Result<Decision, CostTooLarge> {
-        let (limit, w) = (self.limit(), self.window());
+        let limit = self.limit();
         ensure_fits(cost, limit)?;
-        let mut k = now / w;
+        let mut k = self.index(now);
         if k > state.window {
             *state = FixedWindowState {
                 window: k,
@@ -91,7 +156,7 @@ impl Algorithm for FixedWindow {
             // than free its capacity.
             k = state.window;
         }
-        let window_end = (k + 1).saturating_mul(w);
+        let window_end = self.end(k);
         let until_end = window_end.saturating_sub(now);
         // Cost 0 only looks: allowed even over the limit (in debt, or with
         // a lowered limit).
@@ -132,14 +197,13 @@ impl Algorithm for FixedWindow {
     }
 
     fn refund(&self, state: &mut Self::State, cost: u64, charged_at: Micros) {
-        if charged_at / self.window() == state.window {
+        if self.index(charged_at) == state.window {
             state.count = state.count.saturating_sub(cost);
         }
     }
 
     fn settle(&self, state: &mut Self::State, charged: Charged, actual: u64, now: Micros) {
-        let w = self.window();
-        let current = now / w;
+        let current = self.index(now);
         if state.window < current {
             // The stored window has ended: a give-back has nothing to
             // change (that window's count decides nothing any more), and
@@ -153,7 +217,7 @@ impl Algorithm for FixedWindow {
             };
         }
         if actual < charged.cost {
-            if charged.at / w == state.window {
+            if self.index(charged.at) == state.window {
                 state.count = state.count.saturating_sub(charged.cost - actual);
             }
         } else if actual > charged.cost {
@@ -169,7 +233,7 @@ impl Algorithm for FixedWindow {
         if state.count == 0 {
             0
         } else {
-            (state.window + 1).saturating_mul(self.window())
+            self.end(state.window)
         }
     }
 }
@@ -318,5 +382,55 @@ mod tests {
                 count: 2
             }
         );
+    }
+
+    /// New York, whose clocks went forward at 02:00 on 2026-03-08: that
+    /// day is 23 hours long, from 05:00 UTC to 04:00 UTC the next day.
+    fn new_york_daily(limit: u32) -> FixedWindow {
+        use super::super::calendar::{Calendar, Period};
+        FixedWindow::calendar(
+            NonZeroU32::new(limit).unwrap(),
+            Calendar::new(Period::Day, "America/New_York".parse().unwrap()),
+        )
+    }
+
+    const HOUR: u64 = 3_600_000_000;
+    /// 2026-03-08T05:00:00Z: midnight in New York.
+    const MARCH_8: u64 = 1_772_946_000_000_000;
+
+    #[test]
+    fn a_calendar_day_waits_exactly_until_the_next_local_midnight() {
+        let a = new_york_daily(2);
+        let mut s = FixedWindowState::default();
+        let noon = MARCH_8 + 11 * HOUR; // 12:00 EDT (16:00 UTC)
+        assert!(a.check(&mut s, 2, noon).unwrap().allowed);
+        let denied = a.check(&mut s, 1, noon).unwrap();
+        assert!(!denied.allowed);
+        // Midnight is 23 h after the last, so 12 h after noon.
+        let next = MARCH_8 + 23 * HOUR;
+        assert_eq!(denied.retry_after, Some(Duration::from_micros(next - noon)));
+        assert_eq!(denied.reset_after, Duration::from_micros(next - noon));
+        assert!(!a.check(&mut s, 1, next - 1).unwrap().allowed);
+        assert!(a.check(&mut s, 1, next).unwrap().allowed);
+        assert_eq!(a.idle_at(&s), next + 24 * HOUR);
+    }
+
+    #[test]
+    fn a_calendar_days_refund_and_settle_touch_only_their_own_day() {
+        let a = new_york_daily(10);
+        let mut s = FixedWindowState::default();
+        let noon = MARCH_8 + 11 * HOUR;
+        let d = a.check(&mut s, 6, noon).unwrap();
+        let charged = Charged::of(6, noon, &d);
+        a.settle(&mut s, charged, 2, noon + HOUR);
+        assert_eq!(s.count, 2);
+        a.refund(&mut s, 2, noon);
+        assert_eq!(s.count, 0);
+        // A settle on the next day gives nothing back to it.
+        let d = a.check(&mut s, 6, noon).unwrap();
+        let charged = Charged::of(6, noon, &d);
+        let tomorrow = MARCH_8 + 23 * HOUR + HOUR;
+        a.settle(&mut s, charged, 0, tomorrow);
+        assert_eq!(a.check(&mut s, 0, noon).unwrap().remaining, 4);
     }
 }

@@ -15,6 +15,7 @@
 #![doc = include_str!("../../docs/algorithms.md")]
 
 mod any;
+pub mod calendar;
 pub mod concurrency;
 pub mod fixed_window;
 mod gcra;
@@ -26,6 +27,7 @@ pub mod token_bucket;
 use std::fmt;
 
 pub use any::{AnyAlgorithm, AnyState, AnyUndo};
+pub use calendar::{Calendar, Period};
 pub use concurrency::{Concurrency, Lease, LeaseState, Renewed};
 pub use fixed_window::FixedWindow;
 pub use leaky_bucket::{LeakyBucket, LeakyMode};
