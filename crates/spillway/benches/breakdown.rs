@@ -19,7 +19,7 @@ use governor::clock::Clock as _;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 use spillway::Algorithm;
-use spillway::algorithm::{FixedWindow, LeakyBucket, SlidingLog, SlidingWindow};
+use spillway::algorithm::{Calendar, FixedWindow, LeakyBucket, Period, SlidingLog, SlidingWindow};
 use spillway::clock::{Clock, MonotonicClock, SystemClock};
 
 use common::{
@@ -92,6 +92,15 @@ fn algorithms(c: &mut Criterion) {
         half,
     );
     step(c, "fixed_window", FixedWindow::new(window_quota()), half);
+    // A calendar month in a zone with daylight saving: the period of each
+    // time is looked up in the zone's rules.
+    let paris = Calendar::new(Period::Month, "Europe/Paris".parse().expect("a zone"));
+    step(
+        c,
+        "fixed_window_calendar_month",
+        FixedWindow::calendar(nz(LIMIT), paris),
+        half,
+    );
     step(
         c,
         "sliding_window",

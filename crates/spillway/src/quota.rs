@@ -60,6 +60,11 @@ impl Quota {
         })
     }
 
+    /// A quota whose parts were taken from a valid one.
+    pub(crate) const fn from_parts(limit: NonZeroU32, period: Micros) -> Self {
+        Self { limit, period }
+    }
+
     /// `limit` per second.
     pub const fn per_second(limit: NonZeroU32) -> Self {
         Self {
