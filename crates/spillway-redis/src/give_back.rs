@@ -155,7 +155,7 @@ impl RedisStore {
     ) -> Result<Settled, Error> {
         spillway::store::check_settle_id(id)?;
         let checks: Vec<Check<'_>> = settles.iter().map(|s| s.check()).collect();
-        let prepared = self.prepare(&checks)?;
+        let prepared = self.prepare_at(&checks, now)?;
         let mut decisions: Vec<Option<Decision>> = vec![None; settles.len()];
         let mut applied = false;
 

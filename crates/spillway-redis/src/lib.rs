@@ -361,7 +361,7 @@ impl RedisStore {
         checks: &[Check<'_>],
         now: u64,
     ) -> Result<Verdict, Error> {
-        let prepared = self.prepare(checks)?;
+        let prepared = self.prepare_at(checks, Some(now))?;
         let groups = self.groups(&prepared);
         let results = self
             .run(
@@ -775,6 +775,13 @@ impl RedisStore {
 
     /// Validates the checks and builds their keys.
     fn prepare(&self, checks: &[Check<'_>]) -> Result<Vec<Prepared>, Error> {
+        self.prepare_at(checks, None)
+    }
+
+    /// [`prepare`](Self::prepare), a calendar window's periods worked out
+    /// around `now` (µs; `None`: this machine's clock, which the server's
+    /// is within a period of).
+    fn prepare_at(&self, checks: &[Check<'_>], now: Option<u64>) -> Result<Vec<Prepared>, Error> {
         let inner = &*self.inner;
         checks
             .iter()
@@ -805,7 +812,15 @@ impl RedisStore {
                         rule.algorithm(),
                         check.key,
                     ),
-                    params: inner.params[check.rule.0],
+                    params: match rule.algorithm() {
+                        spillway::algorithm::AnyAlgorithm::FixedWindow(fw)
+                            if let Some(calendar) = fw.calendar_of() =>
+                        {
+                            let now = now.unwrap_or_else(wall_clock_micros);
+                            script::calendar_params(capacity, &calendar, now)
+                        }
+                        _ => inner.params[check.rule.0],
+                    },
                     cost: check.cost,
                     lease: 0,
                     capacity,
@@ -852,6 +867,13 @@ impl RedisStore {
 /// [`RedisStore::connect`] makes, for a configuration to make first.
 pub fn check_rule(rule: &Rule) -> Result<(), Error> {
     script::params(rule.name(), rule.algorithm()).map(|_| ())
+}
+
+/// This machine's clock, in µs since the Unix epoch.
+fn wall_clock_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// A request that Redis could not decide: the error, and the groups

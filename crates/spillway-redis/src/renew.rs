@@ -23,7 +23,7 @@ impl RedisStore {
         now: Option<u64>,
     ) -> Result<Vec<Renewed>, Error> {
         let checks: Vec<Check<'_>> = renews.iter().map(|r| r.check()).collect();
-        let prepared = self.prepare(&checks)?;
+        let prepared = self.prepare_at(&checks, now)?;
         if let Some(index) = renews.iter().position(|r| {
             !matches!(
                 self.inner.rules[r.rule.0].algorithm(),

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use spillway::algorithm::{AnyAlgorithm, LeakyMode};
+use spillway::algorithm::{AnyAlgorithm, Calendar, LeakyMode};
 use spillway::{Algorithm, Decision};
 
 use crate::Error;
@@ -54,7 +54,7 @@ struct Family {
 
 /// Every algorithm's Lua (the general script holds them all, in this
 /// order), indexed by [`family`] for the single-check scripts.
-const FAMILIES: [Family; 5] = [
+const FAMILIES: [Family; 6] = [
     Family {
         file: include_str!("scripts/fixed_window.lua"),
         function: "fixed_window",
@@ -85,6 +85,12 @@ const FAMILIES: [Family; 5] = [
         arity: 2,
         single: None,
     },
+    Family {
+        file: include_str!("scripts/calendar_window.lua"),
+        function: "calendar_window",
+        arity: 5,
+        single: None,
+    },
 ];
 
 /// How many single-check scripts there are.
@@ -97,6 +103,7 @@ pub(crate) fn family(params: &Params) -> usize {
         2 => 1,
         3 => 2,
         CONCURRENCY => 4,
+        CALENDAR => 5,
         _ => 3,
     }
 }
@@ -153,6 +160,27 @@ pub const MAX_CONCURRENCY_SLOTS: u32 = 100_000;
 /// A concurrency rule's algorithm number in a script call.
 pub(crate) const CONCURRENCY: u64 = 6;
 
+/// A calendar window's algorithm number in a script call: its parameters
+/// after the limit are the periods around the time of the call
+/// ([`calendar_params`]), filled in for each call.
+pub(crate) const CALENDAR: u64 = 7;
+
+/// A calendar window's parameters at `now` (µs): the limit, the index of
+/// the period before now's, and the first instants of the three periods
+/// from now's on, so that a server whose clock is anywhere within a period
+/// of `now` finds its period and that period's end among them.
+pub(crate) fn calendar_params(limit: u64, calendar: &Calendar, now: u64) -> Params {
+    let k0 = calendar.index(now).saturating_sub(1);
+    [
+        CALENDAR,
+        limit,
+        k0,
+        calendar.start(k0 + 1),
+        calendar.start(k0 + 2),
+        calendar.start(k0 + 3),
+    ]
+}
+
 /// The seven numbers a check sends, less the cost: algorithm, p1..p5.
 pub(crate) type Params = [u64; 6];
 
@@ -197,10 +225,10 @@ pub(crate) fn params(rule: &str, algorithm: &AnyAlgorithm) -> Result<Params, Err
         Ok([id, capacity, interval.micros, interval.per, mode, undelayed])
     };
     match algorithm {
-        AnyAlgorithm::FixedWindow(fw) if fw.calendar_of().is_some() => Err(too_large(
-            "a calendar window (a day, week or month in a time zone) is counted in memory \
-             only for now; on Redis use a fixed window of its length",
-        )),
+        // The periods are filled in for each call.
+        AnyAlgorithm::FixedWindow(fw) if fw.calendar_of().is_some() => {
+            Ok([CALENDAR, limit, 0, 0, 0, 0])
+        }
         AnyAlgorithm::FixedWindow(_) => windowed(1, false),
         AnyAlgorithm::SlidingLog(_) if quota.limit().get() > MAX_SLIDING_LOG_LIMIT => {
             Err(too_large(
@@ -299,6 +327,13 @@ pub(crate) fn redis_key(prefix: &str, rule: &str, algorithm: &AnyAlgorithm, key:
         out.push_str(itoa::Buffer::new().format(algorithm.quota().period_micros()));
     };
     match algorithm {
+        // A period's index means nothing under another period or zone.
+        AnyAlgorithm::FixedWindow(fw) if let Some(c) = fw.calendar_of() => {
+            out.push_str("fwc:");
+            out.push_str(c.period().name());
+            out.push(':');
+            out.push_str(c.zone().name());
+        }
         AnyAlgorithm::FixedWindow(_) => window("fwi", &mut out),
         AnyAlgorithm::SlidingWindow(_) => window("sw", &mut out),
         AnyAlgorithm::SlidingLog(_) => out.push_str("sl"),

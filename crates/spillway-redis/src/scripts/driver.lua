@@ -79,6 +79,9 @@ local function check_of(i)
     return sliding_log, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
   elseif id == '6' then
     return leases, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+  elseif id == '7' then
+    return calendar_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0,
+      ARGV[base + 4] + 0, ARGV[base + 5] + 0, ARGV[base + 6] + 0
   end
   error('spillway: unknown algorithm ' .. tostring(id))
 end
