@@ -483,3 +483,25 @@ async fn decisions_over_grpc_are_counted_in_the_metrics() {
     // per-ip admits 3 a minute.
     assert_eq!((count("allowed"), count("rejected")), (3.0, 1.0), "{text}");
 }
+
+/// A calendar month is told to Envoy as a limit per MONTH, and the time
+/// left as the time to the first of the next month in the rule's zone.
+#[tokio::test]
+async fn a_calendar_month_is_a_limit_per_month() {
+    let mut s = start(
+        "[envoy]\ndomain = \"spillway\"\n[[rules]]\nname = \"plan\"\nalgorithm = \"fixed_window\"\n\
+         limit = 1000\nwindow = \"calendar_month\"\ntime_zone = \"Asia/Tokyo\"\ndescriptors = [\"user\"]\n",
+    )
+    .await;
+    let r = s.one(&[("user", "ann")]).await;
+    let status = &r.statuses[0];
+    let limit = status.current_limit.as_ref().expect("a limit");
+    assert_eq!((limit.requests_per_unit, limit.unit()), (1000, Unit::Month));
+    assert_eq!(status.limit_remaining, 999);
+    // Up to 31 days, and more than 0.
+    let left = until_reset(status);
+    assert!(
+        left > Duration::ZERO && left <= Duration::from_secs(31 * 86_400),
+        "{left:?}"
+    );
+}

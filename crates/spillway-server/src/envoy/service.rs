@@ -659,9 +659,8 @@ pub(super) fn statuses(
         let decision = ruling.decision(shown).expect("decided");
         let charge = &ruling.charges()[shown];
         let name = deciding.rule_name(charge);
-        let quota = deciding.store().rules()[charge.rule_id().0]
-            .algorithm()
-            .quota();
+        let algorithm = deciding.store().rules()[charge.rule_id().0].algorithm();
+        let quota = algorithm.quota();
         let configured = match mapped[shown].source {
             Source::Rule(rule) => tree.and_then(|t| t.limit_of(rule)),
             Source::Override(limit) => Some(limit),
@@ -676,6 +675,7 @@ pub(super) fn statuses(
             current_limit: Some(
                 configured
                     .and_then(|limit| as_configured(name, limit))
+                    .or_else(|| calendar_limit(name, algorithm))
                     .unwrap_or_else(|| current_limit(name, quota)),
             ),
             limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
@@ -776,6 +776,26 @@ fn key_of(descriptor: &RateLimitDescriptor) -> String {
 /// longer windows), and the count is the quota's rate over that unit,
 /// rounded down but at least 1. A window of exactly one unit keeps its
 /// limit: 100 per minute is `100/MINUTE`; 100 per 10s is `600/MINUTE`.
+/// A calendar window's limit as Envoy's: per day or per month, as it is
+/// counted (a week, which this version of Envoy's API has no unit for,
+/// is told as its rate per day, like any other window).
+fn calendar_limit(name: &str, algorithm: &spillway::algorithm::AnyAlgorithm) -> Option<RateLimit> {
+    use spillway::algorithm::{AnyAlgorithm, Period};
+    let AnyAlgorithm::FixedWindow(fw) = algorithm else {
+        return None;
+    };
+    let unit = match fw.calendar_of()?.period() {
+        Period::Day => Unit::Day,
+        Period::Month => Unit::Month,
+        Period::Week => return None,
+    };
+    Some(RateLimit {
+        name: name.to_string(),
+        requests_per_unit: algorithm.quota().limit().get(),
+        unit: unit.into(),
+    })
+}
+
 fn current_limit(name: &str, quota: Quota) -> RateLimit {
     const UNITS: [(Unit, u64); 4] = [
         (Unit::Second, 1_000_000),
