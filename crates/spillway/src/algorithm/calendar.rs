@@ -63,6 +63,21 @@ pub struct Calendar {
     zone: Tz,
 }
 
+/// The period a thread's last [`Calendar::index`] found, and where it
+/// starts and ends: the zone's rules are looked up again only when a time
+/// falls outside it.
+#[derive(Clone, Copy)]
+struct Found {
+    calendar: Calendar,
+    k: u64,
+    start: Micros,
+    end: Micros,
+}
+
+thread_local! {
+    static LAST: std::cell::Cell<Option<Found>> = const { std::cell::Cell::new(None) };
+}
+
 /// The first day counted: a Monday, so that a week's index is its days' / 7.
 fn base() -> NaiveDate {
     NaiveDate::from_ymd_opt(1900, 1, 1).expect("a valid date")
@@ -89,6 +104,29 @@ impl Calendar {
     /// epoch): days, weeks or months since January 1900, in the zone.
     /// Later periods have larger indices.
     pub fn index(&self, t: Micros) -> u64 {
+        // Most calls fall in the period the last one on this thread found.
+        if let Some(k) = LAST.with(|last| {
+            last.get()
+                .filter(|l| l.calendar == *self && l.start <= t && t < l.end)
+                .map(|l| l.k)
+        }) {
+            return k;
+        }
+        let k = self.index_of(t);
+        let (start, end) = (self.start_of(k), self.start_of(k.saturating_add(1)));
+        LAST.with(|last| {
+            last.set(Some(Found {
+                calendar: *self,
+                k,
+                start,
+                end,
+            }));
+        });
+        k
+    }
+
+    /// [`index`](Self::index), worked out.
+    fn index_of(&self, t: Micros) -> u64 {
         let date = self.local_date(t);
         let days = u64::try_from((date - base()).num_days()).unwrap_or(0);
         match self.period {
@@ -105,6 +143,21 @@ impl Calendar {
     /// its first day (local midnight, or the end of a daylight saving gap
     /// that swallowed midnight), in µs since the Unix epoch (0 before it).
     pub fn start(&self, k: u64) -> Micros {
+        let cached = LAST.with(|last| {
+            let l = last.get().filter(|l| l.calendar == *self)?;
+            if k == l.k {
+                Some(l.start)
+            } else if Some(k) == l.k.checked_add(1) {
+                Some(l.end)
+            } else {
+                None
+            }
+        });
+        cached.unwrap_or_else(|| self.start_of(k))
+    }
+
+    /// [`start`](Self::start), worked out.
+    fn start_of(&self, k: u64) -> Micros {
         let first = match self.period {
             Period::Day => base().checked_add_days(Days::new(k)),
             Period::Week => base().checked_add_days(Days::new(k.saturating_mul(7))),
@@ -210,6 +263,33 @@ mod tests {
         let k = berlin.index(at("2026-12-03T10:00:00+01:00"));
         assert_eq!(berlin.start(k), at("2026-11-30T00:00:00+01:00"));
         assert_eq!(berlin.start(k + 1), at("2026-12-07T00:00:00+01:00"));
+    }
+
+    /// The thread's cache answers what working it out does, with two
+    /// calendars taking turns and times both in order and out of it.
+    #[test]
+    fn the_cache_answers_as_the_zone_rules_do() {
+        let calendars = [
+            Calendar::new(Period::Day, zone("America/New_York")),
+            Calendar::new(Period::Month, zone("Australia/Lord_Howe")),
+            Calendar::new(Period::Week, zone("Pacific/Apia")),
+        ];
+        let from = at("2011-01-01T00:00:00Z");
+        let step = 37 * 60 * 1_000_000 + 123;
+        for i in 0..40_000u64 {
+            let t = if i % 7 == 0 {
+                from + (i * 7_919 % 40_000) * step
+            } else {
+                from + i * step
+            };
+            for c in &calendars {
+                let k = c.index(t);
+                assert_eq!(k, c.index_of(t), "{c:?} at {t}");
+                assert_eq!(c.start(k), c.start_of(k), "{c:?} {k}");
+                assert_eq!(c.start(k + 1), c.start_of(k + 1), "{c:?} {k}");
+                assert!(c.start(k) <= t && t < c.start(k + 1), "{c:?} at {t}");
+            }
+        }
     }
 
     #[test]
