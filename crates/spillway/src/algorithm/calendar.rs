@@ -112,21 +112,36 @@ impl Calendar {
         }) {
             return k;
         }
-        let k = self.index_of(t);
-        let (start, end) = (self.start_of(k), self.start_of(k.saturating_add(1)));
-        LAST.with(|last| {
-            last.set(Some(Found {
-                calendar: *self,
-                k,
-                start,
-                end,
-            }));
-        });
-        k
+        let found = self.find(t);
+        LAST.with(|last| last.set(Some(found)));
+        found.k
     }
 
-    /// [`index`](Self::index), worked out.
-    fn index_of(&self, t: Micros) -> u64 {
+    /// The period that holds `t`, worked out: the last whose first instant
+    /// is at or before `t`. That is the period of `t`'s local date, except
+    /// where a zone set its clocks back over midnight (St. John's did at
+    /// 00:01 until 2010): its local date is then yesterday's again for a
+    /// while, but the day it left has begun, and periods do not go back.
+    fn find(&self, t: Micros) -> Found {
+        let mut k = self.index_of_date(t);
+        let mut end = self.start_of(k.saturating_add(1));
+        // Clocks set back over midnight leave at most the next period
+        // begun; past the last date known (the year 262143), every start
+        // is `Micros::MAX`.
+        if end <= t && end != Micros::MAX {
+            k += 1;
+            end = self.start_of(k.saturating_add(1));
+        }
+        Found {
+            calendar: *self,
+            k,
+            start: self.start_of(k),
+            end,
+        }
+    }
+
+    /// The index of the period of `t`'s local date.
+    fn index_of_date(&self, t: Micros) -> u64 {
         let date = self.local_date(t);
         let days = u64::try_from((date - base()).num_days()).unwrap_or(0);
         match self.period {
@@ -173,8 +188,11 @@ impl Calendar {
     }
 
     /// The date of instant `t` in the zone.
+    /// (From the end of the year 9999 on, the date of then: chrono's dates
+    /// end a little after, where a zone east of UTC would run past them.)
     fn local_date(&self, t: Micros) -> NaiveDate {
-        let t = i64::try_from(t).unwrap_or(i64::MAX);
+        const LAST: i64 = 253_402_300_799_999_999; // 9999-12-31T23:59:59.999999Z
+        let t = i64::try_from(t).unwrap_or(LAST).min(LAST);
         DateTime::<Utc>::from_timestamp_micros(t)
             .unwrap_or(DateTime::<Utc>::MAX_UTC)
             .with_timezone(&self.zone)
@@ -284,12 +302,56 @@ mod tests {
             };
             for c in &calendars {
                 let k = c.index(t);
-                assert_eq!(k, c.index_of(t), "{c:?} at {t}");
+                assert_eq!(k, c.find(t).k, "{c:?} at {t}");
                 assert_eq!(c.start(k), c.start_of(k), "{c:?} {k}");
                 assert_eq!(c.start(k + 1), c.start_of(k + 1), "{c:?} {k}");
                 assert!(c.start(k) <= t && t < c.start(k + 1), "{c:?} at {t}");
             }
         }
+    }
+
+    /// St. John's set its clocks back from 00:01 to 23:01 the day before
+    /// (2006-10-29 at 02:31 UTC): for that hour the local date is the 28th
+    /// again, but the 29th has begun, and stays the period.
+    #[test]
+    fn a_day_that_began_stays_begun_when_the_clocks_go_back_over_midnight() {
+        let sj = Calendar::new(Period::Day, zone("America/St_Johns"));
+        let t = at("2006-10-29T02:32:00Z");
+        let k = sj.index(t);
+        assert_eq!(sj.start(k), at("2006-10-29T00:00:00-02:30"));
+        assert!(sj.start(k) <= t && t < sj.start(k + 1));
+        // 23:59 on the 28th, then 00:00:30 on the 29th (daylight time).
+        assert_eq!(sj.index(at("2006-10-29T02:29:00Z")), k - 1);
+        assert_eq!(sj.index(at("2006-10-29T02:30:30Z")), k);
+        assert_eq!(sj.index(sj.start(k) - 1), k - 1);
+        // And after the hour repeated, the 29th still.
+        assert_eq!(sj.index(at("2006-10-29T03:35:00Z")), k);
+    }
+
+    /// Times far past any clock's answer as the last day of the year 9999
+    /// does, in a zone east of UTC too, and no period runs back.
+    #[test]
+    fn the_far_future_does_not_panic() {
+        for c in [
+            Calendar::new(Period::Day, zone("Pacific/Kiritimati")),
+            Calendar::new(Period::Month, zone("Europe/Paris")),
+            Calendar::new(Period::Week, Tz::UTC),
+        ] {
+            let last = c.index(u64::MAX);
+            assert!(last >= c.index(253_402_300_799_999_999), "{c:?}");
+            assert!(c.start(last) <= u64::MAX);
+            let _ = c.start(u64::MAX);
+        }
+        let fw = super::super::FixedWindow::calendar(
+            std::num::NonZeroU32::MIN,
+            Calendar::new(Period::Month, zone("Europe/Paris")),
+        );
+        let mut state = Default::default();
+        assert!(
+            super::super::Algorithm::check(&fw, &mut state, 1, u64::MAX)
+                .unwrap()
+                .allowed
+        );
     }
 
     #[test]
