@@ -5,7 +5,10 @@
 -- has none). Whatever the server's clock says within a period of the
 -- caller's, its period and that period's end are among them. State and
 -- storage as fixed_window's (fixed_window.lua): w the period's index, c
--- the count, one integer string, tag x 2^33 + c.
+-- the count, one integer string, tag x 2^33 + c. The decision repeats
+-- fixed_window's rather than share it through closures, which would cost
+-- the fixed window's script (the cheapest and most used) an allocation a
+-- call.
 
 -- The period that holds `t`, and when it ends.
 local function calendar_period(t, k0, b1, b2, b3)
