@@ -21,8 +21,8 @@ use super::pb::kuadrant::service::ratelimit::v1 as kuadrant;
 use super::rls::rate_limit_response::Code;
 use super::rls::{RateLimitRequest, RateLimitResponse};
 use super::service::{
-    Call, addend, arrival, charges_of, for_this_domain, headers_of, map_descriptors,
-    nothing_limited, statuses, store_status, within_call,
+    Call, Names as _, addend, arrival, charges_of, for_this_domain, headers_of, map_descriptors,
+    max_message_bytes, nothing_limited, statuses, store_status, within_call,
 };
 use crate::api::SettleKey;
 use crate::api::settle::{
@@ -58,12 +58,7 @@ impl KuadrantRateLimiter {
     /// As a tonic service, its messages bounded as `ShouldRateLimit`'s
     /// are ([`EnvoyRateLimiter::into_service`](super::EnvoyRateLimiter::into_service)).
     pub fn into_service(self) -> RateLimitServiceServer<Self> {
-        let limit = self
-            .shared
-            .current()
-            .config
-            .envoy_limits
-            .max_message_bytes();
+        let limit = max_message_bytes(&self.shared);
         RateLimitServiceServer::new(self).max_decoding_message_size(limit)
     }
 }
@@ -76,7 +71,7 @@ impl RateLimitService for KuadrantRateLimiter {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (arrived, deadline, request) = arrival(request);
         let request = &request;
-        let call = call_of(request);
+        let call = request.call();
         within_call(&self.shared, arrived, deadline, call, |engine| async move {
             look(&engine, request).await
         })
@@ -90,7 +85,7 @@ impl RateLimitService for KuadrantRateLimiter {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (arrived, deadline, request) = arrival(request);
         let request = &request;
-        let call = call_of(request);
+        let call = request.call();
         within_call(&self.shared, arrived, deadline, call, |engine| async move {
             if for_this_domain(&engine, call)? {
                 charge_regardless(&engine, call, addend(request), true).await?;
@@ -111,10 +106,7 @@ impl RateLimitService for KuadrantRateLimiter {
     ) -> Result<Response<ReserveResponse>, Status> {
         let (arrived, deadline, request) = arrival(request);
         let request = &request;
-        let call = Call {
-            domain: &request.domain,
-            descriptors: &request.descriptors,
-        };
+        let call = request.call();
         let key = &self.key;
         within_call(&self.shared, arrived, deadline, call, |engine| async move {
             reserve(&engine, key, request).await
@@ -129,10 +121,7 @@ impl RateLimitService for KuadrantRateLimiter {
     ) -> Result<Response<CommitResponse>, Status> {
         let (arrived, deadline, request) = arrival(request);
         let request = &request;
-        let call = Call {
-            domain: &request.domain,
-            descriptors: &request.descriptors,
-        };
+        let call = request.call();
         let key = &self.key;
         within_call(&self.shared, arrived, deadline, call, |engine| async move {
             commit(&engine, key, request).await
@@ -142,17 +131,10 @@ impl RateLimitService for KuadrantRateLimiter {
     }
 }
 
-fn call_of(request: &RateLimitRequest) -> Call<'_> {
-    Call {
-        domain: &request.domain,
-        descriptors: &request.descriptors,
-    }
-}
-
 /// `CheckRateLimit`: whether every descriptor's limits have room for the
 /// call's cost, charging nothing.
 async fn look(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-    let call = call_of(request);
+    let call = request.call();
     if !for_this_domain(engine, call)? {
         return Ok(nothing_limited(call));
     }
@@ -217,10 +199,7 @@ async fn reserve(
     key: &SettleKey,
     request: &ReserveRequest,
 ) -> Result<ReserveResponse, Status> {
-    let call = Call {
-        domain: &request.domain,
-        descriptors: &request.descriptors,
-    };
+    let call = request.call();
     let admitted = |reservation_id: String| ReserveResponse {
         code: Code::Ok.into(),
         reservation_id,
@@ -311,10 +290,7 @@ async fn commit(
     };
     let actual = request.actual_amount;
     if request.reservation_id.is_empty() {
-        let call = Call {
-            domain: &request.domain,
-            descriptors: &request.descriptors,
-        };
+        let call = request.call();
         if for_this_domain(engine, call)? && actual > 0 {
             charge_regardless(engine, call, actual, false).await?;
         }

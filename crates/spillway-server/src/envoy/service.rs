@@ -46,12 +46,7 @@ impl EnvoyRateLimiter {
     /// current configuration (tonic's default is 4 MiB), so that a call
     /// far over `[envoy] max_descriptors` is refused before it is decoded.
     pub fn into_service(self) -> RateLimitServiceServer<Self> {
-        let limit = self
-            .shared
-            .current()
-            .config
-            .envoy_limits
-            .max_message_bytes();
+        let limit = max_message_bytes(&self.shared);
         RateLimitServiceServer::new(self).max_decoding_message_size(limit)
     }
 }
@@ -69,10 +64,7 @@ impl RateLimitService for EnvoyRateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (arrived, deadline, request) = arrival(request);
-        let call = Call {
-            domain: &request.domain,
-            descriptors: &request.descriptors,
-        };
+        let call = request.call();
         let request = &request;
         within_call(&self.shared, arrived, deadline, call, |engine| async move {
             answer(&engine, request).await
@@ -98,6 +90,39 @@ pub(super) fn arrival<R>(request: Request<R>) -> (Instant, Option<Instant>, R) {
 pub(super) struct Call<'a> {
     pub(super) domain: &'a str,
     pub(super) descriptors: &'a [RateLimitDescriptor],
+}
+
+/// A call's message: what it names.
+pub(super) trait Names {
+    /// Its domain and descriptors.
+    fn call(&self) -> Call<'_>;
+}
+
+/// The messages that name a domain and descriptors.
+macro_rules! names {
+    ($($message:ty),*) => {$(
+        impl Names for $message {
+            fn call(&self) -> Call<'_> {
+                Call {
+                    domain: &self.domain,
+                    descriptors: &self.descriptors,
+                }
+            }
+        }
+    )*};
+}
+
+names!(
+    RateLimitRequest,
+    super::pb::kuadrant::service::ratelimit::v1::ReserveRequest,
+    super::pb::kuadrant::service::ratelimit::v1::CommitRequest
+);
+
+/// The largest call message `shared`'s configuration reads: tonic's default
+/// is 4 MiB; this one refuses a call far over `[envoy] max_descriptors`
+/// before it is decoded.
+pub(super) fn max_message_bytes(shared: &Live) -> usize {
+    shared.current().config.envoy_limits.max_message_bytes()
 }
 
 /// Decides a call with `decide`, on an engine that counts its limit
@@ -282,10 +307,7 @@ fn overrides_missing(
 /// Decides on one request: maps its descriptors onto charges, asks the
 /// engine, and answers with each descriptor's status and the headers.
 async fn answer(engine: &Loaded, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-    let call = Call {
-        domain: &request.domain,
-        descriptors: &request.descriptors,
-    };
+    let call = request.call();
     if !for_this_domain(engine, call)? {
         return Ok(nothing_limited(call));
     }
