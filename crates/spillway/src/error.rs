@@ -84,4 +84,13 @@ pub enum Error {
         /// The rule it named.
         rule: usize,
     },
+    /// An override cannot stand for its rule's quota
+    /// ([`Override::fits`](crate::store::Override::fits)).
+    #[error("rule `{rule}`: {reason}")]
+    Override {
+        /// The rule's name.
+        rule: String,
+        /// Why not.
+        reason: String,
+    },
 }

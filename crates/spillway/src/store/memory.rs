@@ -12,6 +12,7 @@ use compact_str::CompactString;
 
 use super::cell::SharedState;
 use super::holds::{Holds, Release};
+use super::overrides::{OverrideBook, OverrideEntry, Target};
 use super::receipts::Receipts;
 use super::table::{ShardGuard, Table};
 use super::{
@@ -375,6 +376,9 @@ pub struct MemoryStore<C = MonotonicClock> {
     // The reservations open under rules that release them, shared as the
     // receipts are.
     holds: Arc<Holds>,
+    // The quotas changed at run time, by rule name: shared as the counters
+    // are, and applied to a reloaded rule as long as they fit it.
+    overrides: Arc<OverrideBook>,
     options: MemoryOptions,
     clock: C,
 }
@@ -402,6 +406,7 @@ impl<C: Clock> MemoryStore<C> {
                 u64::try_from(SETTLE_RECEIPT_TTL.as_micros()).unwrap_or(u64::MAX),
             )),
             holds: Arc::new(Holds::new()),
+            overrides: Arc::new(OverrideBook::new()),
             options,
             clock,
         }
@@ -462,6 +467,7 @@ impl<C: Clock> MemoryStore<C> {
             tables,
             receipts: self.receipts.clone(),
             holds: self.holds.clone(),
+            overrides: self.overrides.clone(),
             options: self.options,
             clock: self.clock.clone(),
         }
@@ -484,11 +490,26 @@ impl<C: Clock> MemoryStore<C> {
                 index: 0,
                 rule: check.rule.0,
             })?;
+            let over = self.overrides.find(rule.name(), check.key, now);
+            let algorithm = match &over {
+                None => rule.algorithm(),
+                Some(o) => {
+                    if let Some(decision) = o.stops(check.cost, now) {
+                        return Ok(Verdict {
+                            allowed: decision.allowed,
+                            decisions: vec![decision],
+                            decided_at: now,
+                            undecided: Vec::new(),
+                        });
+                    }
+                    o.algorithm().unwrap_or(rule.algorithm())
+                }
+            };
             let table = &self.tables[check.rule.0];
             let hash = table.hash(check.key);
             let in_place = self.in_place[check.rule.0];
             let decision = table
-                .check(rule.algorithm(), in_place, check.key, hash, check.cost, now)
+                .check(algorithm, in_place, check.key, hash, check.cost, now)
                 .map_err(|source| Error::CostTooLarge { index: 0, source })?;
             return Ok(Verdict {
                 allowed: decision.allowed,
@@ -498,7 +519,7 @@ impl<C: Clock> MemoryStore<C> {
             });
         }
 
-        let algorithms = self.validate(checks)?;
+        let applied = self.validate(checks, now)?;
         // Lock every shard involved, in (rule, shard) order.
         let located: Vec<(usize, usize, u64)> = checks
             .iter()
@@ -528,8 +549,13 @@ impl<C: Clock> MemoryStore<C> {
         // it), and cheaply: no sliding log is copied.
         let mut charged = Vec::with_capacity(checks.len());
         for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
+            // An override that stops it denies it, counting nothing.
+            if let Some(stopped) = applied[i].stopped {
+                decisions.push(stopped);
+                continue;
+            }
             let (decision, undo) = guards[guard_of(rule, shard)]
-                .check_undoable(algorithms[i], check.key, hash, check.cost, now)
+                .check_undoable(&applied[i].algorithm, check.key, hash, check.cost, now)
                 .map_err(|source| Error::CostTooLarge { index: i, source })?;
             charged.extend(undo.map(|undo| (i, undo)));
             decisions.push(decision);
@@ -541,12 +567,13 @@ impl<C: Clock> MemoryStore<C> {
             // admitting rules' state as it stands.
             for (i, undo) in charged.into_iter().rev() {
                 let (check, &(rule, shard, hash)) = (&checks[i], &located[i]);
-                guards[guard_of(rule, shard)].undo(algorithms[i], check.key, hash, undo, now);
+                let algorithm = &applied[i].algorithm;
+                guards[guard_of(rule, shard)].undo(algorithm, check.key, hash, undo, now);
             }
             for (i, (check, &(rule, shard, hash))) in checks.iter().zip(&located).enumerate() {
-                if decisions[i].allowed {
+                if decisions[i].allowed && applied[i].stopped.is_none() {
                     decisions[i] = guards[guard_of(rule, shard)]
-                        .check(algorithms[i], check.key, hash, 0, now)
+                        .check(&applied[i].algorithm, check.key, hash, 0, now)
                         .map_err(|source| Error::CostTooLarge { index: i, source })?;
                 }
             }
@@ -597,7 +624,7 @@ impl<C: Clock> MemoryStore<C> {
         now: Micros,
     ) -> Result<Verdict, Error> {
         super::check_settle_id(id)?;
-        self.validate(checks)?;
+        let applied = self.validate(checks, now)?;
         if let Some(denied) = self.holds_full(checks, hold, now)? {
             return Ok(denied);
         }
@@ -620,7 +647,7 @@ impl<C: Clock> MemoryStore<C> {
             let charged = Charged::of(check.cost, now, decision).held_open();
             let until = now.saturating_add(u64::try_from(within.as_micros()).unwrap_or(u64::MAX));
             let name = (rule.name_arc(), CompactString::new(check.key));
-            let target = (self.tables[check.rule.0].clone(), *rule.algorithm());
+            let target = (self.tables[check.rule.0].clone(), applied[i].algorithm);
             book.open(name, fingerprint, target, charged, until, &mut full);
         }
         self.release(&full, now);
@@ -690,16 +717,20 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Gives back the charges of an admitted request (see [`Store::refund`]).
     pub fn refund_at(&self, checks: &[Check<'_>], charged_at: Micros) -> Result<(), Error> {
-        let algorithms = self.validate(checks)?;
-        for (check, algorithm) in checks.iter().zip(algorithms).rev() {
+        let applied = self.validate(checks, charged_at)?;
+        for (check, applied) in checks.iter().zip(applied).rev() {
             if check.cost == 0 {
                 continue;
             }
             let table = &self.tables[check.rule.0];
             let hash = table.hash(check.key);
-            table
-                .lock(table.shard_of(hash))
-                .refund(algorithm, check.key, hash, check.cost, charged_at);
+            table.lock(table.shard_of(hash)).refund(
+                &applied.algorithm,
+                check.key,
+                hash,
+                check.cost,
+                charged_at,
+            );
         }
         Ok(())
     }
@@ -717,7 +748,11 @@ impl<C: Clock> MemoryStore<C> {
     /// Renews leases of concurrency rules at `now` (see [`Store::renew`]).
     pub fn renew_at(&self, renews: &[Renew<'_>], now: Micros) -> Result<Vec<Renewed>, Error> {
         let checks: Vec<Check<'_>> = renews.iter().map(|r| r.check()).collect();
-        let algorithms = self.validate(&checks)?;
+        let algorithms: Vec<AnyAlgorithm> = self
+            .validate(&checks, now)?
+            .into_iter()
+            .map(|a| a.algorithm)
+            .collect();
         if let Some(index) = algorithms
             .iter()
             .position(|a| !matches!(a, AnyAlgorithm::Concurrency(_)))
@@ -725,7 +760,7 @@ impl<C: Clock> MemoryStore<C> {
             let rule = renews[index].rule.0;
             return Err(Error::NotALease { index, rule });
         }
-        let renewed = renews.iter().zip(algorithms).map(|(renew, algorithm)| {
+        let renewed = renews.iter().zip(&algorithms).map(|(renew, algorithm)| {
             let table = &self.tables[renew.rule.0];
             let hash = table.hash(renew.key);
             let mut shard = table.lock(table.shard_of(hash));
@@ -777,7 +812,11 @@ impl<C: Clock> MemoryStore<C> {
         now: Micros,
     ) -> Result<Settled, Error> {
         let checks: Vec<Check<'_>> = settles.iter().map(|s| s.check()).collect();
-        let algorithms = self.validate(&checks)?;
+        let algorithms: Vec<AnyAlgorithm> = self
+            .validate(&checks, now)?
+            .into_iter()
+            .map(|a| a.algorithm)
+            .collect();
         if receipt.is_none() && settles.iter().any(|s| s.charged.held) {
             // A reservation is closed by its id.
             return Err(Error::SettleId { len: 0 });
@@ -797,12 +836,13 @@ impl<C: Clock> MemoryStore<C> {
                 let mut book = self.holds.lock();
                 settles
                     .iter()
-                    .map(|s| {
+                    .enumerate()
+                    .map(|(i, s)| {
                         let mut s = *s;
                         if s.charged.held {
                             let name = (self.rules[s.rule.0].name_arc(), CompactString::new(s.key));
                             if !fingerprint.is_some_and(|id| book.close(&name, id)) {
-                                s.charged = self.rules[s.rule.0].algorithm().given_back(s.charged);
+                                s.charged = algorithms[i].given_back(s.charged);
                             }
                         }
                         s
@@ -823,7 +863,7 @@ impl<C: Clock> MemoryStore<C> {
                     actual,
                     ..
                 } = *settle;
-                shard.settle(algorithm, key, hash, charged, actual, now);
+                shard.settle(&algorithm, key, hash, charged, actual, now);
             }
         }
         // Each key's state once every part is settled (a key may be in
@@ -831,7 +871,7 @@ impl<C: Clock> MemoryStore<C> {
         let decisions = located
             .map(|(settle, algorithm, mut shard, hash)| {
                 shard
-                    .check(algorithm, settle.key, hash, 0, now)
+                    .check(&algorithm, settle.key, hash, 0, now)
                     .expect("a check of cost 0 always fits")
             })
             .collect();
@@ -921,8 +961,9 @@ impl<C: Clock> MemoryStore<C> {
         self.tables.iter().map(|t| t.memory_bytes()).sum()
     }
 
-    /// Checks every rule id and cost before anything is charged.
-    fn validate(&self, checks: &[Check<'_>]) -> Result<Vec<&AnyAlgorithm>, Error> {
+    /// Checks every rule id and cost before anything is charged, and finds
+    /// each check's quota at `now`: its rule's, or an override's.
+    fn validate(&self, checks: &[Check<'_>], now: Micros) -> Result<Vec<Applied>, Error> {
         checks
             .iter()
             .enumerate()
@@ -942,10 +983,89 @@ impl<C: Clock> MemoryStore<C> {
                         },
                     });
                 }
-                Ok(algorithm)
+                Ok(match self.overrides.find(rule.name(), c.key, now) {
+                    None => Applied {
+                        algorithm: *algorithm,
+                        stopped: None,
+                    },
+                    Some(o) => Applied {
+                        algorithm: *o.algorithm().unwrap_or(algorithm),
+                        stopped: o.stops(c.cost, now),
+                    },
+                })
             })
             .collect()
     }
+
+    /// The quotas changed at run time, by rule name. Set them with
+    /// [`set_override`](Self::set_override), which checks that they fit.
+    pub fn overrides(&self) -> &OverrideBook {
+        &self.overrides
+    }
+
+    /// Sets the override of `target` under store rule `rule` (replacing
+    /// any): from the next check on, its keys are decided under it,
+    /// counting on the state they have. Returns the one it replaced; an
+    /// error for a rule the store does not have or an override that does
+    /// not fit it ([`Override::fits`](super::Override::fits)).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::FixedWindow;
+    /// use spillway::clock::FakeClock;
+    /// use spillway::store::{Check, MemoryOptions, MemoryStore, Override, OverrideEntry, Rule, RuleId, Target};
+    /// use spillway::Quota;
+    ///
+    /// let per_hour = |n| FixedWindow::new(Quota::per_hour(NonZeroU32::new(n).unwrap()));
+    /// let store = MemoryStore::with_clock(vec![Rule::new("api", per_hour(2))], MemoryOptions::default(), FakeClock::new(0));
+    /// let acme = [Check { rule: RuleId(0), key: "acme", cost: 1 }];
+    /// store.check_now(&acme).unwrap();
+    /// store.check_now(&acme).unwrap();
+    /// assert!(!store.check_now(&acme).unwrap().allowed);
+    /// let raised = OverrideEntry { applied: Override::quota(per_hour(5).into()), spec: "{}".into() };
+    /// store.set_override(RuleId(0), Target::Key("acme".into()), raised).unwrap();
+    /// // The two it used still count: three more.
+    /// assert_eq!(store.check_now(&acme).unwrap().decisions[0].remaining, 2);
+    /// store.remove_override(RuleId(0), &Target::Key("acme".into()));
+    /// assert!(!store.check_now(&acme).unwrap().allowed);
+    /// ```
+    pub fn set_override(
+        &self,
+        rule: super::RuleId,
+        target: Target,
+        entry: OverrideEntry,
+    ) -> Result<Option<OverrideEntry>, Error> {
+        let r = self.rules.get(rule.0).ok_or(Error::UnknownRule {
+            index: 0,
+            rule: rule.0,
+        })?;
+        entry
+            .applied
+            .fits(r.algorithm())
+            .map_err(|reason| Error::Override {
+                rule: r.name().to_string(),
+                reason,
+            })?;
+        let now = self.clock.now();
+        // What has passed its time goes when something is set.
+        self.overrides.purge(now);
+        Ok(self.overrides.set(r.name(), target, entry))
+    }
+
+    /// Removes the override of `target` under store rule `rule`; returns
+    /// it. The keys it held keep their count under the rule's quota.
+    pub fn remove_override(&self, rule: super::RuleId, target: &Target) -> Option<OverrideEntry> {
+        let r = self.rules.get(rule.0)?;
+        self.overrides.remove(r.name(), target)
+    }
+}
+
+/// A check's quota: its rule's or an override's, and the decision of an
+/// override that stops it (a limit of 0, a cost over its capacity).
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    algorithm: AnyAlgorithm,
+    stopped: Option<Decision>,
 }
 
 /// How long `rule` holds a reservation open before it gives it back, if

@@ -39,6 +39,7 @@
 mod cell;
 mod holds;
 mod memory;
+mod overrides;
 mod receipts;
 mod table;
 
@@ -49,6 +50,7 @@ use std::time::Duration;
 pub use cell::{AnyCell, SharedState, Words};
 pub use holds::MAX_OPEN_HOLDS;
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
+pub use overrides::{Override, OverrideBook, OverrideEntry, Target};
 
 use crate::algorithm::{AnyAlgorithm, Charged, Renewed};
 use crate::clock::Micros;
