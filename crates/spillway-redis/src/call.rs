@@ -22,6 +22,25 @@ pub(crate) struct Prepared {
     /// rule releases): a check that is not held still gives back its key's
     /// reservations that are due (sent as a negative time).
     pub(crate) held: bool,
+    /// Whether the script reads the key's own override (its rule has
+    /// some), and the override of a prefix the key is under (the most one
+    /// request may cost under it, and when it ends, 0 for never), whose
+    /// parameters `params` are: either sends the check to the general
+    /// script.
+    pub(crate) overridden: Overridden,
+}
+
+/// What a check's script call knows of its overrides.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Overridden {
+    pub(crate) reads_own: bool,
+    pub(crate) prefix: Option<(u64, u64)>,
+}
+
+impl Overridden {
+    fn any(&self) -> bool {
+        self.reads_own || self.prefix.is_some()
+    }
 }
 
 /// The checks of one script call: all of a request's on a standalone
@@ -177,7 +196,7 @@ pub(crate) fn single_family(
     match (group, mode) {
         // A key whose rule gives reservations back is seen to by the
         // general script.
-        (&[i], Mode::Decide) if prepared[i].release_us == 0 => {
+        (&[i], Mode::Decide) if prepared[i].release_us == 0 && !prepared[i].overridden.any() => {
             Some(script::family(&prepared[i].params))
         }
         _ => None,
@@ -259,7 +278,18 @@ pub(crate) fn assemble(
     for &i in group {
         let p = &prepared[i];
         out.key(&p.key);
-        p.params.iter().for_each(|&v| out.number(v));
+        match p.overridden {
+            Overridden {
+                prefix: None,
+                reads_own: false,
+            } => out.number(p.params[0]),
+            Overridden { prefix: None, .. } => out.text(&format!("-{}", p.params[0])),
+            Overridden {
+                prefix: Some((cap, until)),
+                ..
+            } => out.text(&format!("-{}/{cap}/{until}", p.params[0])),
+        }
+        p.params[1..].iter().for_each(|&v| out.number(v));
         out.number(p.cost);
         if p.release_us > 0 && !p.held {
             out.text(&format!("-{}", p.release_us));

@@ -192,18 +192,28 @@ impl RedisStore {
         key: &str,
         cmd: &redis::Cmd,
     ) -> Result<T, Error> {
-        let timeout = self.inner.options.timeout;
-        match &self.connection {
-            Connection::Standalone(node) => {
-                let call = node.run(async |mut c| cmd.query_async(&mut c).await);
-                tokio::time::timeout(timeout, call).await
-            }
-            Connection::Cluster(c) => {
-                let slot = cluster::slot(key.as_bytes());
-                c.run_within(timeout, slot, None, || cmd.clone()).await
-            }
-        }
-        .map_err(|_| Error::Timeout(timeout))?
-        .map_err(Error::from)
+        query_on(&self.connection, self.inner.options.timeout, key, cmd).await
     }
+}
+
+/// Sends `cmd`, which touches `key` (and keys of its slot only), on
+/// `connection`, waiting `timeout` at most.
+pub(crate) async fn query_on<T: redis::FromRedisValue>(
+    connection: &Connection,
+    timeout: std::time::Duration,
+    key: &str,
+    cmd: &redis::Cmd,
+) -> Result<T, Error> {
+    match connection {
+        Connection::Standalone(node) => {
+            let call = node.run(async |mut c| cmd.query_async(&mut c).await);
+            tokio::time::timeout(timeout, call).await
+        }
+        Connection::Cluster(c) => {
+            let slot = cluster::slot(key.as_bytes());
+            c.run_within(timeout, slot, None, || cmd.clone()).await
+        }
+    }
+    .map_err(|_| Error::Timeout(timeout))?
+    .map_err(Error::from)
 }

@@ -10,6 +10,7 @@ mod fallback;
 mod give_back;
 mod keys;
 mod options;
+mod overrides;
 mod renew;
 mod script;
 mod standalone;
@@ -114,6 +115,8 @@ struct Inner {
     // Shared with the stores `with_rules` makes on the same connection.
     breakers: Arc<Breakers>,
     counters: Arc<Counters>,
+    // This instance's copy of the overrides, shared as the breakers are.
+    overrides: Arc<overrides::Shared>,
 }
 
 impl Inner {
@@ -125,6 +128,7 @@ impl Inner {
         local_before: Option<&MemoryStore>,
         breakers: Arc<Breakers>,
         counters: Arc<Counters>,
+        overrides: Arc<overrides::Shared>,
     ) -> Result<Self, Error> {
         let params = rules
             .iter()
@@ -186,6 +190,7 @@ impl Inner {
             local,
             breakers,
             counters,
+            overrides,
         })
     }
 }
@@ -285,7 +290,14 @@ impl RedisStore {
             matches!(topology, Topology::Cluster(_)),
             options.retry_interval,
         ));
-        let inner = Inner::new(rules, options, None, breakers, Arc::new(Counters::new()))?;
+        let inner = Inner::new(
+            rules,
+            options,
+            None,
+            breakers,
+            Arc::new(Counters::new()),
+            Arc::default(),
+        )?;
         let connect_within = timeout.max(Duration::from_secs(1));
         let connection = match topology {
             Topology::Standalone(url) => {
@@ -307,10 +319,16 @@ impl RedisStore {
                 Connection::Cluster(cluster)
             }
         };
-        Ok(Self {
+        let store = Self {
             inner: Arc::new(inner),
             connection,
-        })
+        };
+        // The overrides set so far hold from the first request on.
+        if let Err(e) = store.refresh_overrides().await {
+            tracing::warn!(error = %e, "could not read the overrides from redis");
+        }
+        store.spawn_override_refresh();
+        Ok(store)
     }
 
     /// A store for `rules` on this store's connection: the same Redis, the
@@ -326,6 +344,7 @@ impl RedisStore {
             self.inner.local.as_ref(),
             self.inner.breakers.clone(),
             self.inner.counters.clone(),
+            self.inner.overrides.clone(),
         )?;
         Ok(Self {
             inner: Arc::new(inner),
@@ -805,6 +824,21 @@ impl RedisStore {
                     }
                     .into());
                 }
+                let mut params = match rule.algorithm() {
+                    spillway::algorithm::AnyAlgorithm::FixedWindow(fw)
+                        if let Some(calendar) = fw.calendar_of() =>
+                    {
+                        let now = now.unwrap_or_else(wall_clock_micros);
+                        script::calendar_params(capacity, &calendar, now)
+                    }
+                    _ => inner.params[check.rule.0],
+                };
+                let overridden = if inner.overrides.book.is_empty() {
+                    call::Overridden::default()
+                } else {
+                    let now = now.unwrap_or_else(wall_clock_micros);
+                    self.overridden(rule, check.key, now, &mut params)
+                };
                 Ok(Prepared {
                     key: script::redis_key(
                         &inner.options.key_prefix,
@@ -812,15 +846,8 @@ impl RedisStore {
                         rule.algorithm(),
                         check.key,
                     ),
-                    params: match rule.algorithm() {
-                        spillway::algorithm::AnyAlgorithm::FixedWindow(fw)
-                            if let Some(calendar) = fw.calendar_of() =>
-                        {
-                            let now = now.unwrap_or_else(wall_clock_micros);
-                            script::calendar_params(capacity, &calendar, now)
-                        }
-                        _ => inner.params[check.rule.0],
-                    },
+                    params,
+                    overridden,
                     cost: check.cost,
                     lease: 0,
                     capacity,

@@ -49,6 +49,10 @@ pub struct RedisOptions {
     /// How many denied keys to remember locally (default 100 000; 0 turns
     /// the deny cache off).
     pub deny_cache_entries: usize,
+    /// How often this instance looks whether the overrides in Redis
+    /// changed (default 1 s): an override set elsewhere holds here within
+    /// that (see [`RedisStore::set_override`](crate::RedisStore::set_override)).
+    pub override_refresh: Duration,
 }
 
 impl Default for RedisOptions {
@@ -60,6 +64,7 @@ impl Default for RedisOptions {
             rule_on_error: BTreeMap::new(),
             retry_interval: Duration::from_millis(250),
             deny_cache_entries: 100_000,
+            override_refresh: Duration::from_secs(1),
         }
     }
 }

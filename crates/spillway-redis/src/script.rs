@@ -346,7 +346,7 @@ pub(crate) fn redis_key(prefix: &str, rule: &str, algorithm: &AnyAlgorithm, key:
     out
 }
 
-fn escape_into(out: &mut String, s: &str) {
+pub(crate) fn escape_into(out: &mut String, s: &str) {
     for ch in s.chars() {
         match ch {
             '%' => out.push_str("%25"),

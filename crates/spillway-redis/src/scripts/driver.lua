@@ -63,25 +63,52 @@ end
 -- Where the arguments after the checks begin.
 local extra = 2 + 8 * n
 
+-- Overrides (see store/overrides.rs): a check's algorithm sent as "-N"
+-- (N its number) reads its key's own override, `KEY:ov`: "N cap until p1
+-- p2 p3 p4 p5", the override's parameters (a calendar's p2..p5 are the
+-- call's), the most one request may cost under it (0: a limit of 0) and
+-- the time (µs) it ends, 0 for never; one made for another algorithm, or
+-- past its time, is not in force. "-N/cap/until" carries the override of
+-- a prefix the key is under, whose parameters were sent: it holds unless
+-- the key has its own.
+-- Check i's override in force: { cap, until }.
+local overrides = {}
+
 -- Check i's algorithm (by its number, script.rs::params), its cost and its
--- parameters: only those the algorithm reads are converted.
+-- parameters, its override's if it has one: only those the algorithm
+-- reads are converted.
 local function check_of(i)
   local base = 2 + (i - 1) * 8
   local id = ARGV[base + 1]
+  local p1, p2, p3, p4, p5 = ARGV[base + 2], ARGV[base + 3], ARGV[base + 4], ARGV[base + 5],
+    ARGV[base + 6]
+  if string.byte(id, 1) == 45 then
+    local sent, cap, ends = string.match(id, '^%-(%d+)/?(%d*)/?(%d*)$')
+    id = sent
+    if cap ~= '' then overrides[i] = { cap + 0, ends + 0 } end
+    local own = redis.call('GET', KEYS[i] .. ':ov')
+    if own then
+      local of, c, u, q1, q2, q3, q4, q5 =
+        string.match(own, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+      if of == id and (u == '0' or now < u + 0) then
+        overrides[i] = { c + 0, u + 0 }
+        p1 = q1
+        if id ~= '7' then p2, p3, p4, p5 = q2, q3, q4, q5 end
+      end
+    end
+  end
   if id == '1' then
-    return fixed_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+    return fixed_window, ARGV[base + 7] + 0, p1 + 0, p2 + 0
   elseif id == '4' or id == '5' then
-    return bucket, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0,
-      ARGV[base + 4] + 0, ARGV[base + 5] + 0, ARGV[base + 6] + 0
+    return bucket, ARGV[base + 7] + 0, p1 + 0, p2 + 0, p3 + 0, p4 + 0, p5 + 0
   elseif id == '3' then
-    return sliding_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+    return sliding_window, ARGV[base + 7] + 0, p1 + 0, p2 + 0
   elseif id == '2' then
-    return sliding_log, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+    return sliding_log, ARGV[base + 7] + 0, p1 + 0, p2 + 0
   elseif id == '6' then
-    return leases, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+    return leases, ARGV[base + 7] + 0, p1 + 0, p2 + 0
   elseif id == '7' then
-    return calendar_window, ARGV[base + 7] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0,
-      ARGV[base + 4] + 0, ARGV[base + 5] + 0, ARGV[base + 6] + 0
+    return calendar_window, ARGV[base + 7] + 0, p1 + 0, p2 + 0, p3 + 0, p4 + 0, p5 + 0
   end
   error('spillway: unknown algorithm ' .. tostring(id))
 end
@@ -103,6 +130,26 @@ local function put(reply, i, allowed, limit, remaining, reset_after, refill_afte
   reply[o + 4], reply[o + 5], reply[o + 6], reply[o + 7] =
     reset_after, refill_after, retry_after, delay
   return allowed
+end
+
+-- The checks an override stopped.
+local stops = {}
+-- Whether check i's override stops it (a limit of 0, or a cost over what
+-- the override takes); if so, puts its decision: denied until the
+-- override ends (no retry time if it never does), nothing counted; a look
+-- at a limit of 0 admitted with nothing remaining.
+local function stopped(reply, i, cost)
+  local o = overrides[i]
+  if not o or (cost <= o[1] and (cost > 0 or o[1] > 0)) then return false end
+  local left = 0
+  if o[2] > 0 then left = math.max(o[2] - now, 0) end
+  local retry = -1
+  if cost > 0 and o[2] > 0 then retry = left end
+  local allowed = 0
+  if cost == 0 then allowed = 1 end
+  put(reply, i, allowed, o[1], 0, left, left, retry, 0)
+  stops[i] = true
+  return true
 end
 
 -- Each check's algorithm, cost, and parameters (five slots per check),
@@ -302,7 +349,11 @@ for i = 1, n do
   if not states[key] then
     states[key] = run(i, 'load', nil, 0, now)
   end
-  if put(reply, i, run(i, 'check', states[key], costs[i], now)) == 0 then reply[1] = 0 end
+  if stopped(reply, i, costs[i]) then
+    if costs[i] > 0 then reply[1] = 0 end
+  elseif put(reply, i, run(i, 'check', states[key], costs[i], now)) == 0 then
+    reply[1] = 0
+  end
 end
 
 -- A key holds a bounded number of reservations open: one more is denied
@@ -341,7 +392,7 @@ else
   -- and what a sliding log dropped is saved, from a state read afresh
   -- (the one decided on may hold this request's charge).
   for i = 1, n do
-    local admitted = reply[7 * i - 4] == 1
+    local admitted = reply[7 * i - 4] == 1 and not stops[i]
     if admitted or algos[i] == sliding_log then
       local fresh = run(i, 'load', nil, 0, now)
       local a, limit, remaining, reset_after, refill_after, retry_after, delay =

@@ -12,7 +12,7 @@ use compact_str::CompactString;
 
 use super::cell::SharedState;
 use super::holds::{Holds, Release};
-use super::overrides::{OverrideBook, OverrideEntry, Target};
+use super::overrides::{Override, OverrideBook, OverrideEntry, Target, stopped};
 use super::receipts::Receipts;
 use super::table::{ShardGuard, Table};
 use super::{
@@ -490,20 +490,24 @@ impl<C: Clock> MemoryStore<C> {
                 index: 0,
                 rule: check.rule.0,
             })?;
-            let over = self.overrides.find(rule.name(), check.key, now);
+            let over = self
+                .overrides
+                .find(rule.name(), check.key, now)
+                .map(|o| Applied::of(Some(o), rule.algorithm(), check.cost, now));
             let algorithm = match &over {
                 None => rule.algorithm(),
-                Some(o) => {
-                    if let Some(decision) = o.stops(check.cost, now) {
-                        return Ok(Verdict {
-                            allowed: decision.allowed,
-                            decisions: vec![decision],
-                            decided_at: now,
-                            undecided: Vec::new(),
-                        });
-                    }
-                    o.algorithm().unwrap_or(rule.algorithm())
+                Some(Applied {
+                    stopped: Some(decision),
+                    ..
+                }) => {
+                    return Ok(Verdict {
+                        allowed: decision.allowed,
+                        decisions: vec![*decision],
+                        decided_at: now,
+                        undecided: Vec::new(),
+                    });
                 }
+                Some(applied) => &applied.algorithm,
             };
             let table = &self.tables[check.rule.0];
             let hash = table.hash(check.key);
@@ -983,16 +987,8 @@ impl<C: Clock> MemoryStore<C> {
                         },
                     });
                 }
-                Ok(match self.overrides.find(rule.name(), c.key, now) {
-                    None => Applied {
-                        algorithm: *algorithm,
-                        stopped: None,
-                    },
-                    Some(o) => Applied {
-                        algorithm: *o.algorithm().unwrap_or(algorithm),
-                        stopped: o.stops(c.cost, now),
-                    },
-                })
+                let over = self.overrides.find(rule.name(), c.key, now);
+                Ok(Applied::of(over, algorithm, c.cost, now))
             })
             .collect()
     }
@@ -1007,7 +1003,8 @@ impl<C: Clock> MemoryStore<C> {
     /// any): from the next check on, its keys are decided under it,
     /// counting on the state they have. Returns the one it replaced; an
     /// error for a rule the store does not have or an override that does
-    /// not fit it ([`Override::fits`](super::Override::fits)).
+    /// not apply to it (a burst or delay its algorithm does not take:
+    /// [`Override::applied_to`](super::Override::applied_to)).
     ///
     /// ```
     /// use std::num::NonZeroU32;
@@ -1022,7 +1019,7 @@ impl<C: Clock> MemoryStore<C> {
     /// store.check_now(&acme).unwrap();
     /// store.check_now(&acme).unwrap();
     /// assert!(!store.check_now(&acme).unwrap().allowed);
-    /// let raised = OverrideEntry { applied: Override::quota(per_hour(5).into()), spec: "{}".into() };
+    /// let raised = OverrideEntry { applied: Override::limit(5), spec: "{}".into() };
     /// store.set_override(RuleId(0), Target::Key("acme".into()), raised).unwrap();
     /// // The two it used still count: three more.
     /// assert_eq!(store.check_now(&acme).unwrap().decisions[0].remaining, 2);
@@ -1041,7 +1038,7 @@ impl<C: Clock> MemoryStore<C> {
         })?;
         entry
             .applied
-            .fits(r.algorithm())
+            .applied_to(r.algorithm())
             .map_err(|reason| Error::Override {
                 rule: r.name().to_string(),
                 reason,
@@ -1066,6 +1063,35 @@ impl<C: Clock> MemoryStore<C> {
 struct Applied {
     algorithm: AnyAlgorithm,
     stopped: Option<Decision>,
+}
+
+impl Applied {
+    /// A check of `cost` at `now` under `rule`, with the override in force
+    /// for its key, if any.
+    fn of(over: Option<Override>, rule: &AnyAlgorithm, cost: u64, now: Micros) -> Self {
+        let Some(o) = over else {
+            return Self {
+                algorithm: *rule,
+                stopped: None,
+            };
+        };
+        match o.applied_to(rule) {
+            Ok(Some(algorithm)) => Self {
+                algorithm,
+                stopped: stopped(algorithm.capacity(), o.ends_at(), cost, now),
+            },
+            Ok(None) => Self {
+                algorithm: *rule,
+                stopped: stopped(0, o.ends_at(), cost, now),
+            },
+            // Set for the rule before a reload gave it an algorithm that
+            // takes none of it: not in force.
+            Err(_) => Self {
+                algorithm: *rule,
+                stopped: None,
+            },
+        }
+    }
 }
 
 /// How long `rule` holds a reservation open before it gives it back, if

@@ -7,10 +7,9 @@
 //! inside its script, from the key's slot, and a prefix's from the book it
 //! keeps fresh. An override counts on the key's own state, so setting,
 //! changing or removing one keeps what the key has used, as a limit changed
-//! in the configuration does: that is why an override must read its
-//! rule's state the same way ([`Override::fits`]: same algorithm, same
-//! window). A limit of 0 ([`Override::zero`]) denies every request of its
-//! keys without counting anything: an emergency brake.
+//! in the configuration does: that is why an override changes a limit, a
+//! burst or a delay, never the window. A limit of 0 denies every request of
+//! its keys without counting anything: an emergency brake.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -20,48 +19,79 @@ use std::time::Duration;
 use compact_str::CompactString;
 use parking_lot::RwLock;
 
-use crate::algorithm::{Algorithm, AnyAlgorithm};
+use std::num::NonZeroU32;
+
+use crate::Quota;
+use crate::algorithm::{
+    Algorithm, AnyAlgorithm, Concurrency, LeakyBucket, LeakyMode, SlidingLog, SlidingWindow,
+    TokenBucket,
+};
 use crate::clock::Micros;
 use crate::decision::Decision;
 
-/// Another quota for the keys an override names.
+/// Another quota for the keys an override names: another limit (0 stops
+/// them), and for a bucket another burst or delay, over its rule's window.
+///
+/// An override keeps its rule's algorithm and window (and calendar, mode
+/// and lease), so that a key's count means the same under both and is
+/// kept when an override is set, changed or removed; it changes only what
+/// a limit changed in the configuration file may change without starting
+/// the key afresh.
 ///
 /// ```
 /// use std::num::NonZeroU32;
-/// use spillway::algorithm::FixedWindow;
+/// use spillway::algorithm::{Algorithm, FixedWindow, TokenBucket};
 /// use spillway::store::Override;
 /// use spillway::Quota;
 ///
-/// let rule = FixedWindow::new(Quota::per_hour(NonZeroU32::new(1_000).unwrap()));
-/// let raised = Override::quota(FixedWindow::new(Quota::per_hour(NonZeroU32::new(50_000).unwrap())).into());
-/// assert!(raised.fits(&rule.into()).is_ok());
-/// // Another window would count the key afresh: not an override.
-/// let per_minute = Override::quota(FixedWindow::new(Quota::per_minute(NonZeroU32::new(50_000).unwrap())).into());
-/// assert!(per_minute.fits(&rule.into()).is_err());
-/// assert_eq!(Override::zero().capacity(), 0);
+/// let nz = |n| NonZeroU32::new(n).unwrap();
+/// let rule = FixedWindow::new(Quota::per_hour(nz(1_000))).into();
+/// let raised = Override::limit(50_000).applied_to(&rule).unwrap().unwrap();
+/// assert_eq!(raised.capacity(), 50_000);
+/// assert_eq!(raised.quota().period(), std::time::Duration::from_secs(3600));
+/// // A limit of 0: no algorithm, every request stopped.
+/// assert_eq!(Override::limit(0).applied_to(&rule), Ok(None));
+/// // A burst is a bucket's.
+/// assert!(Override::limit(5).with_burst(nz(10)).applied_to(&rule).is_err());
+/// let bucket = TokenBucket::new(Quota::per_minute(nz(100)), nz(10)).into();
+/// let o = Override::limit(1_000).with_burst(nz(50)).applied_to(&bucket).unwrap().unwrap();
+/// assert_eq!(o.capacity(), 50);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Override {
-    // `None`: a limit of 0.
-    algorithm: Option<AnyAlgorithm>,
+    limit: u32,
+    burst: Option<NonZeroU32>,
+    delay: Option<u32>,
     until: Option<Micros>,
 }
 
 impl Override {
-    /// `algorithm` instead of the rule's, until removed.
-    pub const fn quota(algorithm: AnyAlgorithm) -> Self {
+    /// A limit of `limit` per the rule's window (0: every request that
+    /// costs anything is stopped, and nothing is counted), until removed.
+    /// A bucket's burst is then the limit, as in the configuration file.
+    pub const fn limit(limit: u32) -> Self {
         Self {
-            algorithm: Some(algorithm),
+            limit,
+            burst: None,
+            delay: None,
             until: None,
         }
     }
 
-    /// A limit of 0, until removed: every request that costs anything is
-    /// denied, and nothing is counted.
-    pub const fn zero() -> Self {
+    /// The same override with a bucket's burst (its capacity).
+    pub const fn with_burst(self, burst: NonZeroU32) -> Self {
         Self {
-            algorithm: None,
-            until: None,
+            burst: Some(burst),
+            ..self
+        }
+    }
+
+    /// The same override with a shaping leaky bucket's `delay` (how many
+    /// requests pass undelayed).
+    pub const fn with_delay(self, delay: u32) -> Self {
+        Self {
+            delay: Some(delay),
+            ..self
         }
     }
 
@@ -74,9 +104,19 @@ impl Override {
         }
     }
 
-    /// The quota instead of the rule's; `None` for a limit of 0.
-    pub const fn algorithm(&self) -> Option<&AnyAlgorithm> {
-        self.algorithm.as_ref()
+    /// Its limit (0 stops every request).
+    pub const fn limit_of(&self) -> u32 {
+        self.limit
+    }
+
+    /// Its burst, if it sets one.
+    pub const fn burst(&self) -> Option<NonZeroU32> {
+        self.burst
+    }
+
+    /// Its delay, if it sets one.
+    pub const fn delay(&self) -> Option<u32> {
+        self.delay
     }
 
     /// Until when it is in force; `None`: until removed.
@@ -84,63 +124,82 @@ impl Override {
         self.until
     }
 
-    /// The most one request may cost under it (0 for a limit of 0).
-    pub fn capacity(&self) -> u64 {
-        self.algorithm.map_or(0, |a| a.capacity())
-    }
-
     /// Whether it is in force at `now`.
     pub fn in_force_at(&self, now: Micros) -> bool {
         self.until.is_none_or(|until| now < until)
     }
 
-    /// Whether it can stand for `rule`'s quota: a limit of 0 always can;
-    /// another quota must read the key's state as the rule does (the same
-    /// algorithm and window, the same calendar), so that the key's count
-    /// means the same under both and is kept across the change. The
-    /// message says why not.
-    pub fn fits(&self, rule: &AnyAlgorithm) -> Result<(), String> {
-        match &self.algorithm {
-            None => Ok(()),
-            Some(a) if a.keeps_state_of(rule) => Ok(()),
-            Some(a) if a.name() != rule.name() => Err(format!(
-                "an override keeps its rule's algorithm ({}), not {}",
+    /// The quota it makes of `rule`'s: `None` for a limit of 0; an error
+    /// (naming the field) for a burst or delay `rule`'s algorithm does not
+    /// take.
+    pub fn applied_to(&self, rule: &AnyAlgorithm) -> Result<Option<AnyAlgorithm>, String> {
+        let not_for = |field: &str| {
+            format!(
+                "`{field}` does not apply to {}{}",
                 rule.name(),
-                a.name()
-            )),
-            Some(_) => Err(
-                "an override keeps its rule's window (a count under another window's length \
-                 or calendar means nothing): change the limit, burst or delay"
-                    .to_string(),
-            ),
+                match rule {
+                    AnyAlgorithm::LeakyBucket(_) => " in police mode",
+                    _ => "",
+                }
+            )
+        };
+        let bucket = matches!(
+            rule,
+            AnyAlgorithm::TokenBucket(_) | AnyAlgorithm::LeakyBucket(_)
+        );
+        if self.burst.is_some() && !bucket {
+            return Err(not_for("burst"));
         }
+        let shapes = matches!(rule, AnyAlgorithm::LeakyBucket(b) if b.mode() == LeakyMode::Shape);
+        if self.delay.is_some() && !shapes {
+            return Err(not_for("delay"));
+        }
+        let Some(limit) = NonZeroU32::new(self.limit) else {
+            return Ok(None);
+        };
+        let quota =
+            Quota::new(limit, rule.quota().period()).expect("the rule's period is a valid one");
+        let burst = self.burst.unwrap_or(limit);
+        let algorithm: AnyAlgorithm = match rule {
+            AnyAlgorithm::FixedWindow(a) => a.with_limit(limit).into(),
+            AnyAlgorithm::SlidingLog(_) => SlidingLog::new(quota).into(),
+            AnyAlgorithm::SlidingWindow(_) => SlidingWindow::new(quota).into(),
+            AnyAlgorithm::Concurrency(_) => Concurrency::new(quota).into(),
+            AnyAlgorithm::TokenBucket(_) => TokenBucket::new(quota, burst).into(),
+            AnyAlgorithm::LeakyBucket(a) => LeakyBucket::new(quota, burst, a.mode())
+                .with_delay(self.delay.unwrap_or(0))
+                .into(),
+        };
+        debug_assert!(algorithm.keeps_state_of(rule));
+        Ok(Some(algorithm))
     }
+}
 
-    /// The decision of a request of `cost` that it stops (a limit of 0, or
-    /// a cost over its capacity) at `now`, or `None` when it does not stop
-    /// it. A stopped request is denied until the override ends (no retry
-    /// time when it has no end: the limit is 0 until someone lifts it); a
-    /// look (cost 0) is admitted, with nothing remaining.
-    pub fn stops(&self, cost: u64, now: Micros) -> Option<Decision> {
-        if cost > 0 && cost <= self.capacity() {
-            return None;
-        }
-        if cost == 0 && self.algorithm.is_some() {
-            return None;
-        }
-        let left = self
-            .until
-            .map(|until| Duration::from_micros(until.saturating_sub(now)));
-        Some(Decision {
-            allowed: cost == 0,
-            limit: self.capacity(),
-            remaining: 0,
-            reset_after: left.unwrap_or_default(),
-            refill_after: left.unwrap_or_default(),
-            retry_after: if cost == 0 { None } else { left },
-            delay: Duration::ZERO,
-        })
+/// The decision of a request of `cost` that a quota of `capacity` (0: an
+/// override's limit of 0) stops, in force until `until`, at `now`; `None`
+/// when it does not stop it. A stopped request is denied until the
+/// override ends (no retry time when it has no end: nothing will be
+/// admitted until someone lifts it), counting nothing; a look (cost 0) at
+/// a limit of 0 is admitted, with nothing remaining.
+pub(crate) fn stopped(
+    capacity: u64,
+    until: Option<Micros>,
+    cost: u64,
+    now: Micros,
+) -> Option<Decision> {
+    if cost <= capacity && (cost > 0 || capacity > 0) {
+        return None;
     }
+    let left = until.map(|until| Duration::from_micros(until.saturating_sub(now)));
+    Some(Decision {
+        allowed: cost == 0,
+        limit: capacity,
+        remaining: 0,
+        reset_after: left.unwrap_or_default(),
+        refill_after: left.unwrap_or_default(),
+        retry_after: if cost == 0 { None } else { left },
+        delay: Duration::ZERO,
+    })
 }
 
 /// Whom an override is for: one key of its rule, or every key that starts
@@ -396,14 +455,11 @@ impl OverrideBook {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
-
     use super::*;
-    use crate::Quota;
-    use crate::algorithm::{FixedWindow, TokenBucket};
+    use crate::algorithm::FixedWindow;
 
-    fn per_hour(n: u32) -> AnyAlgorithm {
-        FixedWindow::new(Quota::per_hour(NonZeroU32::new(n).unwrap())).into()
+    fn nz(n: u32) -> NonZeroU32 {
+        NonZeroU32::new(n).unwrap()
     }
 
     fn entry(o: Override) -> OverrideEntry {
@@ -420,38 +476,41 @@ mod tests {
         assert_eq!(book.find("r", "acme-1", 0), None);
         let key = |s: &str| Target::Key(s.into());
         let prefix = |s: &str| Target::Prefix(s.into());
-        book.set("r", prefix("ac"), entry(Override::quota(per_hour(10))));
-        book.set("r", prefix("acme-"), entry(Override::quota(per_hour(20))));
-        book.set("r", key("acme-1"), entry(Override::zero()));
+        book.set("r", prefix("ac"), entry(Override::limit(10)));
+        book.set("r", prefix("acme-"), entry(Override::limit(20)));
+        book.set("r", key("acme-1"), entry(Override::limit(0)));
         assert_eq!(book.len(), 3);
-        assert_eq!(book.find("r", "acme-1", 0), Some(Override::zero()));
-        assert_eq!(book.find("r", "acme-2", 0).unwrap().capacity(), 20);
-        assert_eq!(book.find("r", "acorn", 0).unwrap().capacity(), 10);
+        assert_eq!(book.find("r", "acme-1", 0), Some(Override::limit(0)));
+        assert_eq!(book.find("r", "acme-2", 0), Some(Override::limit(20)));
+        assert_eq!(book.find("r", "acorn", 0), Some(Override::limit(10)));
         assert_eq!(book.find("r", "a", 0), None);
         assert_eq!(book.find("other", "acme-1", 0), None);
-        assert_eq!(book.find_prefix("r", "acme-1", 0).unwrap().capacity(), 20);
+        assert_eq!(
+            book.find_prefix("r", "acme-1", 0),
+            Some(Override::limit(20))
+        );
         assert!(book.has_keys("r") && !book.has_keys("other"));
-        // A key shorter than a prefix, or cut inside a character, is not under it.
-        book.set("r", prefix("é"), entry(Override::zero()));
-        assert_eq!(book.find("r", "\u{e9}x", 0), Some(Override::zero()));
+        // A key cut inside a character is not under a prefix.
+        book.set("r", prefix("\u{e9}"), entry(Override::limit(0)));
+        assert_eq!(book.find("r", "\u{e9}x", 0), Some(Override::limit(0)));
         assert_eq!(book.find("r", "\u{e8}", 0), None);
         assert!(book.remove("r", &key("acme-1")).is_some());
         assert!(book.remove("r", &key("acme-1")).is_none());
-        assert_eq!(book.find("r", "acme-1", 0).unwrap().capacity(), 20);
+        assert_eq!(book.find("r", "acme-1", 0), Some(Override::limit(20)));
         assert_eq!(book.len(), 3);
         let listed: Vec<Target> = book.list("r", 0).into_iter().map(|(t, _)| t).collect();
-        assert_eq!(listed, vec![prefix("ac"), prefix("acme-"), prefix("é")]);
+        assert_eq!(
+            listed,
+            vec![prefix("ac"), prefix("acme-"), prefix("\u{e9}")]
+        );
     }
 
     #[test]
     fn an_override_past_its_time_is_not_in_force_and_is_purged() {
         let book = OverrideBook::new();
-        book.set(
-            "r",
-            Target::Key("k".into()),
-            entry(Override::zero().until(100)),
-        );
-        assert_eq!(book.find("r", "k", 99), Some(Override::zero().until(100)));
+        let brake = Override::limit(0).until(100);
+        book.set("r", Target::Key("k".into()), entry(brake));
+        assert_eq!(book.find("r", "k", 99), Some(brake));
         assert_eq!(book.find("r", "k", 100), None);
         assert!(book.list("r", 100).is_empty());
         book.purge(100);
@@ -461,47 +520,62 @@ mod tests {
 
     #[test]
     fn a_limit_of_zero_stops_what_costs_and_says_until_when() {
-        let stopped = Override::zero()
-            .until(5_000_000)
-            .stops(1, 1_000_000)
-            .unwrap();
-        assert!(!stopped.allowed);
-        assert_eq!(stopped.retry_after, Some(Duration::from_secs(4)));
-        assert_eq!(Override::zero().stops(1, 0).unwrap().retry_after, None);
-        assert!(Override::zero().stops(0, 0).unwrap().allowed);
-        let ten = Override::quota(per_hour(10));
-        assert_eq!(ten.stops(10, 0), None);
-        assert_eq!(ten.stops(0, 0), None);
-        assert!(!ten.stops(11, 0).unwrap().allowed);
+        let stop = stopped(0, Some(5_000_000), 1, 1_000_000).unwrap();
+        assert!(!stop.allowed);
+        assert_eq!(stop.retry_after, Some(Duration::from_secs(4)));
+        assert_eq!(stopped(0, None, 1, 0).unwrap().retry_after, None);
+        assert!(stopped(0, None, 0, 0).unwrap().allowed);
+        assert_eq!(stopped(10, None, 10, 0), None);
+        assert_eq!(stopped(10, None, 0, 0), None);
+        assert!(!stopped(10, None, 11, 0).unwrap().allowed);
     }
 
     #[test]
-    fn an_override_must_read_the_rules_state_as_it_does() {
-        let rule = per_hour(100);
-        assert!(Override::zero().fits(&rule).is_ok());
-        assert!(Override::quota(per_hour(5)).fits(&rule).is_ok());
-        let bucket = TokenBucket::new(
-            Quota::per_hour(NonZeroU32::new(100).unwrap()),
-            NonZeroU32::new(10).unwrap(),
-        );
-        let e = Override::quota(bucket.into()).fits(&rule).unwrap_err();
-        assert!(e.contains("fixed_window"), "{e}");
-        let minute = FixedWindow::new(Quota::per_minute(NonZeroU32::new(5).unwrap()));
-        let e = Override::quota(minute.into()).fits(&rule).unwrap_err();
-        assert!(e.contains("window"), "{e}");
+    fn an_override_keeps_its_rules_window_kind_and_mode() {
+        let period = Duration::from_secs(60);
+        let q = |n| Quota::new(nz(n), period).unwrap();
+        let rules: Vec<AnyAlgorithm> = vec![
+            FixedWindow::new(q(100)).into(),
+            SlidingLog::new(q(100)).into(),
+            SlidingWindow::new(q(100)).into(),
+            Concurrency::new(q(100)).into(),
+            TokenBucket::new(q(100), nz(10)).into(),
+            LeakyBucket::shape(q(100), nz(10)).with_delay(3).into(),
+            LeakyBucket::police(q(100), nz(10)).into(),
+        ];
+        for rule in &rules {
+            let o = Override::limit(7).applied_to(rule).unwrap().unwrap();
+            assert!(o.keeps_state_of(rule), "{rule:?}");
+            assert_eq!(o.quota().period(), period);
+            assert_eq!(o.quota().limit().get(), 7);
+            assert_eq!(Override::limit(0).applied_to(rule), Ok(None));
+        }
+        let burst = Override::limit(7).with_burst(nz(30));
+        assert_eq!(burst.applied_to(&rules[4]).unwrap().unwrap().capacity(), 30);
+        let e = burst.applied_to(&rules[0]).unwrap_err();
+        assert!(e.contains("`burst`") && e.contains("fixed_window"), "{e}");
+        let delay = Override::limit(7).with_delay(2);
+        let shaped = delay.applied_to(&rules[5]).unwrap().unwrap();
+        assert!(matches!(shaped, AnyAlgorithm::LeakyBucket(b) if b.undelayed() == 2));
+        let e = delay.applied_to(&rules[6]).unwrap_err();
+        assert!(e.contains("police"), "{e}");
     }
 
     #[test]
     fn a_replaced_book_holds_the_new_entries_only() {
         let book = OverrideBook::new();
-        book.set("a", Target::Key("x".into()), entry(Override::zero()));
+        book.set("a", Target::Key("x".into()), entry(Override::limit(0)));
         book.replace(vec![
             (
                 "b".into(),
                 Target::Prefix("p".into()),
-                entry(Override::zero()),
+                entry(Override::limit(0)),
             ),
-            ("b".into(), Target::Key("k".into()), entry(Override::zero())),
+            (
+                "b".into(),
+                Target::Key("k".into()),
+                entry(Override::limit(0)),
+            ),
         ]);
         assert_eq!(book.len(), 2);
         assert_eq!(book.find("a", "x", 0), None);

@@ -1,0 +1,390 @@
+//! Overrides on Redis, shared by every instance: set, removed and listed
+//! here; applied in the decision's own script call.
+//!
+//! Where they live:
+//! - The table, `PREFIX{overrides}`, a hash with one field per override
+//!   (`k:RULE:KEY` or `p:RULE:PREFIX`, escaped as state keys are) whose
+//!   value is `limit burst delay until` (`-` where an override sets no
+//!   burst or delay, until 0 for never) then a newline and the caller's
+//!   description; and its version, `PREFIX{overrides}:v`, one more at
+//!   every change. Both in one slot, changed in one script.
+//! - A key's own override also in the key's slot, beside its state:
+//!   `STATEKEY:ov`, `N cap until p1..p5` (its algorithm's number, the most
+//!   one request may cost, its end, its script parameters), expiring when
+//!   the override does. The decision's script reads it there, so a key's
+//!   own override costs no round trip and holds at once everywhere.
+//!
+//! Each instance keeps a copy of the table ([`OverrideBook`]), read again
+//! whenever the version moved (looked at every
+//! [`RedisOptions::override_refresh`](crate::RedisOptions::override_refresh)):
+//! from it a check knows whether its rule has keys' own overrides (the
+//! script then reads `:ov`; a rule without pays nothing) and which prefix
+//! its key is under (whose parameters it sends). So an override holds on
+//! every instance within one refresh at most: at once for a key whose rule
+//! has keys' own overrides already, within a refresh for the first of a
+//! rule and for a prefix.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use spillway::Algorithm;
+use spillway::algorithm::AnyAlgorithm;
+use spillway::store::{Override, OverrideBook, OverrideEntry, RuleId, Target};
+
+use crate::call::Overridden;
+use crate::{Connection, Error, RedisStore, keys, script};
+
+/// An instance's copy of the overrides, shared by the stores
+/// [`RedisStore::with_rules`] makes.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub(crate) book: OverrideBook,
+    // The table's version the book holds (`None`: never read).
+    version: Mutex<Option<u64>>,
+}
+
+/// Writes an override into the table and bumps its version (KEYS: the
+/// table, its version; ARGV: the field, the value or "" to remove).
+/// Returns whether the field was there before.
+const WRITE: &str = r"
+local had = redis.call('HEXISTS', KEYS[1], ARGV[1])
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('INCR', KEYS[2])
+return had
+";
+
+fn table_key(prefix: &str) -> String {
+    format!("{prefix}{{overrides}}")
+}
+
+fn version_key(prefix: &str) -> String {
+    format!("{prefix}{{overrides}}:v")
+}
+
+/// The table's field of `target` under `rule`.
+fn field(rule: &str, target: &Target) -> String {
+    let (kind, text) = match target {
+        Target::Key(k) => ("k", k.as_str()),
+        Target::Prefix(p) => ("p", p.as_str()),
+    };
+    let mut out = String::with_capacity(rule.len() + text.len() + 4);
+    out.push_str(kind);
+    out.push(':');
+    script::escape_into(&mut out, rule);
+    out.push(':');
+    script::escape_into(&mut out, text);
+    out
+}
+
+/// The table's value of `entry`.
+fn value(entry: &OverrideEntry) -> String {
+    let o = &entry.applied;
+    let or_dash = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    format!(
+        "{} {} {} {}\n{}",
+        o.limit_of(),
+        or_dash(o.burst().map(|b| b.get())),
+        or_dash(o.delay()),
+        o.ends_at().unwrap_or(0),
+        entry.spec
+    )
+}
+
+/// A field and its value read back; `None` for one this version does not
+/// write.
+fn parse(field: &str, value: &str) -> Option<(String, Target, OverrideEntry)> {
+    let (kind, rest) = field.split_once(':')?;
+    let (rule, text) = rest.split_once(':')?;
+    let (rule, text) = (keys::unescaped(rule), keys::unescaped(text));
+    let target = match kind {
+        "k" => Target::Key(text.into()),
+        "p" => Target::Prefix(text.into()),
+        _ => return None,
+    };
+    let (numbers, spec) = value.split_once('\n')?;
+    let mut parts = numbers.split(' ');
+    let limit: u32 = parts.next()?.parse().ok()?;
+    let burst = parts.next()?;
+    let delay = parts.next()?;
+    let until: u64 = parts.next()?.parse().ok()?;
+    let mut o = Override::limit(limit);
+    if burst != "-" {
+        o = o.with_burst(burst.parse().ok()?);
+    }
+    if delay != "-" {
+        o = o.with_delay(delay.parse().ok()?);
+    }
+    if until > 0 {
+        o = o.until(until);
+    }
+    let entry = OverrideEntry {
+        applied: o,
+        spec: spec.into(),
+    };
+    Some((rule, target, entry))
+}
+
+/// The script's view of `o` applied to `rule`: the most one request may
+/// cost, and its parameters (a calendar's periods are the call's).
+fn script_view(rule: &spillway::store::Rule, o: &Override) -> Result<(u64, script::Params), Error> {
+    let not_applied = |reason: String| spillway::Error::Override {
+        rule: rule.name().to_string(),
+        reason,
+    };
+    match o.applied_to(rule.algorithm()).map_err(not_applied)? {
+        None => Ok((0, script::params(rule.name(), rule.algorithm())?)),
+        Some(algorithm) => {
+            let params = match algorithm {
+                AnyAlgorithm::FixedWindow(fw) if fw.calendar_of().is_some() => {
+                    [script::CALENDAR, algorithm.capacity(), 0, 0, 0, 0]
+                }
+                _ => script::params(rule.name(), &algorithm)?,
+            };
+            Ok((algorithm.capacity(), params))
+        }
+    }
+}
+
+impl RedisStore {
+    /// Sets the override of `target` under store rule `rule`, replacing
+    /// any, on every instance that shares this Redis (see the module
+    /// docs for how soon). Returns the one it replaced, as this instance
+    /// knew it. An error for a rule the store does not have, an override
+    /// that does not apply to it
+    /// ([`Override::applied_to`](spillway::store::Override::applied_to)),
+    /// one whose arithmetic the script cannot do exactly, or Redis's.
+    pub async fn set_override(
+        &self,
+        rule: RuleId,
+        target: Target,
+        entry: OverrideEntry,
+    ) -> Result<Option<OverrideEntry>, Error> {
+        let r = self.rule(rule)?;
+        let (cap, params) = script_view(r, &entry.applied)?;
+        let prefix = &self.inner.options.key_prefix;
+        let mut write = redis::cmd("EVAL");
+        write
+            .arg(WRITE)
+            .arg(2)
+            .arg(table_key(prefix))
+            .arg(version_key(prefix))
+            .arg(field(r.name(), &target))
+            .arg(value(&entry));
+        let _: i64 = self.query(&table_key(prefix), &write).await?;
+        if let Target::Key(key) = &target {
+            let state = self.stored_key(rule, key)?;
+            let own = format!("{state}:ov");
+            let until = entry.applied.ends_at().unwrap_or(0);
+            let mut set = redis::cmd("SET");
+            set.arg(&own).arg(format!(
+                "{} {cap} {until} {} {} {} {} {}",
+                params[0], params[1], params[2], params[3], params[4], params[5]
+            ));
+            if until > 0 {
+                set.arg("PXAT").arg(until.div_ceil(1000));
+            }
+            let _: () = self.query(&own, &set).await?;
+            if let Some(cache) = &self.inner.deny_cache {
+                cache.forget(&state);
+            }
+        }
+        Ok(self.inner.overrides.book.set(r.name(), target, entry))
+    }
+
+    /// Removes the override of `target` under store rule `rule` on every
+    /// instance (see the module docs for how soon); returns it, as this
+    /// instance knew it. Its keys keep their count under the rule's quota.
+    pub async fn remove_override(
+        &self,
+        rule: RuleId,
+        target: &Target,
+    ) -> Result<Option<OverrideEntry>, Error> {
+        let r = self.rule(rule)?;
+        let prefix = &self.inner.options.key_prefix;
+        if let Target::Key(key) = target {
+            let state = self.stored_key(rule, key)?;
+            let own = format!("{state}:ov");
+            let _: i64 = self.query(&own, redis::cmd("DEL").arg(&own)).await?;
+            if let Some(cache) = &self.inner.deny_cache {
+                cache.forget(&state);
+            }
+        }
+        let mut write = redis::cmd("EVAL");
+        write
+            .arg(WRITE)
+            .arg(2)
+            .arg(table_key(prefix))
+            .arg(version_key(prefix))
+            .arg(field(r.name(), target))
+            .arg("");
+        let _: i64 = self.query(&table_key(prefix), &write).await?;
+        Ok(self.inner.overrides.book.remove(r.name(), target))
+    }
+
+    /// The overrides as this instance knows them (read from Redis at most
+    /// one refresh ago; [`refresh_overrides`](Self::refresh_overrides)
+    /// first for Redis's own).
+    pub fn overrides(&self) -> &OverrideBook {
+        &self.inner.overrides.book
+    }
+
+    /// Reads the table of overrides again if its version moved since this
+    /// instance last did. What every instance does each
+    /// [`override_refresh`](crate::RedisOptions::override_refresh).
+    pub async fn refresh_overrides(&self) -> Result<(), Error> {
+        refresh(
+            &self.inner.overrides,
+            &self.connection,
+            self.inner.options.timeout,
+            &self.inner.options.key_prefix,
+        )
+        .await
+    }
+
+    /// What a check of `key` under `rule` sends of its overrides at `now`
+    /// (µs): whether the script reads the key's own, and a prefix's that
+    /// holds (whose parameters replace `params`).
+    pub(crate) fn overridden(
+        &self,
+        rule: &spillway::store::Rule,
+        key: &str,
+        now: u64,
+        params: &mut script::Params,
+    ) -> Overridden {
+        let book = &self.inner.overrides.book;
+        if book.is_empty() {
+            return Overridden::default();
+        }
+        let reads_own = book.has_keys(rule.name());
+        let prefix = book.find_prefix(rule.name(), key, now).and_then(|o| {
+            let (cap, view) = script_view(rule, &o).ok()?;
+            if view[0] == script::CALENDAR {
+                params[1] = view[1];
+            } else {
+                *params = view;
+            }
+            Some((cap, o.ends_at().unwrap_or(0)))
+        });
+        Overridden { reads_own, prefix }
+    }
+
+    fn rule(&self, rule: RuleId) -> Result<&spillway::store::Rule, Error> {
+        self.inner.rules.get(rule.0).ok_or_else(|| {
+            spillway::Error::UnknownRule {
+                index: 0,
+                rule: rule.0,
+            }
+            .into()
+        })
+    }
+
+    /// Keeps this instance's copy of the overrides fresh while a store
+    /// that shares it lives.
+    pub(crate) fn spawn_override_refresh(&self) {
+        let shared: Weak<Shared> = Arc::downgrade(&self.inner.overrides);
+        let connection = self.connection.clone();
+        let options = &self.inner.options;
+        let (every, timeout, prefix) = (
+            options.override_refresh,
+            options.timeout,
+            options.key_prefix.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                if let Err(e) = refresh(&shared, &connection, timeout, &prefix).await {
+                    tracing::warn!(error = %e, "could not read the overrides from redis");
+                }
+            }
+        });
+    }
+}
+
+/// Reads the table again into `shared`'s book if its version moved.
+async fn refresh(
+    shared: &Shared,
+    connection: &Connection,
+    timeout: Duration,
+    prefix: &str,
+) -> Result<(), Error> {
+    let version_key = version_key(prefix);
+    let version: Option<u64> = keys::query_on(
+        connection,
+        timeout,
+        &version_key,
+        redis::cmd("GET").arg(&version_key),
+    )
+    .await?;
+    let version = version.unwrap_or(0);
+    if *shared.version.lock() == Some(version) {
+        return Ok(());
+    }
+    let table = table_key(prefix);
+    // Read with the version in one script, so that the version kept is
+    // the one of the table read.
+    let mut read = redis::cmd("EVAL");
+    read.arg("return { redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1]) }")
+        .arg(2)
+        .arg(&table)
+        .arg(&version_key);
+    let (version, fields): (u64, Vec<(String, String)>) =
+        keys::query_on(connection, timeout, &table, &read).await?;
+    let mut unread = 0;
+    let entries: Vec<_> = fields
+        .iter()
+        .filter_map(|(f, v)| {
+            let parsed = parse(f, v);
+            unread += usize::from(parsed.is_none());
+            parsed
+        })
+        .collect();
+    if unread > 0 {
+        tracing::warn!(
+            unread,
+            "overrides in redis this version cannot read were left out"
+        );
+    }
+    shared.book.replace(entries);
+    *shared.version.lock() = Some(version);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+
+    #[test]
+    fn a_field_and_value_read_back_as_written() {
+        let o = Override::limit(50_000)
+            .with_burst(NonZeroU32::new(7).unwrap())
+            .until(1_800_000_000_000_000);
+        let entry = OverrideEntry {
+            applied: o,
+            spec: "{\"by\":\"ops\"}\nsecond line".into(),
+        };
+        let target = Target::Prefix("tenant:{a}%".into());
+        let (rule, back, read) = parse(&field("api:v1", &target), &value(&entry)).unwrap();
+        assert_eq!((rule.as_str(), back, read), ("api:v1", target, entry));
+        let zero = OverrideEntry {
+            applied: Override::limit(0).with_delay(3),
+            spec: "".into(),
+        };
+        let key = Target::Key("k".into());
+        assert_eq!(parse(&field("r", &key), &value(&zero)).unwrap().2, zero);
+        assert_eq!(parse("x:r:k", "1 - - 0\n"), None);
+        assert_eq!(parse("k:r:k", "1 - -\n"), None);
+        assert_eq!(parse("k:r:k", "one - - 0\n"), None);
+    }
+}
