@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use spillway::algorithm::Renewed;
-use spillway::store::{Check, Hold, MemoryStore, Renew, Rule, Settle, Settled, Store, Verdict};
+use spillway::store::{
+    Check, Hold, MemoryStore, OverrideBook, OverrideEntry, Renew, Rule, RuleId, Settle, Settled,
+    Store, Target, Verdict,
+};
 use spillway_redis::{Error as StoreError, RedisStore};
 
 /// Called with every store call's latency and outcome, for metrics.
@@ -53,6 +56,44 @@ impl AnyStore {
         };
         self.observe(started, result.as_ref().err());
         result
+    }
+
+    /// Sets the override of `target` under store rule `rule`: in this
+    /// process's memory, or in Redis for every instance.
+    pub async fn set_override(
+        &self,
+        rule: RuleId,
+        target: Target,
+        entry: OverrideEntry,
+    ) -> Result<Option<OverrideEntry>, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.set_override(rule, target, entry)?),
+            StoreImpl::Redis(s) => s.set_override(rule, target, entry).await,
+        }
+    }
+
+    /// Removes the override of `target` under store rule `rule`.
+    pub async fn remove_override(
+        &self,
+        rule: RuleId,
+        target: &Target,
+    ) -> Result<Option<OverrideEntry>, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.remove_override(rule, target)),
+            StoreImpl::Redis(s) => s.remove_override(rule, target).await,
+        }
+    }
+
+    /// Every override, as the store holds them now (on Redis, read again
+    /// if they changed since this instance last did).
+    pub async fn overrides(&self) -> Result<&OverrideBook, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.overrides()),
+            StoreImpl::Redis(s) => {
+                s.refresh_overrides().await?;
+                Ok(s.overrides())
+            }
+        }
     }
 
     /// The in-memory store, if that is what this is.

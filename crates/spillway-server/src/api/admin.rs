@@ -26,16 +26,27 @@ pub(super) fn same_secret(given: &[u8], expected: &[u8]) -> bool {
         == 0
 }
 
+/// Who called the admin API: the name of the token it gave, and whether
+/// that token may change anything.
+#[derive(Debug, Clone)]
+pub(super) struct Caller {
+    pub(super) name: std::sync::Arc<str>,
+    pub(super) write: bool,
+}
+
+/// Lets in a request with one of the admin tokens, as a [`Caller`]; a
+/// read-only token only reads (`GET`, `HEAD`: 403 otherwise).
 pub(super) async fn authorize(
     Extract(state): Extract<State>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    let token = state.live.current().config.server.admin_token.clone();
+    let loaded = state.live.current();
+    let server = &loaded.config.server;
     // Without a token the admin API does not exist.
-    let Some(token) = token else {
+    if server.admin_token.is_none() && server.admin_tokens.is_empty() {
         return not_found().await;
-    };
+    }
     let given = req
         .headers()
         .get(AUTHORIZATION)
@@ -46,9 +57,43 @@ pub(super) async fn authorize(
                 .eq_ignore_ascii_case("bearer")
                 .then(|| credentials.trim())
         });
-    match given {
-        Some(given) if same_secret(given.as_bytes(), token.as_bytes()) => next.run(req).await,
-        _ => {
+    // Every token is compared, so that the time taken does not say which
+    // one was near.
+    let mut caller = None;
+    if let Some(given) = given {
+        let unnamed = server
+            .admin_token
+            .iter()
+            .map(|t| ("admin", t.as_str(), true));
+        let named = server
+            .admin_tokens
+            .iter()
+            .map(|t| (t.name.as_str(), t.token.as_str(), t.write));
+        for (name, token, write) in unnamed.chain(named) {
+            if same_secret(given.as_bytes(), token.as_bytes()) && caller.is_none() {
+                caller = Some(Caller {
+                    name: name.into(),
+                    write,
+                });
+            }
+        }
+    }
+    match caller {
+        Some(caller) => {
+            let reads = matches!(*req.method(), http::Method::GET | http::Method::HEAD);
+            if !reads && !caller.write {
+                return problem(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "The token `{}` is read-only: this needs a read_write token.",
+                        caller.name
+                    ),
+                );
+            }
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None => {
             let mut res = problem(
                 StatusCode::UNAUTHORIZED,
                 "The admin API needs `Authorization: Bearer <admin_token>`.",

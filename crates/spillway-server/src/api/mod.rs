@@ -14,6 +14,7 @@ mod check;
 mod forward_auth;
 mod health;
 mod lease;
+mod overrides;
 pub(crate) mod settle;
 mod site;
 
@@ -100,6 +101,13 @@ fn router(state: State, with_check: bool) -> Router {
     let admin = Router::new()
         .route("/rules", get(admin::rules))
         .route("/rules/{rule}/keys", get(admin::keys))
+        .route(
+            "/overrides",
+            get(overrides::read)
+                .post(overrides::create)
+                .put(overrides::replace)
+                .delete(overrides::remove),
+        )
         .route(
             "/rules/{rule}/keys/{*key}",
             get(admin::key).delete(admin::reset),

@@ -26,7 +26,7 @@ mod tests;
 pub use envoy::EnvoyLimits;
 pub use errors::{ConfigError, ConfigErrors};
 pub use proxy::{EscapedSlashes, Normalize, ProxyBounds};
-pub use server::ServerConfig;
+pub use server::{AdminToken, ServerConfig};
 pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, Overrides, SAMPLE_CONFIG, locate_config};
 pub use store::{DEFAULT_MAX_MEMORY, StoreConfig, StoreKind, parse_size};
 

@@ -19,8 +19,12 @@ pub struct ServerConfig {
     /// The Envoy rate limit gRPC API's address, if served.
     pub grpc_listen: Option<SocketAddr>,
     /// The admin API's bearer token (the file's, or `SPILLWAY_ADMIN_TOKEN`);
-    /// without one the admin API is off.
+    /// without one the admin API is off. It reads and writes, under the
+    /// name `admin` in the log of changes.
     pub admin_token: Option<String>,
+    /// The admin API's named tokens (`[[server.admin_tokens]]`), each
+    /// read-only or read-write: the log of changes names who made each.
+    pub admin_tokens: Vec<AdminToken>,
     /// The bearer tokens `POST /v1/check` accepts (the file's
     /// `check_tokens`, or `SPILLWAY_CHECK_TOKENS`, comma-separated); any
     /// one of them will do, so that a new token can be rolled out before
@@ -77,12 +81,42 @@ impl ServerConfig {
     pub const SETTLE_WITHIN: Duration = Duration::from_secs(300);
 }
 
+/// A named bearer token of the admin API.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken {
+    /// Who it is, in the log of changes.
+    pub name: String,
+    /// The secret.
+    pub token: String,
+    /// Whether it may change anything (else it may only read).
+    pub write: bool,
+}
+
+impl std::fmt::Debug for AdminToken {
+    // The secret stays out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminToken")
+            .field("name", &self.name)
+            .field("write", &self.write)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdminToken {
+    name: Spanned<String>,
+    token: Spanned<String>,
+    access: Spanned<String>,
+}
+
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawServer {
     listen: Option<Spanned<String>>,
     grpc_listen: Option<Spanned<String>>,
     admin_token: Option<String>,
+    admin_tokens: Option<Vec<RawAdminToken>>,
     check_tokens: Option<Spanned<Vec<String>>>,
     head_timeout: Option<Spanned<RawDuration>>,
     body_timeout: Option<Spanned<RawDuration>>,
@@ -123,6 +157,7 @@ pub(super) fn convert_server(
             .filter(|t| !t.is_empty())
             .or(raw.admin_token.clone())
             .filter(|t| !t.is_empty()),
+        admin_tokens: admin_tokens(raw.admin_tokens.as_deref().unwrap_or_default(), lines)?,
         check_tokens: check_tokens(raw.check_tokens.as_ref(), lines)?,
         head_timeout: timeout(
             &raw.head_timeout,
@@ -208,6 +243,69 @@ pub(super) fn check_tokens(
         }
     }
     Ok(raw.get_ref().clone())
+}
+
+/// The shortest named admin token: a secret a guess does not find.
+const SHORTEST_ADMIN_TOKEN: usize = 16;
+
+/// `[[server.admin_tokens]]`: each named once, each secret printable
+/// ASCII of 16 bytes or more and used once, each `read_only` or
+/// `read_write`.
+fn admin_tokens(raw: &[RawAdminToken], lines: &Text<'_>) -> Result<Vec<AdminToken>, ConfigError> {
+    let mut out: Vec<AdminToken> = Vec::new();
+    for (i, t) in raw.iter().enumerate() {
+        let field = |f: &str| format!("server.admin_tokens[{i}].{f}");
+        let name = t.name.get_ref().trim();
+        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(lines.err(
+                &t.name,
+                field("name"),
+                "must be 1 to 64 printable ASCII characters without spaces",
+            ));
+        }
+        if name == "admin" || out.iter().any(|o| o.name == name) {
+            return Err(lines.err(
+                &t.name,
+                field("name"),
+                format!("`{name}` is taken (`admin` is `admin_token`'s)"),
+            ));
+        }
+        let token = t.token.get_ref();
+        if token.len() < SHORTEST_ADMIN_TOKEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(lines.err(
+                &t.token,
+                field("token"),
+                format!(
+                    "must be printable ASCII without spaces, at least {SHORTEST_ADMIN_TOKEN} \
+                     bytes (a bearer token)"
+                ),
+            ));
+        }
+        if out.iter().any(|o| o.token == *token) {
+            return Err(lines.err(
+                &t.token,
+                field("token"),
+                "is another token's too: the log could not tell who made a change",
+            ));
+        }
+        let write = match t.access.get_ref().as_str() {
+            "read_write" => true,
+            "read_only" => false,
+            other => {
+                return Err(lines.err(
+                    &t.access,
+                    field("access"),
+                    super::errors::not_one_of(other, &["read_only", "read_write"]),
+                ));
+            }
+        };
+        out.push(AdminToken {
+            name: name.to_string(),
+            token: token.clone(),
+            write,
+        });
+    }
+    Ok(out)
 }
 
 /// A `[server]` timeout: longer than zero, at most an hour.

@@ -757,3 +757,49 @@ fn calendar_windows_are_fixed_windows_in_a_time_zone() {
         assert!(e.line.is_some(), "{text}: {e}");
     }
 }
+
+#[test]
+fn named_admin_tokens_are_read_or_write_and_each_its_own() {
+    let rules =
+        "\n[[rules]]\nname = \"r\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n";
+    let config = Config::parse(&format!(
+        "[server]\nadmin_tokens = [\n  {{ name = \"ops\", token = \"0123456789abcdef\", access = \"read_write\" }},\n  {{ name = \"ro\", token = \"fedcba9876543210\", access = \"read_only\" }},\n]\n{rules}"
+    ))
+    .expect("valid");
+    let tokens = &config.server.admin_tokens;
+    assert_eq!(tokens.len(), 2);
+    assert!(tokens[0].write && !tokens[1].write);
+    assert_eq!(tokens[1].name, "ro");
+    // The secret stays out of what is printed.
+    assert!(!format!("{config:?}").contains("fedcba9876543210"));
+    for (entry, field, says) in [
+        (
+            r#"{ name = "ops", token = "short", access = "read_only" }"#,
+            "server.admin_tokens[0].token",
+            "at least 16",
+        ),
+        (
+            r#"{ name = "ops", token = "0123456789abcdef", access = "all" }"#,
+            "server.admin_tokens[0].access",
+            "read_only",
+        ),
+        (
+            r#"{ name = "admin", token = "0123456789abcdef", access = "read_only" }"#,
+            "server.admin_tokens[0].name",
+            "taken",
+        ),
+        (
+            r#"{ name = "two words", token = "0123456789abcdef", access = "read_only" }"#,
+            "server.admin_tokens[0].name",
+            "printable",
+        ),
+    ] {
+        let e = error(&format!("[server]\nadmin_tokens = [{entry}]\n{rules}"));
+        assert_eq!(e.field, field, "{e}");
+        assert!(e.message.contains(says), "{e}");
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+    let twice = r#"[{ name = "a", token = "0123456789abcdef", access = "read_only" }, { name = "b", token = "0123456789abcdef", access = "read_only" }]"#;
+    let e = error(&format!("[server]\nadmin_tokens = {twice}\n{rules}"));
+    assert_eq!(e.field, "server.admin_tokens[1].token", "{e}");
+}

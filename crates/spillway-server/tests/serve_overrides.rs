@@ -1,0 +1,347 @@
+//! `/admin/overrides` on the real server (port 0), in memory and on Redis:
+//! an override set through the API holds for `/v1/check` (a rule and key,
+//! and a described request, under every tier), a removal keeps the count,
+//! bad input is a 400 naming the field, a read-only token reads only, and
+//! on Redis what one instance sets holds on two others.
+
+mod serve_support;
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+use serve_support::{Answer, Http, Service};
+use spillway_conformance::redis_server::RedisServer;
+use spillway_server::config::Config;
+
+fn config_text(store: &str) -> String {
+    format!(
+        r#"
+[server]
+admin_token = "s3cret-admin-token"
+admin_tokens = [
+  {{ name = "ops", token = "ops-token-0123456789", access = "read_write" }},
+  {{ name = "viewer", token = "viewer-token-0123456789", access = "read_only" }},
+]
+
+{store}
+
+[tiers.pro]
+api_keys = ["pro-key"]
+
+[[rules]]
+name = "per-key"
+match = {{ path = "/api/**" }}
+key = ["api_key"]
+fallback = []
+algorithm = "fixed_window"
+limit = 3
+window = "365d"
+[rules.tiers.pro]
+limit = 5
+
+[[rules]]
+name = "bucket"
+match = {{ path = "/bucket/**" }}
+key = ["api_key"]
+fallback = []
+algorithm = "token_bucket"
+limit = 10
+window = "1h"
+"#
+    )
+}
+
+const OPS: (&str, &str) = ("authorization", "Bearer ops-token-0123456789");
+const VIEWER: (&str, &str) = ("authorization", "Bearer viewer-token-0123456789");
+
+async fn send(http: &Http, method: Method, path: &str, auth: (&str, &str), body: Value) -> Answer {
+    let body = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    http.send(
+        method,
+        path,
+        &[auth, ("content-type", "application/json")],
+        body,
+    )
+    .await
+}
+
+/// A check of rule `per-key` for API key `key`, as a request to /api/x.
+async fn request(http: &Http, key: &str) -> Answer {
+    http.check(json!({"method": "GET", "path": "/api/x", "headers": {"x-api-key": key}}))
+        .await
+}
+
+/// The status a check said (its own answer is 200 either way).
+fn said(a: &Answer) -> u64 {
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    a.json()["status"].as_u64().expect("a status")
+}
+
+fn rule_of(a: &Answer, rule: &str) -> Value {
+    let v = a.json();
+    v["rules"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["rule"] == rule).cloned())
+        .unwrap_or_else(|| panic!("no rule {rule} in {v}"))
+}
+
+/// The walk-through of docs/runtime-limits.md, on one instance.
+async fn overrides_through_the_api(http: &Http) {
+    // acme uses 2 of its 3.
+    for _ in 0..2 {
+        assert_eq!(said(&request(http, "acme").await), 200);
+    }
+    // Raised to 10 for a day: 8 more.
+    let a = send(
+        http,
+        Method::POST,
+        "/admin/overrides",
+        OPS,
+        json!({"rule": "per-key", "key": "api_key=acme", "limit": 10, "ttl": "1d", "reason": "launch week"}),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    let set = a.json();
+    assert_eq!(set["limit"], 10);
+    assert_eq!(set["set_by"], "ops");
+    assert_eq!(set["reason"], "launch week");
+    assert!(
+        set["until"].as_str().is_some_and(|u| u.ends_with('Z')),
+        "{set}"
+    );
+    let a = request(http, "acme").await;
+    assert_eq!(said(&a), 200);
+    assert_eq!(rule_of(&a, "per-key")["limit"], 10);
+    assert_eq!(rule_of(&a, "per-key")["remaining"], 7);
+    // A second POST is a conflict; PUT replaces.
+    let again = json!({"rule": "per-key", "key": "api_key=acme", "limit": 4});
+    let a = send(http, Method::POST, "/admin/overrides", OPS, again.clone()).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.text());
+    let a = send(http, Method::PUT, "/admin/overrides", OPS, again).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    // 3 used of 4.
+    let a = request(http, "acme").await;
+    assert_eq!(said(&a), 200);
+    assert_eq!(rule_of(&a, "per-key")["remaining"], 0);
+    assert_eq!(said(&request(http, "acme").await), 429);
+    // A pro key too: the override holds under the tier's quota.
+    let pro = json!({"rule": "per-key", "key": "api_key=pro-key", "limit": 0});
+    let a = send(http, Method::PUT, "/admin/overrides", OPS, pro).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    let a = request(http, "pro-key").await;
+    assert_eq!(said(&a), 429, "{}", a.text());
+    assert_eq!(rule_of(&a, "per-key")["limit"], 0);
+    // A prefix.
+    let a = send(
+        http,
+        Method::PUT,
+        "/admin/overrides",
+        OPS,
+        json!({"rule": "per-key", "prefix": "api_key=trial-", "limit": 1}),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    assert_eq!(said(&request(http, "trial-9").await), 200);
+    assert_eq!(said(&request(http, "trial-9").await), 429);
+    // Read one, list a page of one, then the next.
+    let one = "/admin/overrides?rule=per-key&key=api_key%3Dacme";
+    let a = send(http, Method::GET, one, VIEWER, Value::Null).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(a.json()["limit"], 4);
+    let a = send(
+        http,
+        Method::GET,
+        "/admin/overrides?limit=2",
+        VIEWER,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let page = a.json();
+    assert_eq!(page["overrides"].as_array().map(Vec::len), Some(2));
+    assert_eq!(page["overrides"][0]["key"], "api_key=acme");
+    let next = page["next"].as_str().expect("a next page").to_string();
+    let a = send(
+        http,
+        Method::GET,
+        &format!("/admin/overrides?limit=2&cursor={}", urlencode(&next)),
+        VIEWER,
+        Value::Null,
+    )
+    .await;
+    let page = a.json();
+    assert_eq!(page["overrides"][0]["prefix"], "api_key=trial-", "{page}");
+    assert_eq!(page["next"], Value::Null);
+    // A read-only token cannot change anything.
+    let a = send(http, Method::DELETE, one, VIEWER, Value::Null).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.text());
+    // Removed: acme is back on 3, with the 4 it used still counted.
+    let a = send(http, Method::DELETE, one, OPS, Value::Null).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(a.json()["removed"]["limit"], 4);
+    let a = request(http, "acme").await;
+    assert_eq!(said(&a), 429);
+    assert_eq!(rule_of(&a, "per-key")["limit"], 3);
+    let a = send(http, Method::DELETE, one, OPS, Value::Null).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Bad input is a 400 that names the field.
+async fn bad_input_names_the_field(http: &Http) {
+    for (body, field) in [
+        (
+            json!({"rule": "nope", "key": "api_key=a", "limit": 1}),
+            "`rule`",
+        ),
+        (
+            json!({"rule": "per-key", "key": "ip=1.2.3.4", "limit": 1}),
+            "`key`",
+        ),
+        (json!({"rule": "per-key", "limit": 1}), "`key` or `prefix`"),
+        (
+            json!({"rule": "per-key", "key": "api_key=a", "prefix": "a", "limit": 1}),
+            "`prefix`",
+        ),
+        (
+            json!({"rule": "per-key", "prefix": "", "limit": 1}),
+            "`prefix`",
+        ),
+        (
+            json!({"rule": "per-key", "key": format!("api_key={}", "k".repeat(2000)), "limit": 1}),
+            "`key`",
+        ),
+        (
+            json!({"rule": "per-key", "key": "api_key=a", "limit": 5_000_000_000u64}),
+            "`limit`",
+        ),
+        (
+            json!({"rule": "per-key", "key": "api_key=a", "limit": 5, "burst": 9}),
+            "`burst`",
+        ),
+        (
+            json!({"rule": "bucket", "key": "api_key=a", "limit": 5, "delay": 9}),
+            "`delay`",
+        ),
+        (
+            json!({"rule": "per-key", "key": "api_key=a", "limit": 5, "until": "yesterday"}),
+            "`until`",
+        ),
+        (
+            json!({"rule": "per-key", "key": "api_key=a", "limit": 5, "until": "2001-01-01T00:00:00Z"}),
+            "`until`",
+        ),
+        (
+            json!({"rule": "per-key", "key": "api_key=a", "limit": 5, "ttl": "soon"}),
+            "`ttl`",
+        ),
+        (
+            json!({"rule": "per-key", "key": "api_key=a", "limit": 5, "window": "1m"}),
+            "`window`",
+        ),
+    ] {
+        let a = send(http, Method::PUT, "/admin/overrides", OPS, body.clone()).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{body}: {}", a.text());
+        let detail = a.json()["detail"].as_str().unwrap_or_default().to_string();
+        assert!(detail.contains(field), "{body}: {detail}");
+    }
+    let a = send(
+        http,
+        Method::GET,
+        "/admin/overrides?cursor=zzz",
+        OPS,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    let a = send(
+        http,
+        Method::GET,
+        "/admin/overrides",
+        ("authorization", "Bearer nope"),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_set_through_the_api_hold_in_memory() {
+    let config = Config::parse(&config_text("")).expect("a valid configuration");
+    let service = Service::start(config, None).await;
+    overrides_through_the_api(&service.http).await;
+    bad_input_names_the_field(&service.http).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_set_on_one_instance_hold_on_the_others_on_redis() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let store = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\non_error = \"fail_closed\"",
+        redis.url()
+    );
+    let config = Config::parse(&config_text(&store)).expect("a valid configuration");
+    let services = [
+        Service::start(config.clone(), None).await,
+        Service::start(config.clone(), None).await,
+        Service::start(config, None).await,
+    ];
+    overrides_through_the_api(&services[0].http).await;
+    bad_input_names_the_field(&services[0].http).await;
+    // Within a refresh (1 s), the others hold what the first set.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for service in &services[1..] {
+        let a = request(&service.http, "pro-key").await;
+        assert_eq!(said(&a), 429, "{}", a.text());
+        assert_eq!(rule_of(&a, "per-key")["limit"], 0);
+    }
+    // Now that the rule has keys' own overrides everywhere, a new one
+    // holds on every instance at once: the script reads it.
+    let late = json!({"rule": "per-key", "key": "api_key=late", "limit": 0});
+    let a = send(
+        &services[0].http,
+        Method::PUT,
+        "/admin/overrides",
+        OPS,
+        late,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    for service in &services[1..] {
+        assert_eq!(said(&request(&service.http, "late").await), 429);
+    }
+    for service in &services[1..] {
+        let a = request(&service.http, "trial-2").await;
+        assert_eq!(rule_of(&a, "per-key")["limit"], 1, "{}", a.text());
+        // And each lists what the first set.
+        let a = send(
+            &service.http,
+            Method::GET,
+            "/admin/overrides",
+            VIEWER,
+            Value::Null,
+        )
+        .await;
+        assert_eq!(
+            a.json()["overrides"].as_array().map(Vec::len),
+            Some(3),
+            "{}",
+            a.text()
+        );
+    }
+}
