@@ -1013,6 +1013,7 @@ async fn every_documented_path_answers_as_documented() {
         "/admin/rules",
         "/admin/rules/{rule}/keys",
         "/admin/rules/{rule}/keys/{key}",
+        "/admin/overrides",
     ]
     .into();
     assert_eq!(documented, served);
@@ -1161,6 +1162,81 @@ async fn every_documented_path_answers_as_documented() {
             404,
         );
     }
+    // Each method's cases stand alone, whatever order they run in.
+    let overrides = "/admin/overrides";
+    let one = |key: &str| json!({"rule": "per-key", "key": key, "limit": 10}).to_string();
+    add(
+        overrides,
+        "post",
+        overrides,
+        one("api_key=doc-post"),
+        auth.to_vec(),
+        201,
+    );
+    add(
+        overrides,
+        "post",
+        overrides,
+        one("api_key=doc-post"),
+        auth.to_vec(),
+        409,
+    );
+    add(
+        overrides,
+        "post",
+        overrides,
+        one("ip=1.2.3.4"),
+        auth.to_vec(),
+        400,
+    );
+    add(overrides, "post", overrides, one("api_key=x"), vec![], 401);
+    add(
+        overrides,
+        "put",
+        overrides,
+        one("api_key=doc-put"),
+        auth.to_vec(),
+        201,
+    );
+    add(
+        overrides,
+        "put",
+        overrides,
+        one("api_key=doc-put"),
+        auth.to_vec(),
+        200,
+    );
+    add(overrides, "put", overrides, "{}".into(), auth.to_vec(), 400);
+    for (uri, status) in [
+        ("/admin/overrides", 200),
+        ("/admin/overrides?rule=per-key&limit=1", 200),
+        ("/admin/overrides?rule=per-key&key=api_key%3Dnone", 404),
+        ("/admin/overrides?limit=0", 400),
+    ] {
+        add(overrides, "get", uri, String::new(), auth.to_vec(), status);
+    }
+    add(overrides, "get", overrides, String::new(), vec![], 401);
+    for (uri, status) in [
+        ("/admin/overrides?rule=per-key&key=api_key%3Ddoc-none", 404),
+        ("/admin/overrides?rule=nope&key=k", 400),
+    ] {
+        add(
+            overrides,
+            "delete",
+            uri,
+            String::new(),
+            auth.to_vec(),
+            status,
+        );
+    }
+    add(
+        overrides,
+        "delete",
+        "/admin/overrides?rule=per-key&key=k",
+        String::new(),
+        vec![],
+        401,
+    );
 
     for (path, item) in paths {
         for (method, operation) in item.as_object().expect("a path item") {

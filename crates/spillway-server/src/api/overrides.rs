@@ -265,7 +265,7 @@ async fn set_body(
             .layer
             .engine()
             .charge_for_key(&body.rule, None, key.to_string(), 0, false)
-            .map_err(|m| problem(StatusCode::BAD_REQUEST, format!("`key`: {m}")))?;
+            .map_err(|m| problem(StatusCode::BAD_REQUEST, m))?;
     }
     let entry = override_of(&body, caller).map_err(|r| *r)?;
     // Every quota of the rule takes it, or none is changed.
