@@ -184,6 +184,13 @@ fn string_keys(c: &mut Criterion) {
             prefill(&store, (0..n as u64).map(client), Prefill::Live);
             (store, visits())
         });
+        // Overrides set for other keys: what a check pays for there being
+        // some (no one's own is met).
+        bench_config(c, "memory_store_10k_overrides", &id, &[1, 2], n, || {
+            let store = common::memory_store_with_overrides(n, 10_000);
+            prefill(&store, (0..n as u64).map(client), Prefill::Live);
+            (store, visits())
+        });
         bench_config(c, "governor", &id, &[1, 2], n, || {
             let theirs = common::governor::<String>();
             prefill(&theirs, (0..n as u64).map(client), Prefill::Live);

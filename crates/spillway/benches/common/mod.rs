@@ -204,6 +204,22 @@ pub(crate) fn memory_store(keys: usize) -> MemoryStore {
     MemoryStore::new(vec![Rule::new("bench", token_bucket())], options(keys))
 }
 
+/// [`memory_store`] with `overrides` overrides of keys its benches never
+/// visit (`other-N`, a limit each), as an operator who set them for some
+/// customers: what the check of every other key pays for them.
+pub(crate) fn memory_store_with_overrides(keys: usize, overrides: usize) -> MemoryStore {
+    let store = memory_store(keys);
+    for i in 0..overrides {
+        let entry = spillway::store::OverrideEntry {
+            applied: spillway::store::Override::limit(1_000),
+            spec: "{}".into(),
+        };
+        let target = spillway::store::Target::Key(format!("other-{i}").into());
+        store.set_override(RuleId(0), target, entry).expect("fits");
+    }
+    store
+}
+
 impl Subject for MemoryStore {
     type Key = String;
 

@@ -12,7 +12,7 @@ use compact_str::CompactString;
 
 use super::cell::SharedState;
 use super::holds::{Holds, Release};
-use super::overrides::{Override, OverrideBook, OverrideEntry, Target, stopped};
+use super::overrides::{Override, OverrideBook, OverrideEntry, OverrideFilter, Target, stopped};
 use super::receipts::Receipts;
 use super::table::{ShardGuard, Table};
 use super::{
@@ -371,6 +371,9 @@ pub struct MemoryStore<C = MonotonicClock> {
     // Shared with the stores `reconfigure` makes, so counters survive a
     // configuration reload.
     tables: Vec<Arc<Table<CompactString, AnyState>>>,
+    // Per rule, which keys may have an override, by their table's hash:
+    // kept with the table.
+    filters: Vec<Arc<OverrideFilter>>,
     // Shared with the stores `reconfigure` makes, as the counters are.
     receipts: Arc<Receipts>,
     // The reservations open under rules that release them, shared as the
@@ -400,6 +403,7 @@ impl<C: Clock> MemoryStore<C> {
             .collect();
         Self {
             in_place: in_place(&rules),
+            filters: rules.iter().map(|_| Arc::default()).collect(),
             rules,
             tables,
             receipts: Arc::new(Receipts::new(
@@ -439,7 +443,7 @@ impl<C: Clock> MemoryStore<C> {
     where
         C: Clone,
     {
-        let tables = rules
+        let (tables, filters) = rules
             .iter()
             .map(|rule| {
                 // The same rule, else one of the same name whose keys'
@@ -452,19 +456,29 @@ impl<C: Clock> MemoryStore<C> {
                     })
                 });
                 kept.map_or_else(
-                    || Arc::new(self.options.table(rules.len(), compact_heap)),
+                    || {
+                        // A new table hashes its own way: the rule's
+                        // overrides are marked again.
+                        let table = Arc::new(self.options.table(rules.len(), compact_heap));
+                        let filter = Arc::new(OverrideFilter::default());
+                        for target in self.overrides.targets(rule.name()) {
+                            mark(&filter, &table, &target);
+                        }
+                        (table, filter)
+                    },
                     |i| {
                         // Its share of the bytes as the rules now divide them.
                         self.tables[i].set_budget(self.options.share(rules.len()));
-                        self.tables[i].clone()
+                        (self.tables[i].clone(), self.filters[i].clone())
                     },
                 )
             })
-            .collect();
+            .unzip();
         Self {
             in_place: in_place(&rules),
             rules,
             tables,
+            filters,
             receipts: self.receipts.clone(),
             holds: self.holds.clone(),
             overrides: self.overrides.clone(),
@@ -490,9 +504,10 @@ impl<C: Clock> MemoryStore<C> {
                 index: 0,
                 rule: check.rule.0,
             })?;
+            let table = &self.tables[check.rule.0];
+            let hash = table.hash(check.key);
             let over = self
-                .overrides
-                .find(rule.name(), check.key, now)
+                .override_of(check.rule.0, check.key, hash, now)
                 .map(|o| Applied::of(Some(o), rule.algorithm(), check.cost, now));
             let algorithm = match &over {
                 None => rule.algorithm(),
@@ -509,8 +524,6 @@ impl<C: Clock> MemoryStore<C> {
                 }
                 Some(applied) => &applied.algorithm,
             };
-            let table = &self.tables[check.rule.0];
-            let hash = table.hash(check.key);
             let in_place = self.in_place[check.rule.0];
             let decision = table
                 .check(algorithm, in_place, check.key, hash, check.cost, now)
@@ -987,7 +1000,12 @@ impl<C: Clock> MemoryStore<C> {
                         },
                     });
                 }
-                let over = self.overrides.find(rule.name(), c.key, now);
+                let over = if self.overrides.is_empty() {
+                    None
+                } else {
+                    let hash = self.tables[c.rule.0].hash(c.key);
+                    self.override_of(c.rule.0, c.key, hash, now)
+                };
                 Ok(Applied::of(over, algorithm, c.cost, now))
             })
             .collect()
@@ -1046,7 +1064,18 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         // What has passed its time goes when something is set.
         self.overrides.purge(now);
+        mark(&self.filters[rule.0], &self.tables[rule.0], &target);
         Ok(self.overrides.set(r.name(), target, entry))
+    }
+
+    /// The override in force for `key` (of `hash` in its rule's table)
+    /// under rule `rule` at `now`.
+    #[inline]
+    fn override_of(&self, rule: usize, key: &str, hash: u64, now: Micros) -> Option<Override> {
+        if !self.filters[rule].may_hold(hash) {
+            return None;
+        }
+        self.overrides.find(self.rules[rule].name(), key, now)
     }
 
     /// Removes the override of `target` under store rule `rule`; returns
@@ -1100,6 +1129,14 @@ pub(super) fn releases(rule: &Rule) -> Option<Duration> {
     match rule.algorithm() {
         AnyAlgorithm::Concurrency(_) => None,
         _ => rule.release_after(),
+    }
+}
+
+/// Marks `target` in `filter`, by `table`'s hash.
+fn mark(filter: &OverrideFilter, table: &Table<CompactString, AnyState>, target: &Target) {
+    match target {
+        Target::Key(key) => filter.mark(table.hash(key.as_str())),
+        Target::Prefix(_) => filter.mark_prefixes(),
     }
 }
 

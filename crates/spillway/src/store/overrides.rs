@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use compact_str::CompactString;
@@ -406,6 +406,18 @@ impl OverrideBook {
         all
     }
 
+    /// Every target of the rule called `rule`, in force or not.
+    pub(crate) fn targets(&self, rule: &str) -> Vec<Target> {
+        let rules = self.rules.read();
+        let Some(of_rule) = rules.get(rule) else {
+            return Vec::new();
+        };
+        let keys = of_rule.keys.keys().map(|k| Target::Key(k.clone()));
+        let prefixes = of_rule.prefixes.values().flatten();
+        keys.chain(prefixes.map(|(p, _)| Target::Prefix(p.clone())))
+            .collect()
+    }
+
     /// The names of the rules that have overrides.
     pub fn rules(&self) -> Vec<String> {
         self.rules.read().keys().map(|r| r.to_string()).collect()
@@ -450,6 +462,53 @@ impl OverrideBook {
         let mut rules = self.rules.write();
         *rules = fresh;
         self.count.store(count, Ordering::Release);
+    }
+}
+
+/// Which keys of one rule may have an override, by the hash the rule's
+/// table gives them: what lets a check of a key with none skip the book
+/// (one load while the rule has none; one bit's load after). Bits are set,
+/// never cleared: a removed override leaves a bit that sends its key to
+/// the book, which finds nothing.
+#[derive(Debug, Default)]
+pub(crate) struct OverrideFilter {
+    // 2^20 bits once the rule has a key's own override: with 10,000 keys,
+    // about 1 key in 100 without one is sent to the book.
+    bits: std::sync::OnceLock<Box<[AtomicU64]>>,
+    prefixes: std::sync::atomic::AtomicBool,
+}
+
+const FILTER_WORDS: usize = 1 << 14;
+
+impl OverrideFilter {
+    /// Whether a key of `hash` may have an override (its own or a
+    /// prefix's).
+    #[inline]
+    pub(crate) fn may_hold(&self, hash: u64) -> bool {
+        if self.prefixes.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(bits) = self.bits.get() else {
+            return false;
+        };
+        // The top bits: the table's slots and shards use the others.
+        let bit = (hash >> 44) as usize;
+        bits[bit / 64 % FILTER_WORDS].load(Ordering::Acquire) & (1 << (bit % 64)) != 0
+    }
+
+    /// Marks a key of `hash` as having an override of its own.
+    pub(crate) fn mark(&self, hash: u64) {
+        let bits = self
+            .bits
+            .get_or_init(|| (0..FILTER_WORDS).map(|_| AtomicU64::new(0)).collect());
+        let bit = (hash >> 44) as usize;
+        bits[bit / 64 % FILTER_WORDS].fetch_or(1 << (bit % 64), Ordering::Release);
+    }
+
+    /// Marks the rule as having prefixes' overrides: every key is looked
+    /// up.
+    pub(crate) fn mark_prefixes(&self) {
+        self.prefixes.store(true, Ordering::Release);
     }
 }
 
