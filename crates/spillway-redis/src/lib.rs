@@ -963,6 +963,10 @@ impl Store for RedisStore {
         &self.inner.rules
     }
 
+    fn tiers(&self) -> Option<&spillway::store::TierBook> {
+        Some(&self.inner.overrides.tiers)
+    }
+
     fn check(
         &self,
         checks: &[Check<'_>],

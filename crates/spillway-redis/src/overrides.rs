@@ -30,7 +30,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use spillway::Algorithm;
 use spillway::algorithm::AnyAlgorithm;
-use spillway::store::{Override, OverrideBook, OverrideEntry, RuleId, Target};
+use spillway::store::{Override, OverrideBook, OverrideEntry, RuleId, Target, TierBook, TierEntry};
 
 use crate::call::Overridden;
 use crate::{Connection, Error, RedisStore, keys, script};
@@ -40,6 +40,7 @@ use crate::{Connection, Error, RedisStore, keys, script};
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     pub(crate) book: OverrideBook,
+    pub(crate) tiers: TierBook,
     // The table's version the book holds (`None`: never read).
     version: Mutex<Option<u64>>,
 }
@@ -95,8 +96,52 @@ fn value(entry: &OverrideEntry) -> String {
     )
 }
 
+/// The table's field of `api_key`'s tier.
+fn tier_field(api_key: &str) -> String {
+    let mut out = String::with_capacity(api_key.len() + 2);
+    out.push_str("t:");
+    script::escape_into(&mut out, api_key);
+    out
+}
+
+/// The table's value of a tier's entry: its end, the tier (a name of the
+/// configuration's, which holds no line break), then the description.
+fn tier_value(entry: &TierEntry) -> String {
+    format!(
+        "{} {}\n{}",
+        entry.until.unwrap_or(0),
+        entry.tier,
+        entry.spec
+    )
+}
+
+/// A row of the table read back.
+#[derive(Debug, PartialEq)]
+enum Row {
+    Override(String, Target, OverrideEntry),
+    Tier(String, TierEntry),
+}
+
 /// A field and its value read back; `None` for one this version does not
 /// write.
+fn parse_row(field: &str, value: &str) -> Option<Row> {
+    if let Some(key) = field.strip_prefix("t:") {
+        let (head, spec) = value.split_once('\n')?;
+        let (until, tier) = head.split_once(' ')?;
+        let until: u64 = until.parse().ok()?;
+        let entry = TierEntry {
+            tier: tier.into(),
+            until: (until > 0).then_some(until),
+            spec: spec.into(),
+        };
+        return Some(Row::Tier(keys::unescaped(key), entry));
+    }
+    let (rule, target, entry) = parse(field, value)?;
+    Some(Row::Override(rule, target, entry))
+}
+
+/// An override's field and value read back; `None` for one this version
+/// does not write.
 fn parse(field: &str, value: &str) -> Option<(String, Target, OverrideEntry)> {
     let (kind, rest) = field.split_once(':')?;
     let (rule, text) = rest.split_once(':')?;
@@ -166,16 +211,8 @@ impl RedisStore {
     ) -> Result<Option<OverrideEntry>, Error> {
         let r = self.rule(rule)?;
         let (cap, params) = script_view(r, &entry.applied)?;
-        let prefix = &self.inner.options.key_prefix;
-        let mut write = redis::cmd("EVAL");
-        write
-            .arg(WRITE)
-            .arg(2)
-            .arg(table_key(prefix))
-            .arg(version_key(prefix))
-            .arg(field(r.name(), &target))
-            .arg(value(&entry));
-        let _: i64 = self.query(&table_key(prefix), &write).await?;
+        self.write_row(&field(r.name(), &target), &value(&entry))
+            .await?;
         if let Target::Key(key) = &target {
             let state = self.stored_key(rule, key)?;
             let own = format!("{state}:ov");
@@ -205,7 +242,6 @@ impl RedisStore {
         target: &Target,
     ) -> Result<Option<OverrideEntry>, Error> {
         let r = self.rule(rule)?;
-        let prefix = &self.inner.options.key_prefix;
         if let Target::Key(key) = target {
             let state = self.stored_key(rule, key)?;
             let own = format!("{state}:ov");
@@ -214,16 +250,49 @@ impl RedisStore {
                 cache.forget(&state);
             }
         }
+        self.write_row(&field(r.name(), target), "").await?;
+        Ok(self.inner.overrides.book.remove(r.name(), target))
+    }
+
+    /// Puts `api_key` in a tier on every instance that shares this Redis
+    /// (within one refresh), replacing any; returns the entry it replaced,
+    /// as this instance knew it.
+    pub async fn set_tier(
+        &self,
+        api_key: &str,
+        entry: TierEntry,
+    ) -> Result<Option<TierEntry>, Error> {
+        self.write_row(&tier_field(api_key), &tier_value(&entry))
+            .await?;
+        Ok(self.inner.overrides.tiers.set(api_key, entry))
+    }
+
+    /// Takes `api_key` out of the tier it was put in, on every instance
+    /// (within one refresh); returns its entry, as this instance knew it.
+    pub async fn remove_tier(&self, api_key: &str) -> Result<Option<TierEntry>, Error> {
+        self.write_row(&tier_field(api_key), "").await?;
+        Ok(self.inner.overrides.tiers.remove(api_key))
+    }
+
+    /// Writes a row of the table (`""`: removes it) and bumps its version.
+    async fn write_row(&self, field: &str, value: &str) -> Result<(), Error> {
+        let prefix = &self.inner.options.key_prefix;
         let mut write = redis::cmd("EVAL");
         write
             .arg(WRITE)
             .arg(2)
             .arg(table_key(prefix))
             .arg(version_key(prefix))
-            .arg(field(r.name(), target))
-            .arg("");
+            .arg(field)
+            .arg(value);
         let _: i64 = self.query(&table_key(prefix), &write).await?;
-        Ok(self.inner.overrides.book.remove(r.name(), target))
+        Ok(())
+    }
+
+    /// The API keys put in a tier, as this instance knows them (read from
+    /// Redis at most one refresh ago).
+    pub fn tier_book(&self) -> &TierBook {
+        &self.inner.overrides.tiers
     }
 
     /// The overrides as this instance knows them (read from Redis at most
@@ -340,21 +409,22 @@ async fn refresh(
     let (version, fields): (u64, Vec<(String, String)>) =
         keys::query_on(connection, timeout, &table, &read).await?;
     let mut unread = 0;
-    let entries: Vec<_> = fields
-        .iter()
-        .filter_map(|(f, v)| {
-            let parsed = parse(f, v);
-            unread += usize::from(parsed.is_none());
-            parsed
-        })
-        .collect();
+    let (mut overrides, mut tiers) = (Vec::new(), Vec::new());
+    for (f, v) in &fields {
+        match parse_row(f, v) {
+            Some(Row::Override(rule, target, entry)) => overrides.push((rule, target, entry)),
+            Some(Row::Tier(key, entry)) => tiers.push((key, entry)),
+            None => unread += 1,
+        }
+    }
     if unread > 0 {
         tracing::warn!(
             unread,
             "overrides in redis this version cannot read were left out"
         );
     }
-    shared.book.replace(entries);
+    shared.book.replace(overrides);
+    shared.tiers.replace(tiers);
     *shared.version.lock() = Some(version);
     Ok(())
 }
@@ -386,5 +456,13 @@ mod tests {
         assert_eq!(parse("x:r:k", "1 - - 0\n"), None);
         assert_eq!(parse("k:r:k", "1 - -\n"), None);
         assert_eq!(parse("k:r:k", "one - - 0\n"), None);
+        let tier = TierEntry {
+            tier: "pro plan".into(),
+            until: Some(7),
+            spec: "{}".into(),
+        };
+        let row = parse_row(&tier_field("k:1 %"), &tier_value(&tier));
+        assert_eq!(row, Some(Row::Tier("k:1 %".into(), tier)));
+        assert_eq!(parse_row("t:k", "pro\n{}"), None);
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use spillway::algorithm::Renewed;
 use spillway::store::{
     Check, Hold, MemoryStore, OverrideBook, OverrideEntry, Renew, Rule, RuleId, Settle, Settled,
-    Store, Target, Verdict,
+    Store, Target, TierBook, TierEntry, Verdict,
 };
 use spillway_redis::{Error as StoreError, RedisStore};
 
@@ -96,6 +96,39 @@ impl AnyStore {
         }
     }
 
+    /// Puts `api_key` in a tier: in this process's memory, or in Redis for
+    /// every instance.
+    pub async fn set_tier(
+        &self,
+        api_key: &str,
+        entry: TierEntry,
+    ) -> Result<Option<TierEntry>, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.tiers().and_then(|t| t.set(api_key, entry))),
+            StoreImpl::Redis(s) => s.set_tier(api_key, entry).await,
+        }
+    }
+
+    /// Takes `api_key` out of the tier it was put in.
+    pub async fn remove_tier(&self, api_key: &str) -> Result<Option<TierEntry>, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.tiers().and_then(|t| t.remove(api_key))),
+            StoreImpl::Redis(s) => s.remove_tier(api_key).await,
+        }
+    }
+
+    /// The API keys put in a tier, as the store holds them now (on Redis,
+    /// read again if they changed since this instance last did).
+    pub async fn tier_book(&self) -> Result<&TierBook, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.tiers().expect("the memory store keeps tiers")),
+            StoreImpl::Redis(s) => {
+                s.refresh_overrides().await?;
+                Ok(s.tier_book())
+            }
+        }
+    }
+
     /// The in-memory store, if that is what this is.
     pub fn memory(&self) -> Option<&MemoryStore> {
         match &self.inner {
@@ -126,6 +159,13 @@ impl Store for AnyStore {
         match &self.inner {
             StoreImpl::Memory(s) => s.rules(),
             StoreImpl::Redis(s) => s.rules(),
+        }
+    }
+
+    fn tiers(&self) -> Option<&TierBook> {
+        match &self.inner {
+            StoreImpl::Memory(s) => s.tiers(),
+            StoreImpl::Redis(s) => s.tiers(),
         }
     }
 

@@ -592,6 +592,14 @@ pub struct Reported<'a> {
     pub decision: &'a Decision,
 }
 
+/// The wall clock in µs since the Unix epoch: the time an entry of the
+/// store's run-time tables ends on.
+fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// The policy on its store, and the observer: what decides requests. Every
 /// front end holds one (the middleware through
 /// [`RateLimitLayer`](crate::RateLimitLayer)).
@@ -859,20 +867,31 @@ impl<St: Store> Engine<St> {
                 ));
             }
         };
-        let resolved = parts
-            .iter()
-            .zip(&values)
-            .find_map(|(part, value)| match part {
-                KeyPart::ApiKey | KeyPart::Credential(_) => self.policy.api_key_tiers.get(value),
-                _ => None,
-            });
-        let tier = match (tier, resolved) {
+        let now = wall_micros();
+        let resolved: Option<Arc<str>> =
+            parts
+                .iter()
+                .zip(&values)
+                .find_map(|(part, value)| match part {
+                    KeyPart::ApiKey | KeyPart::Credential(_) => self
+                        .store
+                        .tiers()
+                        .and_then(|book| book.tier_of(value, now))
+                        .or_else(|| {
+                            self.policy
+                                .api_key_tiers
+                                .get(value)
+                                .map(|t| t.as_str().into())
+                        }),
+                    _ => None,
+                });
+        let tier = match (tier, resolved.as_deref()) {
             (Some(given), Some(has)) if given != has => {
                 return Err(format!(
                     "The API key of `key` is in tier `{has}`, not `{given}`."
                 ));
             }
-            (given, has) => given.or(has.map(String::as_str)),
+            (given, has) => given.or(has),
         };
         self.charge_named(rule, tier, key, cost)
     }
@@ -901,7 +920,12 @@ impl<St: Store> Engine<St> {
         let client = Identity::of(parts, &policy.clients);
         let addr_required = missing == MissingClientAddr::Error;
         // An error only matters to a rule that has tiers.
-        let tier = policy.tier_of(&client);
+        let runtime = self.runtime_tier(&client);
+        let tier = match &runtime {
+            Ok(Some(tier)) => Ok(Some(&**tier)),
+            Ok(None) => policy.tier_of(&client),
+            Err(m) => Err(m.as_str()),
+        };
         let not_served = self.leases && parts.extensions.get::<crate::NotServed>().is_some();
         let mut charges = SmallVec::new();
         for (index, rule) in policy.rules.iter().enumerate() {
@@ -947,6 +971,25 @@ impl<St: Store> Engine<St> {
             });
         }
         Ok(charges)
+    }
+
+    /// The tier a request's API key was put in at run time (the store's
+    /// [`TierBook`](spillway::store::TierBook)), unless a trusted layer
+    /// named the tier; an error (a 400's message) when the book holds keys
+    /// and the API key was sent twice or cannot be read, so that a key in
+    /// a stricter tier cannot escape it that way.
+    fn runtime_tier(&self, client: &Identity) -> Result<Option<Arc<str>>, String> {
+        if client.tier.is_some() {
+            return Ok(None);
+        }
+        let Some(book) = self.store.tiers().filter(|b| !b.is_empty()) else {
+            return Ok(None);
+        };
+        match &client.api_key {
+            Ok(Some(key)) => Ok(book.tier_of(key, wall_micros())),
+            Ok(None) => Ok(None),
+            Err(m) => Err(m.clone()),
+        }
     }
 
     /// Plans a request's parts and decides it, for a caller that describes

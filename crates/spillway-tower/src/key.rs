@@ -205,6 +205,25 @@ impl Credential {
     }
 }
 
+/// The spellings under which a request's API key is found for `api_key`:
+/// as a header carries it, and (when it differs) as the bearer token that
+/// decodes to the same credential reads ([`Credential`]). A table of keys
+/// (tiers) holds each key under all of them.
+///
+/// ```
+/// use spillway_tower::key::api_key_spellings;
+/// assert_eq!(api_key_spellings("k-123"), vec!["k-123"]);
+/// assert_eq!(api_key_spellings("a+b/c="), vec!["a+b/c=", "a-b_c"]);
+/// ```
+pub fn api_key_spellings(api_key: &str) -> Vec<String> {
+    let as_token = canonical_token(api_key.as_bytes(), "bearer");
+    if as_token == api_key {
+        vec![as_token]
+    } else {
+        vec![api_key.to_string(), as_token]
+    }
+}
+
 /// A token as the one credential it decodes to. Tokens are base64 more
 /// often than not (Basic credentials, the parts of a JWT), and common
 /// decoders skip what is not in the alphabet and the padding (Python's

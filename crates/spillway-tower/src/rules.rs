@@ -784,12 +784,10 @@ impl Policy {
     /// Puts `api_key` in `tier`. A key sent as a token is found in any of
     /// the spellings that key it ([`Credential`](crate::Credential)).
     pub fn api_key_tier(mut self, api_key: impl Into<String>, tier: impl Into<String>) -> Self {
-        let (api_key, tier) = (api_key.into(), tier.into());
-        let as_token = key::canonical_token(api_key.as_bytes(), "bearer");
-        if as_token != api_key {
-            self.api_key_tiers.insert(as_token, tier.clone());
+        let tier = tier.into();
+        for spelling in key::api_key_spellings(&api_key.into()) {
+            self.api_key_tiers.insert(spelling, tier.clone());
         }
-        self.api_key_tiers.insert(api_key, tier);
         self
     }
 

@@ -10,6 +10,7 @@
 
 mod admin;
 mod answer;
+mod changes;
 mod check;
 mod forward_auth;
 mod health;
@@ -17,6 +18,7 @@ mod lease;
 mod overrides;
 pub(crate) mod settle;
 mod site;
+mod tiers;
 
 pub(crate) use settle::SettleKey;
 
@@ -101,6 +103,13 @@ fn router(state: State, with_check: bool) -> Router {
     let admin = Router::new()
         .route("/rules", get(admin::rules))
         .route("/rules/{rule}/keys", get(admin::keys))
+        .route(
+            "/tiers",
+            get(tiers::read)
+                .post(tiers::create)
+                .put(tiers::replace)
+                .delete(tiers::remove),
+        )
         .route(
             "/overrides",
             get(overrides::read)

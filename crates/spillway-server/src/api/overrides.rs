@@ -7,12 +7,11 @@
 //! token that made it.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Extension;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, Request, State as Extract};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -20,14 +19,11 @@ use spillway::store::{Override, OverrideEntry, RuleId, Store, Target};
 
 use super::MAX_KEY_BYTES;
 use super::admin::Caller;
-use super::answer::{json_response, problem, read_body, unavailable};
+use super::answer::{json_response, problem, read_body};
+use super::changes::{
+    MAX_PAGE, Refused, bad, rfc3339, spec_of, store_failed, until_of, wall_micros,
+};
 use crate::state::{Loaded, State};
-
-/// The most overrides one page of a listing holds.
-const MAX_PAGE: usize = 1000;
-
-/// The longest `reason`.
-const MAX_REASON: usize = 500;
 
 /// The body of `POST` and `PUT /admin/overrides`.
 #[derive(Debug, Deserialize)]
@@ -53,32 +49,6 @@ pub(super) struct Which {
     prefix: Option<String>,
     limit: Option<usize>,
     cursor: Option<String>,
-}
-
-/// An answer that is not the one asked for: an error's response.
-type Refused = Box<Response>;
-
-fn bad(detail: impl Into<String>) -> Refused {
-    Box::new(problem(StatusCode::BAD_REQUEST, detail))
-}
-
-fn store_failed(e: impl std::fmt::Display) -> Refused {
-    Box::new(unavailable(format!("The store could not answer: {e}.")).into_response())
-}
-
-fn wall_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
-fn rfc3339(micros: u64) -> String {
-    let secs = i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX);
-    let nanos = u32::try_from(micros % 1_000_000 * 1000).unwrap_or(0);
-    chrono::DateTime::from_timestamp(secs, nanos).map_or_else(
-        || micros.to_string(),
-        |t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-    )
 }
 
 /// The policy rule called `rule` and its store rules (default, tiers).
@@ -140,54 +110,12 @@ fn override_of(body: &Body, caller: &Caller) -> Result<OverrideEntry, Refused> {
         o = o.with_delay(delay);
     }
     let now = wall_micros();
-    let until = match (&body.until, &body.ttl) {
-        (Some(_), Some(_)) => {
-            return Err(bad(
-                "`until` and `ttl`: say when the override ends one way, not both.",
-            ));
-        }
-        (Some(until), None) => {
-            let t = chrono::DateTime::parse_from_rfc3339(until).map_err(|e| {
-                bad(format!(
-                    "`until` must be a time like 2026-12-31T23:59:59Z (RFC 3339): {e}."
-                ))
-            })?;
-            let micros = u64::try_from(t.timestamp_micros()).unwrap_or(0);
-            if micros <= now {
-                return Err(bad(format!("`until` ({until}) has passed.")));
-            }
-            Some(micros)
-        }
-        (None, Some(ttl)) => {
-            let d = crate::config::parse_duration(ttl).map_err(|m| bad(format!("`ttl`: {m}.")))?;
-            if d.is_zero() || d > Duration::from_secs(10 * 366 * 86_400) {
-                return Err(bad("`ttl` must be longer than zero and at most ten years."));
-            }
-            Some(now.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX)))
-        }
-        (None, None) => None,
-    };
+    let until = until_of(body.until.as_deref(), body.ttl.as_deref(), now)?;
     if let Some(until) = until {
         o = o.until(until);
     }
-    if body
-        .reason
-        .as_ref()
-        .is_some_and(|r| r.chars().count() > MAX_REASON)
-    {
-        return Err(bad(format!(
-            "`reason` is longer than {MAX_REASON} characters."
-        )));
-    }
-    let spec = json!({
-        "reason": body.reason,
-        "set_by": &*caller.name,
-        "set_at": rfc3339(now),
-    });
-    Ok(OverrideEntry {
-        applied: o,
-        spec: spec.to_string().into(),
-    })
+    let spec = spec_of(body.reason.as_deref(), caller, now)?;
+    Ok(OverrideEntry { applied: o, spec })
 }
 
 /// An override as the API shows it.

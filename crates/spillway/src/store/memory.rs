@@ -382,6 +382,8 @@ pub struct MemoryStore<C = MonotonicClock> {
     // The quotas changed at run time, by rule name: shared as the counters
     // are, and applied to a reloaded rule as long as they fit it.
     overrides: Arc<OverrideBook>,
+    // The API keys put in a tier at run time, shared likewise.
+    tiers: Arc<super::TierBook>,
     options: MemoryOptions,
     clock: C,
 }
@@ -411,6 +413,7 @@ impl<C: Clock> MemoryStore<C> {
             )),
             holds: Arc::new(Holds::new()),
             overrides: Arc::new(OverrideBook::new()),
+            tiers: Arc::default(),
             options,
             clock,
         }
@@ -482,6 +485,7 @@ impl<C: Clock> MemoryStore<C> {
             receipts: self.receipts.clone(),
             holds: self.holds.clone(),
             overrides: self.overrides.clone(),
+            tiers: self.tiers.clone(),
             options: self.options,
             clock: self.clock.clone(),
         }
@@ -1153,6 +1157,10 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    fn tiers(&self) -> Option<&super::TierBook> {
+        Some(&self.tiers)
     }
 
     fn check(

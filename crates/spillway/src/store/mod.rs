@@ -42,6 +42,7 @@ mod memory;
 mod overrides;
 mod receipts;
 mod table;
+mod tiers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -51,6 +52,7 @@ pub use cell::{AnyCell, SharedState, Words};
 pub use holds::MAX_OPEN_HOLDS;
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 pub use overrides::{Override, OverrideBook, OverrideEntry, Target};
+pub use tiers::{TierBook, TierEntry};
 
 use crate::algorithm::{AnyAlgorithm, Charged, Renewed};
 use crate::clock::Micros;
@@ -351,6 +353,13 @@ pub trait Store: Send + Sync {
 
     /// The rules, indexed by [`RuleId`].
     fn rules(&self) -> &[Rule];
+
+    /// The API keys put in a tier at run time, if the store keeps any
+    /// (the in-memory store and the Redis store do): a front end reads a
+    /// request's tier there ahead of its configuration's table.
+    fn tiers(&self) -> Option<&TierBook> {
+        None
+    }
 
     /// Decides on one request: all its checks at once. If any check denies,
     /// none is charged. A check whose cost exceeds its rule's capacity fails

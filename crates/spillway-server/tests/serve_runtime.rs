@@ -1,8 +1,10 @@
-//! `/admin/overrides` on the real server (port 0), in memory and on Redis:
-//! an override set through the API holds for `/v1/check` (a rule and key,
-//! and a described request, under every tier), a removal keeps the count,
-//! bad input is a 400 naming the field, a read-only token reads only, and
-//! on Redis what one instance sets holds on two others.
+//! `/admin/overrides` and `/admin/tiers` on the real server (port 0), in
+//! memory and on Redis: an override set through the API holds for
+//! `/v1/check` (a rule and key, and a described request, under every
+//! tier), a removal keeps the count; an API key put in a tier counts under
+//! its quota, ahead of the file's table; bad input is a 400 naming the
+//! field, a read-only token reads only, and on Redis what one instance
+//! sets holds on two others.
 
 mod serve_support;
 
@@ -200,6 +202,103 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
+/// An API key put in a tier through the API counts under the tier's quota.
+async fn tiers_through_the_api(http: &Http) {
+    let a = request(http, "gold").await;
+    assert_eq!(rule_of(&a, "per-key")["tier"], Value::Null);
+    assert_eq!(rule_of(&a, "per-key")["limit"], 3);
+    let put = json!({"api_key": "gold", "tier": "pro", "reason": "upgraded"});
+    let a = send(http, Method::POST, "/admin/tiers", OPS, put.clone()).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    assert_eq!(a.json()["tier"], "pro");
+    assert_eq!(a.json()["set_by"], "ops");
+    let a = send(http, Method::POST, "/admin/tiers", OPS, put.clone()).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.text());
+    let a = send(http, Method::PUT, "/admin/tiers", OPS, put).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let a = request(http, "gold").await;
+    assert_eq!(rule_of(&a, "per-key")["tier"], "pro", "{}", a.text());
+    assert_eq!(rule_of(&a, "per-key")["limit"], 5);
+    assert_eq!(rule_of(&a, "per-key")["remaining"], 4);
+    // So does a rule check of its key, as a request would count.
+    let a = http
+        .check(json!({"rule": "per-key", "key": "api_key=gold"}))
+        .await;
+    assert_eq!(rule_of(&a, "per-key")["tier"], "pro", "{}", a.text());
+    assert_eq!(rule_of(&a, "per-key")["remaining"], 3);
+    // Sent twice, the key cannot be read: refused, not counted under
+    // another tier.
+    let twice = http
+        .send(
+            Method::POST,
+            "/v1/check",
+            &[("content-type", "application/json")],
+            json!({"method": "GET", "path": "/api/x", "headers": {"x-api-key": ["gold", "other"]}})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(twice.status, StatusCode::BAD_REQUEST, "{}", twice.text());
+    // Read, listed, removed.
+    let a = send(
+        http,
+        Method::GET,
+        "/admin/tiers?api_key=gold",
+        VIEWER,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(a.json()["reason"], "upgraded", "{}", a.text());
+    let a = send(http, Method::GET, "/admin/tiers", VIEWER, Value::Null).await;
+    assert_eq!(a.json()["tiers"][0]["api_key"], "gold", "{}", a.text());
+    assert_eq!(a.json()["next"], Value::Null);
+    let a = send(
+        http,
+        Method::DELETE,
+        "/admin/tiers?api_key=gold",
+        VIEWER,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    let a = send(
+        http,
+        Method::DELETE,
+        "/admin/tiers?api_key=gold",
+        OPS,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let a = request(http, "gold").await;
+    assert_eq!(rule_of(&a, "per-key")["tier"], Value::Null);
+    assert_eq!(rule_of(&a, "per-key")["limit"], 3);
+    let a = send(
+        http,
+        Method::DELETE,
+        "/admin/tiers?api_key=gold",
+        OPS,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    // Bad input names the field.
+    for (body, field) in [
+        (json!({"api_key": "k", "tier": "gold"}), "`tier`"),
+        (json!({"api_key": "", "tier": "pro"}), "`api_key`"),
+        (json!({"api_key": "a\u{7}b", "tier": "pro"}), "`api_key`"),
+        (json!({"api_key": "k", "tier": "pro", "ttl": "0s"}), "`ttl`"),
+        (
+            json!({"api_key": "k", "tier": "pro", "plan": "x"}),
+            "`plan`",
+        ),
+    ] {
+        let a = send(http, Method::PUT, "/admin/tiers", OPS, body.clone()).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{body}: {}", a.text());
+        let detail = a.json()["detail"].as_str().unwrap_or_default().to_string();
+        assert!(detail.contains(field), "{body}: {detail}");
+    }
+}
+
 /// Bad input is a 400 that names the field.
 async fn bad_input_names_the_field(http: &Http) {
     for (body, field) in [
@@ -284,6 +383,7 @@ async fn overrides_set_through_the_api_hold_in_memory() {
     let service = Service::start(config, None).await;
     overrides_through_the_api(&service.http).await;
     bad_input_names_the_field(&service.http).await;
+    tiers_through_the_api(&service.http).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,6 +403,10 @@ async fn overrides_set_on_one_instance_hold_on_the_others_on_redis() {
     ];
     overrides_through_the_api(&services[0].http).await;
     bad_input_names_the_field(&services[0].http).await;
+    tiers_through_the_api(&services[0].http).await;
+    let put = json!({"api_key": "shared", "tier": "pro"});
+    let a = send(&services[0].http, Method::PUT, "/admin/tiers", OPS, put).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
     // Within a refresh (1 s), the others hold what the first set.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for service in &services[1..] {
@@ -328,6 +432,8 @@ async fn overrides_set_on_one_instance_hold_on_the_others_on_redis() {
     for service in &services[1..] {
         let a = request(&service.http, "trial-2").await;
         assert_eq!(rule_of(&a, "per-key")["limit"], 1, "{}", a.text());
+        let a = request(&service.http, "shared").await;
+        assert_eq!(rule_of(&a, "per-key")["tier"], "pro", "{}", a.text());
         // And each lists what the first set.
         let a = send(
             &service.http,

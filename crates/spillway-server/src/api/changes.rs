@@ -1,0 +1,107 @@
+//! What the admin API's run-time tables (`/admin/overrides`,
+//! `/admin/tiers`) share: times, refusals, what is kept of who made a
+//! change.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde_json::json;
+
+use super::admin::Caller;
+use super::answer::{problem, unavailable};
+
+/// The most entries one page of a listing holds.
+pub(super) const MAX_PAGE: usize = 1000;
+
+/// The longest `reason`.
+const MAX_REASON: usize = 500;
+
+/// The longest an entry may last from now.
+const LONGEST_TTL: Duration = Duration::from_secs(10 * 366 * 86_400);
+
+/// An answer that is not the one asked for: an error's response.
+pub(super) type Refused = Box<Response>;
+
+pub(super) fn bad(detail: impl Into<String>) -> Refused {
+    Box::new(problem(StatusCode::BAD_REQUEST, detail))
+}
+
+pub(super) fn store_failed(e: impl std::fmt::Display) -> Refused {
+    Box::new(unavailable(format!("The store could not answer: {e}.")).into_response())
+}
+
+/// The wall clock, in µs since the Unix epoch.
+pub(super) fn wall_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// `micros` since the Unix epoch as RFC 3339, UTC.
+pub(super) fn rfc3339(micros: u64) -> String {
+    let secs = i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX);
+    let nanos = u32::try_from(micros % 1_000_000 * 1000).unwrap_or(0);
+    chrono::DateTime::from_timestamp(secs, nanos).map_or_else(
+        || micros.to_string(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+    )
+}
+
+/// When an entry ends (µs), from its body's `until` (RFC 3339) or `ttl`
+/// (a duration from `now`); `None`: until removed.
+pub(super) fn until_of(
+    until: Option<&str>,
+    ttl: Option<&str>,
+    now: u64,
+) -> Result<Option<u64>, Refused> {
+    match (until, ttl) {
+        (Some(_), Some(_)) => Err(bad(
+            "`until` and `ttl`: say when it ends one way, not both.",
+        )),
+        (Some(until), None) => {
+            let t = chrono::DateTime::parse_from_rfc3339(until).map_err(|e| {
+                bad(format!(
+                    "`until` must be a time like 2026-12-31T23:59:59Z (RFC 3339): {e}."
+                ))
+            })?;
+            let micros = u64::try_from(t.timestamp_micros()).unwrap_or(0);
+            if micros <= now {
+                return Err(bad(format!("`until` ({until}) has passed.")));
+            }
+            if Duration::from_micros(micros - now) > LONGEST_TTL {
+                return Err(bad("`until` is more than ten years away."));
+            }
+            Ok(Some(micros))
+        }
+        (None, Some(ttl)) => {
+            let d = crate::config::parse_duration(ttl).map_err(|m| bad(format!("`ttl`: {m}.")))?;
+            if d.is_zero() || d > LONGEST_TTL {
+                return Err(bad("`ttl` must be longer than zero and at most ten years."));
+            }
+            Ok(Some(now.saturating_add(
+                u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            )))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// What is kept of a change beside its entry: why, who, when (JSON).
+pub(super) fn spec_of(
+    reason: Option<&str>,
+    caller: &Caller,
+    now: u64,
+) -> Result<std::sync::Arc<str>, Refused> {
+    if reason.is_some_and(|r| r.chars().count() > MAX_REASON) {
+        return Err(bad(format!(
+            "`reason` is longer than {MAX_REASON} characters."
+        )));
+    }
+    let spec = json!({
+        "reason": reason,
+        "set_by": &*caller.name,
+        "set_at": rfc3339(now),
+    });
+    Ok(spec.to_string().into())
+}
