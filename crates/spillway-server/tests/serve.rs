@@ -1014,6 +1014,7 @@ async fn every_documented_path_answers_as_documented() {
         "/admin/rules/{rule}/keys",
         "/admin/rules/{rule}/keys/{key}",
         "/admin/overrides",
+        "/admin/tiers",
     ]
     .into();
     assert_eq!(documented, served);
@@ -1237,6 +1238,28 @@ async fn every_documented_path_answers_as_documented() {
         vec![],
         401,
     );
+    let tiers = "/admin/tiers";
+    let put = |key: &str| json!({"api_key": key, "tier": "pro"}).to_string();
+    add(tiers, "post", tiers, put("doc-post"), auth.to_vec(), 201);
+    add(tiers, "post", tiers, put("doc-post"), auth.to_vec(), 409);
+    add(tiers, "post", tiers, put(""), auth.to_vec(), 400);
+    add(tiers, "post", tiers, put("x"), vec![], 401);
+    add(tiers, "put", tiers, put("doc-put"), auth.to_vec(), 201);
+    add(tiers, "put", tiers, put("doc-put"), auth.to_vec(), 200);
+    add(tiers, "put", tiers, "{}".into(), auth.to_vec(), 400);
+    for (uri, status) in [
+        ("/admin/tiers", 200),
+        ("/admin/tiers?limit=1", 200),
+        ("/admin/tiers?api_key=nobody", 404),
+        ("/admin/tiers?limit=0", 400),
+    ] {
+        add(tiers, "get", uri, String::new(), auth.to_vec(), status);
+    }
+    add(tiers, "get", tiers, String::new(), vec![], 401);
+    let nobody = "/admin/tiers?api_key=nobody";
+    add(tiers, "delete", nobody, String::new(), auth.to_vec(), 404);
+    add(tiers, "delete", tiers, String::new(), auth.to_vec(), 400);
+    add(tiers, "delete", nobody, String::new(), vec![], 401);
 
     for (path, item) in paths {
         for (method, operation) in item.as_object().expect("a path item") {
