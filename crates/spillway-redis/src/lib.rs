@@ -967,6 +967,10 @@ impl Store for RedisStore {
         Some(&self.inner.overrides.tiers)
     }
 
+    fn lists(&self) -> Option<&spillway::store::ListBook> {
+        Some(&self.inner.overrides.lists)
+    }
+
     fn check(
         &self,
         checks: &[Check<'_>],

@@ -30,7 +30,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use spillway::Algorithm;
 use spillway::algorithm::AnyAlgorithm;
-use spillway::store::{Override, OverrideBook, OverrideEntry, RuleId, Target, TierBook, TierEntry};
+use spillway::store::{
+    ListBook, ListEntry, Listed, Override, OverrideBook, OverrideEntry, RuleId, Target, TierBook,
+    TierEntry,
+};
 
 use crate::call::Overridden;
 use crate::{Connection, Error, RedisStore, keys, script};
@@ -41,6 +44,7 @@ use crate::{Connection, Error, RedisStore, keys, script};
 pub(crate) struct Shared {
     pub(crate) book: OverrideBook,
     pub(crate) tiers: TierBook,
+    pub(crate) lists: ListBook,
     // The table's version the book holds (`None`: never read).
     version: Mutex<Option<u64>>,
 }
@@ -115,16 +119,77 @@ fn tier_value(entry: &TierEntry) -> String {
     )
 }
 
+/// The table's field of a list entry: `l:`, what it names (`i`, `a`,
+/// `k`), its rule (empty for every rule), its text.
+fn list_field(listed: &Listed, rule: Option<&str>) -> String {
+    let (kind, text) = match listed {
+        Listed::Ip { addr, len } => ("i", format!("{addr}/{len}")),
+        Listed::ApiKey(k) => ("a", k.to_string()),
+        Listed::Key(k) => ("k", k.to_string()),
+    };
+    let mut out = format!("l:{kind}:");
+    script::escape_into(&mut out, rule.unwrap_or(""));
+    out.push(':');
+    script::escape_into(&mut out, &text);
+    out
+}
+
+/// The table's value of a list entry: allow (0/1), status, end, then the
+/// description.
+fn list_value(entry: &ListEntry) -> String {
+    format!(
+        "{} {} {}\n{}",
+        u8::from(entry.allow),
+        entry.status,
+        entry.until.unwrap_or(0),
+        entry.spec
+    )
+}
+
+fn parse_list(field: &str, value: &str) -> Option<(Listed, ListEntry)> {
+    let mut parts = field.strip_prefix("l:")?.splitn(3, ':');
+    let (kind, rule, text) = (parts.next()?, parts.next()?, parts.next()?);
+    let text = keys::unescaped(text);
+    let listed = match kind {
+        "i" => {
+            let (addr, len) = text.split_once('/')?;
+            Listed::network(addr.parse().ok()?, len.parse().ok()?)?
+        }
+        "a" => Listed::ApiKey(text.into()),
+        "k" => Listed::Key(text.into()),
+        _ => return None,
+    };
+    let (head, spec) = value.split_once('\n')?;
+    let mut numbers = head.split(' ');
+    let allow = numbers.next()? == "1";
+    let status: u16 = numbers.next()?.parse().ok()?;
+    let until: u64 = numbers.next()?.parse().ok()?;
+    let rule = keys::unescaped(rule);
+    let entry = ListEntry {
+        allow,
+        rule: (!rule.is_empty()).then(|| rule.as_str().into()),
+        status,
+        until: (until > 0).then_some(until),
+        spec: spec.into(),
+    };
+    Some((listed, entry))
+}
+
 /// A row of the table read back.
 #[derive(Debug, PartialEq)]
 enum Row {
     Override(String, Target, OverrideEntry),
     Tier(String, TierEntry),
+    List(Listed, ListEntry),
 }
 
 /// A field and its value read back; `None` for one this version does not
 /// write.
 fn parse_row(field: &str, value: &str) -> Option<Row> {
+    if field.starts_with("l:") {
+        let (listed, entry) = parse_list(field, value)?;
+        return Some(Row::List(listed, entry));
+    }
     if let Some(key) = field.strip_prefix("t:") {
         let (head, spec) = value.split_once('\n')?;
         let (until, tier) = head.split_once(' ')?;
@@ -274,6 +339,36 @@ impl RedisStore {
         Ok(self.inner.overrides.tiers.remove(api_key))
     }
 
+    /// Sets a list entry on every instance that shares this Redis (within
+    /// one refresh), replacing any; returns the one it replaced, as this
+    /// instance knew it.
+    pub async fn set_listed(
+        &self,
+        listed: Listed,
+        entry: ListEntry,
+    ) -> Result<Option<ListEntry>, Error> {
+        let field = list_field(&listed, entry.rule.as_deref());
+        self.write_row(&field, &list_value(&entry)).await?;
+        Ok(self.inner.overrides.lists.set(listed, entry))
+    }
+
+    /// Removes a list entry on every instance (within one refresh);
+    /// returns it, as this instance knew it.
+    pub async fn remove_listed(
+        &self,
+        listed: &Listed,
+        rule: Option<&str>,
+    ) -> Result<Option<ListEntry>, Error> {
+        self.write_row(&list_field(listed, rule), "").await?;
+        Ok(self.inner.overrides.lists.remove(listed, rule))
+    }
+
+    /// The lists, as this instance knows them (read from Redis at most
+    /// one refresh ago).
+    pub fn list_book(&self) -> &ListBook {
+        &self.inner.overrides.lists
+    }
+
     /// Writes a row of the table (`""`: removes it) and bumps its version.
     async fn write_row(&self, field: &str, value: &str) -> Result<(), Error> {
         let prefix = &self.inner.options.key_prefix;
@@ -409,11 +504,12 @@ async fn refresh(
     let (version, fields): (u64, Vec<(String, String)>) =
         keys::query_on(connection, timeout, &table, &read).await?;
     let mut unread = 0;
-    let (mut overrides, mut tiers) = (Vec::new(), Vec::new());
+    let (mut overrides, mut tiers, mut lists) = (Vec::new(), Vec::new(), Vec::new());
     for (f, v) in &fields {
         match parse_row(f, v) {
             Some(Row::Override(rule, target, entry)) => overrides.push((rule, target, entry)),
             Some(Row::Tier(key, entry)) => tiers.push((key, entry)),
+            Some(Row::List(listed, entry)) => lists.push((listed, entry)),
             None => unread += 1,
         }
     }
@@ -425,6 +521,7 @@ async fn refresh(
     }
     shared.book.replace(overrides);
     shared.tiers.replace(tiers);
+    shared.lists.replace(lists);
     *shared.version.lock() = Some(version);
     Ok(())
 }
@@ -464,5 +561,23 @@ mod tests {
         let row = parse_row(&tier_field("k:1 %"), &tier_value(&tier));
         assert_eq!(row, Some(Row::Tier("k:1 %".into(), tier)));
         assert_eq!(parse_row("t:k", "pro\n{}"), None);
+        for (listed, rule) in [
+            (
+                Listed::network("2001:db8::".parse().unwrap(), 32).unwrap(),
+                None,
+            ),
+            (Listed::ApiKey("a:b%".into()), Some("r:1")),
+            (Listed::Key("ip=1.2.3.4".into()), Some("login")),
+        ] {
+            let entry = ListEntry {
+                allow: rule.is_some(),
+                rule: rule.map(Into::into),
+                status: 403,
+                until: Some(9),
+                spec: "{}".into(),
+            };
+            let row = parse_row(&list_field(&listed, rule), &list_value(&entry));
+            assert_eq!(row, Some(Row::List(listed, entry)));
+        }
     }
 }

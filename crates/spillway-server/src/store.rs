@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use spillway::algorithm::Renewed;
 use spillway::store::{
-    Check, Hold, MemoryStore, OverrideBook, OverrideEntry, Renew, Rule, RuleId, Settle, Settled,
-    Store, Target, TierBook, TierEntry, Verdict,
+    Check, Hold, ListBook, ListEntry, Listed, MemoryStore, OverrideBook, OverrideEntry, Renew,
+    Rule, RuleId, Settle, Settled, Store, Target, TierBook, TierEntry, Verdict,
 };
 use spillway_redis::{Error as StoreError, RedisStore};
 
@@ -129,6 +129,43 @@ impl AnyStore {
         }
     }
 
+    /// Sets a list entry: in this process's memory, or in Redis for every
+    /// instance.
+    pub async fn set_listed(
+        &self,
+        listed: Listed,
+        entry: ListEntry,
+    ) -> Result<Option<ListEntry>, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.lists().and_then(|l| l.set(listed, entry))),
+            StoreImpl::Redis(s) => s.set_listed(listed, entry).await,
+        }
+    }
+
+    /// Removes a list entry.
+    pub async fn remove_listed(
+        &self,
+        listed: &Listed,
+        rule: Option<&str>,
+    ) -> Result<Option<ListEntry>, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.lists().and_then(|l| l.remove(listed, rule))),
+            StoreImpl::Redis(s) => s.remove_listed(listed, rule).await,
+        }
+    }
+
+    /// The lists, as the store holds them now (on Redis, read again if
+    /// they changed since this instance last did).
+    pub async fn list_book(&self) -> Result<&ListBook, StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => Ok(s.lists().expect("the memory store keeps lists")),
+            StoreImpl::Redis(s) => {
+                s.refresh_overrides().await?;
+                Ok(s.list_book())
+            }
+        }
+    }
+
     /// The in-memory store, if that is what this is.
     pub fn memory(&self) -> Option<&MemoryStore> {
         match &self.inner {
@@ -166,6 +203,13 @@ impl Store for AnyStore {
         match &self.inner {
             StoreImpl::Memory(s) => s.tiers(),
             StoreImpl::Redis(s) => s.tiers(),
+        }
+    }
+
+    fn lists(&self) -> Option<&ListBook> {
+        match &self.inner {
+            StoreImpl::Memory(s) => s.lists(),
+            StoreImpl::Redis(s) => s.lists(),
         }
     }
 

@@ -384,6 +384,8 @@ pub struct MemoryStore<C = MonotonicClock> {
     overrides: Arc<OverrideBook>,
     // The API keys put in a tier at run time, shared likewise.
     tiers: Arc<super::TierBook>,
+    // The block and allow lists set at run time, shared likewise.
+    lists: Arc<super::ListBook>,
     options: MemoryOptions,
     clock: C,
 }
@@ -414,6 +416,7 @@ impl<C: Clock> MemoryStore<C> {
             holds: Arc::new(Holds::new()),
             overrides: Arc::new(OverrideBook::new()),
             tiers: Arc::default(),
+            lists: Arc::default(),
             options,
             clock,
         }
@@ -486,6 +489,7 @@ impl<C: Clock> MemoryStore<C> {
             holds: self.holds.clone(),
             overrides: self.overrides.clone(),
             tiers: self.tiers.clone(),
+            lists: self.lists.clone(),
             options: self.options,
             clock: self.clock.clone(),
         }
@@ -1161,6 +1165,10 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn tiers(&self) -> Option<&super::TierBook> {
         Some(&self.tiers)
+    }
+
+    fn lists(&self) -> Option<&super::ListBook> {
+        Some(&self.lists)
     }
 
     fn check(

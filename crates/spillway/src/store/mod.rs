@@ -38,6 +38,7 @@
 
 mod cell;
 mod holds;
+mod lists;
 mod memory;
 mod overrides;
 mod receipts;
@@ -50,6 +51,7 @@ use std::time::Duration;
 
 pub use cell::{AnyCell, SharedState, Words};
 pub use holds::MAX_OPEN_HOLDS;
+pub use lists::{ListBook, ListEntry, Listed, Listing};
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 pub use overrides::{Override, OverrideBook, OverrideEntry, Target};
 pub use tiers::{TierBook, TierEntry};
@@ -358,6 +360,13 @@ pub trait Store: Send + Sync {
     /// (the in-memory store and the Redis store do): a front end reads a
     /// request's tier there ahead of its configuration's table.
     fn tiers(&self) -> Option<&TierBook> {
+        None
+    }
+
+    /// The block and allow lists set at run time, if the store keeps any
+    /// (the in-memory store and the Redis store do): a front end reads
+    /// each request's entries there.
+    fn lists(&self) -> Option<&ListBook> {
         None
     }
 
