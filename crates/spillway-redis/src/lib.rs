@@ -897,7 +897,7 @@ pub fn check_rule(rule: &Rule) -> Result<(), Error> {
 }
 
 /// This machine's clock, in µs since the Unix epoch.
-fn wall_clock_micros() -> u64 {
+pub(crate) fn wall_clock_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))

@@ -47,6 +47,10 @@ pub(crate) struct Shared {
     pub(crate) lists: ListBook,
     // The table's version the book holds (`None`: never read).
     version: Mutex<Option<u64>>,
+    // Held by a refresh from its read to its replace, and by a change
+    // from its write to this copy's: a refresh that read the table before
+    // a change cannot put back what the change replaced here.
+    pub(crate) changing: tokio::sync::Mutex<()>,
 }
 
 /// Writes an override into the table and bumps its version (KEYS: the
@@ -62,6 +66,23 @@ end
 redis.call('INCR', KEYS[2])
 return had
 ";
+
+/// Deletes the rows past their time that a refresh found (KEYS: the
+/// table, its version; ARGV: field, value as read, ...), each only if it
+/// is still the value read; bumps the version if any went.
+const DELETE_ENDED: &str = r"
+local deleted = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    deleted = deleted + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+if deleted > 0 then redis.call('INCR', KEYS[2]) end
+return deleted
+";
+
+/// How many rows a refresh reads, or deletes, in one call.
+const REFRESH_PAGE: usize = 500;
 
 fn table_key(prefix: &str) -> String {
     format!("{prefix}{{overrides}}")
@@ -276,6 +297,7 @@ impl RedisStore {
     ) -> Result<Option<OverrideEntry>, Error> {
         let r = self.rule(rule)?;
         let (cap, params) = script_view(r, &entry.applied)?;
+        let _changing = self.inner.overrides.changing.lock().await;
         self.write_row(&field(r.name(), &target), &value(&entry))
             .await?;
         if let Target::Key(key) = &target {
@@ -298,6 +320,13 @@ impl RedisStore {
         Ok(self.inner.overrides.book.set(r.name(), target, entry))
     }
 
+    /// Whether store rule `rule` can take `o`: one its algorithm takes
+    /// ([`Override::applied_to`]) and whose arithmetic the script does
+    /// exactly. What [`set_override`](Self::set_override) checks first.
+    pub fn override_fits(&self, rule: RuleId, o: &Override) -> Result<(), Error> {
+        script_view(self.rule(rule)?, o).map(|_| ())
+    }
+
     /// Removes the override of `target` under store rule `rule` on every
     /// instance (see the module docs for how soon); returns it, as this
     /// instance knew it. Its keys keep their count under the rule's quota.
@@ -307,6 +336,7 @@ impl RedisStore {
         target: &Target,
     ) -> Result<Option<OverrideEntry>, Error> {
         let r = self.rule(rule)?;
+        let _changing = self.inner.overrides.changing.lock().await;
         if let Target::Key(key) = target {
             let state = self.stored_key(rule, key)?;
             let own = format!("{state}:ov");
@@ -327,6 +357,7 @@ impl RedisStore {
         api_key: &str,
         entry: TierEntry,
     ) -> Result<Option<TierEntry>, Error> {
+        let _changing = self.inner.overrides.changing.lock().await;
         self.write_row(&tier_field(api_key), &tier_value(&entry))
             .await?;
         Ok(self.inner.overrides.tiers.set(api_key, entry))
@@ -335,6 +366,7 @@ impl RedisStore {
     /// Takes `api_key` out of the tier it was put in, on every instance
     /// (within one refresh); returns its entry, as this instance knew it.
     pub async fn remove_tier(&self, api_key: &str) -> Result<Option<TierEntry>, Error> {
+        let _changing = self.inner.overrides.changing.lock().await;
         self.write_row(&tier_field(api_key), "").await?;
         Ok(self.inner.overrides.tiers.remove(api_key))
     }
@@ -348,6 +380,7 @@ impl RedisStore {
         entry: ListEntry,
     ) -> Result<Option<ListEntry>, Error> {
         let field = list_field(&listed, entry.rule.as_deref());
+        let _changing = self.inner.overrides.changing.lock().await;
         self.write_row(&field, &list_value(&entry)).await?;
         Ok(self.inner.overrides.lists.set(listed, entry))
     }
@@ -359,6 +392,7 @@ impl RedisStore {
         listed: &Listed,
         rule: Option<&str>,
     ) -> Result<Option<ListEntry>, Error> {
+        let _changing = self.inner.overrides.changing.lock().await;
         self.write_row(&list_field(listed, rule), "").await?;
         Ok(self.inner.overrides.lists.remove(listed, rule))
     }
@@ -493,24 +527,88 @@ async fn refresh(
     if *shared.version.lock() == Some(version) {
         return Ok(());
     }
+    let _changing = shared.changing.lock().await;
     let table = table_key(prefix);
-    // Read with the version in one script, so that the version kept is
-    // the one of the table read.
-    let mut read = redis::cmd("EVAL");
-    read.arg("return { redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1]) }")
-        .arg(2)
-        .arg(&table)
-        .arg(&version_key);
-    let (version, fields): (u64, Vec<(String, String)>) =
-        keys::query_on(connection, timeout, &table, &read).await?;
+    // Read a page at a time, each call as short as a check's (a table of
+    // many entries in one call would outlast the connection's timeout and
+    // hold Redis meanwhile); then the version again: a table that changed
+    // while it was read is read again at the next refresh.
+    let mut fields: Vec<(String, String)> = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let mut scan = redis::cmd("HSCAN");
+        scan.arg(&table).arg(cursor).arg("COUNT").arg(REFRESH_PAGE);
+        let (next, page): (u64, Vec<(String, String)>) =
+            keys::query_on(connection, timeout, &table, &scan).await?;
+        fields.extend(page);
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    let after: Option<u64> = keys::query_on(
+        connection,
+        timeout,
+        &version_key,
+        redis::cmd("GET").arg(&version_key),
+    )
+    .await?;
+    if after.unwrap_or(0) != version {
+        return Ok(());
+    }
+    // HSCAN may return a field twice: the last read stands.
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    fields.dedup_by(|later, earlier| later.0 == earlier.0);
     let mut unread = 0;
     let (mut overrides, mut tiers, mut lists) = (Vec::new(), Vec::new(), Vec::new());
+    let now = crate::wall_clock_micros();
+    // The rows past their time, to delete: the table does not grow for
+    // ever, and a rule whose keys' own overrides all ended stops reading
+    // them.
+    let mut ended = Vec::new();
     for (f, v) in &fields {
-        match parse_row(f, v) {
-            Some(Row::Override(rule, target, entry)) => overrides.push((rule, target, entry)),
-            Some(Row::Tier(key, entry)) => tiers.push((key, entry)),
-            Some(Row::List(listed, entry)) => lists.push((listed, entry)),
-            None => unread += 1,
+        let in_force = match parse_row(f, v) {
+            Some(Row::Override(rule, target, entry)) => {
+                let in_force = entry.applied.in_force_at(now);
+                overrides.extend(in_force.then_some((rule, target, entry)));
+                in_force
+            }
+            Some(Row::Tier(key, entry)) => {
+                let in_force = entry.in_force_at(now);
+                tiers.extend(in_force.then_some((key, entry)));
+                in_force
+            }
+            Some(Row::List(listed, entry)) => {
+                let in_force = entry.in_force_at(now);
+                lists.extend(in_force.then_some((listed, entry)));
+                in_force
+            }
+            None => {
+                unread += 1;
+                true
+            }
+        };
+        if !in_force {
+            ended.push((f, v));
+        }
+    }
+    // Each only if it is still what was read (not set again since), a
+    // page at a time.
+    for chunk in ended.chunks(REFRESH_PAGE) {
+        let mut delete = redis::cmd("EVAL");
+        delete
+            .arg(DELETE_ENDED)
+            .arg(2)
+            .arg(&table)
+            .arg(&version_key);
+        for (f, v) in chunk {
+            delete.arg(f.as_str()).arg(v.as_str());
+        }
+        let deleted: Result<i64, Error> =
+            keys::query_on(connection, timeout, &table, &delete).await;
+        if let Err(e) = deleted {
+            tracing::warn!(error = %e, "could not delete the overrides that ended");
+            break;
         }
     }
     if unread > 0 {

@@ -344,3 +344,69 @@ async fn an_override_set_on_one_instance_holds_on_three_others_within_the_refres
         assert_eq!(store.overrides().len(), 2);
     }
 }
+
+/// A refresh that read the table before a set cannot put back, in the
+/// setter's own copy, what the set replaced: the set holds here at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_racing_a_set_keeps_it() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    // A big table, so that a refresh takes a while to read and parse.
+    server.command(
+        "EVAL \"for i=1,50000 do redis.call('HSET', KEYS[1], 'p:fw:x'..i, '1 - - 0'..string.char(10)..'{}') end return 1\" 1 spillway:{overrides}",
+    );
+    let options = RedisOptions {
+        override_refresh: Duration::from_secs(3600),
+        timeout: Duration::from_secs(5),
+        ..RedisOptions::default()
+    };
+    let a = std::sync::Arc::new(
+        RedisStore::connect(Topology::Standalone(server.url()), rules(), options.clone())
+            .await
+            .expect("connects"),
+    );
+    let b = RedisStore::connect(Topology::Standalone(server.url()), rules(), options)
+        .await
+        .expect("connects");
+    let mut lost = 0;
+    for i in 0..20u64 {
+        // Another instance's change, so that a's next refresh reads.
+        b.set_override(RuleId(0), key(&format!("b{i}")), entry(Override::limit(1)))
+            .await
+            .expect("sets");
+        let target = key(&format!("a{i}"));
+        let racing = a.clone();
+        let refresh = tokio::spawn(async move { racing.refresh_overrides().await });
+        tokio::time::sleep(Duration::from_micros(i % 10 * 300)).await;
+        a.set_override(RuleId(0), target.clone(), entry(Override::limit(0)))
+            .await
+            .expect("sets");
+        refresh.await.expect("joins").expect("reads");
+        lost += usize::from(a.overrides().get("fw", &target).is_none());
+    }
+    assert_eq!(lost, 0, "sets lost from the setter's own copy");
+}
+
+/// Rows past their time are deleted by the refresh that finds them, and a
+/// table of many is read whatever the checks' timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_past_their_time_are_deleted_and_a_big_table_is_read() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    server.command(
+        "EVAL \"for i=1,20000 do redis.call('HSET', KEYS[1], 'k:fw:x'..i, '1 - - 1'..string.char(10)..'{}') end redis.call('HSET', KEYS[1], 'p:fw:live', '1 - - 0'..string.char(10)..'{}') redis.call('INCR', KEYS[2]) return 1\" 2 spillway:{overrides} spillway:{overrides}:v",
+    );
+    let store = RedisStore::connect(
+        Topology::Standalone(server.url()),
+        rules(),
+        RedisOptions::default(),
+    )
+    .await
+    .expect("connects");
+    store.refresh_overrides().await.expect("reads");
+    assert_eq!(store.overrides().len(), 1, "only the one in force");
+    assert!(!store.overrides().has_keys("fw"));
+    assert_eq!(server.command("HLEN spillway:{overrides}").trim(), ":1");
+}

@@ -110,6 +110,47 @@ impl Overrides {
     }
 }
 
+/// Sets each rule's overrides under the quotas of its tiers that do not
+/// hold them: an override is set under every quota its rule has, so a tier
+/// a reload added (or one added while no instance ran) takes the
+/// default quota's. One that a tier's quota cannot take is logged.
+async fn overrides_under_every_tier(policy: &spillway_tower::Policy, store: &AnyStore) {
+    use spillway::store::Store as _;
+    let Ok(book) = store.overrides().await else {
+        return;
+    };
+    if book.is_empty() {
+        return;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    for (index, rule) in policy.rules().iter().enumerate() {
+        let default = policy.rule_id(index, None);
+        let listed = book.list(store.rules()[default.0].name(), now);
+        for tier in rule.tiers() {
+            let id = policy.rule_id(index, Some(tier));
+            let name = store.rules()[id.0].name().to_string();
+            for (target, entry) in &listed {
+                if book.get(&name, target).is_some() {
+                    continue;
+                }
+                let set = match store.override_fits(id, &entry.applied) {
+                    Ok(()) => store
+                        .set_override(id, target.clone(), entry.clone())
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = set {
+                    tracing::warn!(rule = %rule.name(), tier, target = ?target, error = %e,
+                        "an override could not be set under a tier's quota");
+                }
+            }
+        }
+    }
+}
+
 impl Loaded {
     /// Builds the engine for `config`: connects to Redis if configured. When
     /// `previous` is given (a reload), the in-memory counters of unchanged
@@ -164,6 +205,7 @@ impl Loaded {
             }
         };
         let store = AnyStore { inner, observer };
+        overrides_under_every_tier(&config.policy, &store).await;
         let layer = RateLimitLayer::new(config.policy.clone(), store)
             .expect("the store was built from the policy's rules");
         let fields = config.policy.request_fields();

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use spillway::algorithm::Renewed;
 use spillway::store::{
-    Check, Hold, ListBook, ListEntry, Listed, MemoryStore, OverrideBook, OverrideEntry, Renew,
-    Rule, RuleId, Settle, Settled, Store, Target, TierBook, TierEntry, Verdict,
+    Check, Hold, ListBook, ListEntry, Listed, MemoryStore, Override, OverrideBook, OverrideEntry,
+    Renew, Rule, RuleId, Settle, Settled, Store, Target, TierBook, TierEntry, Verdict,
 };
 use spillway_redis::{Error as StoreError, RedisStore};
 
@@ -69,6 +69,28 @@ impl AnyStore {
         match &self.inner {
             StoreImpl::Memory(s) => Ok(s.set_override(rule, target, entry)?),
             StoreImpl::Redis(s) => s.set_override(rule, target, entry).await,
+        }
+    }
+
+    /// Whether store rule `rule` can take `o` (its algorithm takes it; on
+    /// Redis, the script does its arithmetic exactly): the error says why
+    /// not.
+    pub fn override_fits(&self, rule: RuleId, o: &Override) -> Result<(), StoreError> {
+        match &self.inner {
+            StoreImpl::Memory(s) => {
+                let r = s.rules().get(rule.0).ok_or(spillway::Error::UnknownRule {
+                    index: 0,
+                    rule: rule.0,
+                })?;
+                o.applied_to(r.algorithm()).map(|_| ()).map_err(|reason| {
+                    spillway::Error::Override {
+                        rule: r.name().to_string(),
+                        reason,
+                    }
+                    .into()
+                })
+            }
+            StoreImpl::Redis(s) => s.override_fits(rule, o),
         }
     }
 

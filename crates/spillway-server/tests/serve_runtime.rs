@@ -450,4 +450,111 @@ async fn overrides_set_on_one_instance_hold_on_the_others_on_redis() {
             a.text()
         );
     }
+    // Set on one and removed at once on another, before it refreshed: the
+    // removal says what it removed.
+    let quick = json!({"rule": "per-key", "key": "api_key=quick", "limit": 0});
+    let a = send(&services[0].http, Method::PUT, "/admin/overrides", OPS, quick).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    let one = "/admin/overrides?rule=per-key&key=api_key%3Dquick";
+    let a = send(&services[1].http, Method::DELETE, one, OPS, Value::Null).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(a.json()["removed"]["limit"], 0);
+}
+
+/// A configuration of one rule, `per-key`, and `tier` (its tiers' tables).
+fn one_rule(store: &str, tier: &str) -> String {
+    format!(
+        r#"
+[server]
+admin_tokens = [
+  {{ name = "ops", token = "ops-token-0123456789", access = "read_write" }},
+]
+{store}
+[tiers.pro]
+api_keys = ["pro-key"]
+
+[[rules]]
+name = "per-key"
+match = {{ path = "/api/**" }}
+key = ["api_key"]
+fallback = []
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+{tier}
+"#
+    )
+}
+
+/// A reload that gives the rule a tier: the override holds under the new
+/// tier's quota too. A key of a tier the rule has no quota for takes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_holds_under_a_tier_a_reload_adds() {
+    let dir = serve_support::temp_dir("runtime-tier-reload");
+    let path = dir.join("spillway.toml");
+    serve_support::write_atomically(&path, &one_rule("", ""));
+    let source = spillway_server::ConfigSource::from(path.clone());
+    let service = Service::start(source.load().expect("valid"), None).await;
+    // pro-key is in a tier the rule has no quota for: counted under the
+    // default quota, and an override of it is taken.
+    let stop = json!({"rule": "per-key", "key": "api_key=pro-key", "limit": 0});
+    let a = send(&service.http, Method::PUT, "/admin/overrides", OPS, stop).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+    assert_eq!(said(&request(&service.http, "pro-key").await), 429);
+    let mut reloader = spillway_server::reload::Reloader::new(service.state.clone(), Some(source))
+        .expect("reloads");
+    serve_support::write_atomically(&path, &one_rule("", "[rules.tiers.pro]\nlimit = 5\n"));
+    reloader.reload().await.expect("reloads");
+    let a = request(&service.http, "pro-key").await;
+    assert_eq!(rule_of(&a, "per-key")["tier"], "pro", "{}", a.text());
+    assert_eq!(said(&a), 429, "{}", a.text());
+    assert_eq!(rule_of(&a, "per-key")["limit"], 0);
+}
+
+/// An override past its time is gone: a POST sets a new one. One that a
+/// tier's quota cannot take on Redis (a sliding log over 10,000) is a 400
+/// that changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_override_is_gone_and_a_refused_one_changes_nothing() {
+    let config = Config::parse(&one_rule("", "")).expect("valid");
+    let service = Service::start(config, None).await;
+    let body = json!({"rule": "per-key", "key": "api_key=acme", "limit": 0, "ttl": "1s"});
+    let a = send(
+        &service.http,
+        Method::POST,
+        "/admin/overrides",
+        OPS,
+        body.clone(),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let a = send(&service.http, Method::POST, "/admin/overrides", OPS, body).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text());
+
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let store = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"",
+        redis.url()
+    );
+    let tier = "[rules.tiers.pro]\nalgorithm = \"sliding_log\"\nlimit = 5\n";
+    let config = Config::parse(&one_rule(&store, tier)).expect("valid");
+    let service = Service::start(config, None).await;
+    let big = json!({"rule": "per-key", "prefix": "api_key=", "limit": 20000});
+    let a = send(&service.http, Method::PUT, "/admin/overrides", OPS, big).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert!(a.text().contains("tier `pro`"), "{}", a.text());
+    let a = request(&service.http, "someone").await;
+    assert_eq!(rule_of(&a, "per-key")["limit"], 3, "{}", a.text());
+    let a = send(
+        &service.http,
+        Method::GET,
+        "/admin/overrides",
+        OPS,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(a.json()["overrides"], json!([]), "{}", a.text());
 }

@@ -847,26 +847,7 @@ impl<St: Store> Engine<St> {
         if free_form || !r.over_http {
             return self.charge_named(rule, tier, key, cost);
         }
-        let by_key = crate::key::values_of(&key, &r.key);
-        let by_fallback = || crate::key::values_of(&key, &r.fallback);
-        let (parts, values) = match (by_key, by_fallback()) {
-            (Some(values), _) => (&r.key, values),
-            (None, Some(values)) => (&r.fallback, values),
-            (None, None) => {
-                let mut expected = format!("`{}`", crate::key::shape_of(&r.key));
-                if !r.fallback.is_empty() && r.fallback != r.key {
-                    expected.push_str(&format!(
-                        " (or, from its fallback, `{}`)",
-                        crate::key::shape_of(&r.fallback)
-                    ));
-                }
-                return Err(format!(
-                    "`key` cannot come from a request under rule `{rule}`, whose keys look like \
-                     {expected}, values escaped (`%` `|` `=` as %25 %7C %3D); \
-                     `\"free_form_key\": true` counts any key."
-                ));
-            }
-        };
+        let (parts, values) = Self::key_parts(r, &key)?;
         let now = wall_micros();
         let resolved: Option<Arc<str>> =
             parts
@@ -894,6 +875,48 @@ impl<St: Store> Engine<St> {
             (given, has) => given.or(has),
         };
         self.charge_named(rule, tier, key, cost)
+    }
+
+    /// Whether `key` is one that requests can have under the policy rule
+    /// called `rule` (one its key parts, or its fallback's, build; any key
+    /// for a rule no request matches): the message of a client error
+    /// otherwise. What an operator naming a key (an override) is held to.
+    pub fn key_error(&self, rule: &str, key: &str) -> Option<String> {
+        let Some(r) = self.policy.rules.iter().find(|r| r.name == rule) else {
+            return Some(format!("Unknown rule `{rule}`."));
+        };
+        if !r.over_http {
+            return None;
+        }
+        Self::key_parts(r, key).err()
+    }
+
+    /// The key parts of `r` that build `key`, and the values they took.
+    fn key_parts<'r>(
+        r: &'r crate::HttpRule,
+        key: &str,
+    ) -> Result<(&'r [KeyPart], Vec<String>), String> {
+        let by_key = crate::key::values_of(key, &r.key);
+        let by_fallback = || crate::key::values_of(key, &r.fallback);
+        match (by_key, by_fallback()) {
+            (Some(values), _) => Ok((&r.key, values)),
+            (None, Some(values)) => Ok((&r.fallback, values)),
+            (None, None) => {
+                let mut expected = format!("`{}`", crate::key::shape_of(&r.key));
+                if !r.fallback.is_empty() && r.fallback != r.key {
+                    expected.push_str(&format!(
+                        " (or, from its fallback, `{}`)",
+                        crate::key::shape_of(&r.fallback)
+                    ));
+                }
+                Err(format!(
+                    "`key` cannot come from a request under rule `{}`, whose keys look like \
+                     {expected}, values escaped (`%` `|` `=` as %25 %7C %3D); \
+                     `\"free_form_key\": true` counts any key.",
+                    r.name
+                ))
+            }
+        }
     }
 
     /// A charge of store rule `id`, one of the caller's own after the

@@ -85,7 +85,14 @@ fn overrides_follow_a_reload_that_keeps_the_rule_and_one_that_rebuilds_its_table
     store
         .set_override(RuleId(0), key("k"), entry(Override::limit(5)))
         .expect("fits");
-    store.check_now(&[check(0, "k", 4)]).expect("decides");
+    for _ in 0..4 {
+        assert!(
+            store
+                .check_now(&[check(0, "k", 1)])
+                .expect("decides")
+                .allowed
+        );
+    }
     // The limit in the file changes: the table is kept, with its count and
     // the override.
     let raised = Rule::new("window", FixedWindow::new(Quota::per_hour(nz(4))));
@@ -171,4 +178,23 @@ fn under_threads_a_raised_key_admits_exactly_its_new_limit() {
             .sum()
     });
     assert_eq!(admitted, 1_000);
+}
+
+#[test]
+fn a_cost_the_rule_cannot_take_is_an_error_under_a_raise_too() {
+    let (store, _clock) = store();
+    store
+        .set_override(RuleId(1), key("k"), entry(Override::limit(50)))
+        .expect("fits");
+    // The bucket's own burst is 10: 20 is refused, alone or in a batch.
+    let alone = store.check_now(&[check(1, "k", 20)]);
+    assert!(
+        matches!(alone, Err(spillway::Error::CostTooLarge { .. })),
+        "{alone:?}"
+    );
+    let batch = store.check_now(&[check(0, "k", 1), check(1, "k", 20)]);
+    assert!(
+        matches!(batch, Err(spillway::Error::CostTooLarge { .. })),
+        "{batch:?}"
+    );
 }

@@ -188,21 +188,24 @@ async fn set_body(
     };
     // A key must be one the rule's requests can have, or it would never
     // be met.
-    if let Target::Key(key) = &target {
-        engine
-            .layer
-            .engine()
-            .charge_for_key(&body.rule, None, key.to_string(), 0, false)
-            .map_err(|m| problem(StatusCode::BAD_REQUEST, m))?;
+    if let Target::Key(key) = &target
+        && let Some(m) = engine.layer.engine().key_error(&body.rule, key)
+    {
+        return Err(problem(StatusCode::BAD_REQUEST, m));
     }
     let entry = override_of(&body, caller).map_err(|r| *r)?;
     // Every quota of the rule takes it, or none is changed.
     let store = engine.store();
     for &id in &ids {
-        let rule = &store.rules()[id.0];
-        if let Err(reason) = entry.applied.applied_to(rule.algorithm()) {
+        if let Err(e) = store.override_fits(id, &entry.applied) {
+            let rule = &store.rules()[id.0];
             let tier = rule.name().split_once('@').map(|(_, t)| t);
             let under = tier.map_or(String::new(), |t| format!(" (the quota of tier `{t}`)"));
+            let reason = match e {
+                spillway_redis::Error::Check(spillway::Error::Override { reason, .. }) => reason,
+                spillway_redis::Error::Rule { reason, .. } => format!("`limit`: {reason}"),
+                other => other.to_string(),
+            };
             return Err(problem(
                 StatusCode::BAD_REQUEST,
                 format!("{reason}{under}."),
@@ -210,7 +213,10 @@ async fn set_body(
         }
     }
     let book = store.overrides().await.map_err(|e| *store_failed(e))?;
-    let before = book.get(store.rules()[ids[0].0].name(), &target);
+    let now = wall_micros();
+    let before = book
+        .get(store.rules()[ids[0].0].name(), &target)
+        .filter(|b| b.applied.in_force_at(now));
     if before.is_some() && !replaces {
         return Err(problem(
             StatusCode::CONFLICT,
@@ -397,6 +403,9 @@ async fn remove_which(state: &State, caller: &Caller, which: Which) -> Result<Re
     let engine = state.live.current();
     let ids = rule_of(&engine, &rule)?;
     let store = engine.store();
+    // What Redis holds, not what this instance last read: the answer and
+    // the log say what was removed.
+    store.overrides().await.map_err(store_failed)?;
     let mut removed = None;
     for &id in &ids {
         let gone = store

@@ -266,6 +266,8 @@ async fn remove_which(state: &State, caller: &Caller, which: Which) -> Result<Re
     api_key_of(&key)?;
     let engine = state.live.current();
     let store = engine.store();
+    // What Redis holds, not what this instance last read.
+    store.tier_book().await.map_err(store_failed)?;
     let mut removed = None;
     for spelling in api_key_spellings(&key) {
         let gone = store.remove_tier(&spelling).await.map_err(store_failed)?;

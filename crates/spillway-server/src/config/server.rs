@@ -142,6 +142,11 @@ pub(super) fn convert_server(
             )
         })
     };
+    let admin_token = std::env::var("SPILLWAY_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or(raw.admin_token.clone())
+        .filter(|t| !t.is_empty());
     Ok(ServerConfig {
         listen: match &raw.listen {
             Some(v) => addr(v, "server.listen")?,
@@ -152,12 +157,12 @@ pub(super) fn convert_server(
             .as_ref()
             .map(|v| addr(v, "server.grpc_listen"))
             .transpose()?,
-        admin_token: std::env::var("SPILLWAY_ADMIN_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty())
-            .or(raw.admin_token.clone())
-            .filter(|t| !t.is_empty()),
-        admin_tokens: admin_tokens(raw.admin_tokens.as_deref().unwrap_or_default(), lines)?,
+        admin_token: admin_token.clone(),
+        admin_tokens: admin_tokens(
+            raw.admin_tokens.as_deref().unwrap_or_default(),
+            admin_token.as_deref(),
+            lines,
+        )?,
         check_tokens: check_tokens(raw.check_tokens.as_ref(), lines)?,
         head_timeout: timeout(
             &raw.head_timeout,
@@ -251,7 +256,11 @@ const SHORTEST_ADMIN_TOKEN: usize = 16;
 /// `[[server.admin_tokens]]`: each named once, each secret printable
 /// ASCII of 16 bytes or more and used once, each `read_only` or
 /// `read_write`.
-fn admin_tokens(raw: &[RawAdminToken], lines: &Text<'_>) -> Result<Vec<AdminToken>, ConfigError> {
+fn admin_tokens(
+    raw: &[RawAdminToken],
+    admin_token: Option<&str>,
+    lines: &Text<'_>,
+) -> Result<Vec<AdminToken>, ConfigError> {
     let mut out: Vec<AdminToken> = Vec::new();
     for (i, t) in raw.iter().enumerate() {
         let field = |f: &str| format!("server.admin_tokens[{i}].{f}");
@@ -281,11 +290,12 @@ fn admin_tokens(raw: &[RawAdminToken], lines: &Text<'_>) -> Result<Vec<AdminToke
                 ),
             ));
         }
-        if out.iter().any(|o| o.token == *token) {
+        if out.iter().any(|o| o.token == *token) || admin_token == Some(token.as_str()) {
             return Err(lines.err(
                 &t.token,
                 field("token"),
-                "is another token's too: the log could not tell who made a change",
+                "is another token's too (or `admin_token`'s): the log could not tell who \
+                 made a change, and a read-only one would read and write",
             ));
         }
         let write = match t.access.get_ref().as_str() {

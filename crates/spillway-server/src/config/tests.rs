@@ -799,6 +799,11 @@ fn named_admin_tokens_are_read_or_write_and_each_its_own() {
         assert!(e.message.contains(says), "{e}");
         assert_eq!(e.line, Some(2), "{e}");
     }
+    let as_admin = r#"[{ name = "a", token = "0123456789abcdef", access = "read_only" }]"#;
+    let e = error(&format!(
+        "[server]\nadmin_token = \"0123456789abcdef\"\nadmin_tokens = {as_admin}\n{rules}"
+    ));
+    assert_eq!(e.field, "server.admin_tokens[0].token", "{e}");
     let twice = r#"[{ name = "a", token = "0123456789abcdef", access = "read_only" }, { name = "b", token = "0123456789abcdef", access = "read_only" }]"#;
     let e = error(&format!("[server]\nadmin_tokens = {twice}\n{rules}"));
     assert_eq!(e.field, "server.admin_tokens[1].token", "{e}");

@@ -514,6 +514,18 @@ impl<C: Clock> MemoryStore<C> {
             })?;
             let table = &self.tables[check.rule.0];
             let hash = table.hash(check.key);
+            // A cost the rule can never take is an error under any
+            // override, as on the batch's path and on Redis.
+            let capacity = rule.algorithm().capacity();
+            if check.cost > capacity {
+                return Err(Error::CostTooLarge {
+                    index: 0,
+                    source: CostTooLarge {
+                        cost: check.cost,
+                        capacity,
+                    },
+                });
+            }
             let over = self
                 .override_of(check.rule.0, check.key, hash, now)
                 .map(|o| Applied::of(Some(o), rule.algorithm(), check.cost, now));
