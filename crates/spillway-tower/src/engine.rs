@@ -35,7 +35,7 @@ use std::time::Duration;
 use http::request::Parts;
 use smallvec::SmallVec;
 use spillway::algorithm::Charged;
-use spillway::store::{Check, RuleId, Settle, Store, StoreError, Verdict};
+use spillway::store::{Check, Listing, RuleId, Settle, Store, StoreError, Verdict};
 use spillway::{Algorithm as _, AnyAlgorithm, Decision};
 
 use crate::budget::ResponseCost;
@@ -209,6 +209,14 @@ pub enum Outcome {
     /// The store could not decide, and its failure policy is to refuse:
     /// the store's error.
     Unavailable(String),
+    /// Refused by a block list entry ([`ListBook`](spillway::store::ListBook)):
+    /// at once, counting nothing.
+    Blocked {
+        /// The entry's status: 403 or 429.
+        status: http::StatusCode,
+        /// Until the block ends, if it does.
+        retry_after: Option<Duration>,
+    },
 }
 
 // Defined with the header fields, whose `RateLimit` uses it too.
@@ -219,6 +227,7 @@ impl Outcome {
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             Self::Rejected { retry_after, .. } => Some(retry_after_secs(*retry_after)),
+            Self::Blocked { retry_after, .. } => retry_after.map(retry_after_secs),
             _ => None,
         }
     }
@@ -271,6 +280,31 @@ pub enum Unplanned {
     /// not carry, and the policy says this is an error
     /// ([`MissingClientAddr::Error`]).
     NoClientAddr(usize),
+    /// A block list entry refuses the request: [`Outcome::Blocked`].
+    Blocked {
+        /// The entry's status: 403 or 429.
+        status: http::StatusCode,
+        /// Until the block ends, if it does.
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Unplanned {
+    /// The outcome of a request refused before any rule counted it, if
+    /// this is one: a bad request, or a block.
+    pub fn outcome(&self) -> Option<Outcome> {
+        match self {
+            Self::BadRequest(message) => Some(Outcome::BadRequest(message.clone())),
+            Self::Blocked {
+                status,
+                retry_after,
+            } => Some(Outcome::Blocked {
+                status: *status,
+                retry_after: *retry_after,
+            }),
+            Self::NoClientAddr(_) => None,
+        }
+    }
 }
 
 /// What a charge above its rule's capacity (one that can never be
@@ -950,6 +984,41 @@ impl<St: Store> Engine<St> {
             Err(m) => Err(m.as_str()),
         };
         let not_served = self.leases && parts.extensions.get::<crate::NotServed>().is_some();
+        // The lists, read only while they hold an entry.
+        let lists = self.store.lists().filter(|l| !l.is_empty());
+        let now = lists.map_or(0, |_| wall_micros());
+        let listed = |rule: Option<&str>, key: Option<&str>| {
+            let lists = lists?;
+            let ip = client.ip.as_ref().and_then(|ip| ip.listed_addr());
+            let api_key = client.api_key.as_ref().ok().and_then(Option::as_deref);
+            match lists.verdict(rule, ip, api_key, key, now) {
+                Listing::Unlisted => None,
+                Listing::Allowed => Some(Ok(())),
+                Listing::Blocked { status, until } => Some(Err(Unplanned::Blocked {
+                    status: http::StatusCode::from_u16(status)
+                        .unwrap_or(http::StatusCode::FORBIDDEN),
+                    retry_after: until.map(|u| Duration::from_micros(u.saturating_sub(now))),
+                })),
+            }
+        };
+        // Every rule's entries: a block refuses it, an allow lets it past
+        // every rule.
+        match listed(None, None) {
+            Some(Err(blocked)) => return Err(blocked),
+            Some(Ok(())) if !policy.rules.is_empty() => {
+                // Each rule's own block still holds.
+                let own_block =
+                    policy
+                        .rules
+                        .iter()
+                        .find_map(|r| match listed(Some(&r.name), None) {
+                            Some(Err(blocked)) => Some(blocked),
+                            _ => None,
+                        });
+                return own_block.map_or(Ok(SmallVec::new()), Err);
+            }
+            _ => {}
+        }
         let mut charges = SmallVec::new();
         for (index, rule) in policy.rules.iter().enumerate() {
             if !rule
@@ -968,6 +1037,12 @@ impl<St: Store> Engine<St> {
                 }
                 continue;
             };
+            match listed(Some(&rule.name), Some(&key)) {
+                Some(Err(blocked)) => return Err(blocked),
+                // Let past this rule.
+                Some(Ok(())) => continue,
+                None => {}
+            }
             let tier = match tier {
                 Ok(tier) => tier,
                 Err(_) if rule.tiers.is_empty() => None,
@@ -1028,10 +1103,10 @@ impl<St: Store> Engine<St> {
     pub async fn decide_parts_asking(&self, parts: &Parts, asking: Asking) -> Ruling {
         match self.plan(parts, MissingClientAddr::SkipRule) {
             Ok(charges) => self.decide(charges, asking).await,
-            Err(Unplanned::BadRequest(message)) => {
-                Ruling::without_store(Outcome::BadRequest(message), SmallVec::new())
+            Err(unplanned) => {
+                let outcome = unplanned.outcome().expect("skipped, not required");
+                Ruling::without_store(outcome, SmallVec::new())
             }
-            Err(Unplanned::NoClientAddr(_)) => unreachable!("skipped, not required"),
         }
     }
 

@@ -532,6 +532,19 @@ pub(crate) enum ClientIp {
     },
 }
 
+impl ClientIp {
+    /// The address the block and allow lists look up: the client's; for
+    /// an IPv6 client counted by its network, the network's first address
+    /// (entries of that network, or of a shorter one, match it).
+    pub(crate) fn listed_addr(&self) -> Option<IpAddr> {
+        match self {
+            Self::Addr(ip) => Some(*ip),
+            Self::Net(net) => Some(IpAddr::V6(net.network())),
+            Self::Unnamed { .. } => None,
+        }
+    }
+}
+
 /// One hop of a forwarded chain.
 enum Hop<'a> {
     /// An address, canonical.

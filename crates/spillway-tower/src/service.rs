@@ -243,9 +243,9 @@ where
         let engine = &self.engine;
         let charges = match engine.plan(&parts, engine.policy().missing_client_addr) {
             Ok(charges) => charges,
-            Err(Unplanned::BadRequest(message)) => {
+            Err(unplanned @ (Unplanned::BadRequest(_) | Unplanned::Blocked { .. })) => {
                 let served = Served {
-                    outcome: Outcome::BadRequest(message),
+                    outcome: unplanned.outcome().expect("a refusal"),
                     described: Described::default(),
                     held: None,
                     violated: Small::new(),
@@ -403,6 +403,24 @@ where
             ));
         }
         Outcome::Unavailable(_) => return answer(response::unavailable()),
+        // A block list's refusal: PERMISSION_DENIED or RESOURCE_EXHAUSTED
+        // to a gRPC client.
+        Outcome::Blocked { status, .. } if grpc() => {
+            let code = if status == StatusCode::TOO_MANY_REQUESTS {
+                8
+            } else {
+                7
+            };
+            return answer(response::grpc_status(code, "blocked"));
+        }
+        Outcome::Blocked { status, .. } => {
+            let mut res = response::problem(status, "This client is blocked.");
+            if let Some(secs) = outcome.retry_after_secs() {
+                res.headers_mut()
+                    .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+            }
+            return answer(res);
+        }
         Outcome::Rejected {
             ref rule, status, ..
         } => {

@@ -485,6 +485,19 @@ impl<'a> DecisionJson<'a> {
                 limited.as_slice(),
                 shadowed.as_slice(),
             ),
+            // A block list's refusal: no rule denied it.
+            Outcome::Blocked {
+                status,
+                retry_after,
+            } => (
+                false,
+                u64::from(status.as_u16()),
+                None,
+                retry_after.map(ms),
+                0,
+                &[][..],
+                &[][..],
+            ),
             Outcome::Unlimited | Outcome::BadRequest(_) | Outcome::Unavailable(_) => {
                 (true, 200, None, None, 0, &[][..], &[][..])
             }

@@ -15,6 +15,7 @@ mod check;
 mod forward_auth;
 mod health;
 mod lease;
+mod lists;
 mod overrides;
 pub(crate) mod settle;
 mod site;
@@ -103,6 +104,13 @@ fn router(state: State, with_check: bool) -> Router {
     let admin = Router::new()
         .route("/rules", get(admin::rules))
         .route("/rules/{rule}/keys", get(admin::keys))
+        .route(
+            "/lists",
+            get(lists::read)
+                .post(lists::create)
+                .put(lists::replace)
+                .delete(lists::remove),
+        )
         .route(
             "/tiers",
             get(tiers::read)

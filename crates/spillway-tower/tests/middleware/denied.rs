@@ -261,3 +261,59 @@ async fn a_full_store_that_denies_new_keys_answers_429_never_a_fresh_quota() {
         StatusCode::OK
     );
 }
+
+/// A block list entry refuses a request at once with its status and the
+/// time to its end, counting nothing; an allow lets a client past a rule.
+#[tokio::test(start_paused = true)]
+async fn a_blocked_client_is_refused_with_the_entrys_status_and_counts_nothing() {
+    use spillway::store::{ListEntry, Listed, Store};
+
+    let (bucket, _) = one_every(Duration::from_secs(1));
+    let layer = memory_layer(Policy::new([HttpRule::new("one", bucket)]));
+    let lists = layer.store().lists().expect("the memory store keeps lists");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let entry = |allow, status, until| ListEntry {
+        allow,
+        rule: None,
+        status,
+        until,
+        spec: "{}".into(),
+    };
+    let net =
+        |s: &str, len| Listed::network(s.parse().expect("an address"), len).expect("a network");
+    lists.set(
+        net("192.0.2.0", 24),
+        entry(false, 429, Some(now + 90_000_000)),
+    );
+    lists.set(net("2001:db8::", 32), entry(false, 403, None));
+    lists.set(net("198.51.100.7", 32), entry(true, 403, None));
+    let app = hello(layer);
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry = header_u64(&res, "retry-after");
+    assert!((89..=90).contains(&retry), "{retry}");
+    let res = send(&app, req("/", "2001:db8::1")).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert!(
+        res.headers().get("retry-after").is_none(),
+        "a block without an end"
+    );
+    // Outside: the bucket's one token, then denied by the rule.
+    assert_eq!(
+        send(&app, req("/", "192.0.3.1")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, req("/", "192.0.3.1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // An allowed client is never counted.
+    for _ in 0..3 {
+        let res = send(&app, req("/", "198.51.100.7")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(res.headers().get("ratelimit").is_none());
+    }
+}
