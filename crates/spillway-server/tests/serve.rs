@@ -1015,6 +1015,7 @@ async fn every_documented_path_answers_as_documented() {
         "/admin/rules/{rule}/keys/{key}",
         "/admin/overrides",
         "/admin/tiers",
+        "/admin/lists",
     ]
     .into();
     assert_eq!(documented, served);
@@ -1260,6 +1261,28 @@ async fn every_documented_path_answers_as_documented() {
     add(tiers, "delete", nobody, String::new(), auth.to_vec(), 404);
     add(tiers, "delete", tiers, String::new(), auth.to_vec(), 400);
     add(tiers, "delete", nobody, String::new(), vec![], 401);
+    let lists = "/admin/lists";
+    let block = |ip: &str| json!({"list": "block", "ip": ip}).to_string();
+    add(lists, "post", lists, block("192.0.2.1"), auth.to_vec(), 201);
+    add(lists, "post", lists, block("192.0.2.1"), auth.to_vec(), 409);
+    add(lists, "post", lists, block("nope"), auth.to_vec(), 400);
+    add(lists, "post", lists, block("192.0.2.9"), vec![], 401);
+    add(lists, "put", lists, block("192.0.2.2"), auth.to_vec(), 201);
+    add(lists, "put", lists, block("192.0.2.2"), auth.to_vec(), 200);
+    add(lists, "put", lists, "{}".into(), auth.to_vec(), 400);
+    for (uri, status) in [
+        ("/admin/lists", 200),
+        ("/admin/lists?limit=1", 200),
+        ("/admin/lists?api_key=nobody", 404),
+        ("/admin/lists?limit=0", 400),
+    ] {
+        add(lists, "get", uri, String::new(), auth.to_vec(), status);
+    }
+    add(lists, "get", lists, String::new(), vec![], 401);
+    let nobody = "/admin/lists?ip=198.51.100.0%2F24";
+    add(lists, "delete", nobody, String::new(), auth.to_vec(), 404);
+    add(lists, "delete", lists, String::new(), auth.to_vec(), 400);
+    add(lists, "delete", nobody, String::new(), vec![], 401);
 
     for (path, item) in paths {
         for (method, operation) in item.as_object().expect("a path item") {
