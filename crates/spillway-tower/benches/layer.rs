@@ -35,6 +35,50 @@ fn limited(headers: HeaderOptions) -> Router {
     ))
 }
 
+/// [`limited`] with 10,000 overrides of other keys of its rule and 10,000
+/// block list entries of other addresses and API keys: what a request of
+/// a client none of them names pays for them.
+fn limited_with_tables(headers: HeaderOptions, overrides: bool, entries: bool) -> Router {
+    use spillway::store::{ListEntry, Listed, Override, OverrideEntry, RuleId, Store, Target};
+    let never = NonZeroU32::new(1_000_000_000).expect("nonzero");
+    let rule = HttpRule::new("per-ip", TokenBucket::new(Quota::per_second(never), never));
+    let layer = RateLimitLayer::in_memory(Policy::new([rule]).headers(headers));
+    let store = layer.store();
+    let block = ListEntry {
+        allow: false,
+        rule: None,
+        status: 403,
+        until: None,
+        spec: "{}".into(),
+    };
+    for i in 0..10_000u32 {
+        let other = format!("ip=172.16.{}.{}", i >> 8, i & 0xff);
+        let entry = OverrideEntry {
+            applied: Override::limit(5),
+            spec: "{}".into(),
+        };
+        if overrides {
+            store
+                .set_override(RuleId(0), Target::Key(other.into()), entry)
+                .expect("fits");
+        }
+        let lists = store.lists().expect("kept");
+        if !entries {
+            continue;
+        }
+        if i % 2 == 0 {
+            let addr = std::net::IpAddr::from([192, 168, (i >> 8) as u8, i as u8]);
+            lists.set(
+                Listed::network(addr, 32).expect("an address"),
+                block.clone(),
+            );
+        } else {
+            lists.set(Listed::ApiKey(format!("key-{i}").into()), block.clone());
+        }
+    }
+    hello().layer(layer)
+}
+
 /// A concurrency rule that never denies: a million slots per key.
 fn in_flight() -> Router {
     let slots = NonZeroU32::new(1_000_000).expect("nonzero");
@@ -67,6 +111,18 @@ fn bench(c: &mut Criterion) {
         (
             "layer, both header families",
             limited(HeaderOptions::default()),
+        ),
+        (
+            "layer, both header families, 10,000 overrides and 10,000 list entries",
+            limited_with_tables(HeaderOptions::default(), true, true),
+        ),
+        (
+            "layer, both header families, 10,000 overrides",
+            limited_with_tables(HeaderOptions::default(), true, false),
+        ),
+        (
+            "layer, both header families, 10,000 list entries",
+            limited_with_tables(HeaderOptions::default(), false, true),
         ),
         ("layer, a concurrency rule, both families", in_flight()),
     ];

@@ -984,41 +984,28 @@ impl<St: Store> Engine<St> {
             Err(m) => Err(m.as_str()),
         };
         let not_served = self.leases && parts.extensions.get::<crate::NotServed>().is_some();
-        // The lists, read only while they hold an entry.
-        let lists = self.store.lists().filter(|l| !l.is_empty());
-        let now = lists.map_or(0, |_| wall_micros());
-        let listed = |rule: Option<&str>, key: Option<&str>| {
-            let lists = lists?;
-            let ip = client.ip.as_ref().and_then(|ip| ip.listed_addr());
-            let api_key = client.api_key.as_ref().ok().and_then(Option::as_deref);
-            match lists.verdict(rule, ip, api_key, key, now) {
-                Listing::Unlisted => None,
-                Listing::Allowed => Some(Ok(())),
-                Listing::Blocked { status, until } => Some(Err(Unplanned::Blocked {
-                    status: http::StatusCode::from_u16(status)
-                        .unwrap_or(http::StatusCode::FORBIDDEN),
-                    retry_after: until.map(|u| Duration::from_micros(u.saturating_sub(now))),
-                })),
-            }
+        // The lists, read only while they hold an entry: one snapshot.
+        let lists = self.store.lists().and_then(|l| l.snapshot());
+        // The clock, read once and only if an entry names the request.
+        let clock = std::cell::OnceCell::new();
+        let now = || *clock.get_or_init(wall_micros);
+        let ip = lists
+            .as_ref()
+            .and_then(|_| client.ip.as_ref().and_then(|ip| ip.listed_addr()));
+        let api_key = client.api_key.as_ref().ok().and_then(Option::as_deref);
+        let blocked = |status: u16, until: Option<u64>| Unplanned::Blocked {
+            status: http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::FORBIDDEN),
+            retry_after: until.map(|u| Duration::from_micros(u.saturating_sub(now()))),
         };
-        // Every rule's entries: a block refuses it, an allow lets it past
-        // every rule.
-        match listed(None, None) {
-            Some(Err(blocked)) => return Err(blocked),
-            Some(Ok(())) if !policy.rules.is_empty() => {
-                // Each rule's own block still holds.
-                let own_block =
-                    policy
-                        .rules
-                        .iter()
-                        .find_map(|r| match listed(Some(&r.name), None) {
-                            Some(Err(blocked)) => Some(blocked),
-                            _ => None,
-                        });
-                return own_block.map_or(Ok(SmallVec::new()), Err);
-            }
-            _ => {}
+        // Every rule's entries: a block refuses the request, an allow lets
+        // it past every rule (a rule's own block still holds).
+        let every = lists
+            .as_ref()
+            .map_or(Listing::Unlisted, |l| l.every_rule(ip, api_key, &now));
+        if let Listing::Blocked { status, until } = every {
+            return Err(blocked(status, until));
         }
+        let rules_listed = lists.as_ref().filter(|l| l.has_rules());
         let mut charges = SmallVec::new();
         for (index, rule) in policy.rules.iter().enumerate() {
             if !rule
@@ -1037,11 +1024,14 @@ impl<St: Store> Engine<St> {
                 }
                 continue;
             };
-            match listed(Some(&rule.name), Some(&key)) {
-                Some(Err(blocked)) => return Err(blocked),
+            let own = rules_listed.map_or(Listing::Unlisted, |l| {
+                l.of_rule(&rule.name, ip, api_key, &key, &now)
+            });
+            match (own, every) {
+                (Listing::Blocked { status, until }, _) => return Err(blocked(status, until)),
                 // Let past this rule.
-                Some(Ok(())) => continue,
-                None => {}
+                (Listing::Allowed, _) | (_, Listing::Allowed) => continue,
+                _ => {}
             }
             let tier = match tier {
                 Ok(tier) => tier,

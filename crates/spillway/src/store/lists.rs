@@ -3,13 +3,17 @@
 //! rule, shared through the store and read on each request from a local
 //! copy (no round trip).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arc_swap::ArcSwap;
+
+// Read on every request while any entry exists: a fast hash, not SipHash
+// (the keys are an operator's, not a client's).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::clock::Micros;
 
@@ -281,6 +285,17 @@ impl ListBook {
         self.count.load(Ordering::Acquire)
     }
 
+    /// The lists as they stand, to look a request up in several times
+    /// (every rule's entries, then each rule's) for one load; `None` while
+    /// they hold no entry.
+    #[inline]
+    pub fn snapshot(&self) -> Option<ListSnapshot> {
+        if self.is_empty() {
+            return None;
+        }
+        Some(ListSnapshot(self.lists.load()))
+    }
+
     /// What the lists say of a request from `ip` with `api_key` for
     /// `rule` (`None`: the entries of every rule only), whose key under
     /// that rule is `key`, at `now`: a block of any of them wins over an
@@ -298,30 +313,17 @@ impl ListBook {
         }
         let lists = self.lists.load();
         let ip = ip.map(plain);
-        let mut verdict = Listing::Unlisted;
-        let mut consider = |e: &ListEntry| {
-            if !e.in_force_at(now) {
-                return;
-            }
-            if !e.allow {
-                if !matches!(verdict, Listing::Blocked { .. }) {
-                    verdict = Listing::Blocked {
-                        status: e.status,
-                        until: e.until,
-                    };
-                }
-            } else if verdict == Listing::Unlisted {
-                verdict = Listing::Allowed;
-            }
-        };
-        lists.every.of_client(ip, api_key, &mut consider);
+        let mut verdict = Verdict::default();
+        lists
+            .every
+            .of_client(ip, api_key, |e| verdict.consider(e, now));
         if let Some(of_rule) = rule.and_then(|r| lists.rules.get(r)) {
-            of_rule.of_client(ip, api_key, &mut consider);
+            of_rule.of_client(ip, api_key, |e| verdict.consider(e, now));
             if let Some(e) = key.and_then(|k| of_rule.keys.get(k)) {
-                consider(e);
+                verdict.consider(e, now);
             }
         }
-        verdict
+        verdict.0
     }
 
     /// The entry of `listed` for `rule`, in force or not.
@@ -391,6 +393,83 @@ impl ListBook {
         self.lists.store(Arc::new(lists));
         self.count.store(n, Ordering::Release);
         out
+    }
+}
+
+/// The lists at one moment ([`ListBook::snapshot`]).
+#[derive(Debug)]
+pub struct ListSnapshot(arc_swap::Guard<Arc<Lists>>);
+
+impl ListSnapshot {
+    /// What the entries of every rule say of a request from `ip` with
+    /// `api_key`; `now` is read only when an entry names the request (a
+    /// request no entry names reads no clock).
+    pub fn every_rule(
+        &self,
+        ip: Option<IpAddr>,
+        api_key: Option<&str>,
+        now: &dyn Fn() -> Micros,
+    ) -> Listing {
+        let mut verdict = Verdict::default();
+        self.0
+            .every
+            .of_client(ip.map(plain), api_key, |e| verdict.consider(e, now()));
+        verdict.0
+    }
+
+    /// What the entries of `rule` alone say of a request from `ip` with
+    /// `api_key`, whose key under that rule is `key` (`now` as for
+    /// [`every_rule`](Self::every_rule)).
+    pub fn of_rule(
+        &self,
+        rule: &str,
+        ip: Option<IpAddr>,
+        api_key: Option<&str>,
+        key: &str,
+        now: &dyn Fn() -> Micros,
+    ) -> Listing {
+        let Some(of_rule) = self.0.rules.get(rule) else {
+            return Listing::Unlisted;
+        };
+        let mut verdict = Verdict::default();
+        of_rule.of_client(ip.map(plain), api_key, |e| verdict.consider(e, now()));
+        if let Some(e) = of_rule.keys.get(key) {
+            verdict.consider(e, now());
+        }
+        verdict.0
+    }
+
+    /// Whether some rule has entries of its own.
+    pub fn has_rules(&self) -> bool {
+        !self.0.rules.is_empty()
+    }
+}
+
+/// A verdict being made: a block wins over an allow.
+#[derive(Debug, Default)]
+struct Verdict(Listing);
+
+impl Default for Listing {
+    fn default() -> Self {
+        Self::Unlisted
+    }
+}
+
+impl Verdict {
+    fn consider(&mut self, e: &ListEntry, now: Micros) {
+        if !e.in_force_at(now) {
+            return;
+        }
+        if !e.allow {
+            if !matches!(self.0, Listing::Blocked { .. }) {
+                self.0 = Listing::Blocked {
+                    status: e.status,
+                    until: e.until,
+                };
+            }
+        } else if self.0 == Listing::Unlisted {
+            self.0 = Listing::Allowed;
+        }
     }
 }
 

@@ -51,7 +51,7 @@ use std::time::Duration;
 
 pub use cell::{AnyCell, SharedState, Words};
 pub use holds::MAX_OPEN_HOLDS;
-pub use lists::{ListBook, ListEntry, Listed, Listing};
+pub use lists::{ListBook, ListEntry, ListSnapshot, Listed, Listing};
 pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
 pub use overrides::{Override, OverrideBook, OverrideEntry, Target};
 pub use tiers::{TierBook, TierEntry};
