@@ -227,9 +227,10 @@ impl Lists {
 }
 
 /// What the lists say of a request, for one rule or for all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Listing {
     /// Nothing listed: decide it as usual.
+    #[default]
     Unlisted,
     /// Let it past the rule (or every rule).
     Allowed,
@@ -448,12 +449,6 @@ impl ListSnapshot {
 /// A verdict being made: a block wins over an allow.
 #[derive(Debug, Default)]
 struct Verdict(Listing);
-
-impl Default for Listing {
-    fn default() -> Self {
-        Self::Unlisted
-    }
-}
 
 impl Verdict {
     fn consider(&mut self, e: &ListEntry, now: Micros) {
