@@ -51,6 +51,9 @@ impl RedisStore {
                 if let Some(verdict) = self.beyond_share(local, checks, prepared) {
                     return Ok(verdict);
                 }
+                if let Some(verdict) = self.stopped_locally(checks, prepared) {
+                    return Ok(verdict);
+                }
                 Some(local.check_now(&local_checks)?)
             }
             _ => None,
@@ -88,6 +91,49 @@ impl RedisStore {
     }
 
     /// A denial if a `local` check costs more than its share's capacity.
+    /// A `local` check whose key this instance knows a limit of 0 for (its
+    /// copy of the overrides): the stop holds while Redis is away too,
+    /// denied until the override ends; the other checks undecided.
+    fn stopped_locally(&self, checks: &[Check<'_>], prepared: &[Prepared]) -> Option<Verdict> {
+        let book = &self.inner.overrides.book;
+        if book.is_empty() {
+            return None;
+        }
+        let now = crate::wall_clock_micros();
+        let (over, until) = checks.iter().enumerate().find_map(|(i, c)| {
+            let rule = self.inner.rules.get(c.rule.0)?;
+            let o = book.find(rule.name(), c.key, now)?;
+            (self.is_local(c) && c.cost > 0 && o.limit_of() == 0).then_some((i, o.ends_at()))
+        })?;
+        let left = until.map(|u| std::time::Duration::from_micros(u.saturating_sub(now)));
+        let decisions = checks
+            .iter()
+            .zip(prepared)
+            .enumerate()
+            .map(|(i, (_, p))| {
+                if i == over {
+                    Decision {
+                        allowed: false,
+                        limit: 0,
+                        remaining: 0,
+                        reset_after: left.unwrap_or_default(),
+                        refill_after: left.unwrap_or_default(),
+                        retry_after: left,
+                        delay: std::time::Duration::ZERO,
+                    }
+                } else {
+                    unknown(p.capacity)
+                }
+            })
+            .collect();
+        Some(Verdict {
+            allowed: false,
+            decisions,
+            decided_at: 0,
+            undecided: (0..checks.len()).filter(|&i| i != over).collect(),
+        })
+    }
+
     fn beyond_share(
         &self,
         local: &spillway::store::MemoryStore,

@@ -410,3 +410,42 @@ async fn overrides_past_their_time_are_deleted_and_a_big_table_is_read() {
     assert!(!store.overrides().has_keys("fw"));
     assert_eq!(server.command("HLEN spillway:{overrides}").trim(), ":1");
 }
+
+/// A limit of 0 holds while Redis is away too, under the `local` failure
+/// policy (read from this instance's copy of the overrides); other keys
+/// are counted locally.
+#[tokio::test]
+async fn a_stop_holds_under_the_local_policy_while_redis_is_away() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let options = RedisOptions {
+        on_error: spillway_redis::OnError::Local { instances: nz(1) },
+        deny_cache_entries: 0,
+        timeout: Duration::from_millis(200),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(Topology::Standalone(server.url()), rules(), options)
+        .await
+        .expect("connects");
+    store
+        .set_override(RuleId(0), key("k"), entry(Override::limit(0)))
+        .await
+        .expect("sets");
+    let one = |key| {
+        [Check {
+            rule: RuleId(0),
+            key,
+            cost: 1,
+        }]
+    };
+    assert!(!store.check(&one("k")).await.expect("answers").allowed);
+    server.kill();
+    let during = store
+        .check(&one("k"))
+        .await
+        .expect("the local policy answers");
+    assert!(!during.allowed, "{during:?}");
+    assert_eq!(during.decisions[0].limit, 0);
+    assert!(store.check(&one("other")).await.expect("answers").allowed);
+}
