@@ -49,6 +49,10 @@ pub struct Proxy;
 #[cfg(doctest)]
 pub struct Reliability;
 
+#[doc = include_str!("../../../docs/runtime-limits.md")]
+#[cfg(doctest)]
+pub struct RuntimeLimits;
+
 #[doc = include_str!("../../../docs/security.md")]
 #[cfg(doctest)]
 pub struct Security;
