@@ -4,12 +4,14 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use axum::extract::Query;
+use axum::extract::rejection::QueryRejection;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde_json::json;
 
 use super::admin::Caller;
-use super::answer::{problem, unavailable};
+use super::answer::{problem, read_body, unavailable};
 
 /// The most entries one page of a listing holds.
 pub(super) const MAX_PAGE: usize = 1000;
@@ -104,4 +106,57 @@ pub(super) fn spec_of(
         "set_at": rfc3339(now),
     });
     Ok(spec.to_string().into())
+}
+
+/// What a write may do: `POST` sets only what does not exist yet, `PUT`
+/// sets or replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Write {
+    Create,
+    Replace,
+}
+
+impl Write {
+    /// The status of a write that found `before` in force: 409 for a
+    /// `POST` over one; 200 when it replaced one, 201 when it set one.
+    pub(super) fn status(self, before: bool) -> Result<StatusCode, Refused> {
+        match (self, before) {
+            (Self::Create, true) => Err(Box::new(problem(
+                StatusCode::CONFLICT,
+                "One exists for this: PUT replaces it.",
+            ))),
+            (_, true) => Ok(StatusCode::OK),
+            (_, false) => Ok(StatusCode::CREATED),
+        }
+    }
+}
+
+/// The answer of `handle` to a request's body, read whole (413 past the
+/// limit).
+pub(super) async fn on_body<Fut>(
+    req: axum::extract::Request,
+    handle: impl FnOnce(axum::body::Bytes) -> Fut,
+) -> Response
+where
+    Fut: Future<Output = Result<Response, Refused>>,
+{
+    match read_body(req.into_body()).await {
+        Ok(body) => handle(body).await.unwrap_or_else(|r| *r),
+        Err(response) => response,
+    }
+}
+
+/// The answer of `handle` to a request's query (400 when it is not one
+/// the endpoint takes).
+pub(super) async fn on_query<Q, Fut>(
+    query: Result<Query<Q>, QueryRejection>,
+    handle: impl FnOnce(Q) -> Fut,
+) -> Response
+where
+    Fut: Future<Output = Result<Response, Refused>>,
+{
+    match query {
+        Ok(Query(q)) => handle(q).await.unwrap_or_else(|r| *r),
+        Err(rejection) => problem(StatusCode::BAD_REQUEST, rejection.body_text()),
+    }
 }

@@ -16,9 +16,10 @@ use spillway_tower::key::api_key_spellings;
 
 use super::MAX_KEY_BYTES;
 use super::admin::Caller;
-use super::answer::{json_response, problem, read_body};
+use super::answer::{json_response, problem};
 use super::changes::{
-    MAX_PAGE, Refused, bad, rfc3339, spec_of, store_failed, until_of, wall_micros,
+    MAX_PAGE, Refused, Write, bad, on_body, on_query, rfc3339, spec_of, store_failed, until_of,
+    wall_micros,
 };
 use crate::state::{Loaded, State};
 
@@ -197,7 +198,10 @@ pub(super) async fn create(
     Extension(caller): Extension<Caller>,
     req: Request,
 ) -> Response {
-    set(state, caller, req, false).await
+    on_body(req, |body| async move {
+        set_body(&state, &caller, &body, Write::Create).await
+    })
+    .await
 }
 
 /// `PUT /admin/lists`: sets an entry, replacing any.
@@ -206,25 +210,17 @@ pub(super) async fn replace(
     Extension(caller): Extension<Caller>,
     req: Request,
 ) -> Response {
-    set(state, caller, req, true).await
-}
-
-async fn set(state: State, caller: Caller, req: Request, replaces: bool) -> Response {
-    let body = match read_body(req.into_body()).await {
-        Ok(b) => b,
-        Err(response) => return response,
-    };
-    match set_body(&state, &caller, &body, replaces).await {
-        Ok(r) => r,
-        Err(r) => *r,
-    }
+    on_body(req, |body| async move {
+        set_body(&state, &caller, &body, Write::Replace).await
+    })
+    .await
 }
 
 async fn set_body(
     state: &State,
     caller: &Caller,
     body: &[u8],
-    replaces: bool,
+    write: Write,
 ) -> Result<Response, Refused> {
     let body: Body =
         serde_json::from_slice(body).map_err(|e| bad(format!("Invalid entry: {e}.")))?;
@@ -270,12 +266,7 @@ async fn set_body(
     let before = book
         .get(&listed, rule.as_deref())
         .filter(|e| e.in_force_at(now));
-    if before.is_some() && !replaces {
-        return Err(Box::new(problem(
-            StatusCode::CONFLICT,
-            "An entry for this exists: PUT replaces it.",
-        )));
-    }
+    let status = write.status(before.is_some())?;
     for (i, spelling) in spellings(&listed).into_iter().enumerate() {
         let mut entry = entry.clone();
         if i > 0 {
@@ -295,11 +286,6 @@ async fn set_body(
         after = %after,
         "admin: list entry set"
     );
-    let status = if before.is_some() {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
-    };
     Ok(json_response(status, &after))
 }
 
@@ -310,14 +296,11 @@ pub(super) async fn read(
     Extract(state): Extract<State>,
     query: Result<Query<Which>, QueryRejection>,
 ) -> Response {
-    let which = match query {
-        Ok(Query(q)) => q,
-        Err(rejection) => return problem(StatusCode::BAD_REQUEST, rejection.body_text()),
-    };
-    match read_which(&state, which).await {
-        Ok(r) => r,
-        Err(r) => *r,
-    }
+    on_query(
+        query,
+        |which| async move { read_which(&state, which).await },
+    )
+    .await
 }
 
 fn named_of(which: &Which) -> Named {
@@ -376,14 +359,10 @@ pub(super) async fn remove(
     Extension(caller): Extension<Caller>,
     query: Result<Query<Which>, QueryRejection>,
 ) -> Response {
-    let which = match query {
-        Ok(Query(q)) => q,
-        Err(rejection) => return problem(StatusCode::BAD_REQUEST, rejection.body_text()),
-    };
-    match remove_which(&state, &caller, which).await {
-        Ok(r) => r,
-        Err(r) => *r,
-    }
+    on_query(query, |which| async move {
+        remove_which(&state, &caller, which).await
+    })
+    .await
 }
 
 async fn remove_which(state: &State, caller: &Caller, which: Which) -> Result<Response, Refused> {

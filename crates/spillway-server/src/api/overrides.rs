@@ -19,9 +19,10 @@ use spillway::store::{Override, OverrideEntry, RuleId, Store, Target};
 
 use super::MAX_KEY_BYTES;
 use super::admin::Caller;
-use super::answer::{json_response, problem, read_body};
+use super::answer::{json_response, problem};
 use super::changes::{
-    MAX_PAGE, Refused, bad, rfc3339, spec_of, store_failed, until_of, wall_micros,
+    MAX_PAGE, Refused, Write, bad, on_body, on_query, rfc3339, spec_of, store_failed, until_of,
+    wall_micros,
 };
 use crate::state::{Loaded, State};
 
@@ -147,7 +148,12 @@ pub(super) async fn create(
     Extension(caller): Extension<Caller>,
     req: Request,
 ) -> Response {
-    set(state, caller, req, false).await
+    on_body(req, |body| async move {
+        set_body(&state, &caller, &body, Write::Create)
+            .await
+            .map_err(Box::new)
+    })
+    .await
 }
 
 /// `PUT /admin/overrides`: sets an override, replacing any (201 when there
@@ -157,24 +163,19 @@ pub(super) async fn replace(
     Extension(caller): Extension<Caller>,
     req: Request,
 ) -> Response {
-    set(state, caller, req, true).await
-}
-
-async fn set(state: State, caller: Caller, req: Request, replaces: bool) -> Response {
-    let body = match read_body(req.into_body()).await {
-        Ok(b) => b,
-        Err(response) => return response,
-    };
-    match set_body(&state, &caller, &body, replaces).await {
-        Ok(response) | Err(response) => response,
-    }
+    on_body(req, |body| async move {
+        set_body(&state, &caller, &body, Write::Replace)
+            .await
+            .map_err(Box::new)
+    })
+    .await
 }
 
 async fn set_body(
     state: &State,
     caller: &Caller,
     body: &[u8],
-    replaces: bool,
+    write: Write,
 ) -> Result<Response, Response> {
     let body: Body = serde_json::from_slice(body)
         .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("Invalid override: {e}.")))?;
@@ -217,12 +218,7 @@ async fn set_body(
     let before = book
         .get(store.rules()[ids[0].0].name(), &target)
         .filter(|b| b.applied.in_force_at(now));
-    if before.is_some() && !replaces {
-        return Err(problem(
-            StatusCode::CONFLICT,
-            "An override for this rule and key or prefix exists: PUT replaces it.",
-        ));
-    }
+    let status = write.status(before.is_some()).map_err(|r| *r)?;
     for &id in &ids {
         if let Err(e) = store.set_override(id, target.clone(), entry.clone()).await {
             return Err(match e {
@@ -245,11 +241,6 @@ async fn set_body(
         after = %after,
         "admin: override set"
     );
-    let status = if before.is_some() {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
-    };
     Ok(json_response(status, &after))
 }
 
@@ -261,14 +252,11 @@ pub(super) async fn read(
     Extract(state): Extract<State>,
     query: Result<Query<Which>, QueryRejection>,
 ) -> Response {
-    let which = match query {
-        Ok(Query(q)) => q,
-        Err(rejection) => return problem(StatusCode::BAD_REQUEST, rejection.body_text()),
-    };
-    match read_which(&state, which).await {
-        Ok(r) => r,
-        Err(r) => *r,
-    }
+    on_query(
+        query,
+        |which| async move { read_which(&state, which).await },
+    )
+    .await
 }
 
 async fn read_which(state: &State, which: Which) -> Result<Response, Refused> {
@@ -380,14 +368,10 @@ pub(super) async fn remove(
     Extension(caller): Extension<Caller>,
     query: Result<Query<Which>, QueryRejection>,
 ) -> Response {
-    let which = match query {
-        Ok(Query(q)) => q,
-        Err(rejection) => return problem(StatusCode::BAD_REQUEST, rejection.body_text()),
-    };
-    match remove_which(&state, &caller, which).await {
-        Ok(r) => r,
-        Err(r) => *r,
-    }
+    on_query(query, |which| async move {
+        remove_which(&state, &caller, which).await
+    })
+    .await
 }
 
 async fn remove_which(state: &State, caller: &Caller, which: Which) -> Result<Response, Refused> {
