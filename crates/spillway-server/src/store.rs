@@ -11,6 +11,13 @@ use spillway::store::{
 };
 use spillway_redis::{Error as StoreError, RedisStore};
 
+/// The wall clock in µs since the Unix epoch.
+fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// Called with every store call's latency and outcome, for metrics.
 pub trait StoreObserver: Send + Sync + 'static {
     /// A store call took `seconds`; `error` when it failed.
@@ -126,7 +133,11 @@ impl AnyStore {
         entry: TierEntry,
     ) -> Result<Option<TierEntry>, StoreError> {
         match &self.inner {
-            StoreImpl::Memory(s) => Ok(s.tiers().and_then(|t| t.set(api_key, entry))),
+            StoreImpl::Memory(s) => Ok(s.tiers().and_then(|t| {
+                // What has passed its time goes when something is set.
+                t.purge(wall_micros());
+                t.set(api_key, entry)
+            })),
             StoreImpl::Redis(s) => s.set_tier(api_key, entry).await,
         }
     }
@@ -159,7 +170,10 @@ impl AnyStore {
         entry: ListEntry,
     ) -> Result<Option<ListEntry>, StoreError> {
         match &self.inner {
-            StoreImpl::Memory(s) => Ok(s.lists().and_then(|l| l.set(listed, entry))),
+            StoreImpl::Memory(s) => Ok(s.lists().and_then(|l| {
+                l.purge(wall_micros());
+                l.set(listed, entry)
+            })),
             StoreImpl::Redis(s) => s.set_listed(listed, entry).await,
         }
     }

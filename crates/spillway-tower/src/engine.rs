@@ -922,6 +922,14 @@ impl<St: Store> Engine<St> {
         if !r.over_http {
             return None;
         }
+        if key.len() > crate::key::MAX_KEY_LEN {
+            return Some(format!(
+                "`key` is {} bytes long: a request's key past {} bytes is kept as its hash \
+                 (`sha256:...`, as the admin API's key listing shows it); name that.",
+                key.len(),
+                crate::key::MAX_KEY_LEN
+            ));
+        }
         Self::key_parts(r, key).err()
     }
 
@@ -989,10 +997,12 @@ impl<St: Store> Engine<St> {
         // The clock, read once and only if an entry names the request.
         let clock = std::cell::OnceCell::new();
         let now = || *clock.get_or_init(wall_micros);
-        let ip = lists
-            .as_ref()
-            .and_then(|_| client.ip.as_ref().and_then(|ip| ip.listed_addr()));
-        let api_key = client.api_key.as_ref().ok().and_then(Option::as_deref);
+        let ip = client.addr;
+        // A key the lists name cannot escape them by being sent twice.
+        let api_key = match (&client.api_key, &lists) {
+            (Err(m), Some(l)) if l.has_api_keys() => return Err(Unplanned::BadRequest(m.clone())),
+            (key, _) => key.as_ref().ok().and_then(Option::as_deref),
+        };
         let blocked = |status: u16, until: Option<u64>| Unplanned::Blocked {
             status: http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::FORBIDDEN),
             retry_after: until.map(|u| Duration::from_micros(u.saturating_sub(now()))),
@@ -1014,19 +1024,24 @@ impl<St: Store> Engine<St> {
             {
                 continue;
             }
-            let Some(key) = rule
+            let key = rule
                 .key_of(&client, parts)
-                .map_err(|m| Unplanned::BadRequest(format!("rule `{}`: {m}", rule.name)))?
-            else {
+                .map_err(|m| Unplanned::BadRequest(format!("rule `{}`: {m}", rule.name)))?;
+            // The rule's own entries, whether or not the request has what
+            // it counts by: a block of its address holds either way.
+            let own = rules_listed.map_or(Listing::Unlisted, |l| {
+                l.of_rule(&rule.name, ip, api_key, key.as_deref(), &now)
+            });
+            if let Listing::Blocked { status, until } = own {
+                return Err(blocked(status, until));
+            }
+            let Some(key) = key else {
                 // `ip` is `None` only when there is no peer address at all.
                 if addr_required && client.ip.is_none() && rule.needs_ip() {
                     return Err(Unplanned::NoClientAddr(index));
                 }
                 continue;
             };
-            let own = rules_listed.map_or(Listing::Unlisted, |l| {
-                l.of_rule(&rule.name, ip, api_key, &key, &now)
-            });
             match (own, every) {
                 (Listing::Blocked { status, until }, _) => return Err(blocked(status, until)),
                 // Let past this rule.

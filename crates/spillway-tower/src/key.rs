@@ -206,22 +206,25 @@ impl Credential {
 }
 
 /// The spellings under which a request's API key is found for `api_key`:
-/// as a header carries it, and (when it differs) as the bearer token that
-/// decodes to the same credential reads ([`Credential`]). A table of keys
-/// (tiers) holds each key under all of them.
+/// as a header carries it, and (when they differ) as a bearer token and a
+/// Basic credential that decode to the same credential read
+/// ([`Credential`]). A table of keys (tiers, lists) holds each key under
+/// all of them.
 ///
 /// ```
 /// use spillway_tower::key::api_key_spellings;
-/// assert_eq!(api_key_spellings("k-123"), vec!["k-123"]);
-/// assert_eq!(api_key_spellings("a+b/c="), vec!["a+b/c=", "a-b_c"]);
+/// assert_eq!(api_key_spellings("k123"), vec!["k123"]);
+/// assert_eq!(api_key_spellings("a+b/c="), vec!["a+b/c=", "a-b_c", "abc"]);
 /// ```
 pub fn api_key_spellings(api_key: &str) -> Vec<String> {
-    let as_token = canonical_token(api_key.as_bytes(), "bearer");
-    if as_token == api_key {
-        vec![as_token]
-    } else {
-        vec![api_key.to_string(), as_token]
+    let mut out = vec![api_key.to_string()];
+    for scheme in ["bearer", "basic"] {
+        let spelling = canonical_token(api_key.as_bytes(), scheme);
+        if !out.contains(&spelling) {
+            out.push(spelling);
+        }
     }
+    out
 }
 
 /// A token as the one credential it decodes to. Tokens are base64 more
@@ -449,6 +452,10 @@ pub const MAX_KEY_LEN: usize = 200;
 pub(crate) struct Identity {
     // `None` only when the request carries no peer address.
     pub ip: Option<ClientIp>,
+    // The client's whole address, before an IPv6 one is counted by its
+    // network: what the block and allow lists look up. `None` when no
+    // address names the client.
+    pub addr: Option<IpAddr>,
     // An error (a 400's message) for a key sent twice or unreadable: it
     // is refused only if a rule that applies counts by it.
     pub api_key: Result<Option<String>, String>,
@@ -530,19 +537,6 @@ pub(crate) enum ClientIp {
         /// What it wrote.
         hop: String,
     },
-}
-
-impl ClientIp {
-    /// The address the block and allow lists look up: the client's; for
-    /// an IPv6 client counted by its network, the network's first address
-    /// (entries of that network, or of a shorter one, match it).
-    pub(crate) fn listed_addr(&self) -> Option<IpAddr> {
-        match self {
-            Self::Addr(ip) => Some(*ip),
-            Self::Net(net) => Some(IpAddr::V6(net.network())),
-            Self::Unnamed { .. } => None,
-        }
-    }
 }
 
 /// One hop of a forwarded chain.
@@ -728,6 +722,10 @@ fn by_prefix(ip: ClientIp, prefix: Ipv6Prefix) -> ClientIp {
 impl Identity {
     pub(crate) fn of(req: &Parts, clients: &Clients) -> Self {
         let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies, clients.forwarded_header);
+        let addr = match &ip {
+            Some(ClientIp::Addr(a)) => Some(*a),
+            _ => None,
+        };
         let ip = ip.map(|ip| by_prefix(ip, clients.ipv6_prefix));
         let headers = &req.headers;
         let api_key = api_key(headers, &clients.api_key);
@@ -747,6 +745,7 @@ impl Identity {
         };
         Self {
             ip,
+            addr,
             api_key,
             user,
             tier,
@@ -1288,6 +1287,7 @@ mod tests {
         let parts = req("1.1.1.1:1", &[("x-a", "1|header:x-b=2")]);
         let client = Identity {
             ip: None,
+            addr: None,
             api_key: Ok(None),
             user: Ok(None),
             tier: None,

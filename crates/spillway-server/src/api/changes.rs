@@ -160,3 +160,21 @@ where
         Err(rejection) => problem(StatusCode::BAD_REQUEST, rejection.body_text()),
     }
 }
+
+/// An entry stored under another spelling of an API key (as a bearer token
+/// or a Basic credential read it): its spec names the key it was set for.
+pub(super) fn alias_of(spec: &str) -> Option<String> {
+    let spec: serde_json::Value = serde_json::from_str(spec).ok()?;
+    spec.get("alias_of")?.as_str().map(str::to_string)
+}
+
+/// Refuses a change made through another spelling of a key: it would
+/// change one spelling and leave the others.
+pub(super) fn not_an_alias(spec: Option<&str>) -> Result<(), Refused> {
+    match spec.and_then(alias_of) {
+        Some(key) => Err(bad(format!(
+            "`api_key`: this is how a token spells `{key}`, set as such: name `{key}`."
+        ))),
+        None => Ok(()),
+    }
+}

@@ -18,8 +18,8 @@ use super::MAX_KEY_BYTES;
 use super::admin::Caller;
 use super::answer::{json_response, problem};
 use super::changes::{
-    MAX_PAGE, Refused, Write, bad, on_body, on_query, rfc3339, spec_of, store_failed, until_of,
-    wall_micros,
+    MAX_PAGE, Refused, Write, alias_of, bad, not_an_alias, on_body, on_query, rfc3339, spec_of,
+    store_failed, until_of, wall_micros,
 };
 use crate::state::{Loaded, State};
 
@@ -123,6 +123,12 @@ fn listed_of(engine: &Loaded, named: &Named) -> Result<Option<(Listed, Option<St
         }
         (None, Some(k), None) => {
             long("api_key", k)?;
+            if k.chars().any(|c| c.is_control() || c == ' ' || c == ',') {
+                return Err(bad(
+                    "`api_key` holds a space, a comma or a control character: no request \
+                     carries such a key as one value.",
+                ));
+            }
             (Listed::ApiKey(k.as_str().into()), named.rule.clone())
         }
         (None, None, Some(k)) => {
@@ -178,7 +184,7 @@ fn shown(listed: &Listed, entry: &ListEntry) -> Value {
 
 /// Whether an entry is another spelling's (not listed on its own).
 fn is_alias(entry: &ListEntry) -> bool {
-    serde_json::from_str::<Value>(&entry.spec).is_ok_and(|v| v.get("alias_of").is_some())
+    alias_of(&entry.spec).is_some()
 }
 
 /// A listing's order, and its cursor: what an entry names, then its rule.
@@ -263,16 +269,19 @@ async fn set_body(
     };
     let store = engine.store();
     let book = store.list_book().await.map_err(store_failed)?;
-    let before = book
+    let found = book
         .get(&listed, rule.as_deref())
         .filter(|e| e.in_force_at(now));
+    not_an_alias(found.as_ref().map(|e| &*e.spec))?;
+    let before = found;
     let status = write.status(before.is_some())?;
     for (i, spelling) in spellings(&listed).into_iter().enumerate() {
         let mut entry = entry.clone();
         if i > 0 {
-            entry.spec = json!({ "alias_of": shown(&listed, &entry) })
-                .to_string()
-                .into();
+            let Listed::ApiKey(key) = &listed else {
+                unreachable!("only an API key has other spellings")
+            };
+            entry.spec = json!({ "alias_of": &**key }).to_string().into();
         }
         store
             .set_listed(spelling, entry)
@@ -375,7 +384,12 @@ async fn remove_which(state: &State, caller: &Caller, which: Which) -> Result<Re
     };
     let store = engine.store();
     // What the store holds, not what this instance last read.
-    store.list_book().await.map_err(store_failed)?;
+    let book = store.list_book().await.map_err(store_failed)?;
+    not_an_alias(
+        book.get(&listed, rule.as_deref())
+            .as_ref()
+            .map(|e| &*e.spec),
+    )?;
     let mut removed = None;
     for spelling in spellings(&listed) {
         let gone = store

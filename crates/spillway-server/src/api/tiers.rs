@@ -20,8 +20,8 @@ use super::MAX_KEY_BYTES;
 use super::admin::Caller;
 use super::answer::{json_response, problem};
 use super::changes::{
-    MAX_PAGE, Refused, Write, bad, on_body, on_query, rfc3339, spec_of, store_failed, until_of,
-    wall_micros,
+    MAX_PAGE, Refused, Write, alias_of, bad, not_an_alias, on_body, on_query, rfc3339, spec_of,
+    store_failed, until_of, wall_micros,
 };
 use crate::state::State;
 
@@ -80,7 +80,7 @@ fn shown(api_key: &str, entry: &TierEntry) -> Value {
 
 /// Whether an entry is another spelling's (not listed on its own).
 fn is_alias(entry: &TierEntry) -> bool {
-    serde_json::from_str::<Value>(&entry.spec).is_ok_and(|v| v.get("alias_of").is_some())
+    alias_of(&entry.spec).is_some()
 }
 
 /// `POST /admin/tiers`: puts a key in a tier it is in no tier yet by
@@ -120,6 +120,9 @@ async fn set_body(
     api_key_of(&body.api_key)?;
     let engine = state.live.current();
     let policy = engine.layer.policy();
+    if body.tier.chars().any(char::is_control) {
+        return Err(bad("`tier` holds a control character."));
+    }
     let known = policy
         .rules()
         .iter()
@@ -135,7 +138,9 @@ async fn set_body(
     let spec = spec_of(body.reason.as_deref(), caller, now)?;
     let store = engine.store();
     let book = store.tier_book().await.map_err(store_failed)?;
-    let before = book.get(&body.api_key).filter(|e| e.in_force_at(now));
+    let found = book.get(&body.api_key).filter(|e| e.in_force_at(now));
+    not_an_alias(found.as_ref().map(|e| &*e.spec))?;
+    let before = found;
     let status = write.status(before.is_some())?;
     let entry = TierEntry {
         tier: body.tier.as_str().into(),
@@ -246,7 +251,8 @@ async fn remove_which(state: &State, caller: &Caller, which: Which) -> Result<Re
     let engine = state.live.current();
     let store = engine.store();
     // What Redis holds, not what this instance last read.
-    store.tier_book().await.map_err(store_failed)?;
+    let book = store.tier_book().await.map_err(store_failed)?;
+    not_an_alias(book.get(&key).as_ref().map(|e| &*e.spec))?;
     let mut removed = None;
     for spelling in api_key_spellings(&key) {
         let gone = store.remove_tier(&spelling).await.map_err(store_failed)?;

@@ -19,6 +19,7 @@ mod denied;
 mod headers;
 mod keys;
 mod layer;
+mod lists;
 mod parsed_headers;
 mod rules;
 mod shaping;

@@ -376,6 +376,15 @@ impl ListBook {
         all
     }
 
+    /// Drops every entry whose time has passed at `now`.
+    pub fn purge(&self, now: Micros) {
+        if self.list(0).len() == self.list(now).len() {
+            return;
+        }
+        let kept = self.list(now);
+        self.replace(kept);
+    }
+
     /// Replaces every entry with `entries` (a refresh from a shared copy).
     pub fn replace(&self, entries: impl IntoIterator<Item = (Listed, ListEntry)>) {
         let mut fresh = Lists::default();
@@ -419,14 +428,14 @@ impl ListSnapshot {
     }
 
     /// What the entries of `rule` alone say of a request from `ip` with
-    /// `api_key`, whose key under that rule is `key` (`now` as for
+    /// `api_key`, whose key under that rule is `key` (if it has one; `now` as for
     /// [`every_rule`](Self::every_rule)).
     pub fn of_rule(
         &self,
         rule: &str,
         ip: Option<IpAddr>,
         api_key: Option<&str>,
-        key: &str,
+        key: Option<&str>,
         now: &dyn Fn() -> Micros,
     ) -> Listing {
         let Some(of_rule) = self.0.rules.get(rule) else {
@@ -434,7 +443,7 @@ impl ListSnapshot {
         };
         let mut verdict = Verdict::default();
         of_rule.of_client(ip.map(plain), api_key, |e| verdict.consider(e, now()));
-        if let Some(e) = of_rule.keys.get(key) {
+        if let Some(e) = key.and_then(|k| of_rule.keys.get(k)) {
             verdict.consider(e, now());
         }
         verdict.0
@@ -443,6 +452,11 @@ impl ListSnapshot {
     /// Whether some rule has entries of its own.
     pub fn has_rules(&self) -> bool {
         !self.0.rules.is_empty()
+    }
+
+    /// Whether any entry names an API key.
+    pub fn has_api_keys(&self) -> bool {
+        !self.0.every.api_keys.is_empty() || self.0.rules.values().any(|r| !r.api_keys.is_empty())
     }
 }
 
