@@ -24,6 +24,7 @@
 //! | `spillway_budget_units_total` | counter | `rule`, `kind` | units `charged` before the settles, and the `actual` cost they were settled at: how far the reservations are from the real costs |
 //! | `spillway_budget_given_back_total` | counter | | budget reservations the store gave back because no settle came within the rule's `settle_within` (`on_expiry = "release"`), by this instance's store calls: on Redis, another instance's calls may give back the rest |
 //! | `spillway_leases_total` | counter | `rule`, `event` | what became of concurrency leases while their requests ran: `renewed`, `lost`, `retaken`, `released`, `expired` |
+//! | `spillway_blocked_total` | counter | `status` | requests a block list entry refused, by the status answered (`403`, `429`): no rule counted them (docs/runtime-limits.md) |
 //!
 //! The Redis figures come from the store's own counters. A reload builds a
 //! new store, so the old one's counts are kept aside and added in: the
@@ -95,6 +96,11 @@ struct KindLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StatusLabels {
+    status: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -145,6 +151,7 @@ pub struct Metrics {
     connections_refused: Counter,
     budgets: BudgetMetrics,
     leases: Family<RuleEventLabels, Counter>,
+    blocked: Family<StatusLabels, Counter>,
     // The Redis counters of stores replaced by a reload.
     retired: Mutex<Stats>,
 }
@@ -233,6 +240,15 @@ impl Metrics {
             "Concurrency leases renewed, lost, retaken, released or expired",
             leases.clone(),
         );
+        let blocked = Family::<StatusLabels, Counter>::default();
+        registry.register(
+            "spillway_blocked",
+            "Requests refused by a block list entry, by the status answered",
+            blocked.clone(),
+        );
+        for status in ["403", "429"] {
+            drop(blocked.get_or_create(&StatusLabels { status }));
+        }
         // Zeros from the start, so that the series exist before the first
         // error or reload (a rate over a missing series is no rate at all).
         for kind in ["redis", "timeout", "unavailable", "reply", "rule"] {
@@ -253,8 +269,19 @@ impl Metrics {
             connections_refused,
             budgets,
             leases,
+            blocked,
             retired: Mutex::default(),
         }
+    }
+
+    /// Counts a request a block list entry refused.
+    pub fn blocked(&self, status: http::StatusCode) {
+        let status = if status == http::StatusCode::TOO_MANY_REQUESTS {
+            "429"
+        } else {
+            "403"
+        };
+        self.blocked.get_or_create(&StatusLabels { status }).inc();
     }
 
     /// Counts what became of a budget rule's reservation.
@@ -437,6 +464,10 @@ impl Observer for DecisionObserver {
 
     fn lease(&self, rule: &str, event: LeaseEvent) {
         self.0.lease(rule, event);
+    }
+
+    fn blocked(&self, status: http::StatusCode) {
+        self.0.blocked(status);
     }
 }
 

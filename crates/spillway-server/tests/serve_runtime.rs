@@ -599,6 +599,13 @@ async fn lists_through_the_api(http: &Http) {
             assert!(retry > 890_000 && retry <= 900_000, "{retry}");
         }
     }
+    // Counted as blocked, by status.
+    let blocked = |status: &'static str| async move {
+        http.metric(&format!("spillway_blocked_total{{status=\"{status}\"}}"))
+            .await
+    };
+    assert_eq!(blocked("403").await, Some(2.0));
+    assert_eq!(blocked("429").await, Some(1.0));
     // The blocked ones counted nothing: lister used 2 (of 3) from outside.
     let a = from(http, "192.0.3.8", "lister").await;
     assert_eq!(rule_of(&a, "per-key")["remaining"], 0, "{}", a.text());

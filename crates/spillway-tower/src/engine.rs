@@ -91,6 +91,12 @@ pub trait Observer: Send + Sync + 'static {
         let _ = (rule, event);
     }
 
+    /// A request was refused by a block list entry with `status` (no rule
+    /// counted it). Nothing by default.
+    fn blocked(&self, status: http::StatusCode) {
+        let _ = status;
+    }
+
     /// A concurrency rule's lease was renewed, lost, released, or could
     /// not be released (see [`LeaseEvent`]). Nothing by default.
     fn lease(&self, rule: &str, event: LeaseEvent) {
@@ -1003,9 +1009,15 @@ impl<St: Store> Engine<St> {
             (Err(m), Some(l)) if l.has_api_keys() => return Err(Unplanned::BadRequest(m.clone())),
             (key, _) => key.as_ref().ok().and_then(Option::as_deref),
         };
-        let blocked = |status: u16, until: Option<u64>| Unplanned::Blocked {
-            status: http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::FORBIDDEN),
-            retry_after: until.map(|u| Duration::from_micros(u.saturating_sub(now()))),
+        let blocked = |status: u16, until: Option<u64>| {
+            let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::FORBIDDEN);
+            if let Some(o) = &self.observer {
+                o.blocked(status);
+            }
+            Unplanned::Blocked {
+                status,
+                retry_after: until.map(|u| Duration::from_micros(u.saturating_sub(now()))),
+            }
         };
         // Every rule's entries: a block refuses the request, an allow lets
         // it past every rule (a rule's own block still holds).

@@ -410,6 +410,16 @@ fn convert(read: read::Read, lines: &Text<'_>, dir: &Path) -> Result<Config, Vec
             .headers(headers)
             .body(body);
         for (tier, t) in &raw.tiers {
+            // A tier's name is written in logs, headers and the shared
+            // tables on Redis, each on one line.
+            if tier.is_empty() || tier.chars().any(char::is_control) {
+                return Err(ConfigError {
+                    file: None,
+                    line: None,
+                    field: format!("tiers.{tier:?}"),
+                    message: "a tier's name must not be empty or hold a control character".into(),
+                });
+            }
             for key in &t.api_keys {
                 policy = policy.api_key_tier(key.clone(), tier.clone());
             }

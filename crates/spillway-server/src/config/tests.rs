@@ -808,3 +808,11 @@ fn named_admin_tokens_are_read_or_write_and_each_its_own() {
     let e = error(&format!("[server]\nadmin_tokens = {twice}\n{rules}"));
     assert_eq!(e.field, "server.admin_tokens[1].token", "{e}");
 }
+
+#[test]
+fn a_tier_name_with_a_line_break_is_an_error() {
+    let text = "[tiers.\"pro\\nplus\"]\napi_keys = [\"k\"]\n\n[[rules]]\nname = \"r\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n[rules.tiers.\"pro\\nplus\"]\nlimit = 2\n";
+    let e = error(text);
+    assert!(e.field.starts_with("tiers."), "{e}");
+    assert!(e.message.contains("control character"), "{e}");
+}
