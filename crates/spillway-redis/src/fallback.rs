@@ -106,32 +106,16 @@ impl RedisStore {
             (self.is_local(c) && c.cost > 0 && o.limit_of() == 0).then_some((i, o.ends_at()))
         })?;
         let left = until.map(|u| std::time::Duration::from_micros(u.saturating_sub(now)));
-        let decisions = checks
-            .iter()
-            .zip(prepared)
-            .enumerate()
-            .map(|(i, (_, p))| {
-                if i == over {
-                    Decision {
-                        allowed: false,
-                        limit: 0,
-                        remaining: 0,
-                        reset_after: left.unwrap_or_default(),
-                        refill_after: left.unwrap_or_default(),
-                        retry_after: left,
-                        delay: std::time::Duration::ZERO,
-                    }
-                } else {
-                    unknown(p.capacity)
-                }
-            })
-            .collect();
-        Some(Verdict {
+        let stop = Decision {
             allowed: false,
-            decisions,
-            decided_at: 0,
-            undecided: (0..checks.len()).filter(|&i| i != over).collect(),
-        })
+            limit: 0,
+            remaining: 0,
+            reset_after: left.unwrap_or_default(),
+            refill_after: left.unwrap_or_default(),
+            retry_after: left,
+            delay: std::time::Duration::ZERO,
+        };
+        Some(denied_by_one(prepared, over, stop))
     }
 
     fn beyond_share(
@@ -145,32 +129,16 @@ impl RedisStore {
             .iter()
             .position(|c| self.is_local(c) && c.cost > share(c))?;
         let retry_after = self.inner.options.retry_interval;
-        let decisions = checks
-            .iter()
-            .zip(prepared)
-            .enumerate()
-            .map(|(i, (c, p))| {
-                if i == over {
-                    Decision {
-                        allowed: false,
-                        limit: share(c),
-                        remaining: 0,
-                        reset_after: retry_after,
-                        refill_after: retry_after,
-                        retry_after: Some(retry_after),
-                        delay: std::time::Duration::ZERO,
-                    }
-                } else {
-                    unknown(p.capacity)
-                }
-            })
-            .collect();
-        Some(Verdict {
+        let denial = Decision {
             allowed: false,
-            decisions,
-            decided_at: 0,
-            undecided: (0..checks.len()).filter(|&i| i != over).collect(),
-        })
+            limit: share(&checks[over]),
+            remaining: 0,
+            reset_after: retry_after,
+            refill_after: retry_after,
+            retry_after: Some(retry_after),
+            delay: std::time::Duration::ZERO,
+        };
+        Some(denied_by_one(prepared, over, denial))
     }
 
     /// Gives back, in the local fallback, what it charged at `charged_at`.
@@ -189,5 +157,27 @@ impl RedisStore {
             .collect();
         local.refund_at(&local_checks, charged_at)?;
         Ok(())
+    }
+}
+
+/// A request denied by check `over` alone (its `denial`), decided while
+/// Redis is away: the other checks undecided, with stand-ins.
+fn denied_by_one(prepared: &[Prepared], over: usize, denial: Decision) -> Verdict {
+    let decisions = prepared
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if i == over {
+                denial
+            } else {
+                unknown(p.capacity)
+            }
+        })
+        .collect();
+    Verdict {
+        allowed: false,
+        decisions,
+        decided_at: 0,
+        undecided: (0..prepared.len()).filter(|&i| i != over).collect(),
     }
 }
