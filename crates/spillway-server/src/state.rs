@@ -122,9 +122,7 @@ async fn overrides_under_every_tier(policy: &spillway_tower::Policy, store: &Any
     if book.is_empty() {
         return;
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let now = spillway::clock::Clock::now(&spillway::clock::SystemClock);
     for (index, rule) in policy.rules().iter().enumerate() {
         let default = policy.rule_id(index, None);
         let listed = book.list(store.rules()[default.0].name(), now);

@@ -13,9 +13,7 @@ use spillway_redis::{Error as StoreError, RedisStore};
 
 /// The wall clock in µs since the Unix epoch.
 fn wall_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    spillway::clock::Clock::now(&spillway::clock::SystemClock)
 }
 
 /// Called with every store call's latency and outcome, for metrics.

@@ -635,9 +635,7 @@ pub struct Reported<'a> {
 /// The wall clock in µs since the Unix epoch: the time an entry of the
 /// store's run-time tables ends on.
 fn wall_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    spillway::clock::Clock::now(&spillway::clock::SystemClock)
 }
 
 /// The policy on its store, and the observer: what decides requests. Every

@@ -2,7 +2,7 @@
 //! `/admin/tiers`) share: times, refusals, what is kept of who made a
 //! change.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::extract::Query;
 use axum::extract::rejection::QueryRejection;
@@ -35,9 +35,7 @@ pub(super) fn store_failed(e: impl std::fmt::Display) -> Refused {
 
 /// The wall clock, in µs since the Unix epoch.
 pub(super) fn wall_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    spillway::clock::Clock::now(&spillway::clock::SystemClock)
 }
 
 /// `micros` since the Unix epoch as RFC 3339, UTC.
