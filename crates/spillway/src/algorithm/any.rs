@@ -6,8 +6,8 @@ use super::gcra::Tat;
 use super::sliding_log::{SlidingLogState, SlidingLogUndo};
 use super::sliding_window::SlidingWindowState;
 use super::{
-    Algorithm, Charged, Concurrency, FixedWindow, LeakyBucket, Renewed, SlidingLog, SlidingWindow,
-    TokenBucket,
+    Algorithm, Charged, Concurrency, FixedWindow, LeakyBucket, LeakyMode, Renewed, SlidingLog,
+    SlidingWindow, TokenBucket,
 };
 use crate::clock::Micros;
 use crate::decision::Decision;
@@ -167,18 +167,52 @@ impl AnyAlgorithm {
     /// assert!(!AnyAlgorithm::from(SlidingLog::new(per_minute(5))).keeps_state_of(&five));
     /// ```
     pub fn keeps_state_of(&self, old: &AnyAlgorithm) -> bool {
-        let same_kind = match (self, old) {
+        self.state_meaning() == old.state_meaning()
+    }
+
+    /// What a key's state means under this algorithm, as text: two
+    /// algorithms whose states mean the same have the same text
+    /// ([`keeps_state_of`](Self::keeps_state_of)), and a state file records
+    /// it beside each rule's keys, so that they are read back only into a
+    /// rule where they still mean what they did.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::{AnyAlgorithm, FixedWindow, TokenBucket};
+    /// use spillway::Quota;
+    ///
+    /// let nz = |n| NonZeroU32::new(n).unwrap();
+    /// let window = AnyAlgorithm::from(FixedWindow::new(Quota::per_minute(nz(5))));
+    /// assert_eq!(window.state_meaning(), "fixed_window 60000000");
+    /// let bucket = AnyAlgorithm::from(TokenBucket::new(Quota::per_second(nz(10)), nz(20)));
+    /// assert_eq!(bucket.state_meaning(), "token_bucket 1000000");
+    /// ```
+    pub fn state_meaning(&self) -> String {
+        let period = self.quota().period_micros();
+        match self {
             // Leases end when they say, under any lease time, and
             // forgetting them would let a new limit's worth in beside those
             // inside.
-            (Self::Concurrency(_), Self::Concurrency(_)) => return true,
-            (Self::LeakyBucket(a), Self::LeakyBucket(b)) => a.mode() == b.mode(),
+            Self::Concurrency(_) => "concurrency".to_string(),
+            Self::LeakyBucket(a) => {
+                let mode = match a.mode() {
+                    LeakyMode::Shape => "shape",
+                    LeakyMode::Police => "police",
+                };
+                format!("leaky_bucket {mode} {period}")
+            }
             // A calendar's periods are not a fixed length's windows, nor
             // another calendar's.
-            (Self::FixedWindow(a), Self::FixedWindow(b)) => a.calendar_of() == b.calendar_of(),
-            (a, b) => a.name() == b.name(),
-        };
-        same_kind && self.quota().period_micros() == old.quota().period_micros()
+            Self::FixedWindow(a) => match a.calendar_of() {
+                Some(c) => format!(
+                    "fixed_window {} {} {period}",
+                    c.period().name(),
+                    c.zone().name()
+                ),
+                None => format!("fixed_window {period}"),
+            },
+            other => format!("{} {period}", other.name()),
+        }
     }
 }
 

@@ -122,6 +122,21 @@ impl LeaseState {
         state
     }
 
+    /// The leases released before they ended that it remembers, oldest
+    /// first: each name, and until when a renew of it is refused.
+    pub fn released(&self) -> impl ExactSizeIterator<Item = (Micros, Micros)> + '_ {
+        self.released.iter().copied()
+    }
+
+    /// The same state, also remembering `released` (as
+    /// [`released`](Self::released) gave them, read back from a file).
+    pub fn with_released(mut self, released: impl IntoIterator<Item = (Micros, Micros)>) -> Self {
+        for (id, until) in released {
+            self.release(id, until, 0);
+        }
+        self
+    }
+
     /// How many leases the state has room for without allocating.
     pub fn capacity(&self) -> usize {
         self.leases.capacity()

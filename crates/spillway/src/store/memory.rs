@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use compact_str::CompactString;
 
+mod state_file;
+
+pub use state_file::{Restored, STATE_FORMAT, Saved, StateFileError};
+
 use super::cell::SharedState;
 use super::holds::{Holds, Release};
 use super::overrides::{Override, OverrideBook, OverrideEntry, OverrideFilter, Target, stopped};

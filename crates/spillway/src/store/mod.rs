@@ -52,7 +52,9 @@ use std::time::Duration;
 pub use cell::{AnyCell, SharedState, Words};
 pub use holds::MAX_OPEN_HOLDS;
 pub use lists::{ListBook, ListEntry, ListSnapshot, Listed, Listing};
-pub use memory::{MemoryOptions, MemoryStore, OnFull, RateLimiter};
+pub use memory::{
+    MemoryOptions, MemoryStore, OnFull, RateLimiter, Restored, STATE_FORMAT, Saved, StateFileError,
+};
 pub use overrides::{Override, OverrideBook, OverrideEntry, Target};
 pub use tiers::{TierBook, TierEntry};
 

@@ -323,6 +323,11 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
         }
     }
 
+    /// How many shards.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
     pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.hasher.hash_one(key)
     }
@@ -872,6 +877,56 @@ impl<K: Hash + Eq, S: Default + SharedState> ShardGuard<'_, K, S> {
             .iter_mut()
             .filter_map(|e| (S::with_mut(&mut e.1, |s| alg.idle_at(s)) > now).then(|| e.0.clone()))
             .collect()
+    }
+
+    /// A copy of every key's state that `alg` does not find idle at `now`.
+    pub(crate) fn live_states<A: Algorithm<State = S>>(
+        &mut self,
+        alg: &A,
+        now: Micros,
+    ) -> Vec<(K, S)>
+    where
+        K: Clone,
+        S: Clone,
+    {
+        self.shard
+            .entries
+            .iter_mut()
+            .filter_map(|e| {
+                let state = S::with_mut(&mut e.1, |s| (alg.idle_at(s) > now).then(|| s.clone()));
+                Some((e.0.clone(), state?))
+            })
+            .collect()
+    }
+
+    /// Puts `state` (read back from a file) in place of `key`'s, as a check
+    /// that charges nothing would keep it: not when it is idle at `now`,
+    /// nor when the shard has no room (as for a new key's check). Returns
+    /// whether the key is held.
+    pub(crate) fn restore<A, Q>(
+        &mut self,
+        alg: &A,
+        key: &Q,
+        hash: u64,
+        state: S,
+        now: Micros,
+    ) -> bool
+    where
+        A: Algorithm<State = S>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyRef<K> + ?Sized,
+    {
+        let mut state = Some(state);
+        let checked = self.check_with(alg, key, hash, 0, now, |s| {
+            *s = state.take().unwrap_or_default();
+            alg.check(s, 0, now).map(|d| (d, ()))
+        });
+        checked.is_ok()
+            && self
+                .shard
+                .entries
+                .find(hash, |e| e.0.borrow() == key)
+                .is_some()
     }
 
     /// Drops every idle key, and gives memory back when most are gone.

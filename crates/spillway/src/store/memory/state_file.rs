@@ -1,0 +1,718 @@
+//! The in-memory store's state file: every key's count, and the tables set
+//! at run time (overrides, tiers, block and allow lists), written so that
+//! a restarted process starts where the last one stopped.
+//!
+//! # The file
+//!
+//! A 16-byte signature (`\x89spillway state\n`), the format's version as a
+//! 32-bit little-endian integer ([`STATE_FORMAT`]), then frames. A frame is
+//! its length and the CRC-32 of its bytes (each 32-bit little-endian), then
+//! that many bytes: one [`Frame`] in postcard's encoding (postcard 1.x, a
+//! documented and stable wire format). The first frame names the rules and
+//! what their keys' states mean; then the keys, a frame per few thousand;
+//! then the run-time tables; the last frame says how many came before it,
+//! so that a file cut short is told from a whole one.
+//!
+//! Reading checks every frame's length and checksum, and the last frame,
+//! before anything is applied: a file that is not a state file, is of
+//! another version, or is damaged anywhere changes nothing and is an
+//! error that says which.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::Arc;
+
+use compact_str::CompactString;
+use serde::{Deserialize, Serialize};
+
+use super::{MemoryStore, mark};
+use crate::algorithm::AnyState;
+use crate::algorithm::concurrency::{Lease, LeaseState};
+use crate::algorithm::fixed_window::FixedWindowState;
+use crate::algorithm::sliding_log::{LogEntry, SlidingLogState};
+use crate::algorithm::sliding_window::SlidingWindowState;
+use crate::algorithm::token_bucket::TokenBucketState as Tat;
+use crate::clock::{Clock, Micros};
+use crate::store::{ListEntry, Listed, Override, OverrideEntry, Target, TierEntry};
+
+/// The version of the state file's format this build writes and reads.
+pub const STATE_FORMAT: u32 = 1;
+
+/// What every state file starts with: a byte no text file starts with,
+/// the name, and a line feed (a file passed through a text conversion no
+/// longer matches).
+const SIGNATURE: &[u8; 16] = b"\x89spillway state\n";
+
+/// How many keys a frame holds at most.
+const KEYS_PER_FRAME: usize = 4096;
+
+/// Why a state file could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// The file could not be read, written, synced or renamed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The file does not start with a state file's signature.
+    #[error("not a Spillway state file (it does not start with the state file's signature)")]
+    Foreign,
+    /// The file is of a format version this build does not read.
+    #[error("written in state file format {found}; this Spillway reads format {STATE_FORMAT}")]
+    Version {
+        /// The version the file says.
+        found: u32,
+    },
+    /// The file is damaged: cut short, a checksum that does not match,
+    /// or a frame that does not decode.
+    #[error("damaged at byte {offset}: {reason}")]
+    Damaged {
+        /// Where in the file.
+        offset: u64,
+        /// What is wrong there.
+        reason: String,
+    },
+}
+
+/// What [`MemoryStore::save_state`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Saved {
+    /// The keys whose counts it holds (every rule's together).
+    pub keys: u64,
+    /// The run-time table entries it holds (overrides, tiers, list
+    /// entries).
+    pub entries: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// What [`MemoryStore::restore_state`] read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// When the file was written (µs on the store's clock).
+    pub written_at: Micros,
+    /// The keys whose counts are back.
+    pub keys: u64,
+    /// The keys of the file that were not taken back: idle by now, or no
+    /// room for them (a smaller `max_keys` or `max_memory`).
+    pub keys_left: u64,
+    /// The rules of the file whose keys were left out, each with how many:
+    /// no rule of that name now, or one whose keys' states mean something
+    /// else (another algorithm or window).
+    pub rules_left: Vec<(String, u64)>,
+    /// The run-time table entries back in force (overrides, tiers, list
+    /// entries); those whose time passed since are left out.
+    pub entries: u64,
+}
+
+/// One frame of the file.
+#[derive(Debug, Serialize, Deserialize)]
+enum Frame {
+    /// The first: when it was written, and the rules whose keys follow.
+    Header {
+        written_at: Micros,
+        rules: Vec<SavedRule>,
+    },
+    /// Some keys of the header's rule at index `rule`.
+    Keys {
+        rule: u32,
+        keys: Vec<(CompactString, SavedState)>,
+    },
+    /// Overrides: rule name, key or prefix, and the override.
+    Overrides(Vec<SavedOverride>),
+    /// API keys' tiers.
+    Tiers(Vec<(String, SavedTier)>),
+    /// Block and allow list entries.
+    Lists(Vec<SavedListing>),
+    /// The last: how many frames came before it.
+    End { frames: u64 },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedRule {
+    name: String,
+    /// [`AnyAlgorithm::state_meaning`](crate::algorithm::AnyAlgorithm::state_meaning).
+    meaning: String,
+}
+
+/// A key's state, as the file holds it.
+#[derive(Debug, Serialize, Deserialize)]
+enum SavedState {
+    FixedWindow {
+        window: u64,
+        count: u64,
+    },
+    SlidingWindow {
+        window: u64,
+        prev: u64,
+        curr: u64,
+    },
+    Bucket {
+        micros: Micros,
+        frac: u64,
+    },
+    /// Each entry's time and cost, oldest first.
+    SlidingLog(Vec<(Micros, u64)>),
+    /// Each lease's name, end and slots; each release remembered (name,
+    /// until), oldest first.
+    Leases {
+        leases: Vec<(Micros, Micros, u64)>,
+        released: Vec<(Micros, Micros)>,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedOverride {
+    rule: String,
+    prefix: bool,
+    target: CompactString,
+    limit: u32,
+    burst: Option<NonZeroU32>,
+    delay: Option<u32>,
+    until: Option<Micros>,
+    spec: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedTier {
+    tier: String,
+    until: Option<Micros>,
+    spec: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum SavedListed {
+    Ip { addr: IpAddr, len: u8 },
+    ApiKey(String),
+    Key(String),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedListing {
+    listed: SavedListed,
+    allow: bool,
+    rule: Option<String>,
+    status: u16,
+    until: Option<Micros>,
+    spec: String,
+}
+
+impl SavedState {
+    /// `state` as the file holds it; `None` for a fresh one (never held).
+    fn of(state: &AnyState) -> Option<Self> {
+        Some(match state {
+            AnyState::Fresh => return None,
+            AnyState::FixedWindow(s) => Self::FixedWindow {
+                window: s.window,
+                count: s.count,
+            },
+            AnyState::SlidingWindow(s) => Self::SlidingWindow {
+                window: s.window,
+                prev: s.prev,
+                curr: s.curr,
+            },
+            AnyState::Bucket(t) => Self::Bucket {
+                micros: t.micros,
+                frac: t.frac,
+            },
+            AnyState::SlidingLog(s) => {
+                Self::SlidingLog(s.entries.iter().map(|e| (e.at, e.cost)).collect())
+            }
+            AnyState::Leases(s) => Self::Leases {
+                leases: s.leases().map(|l| (l.id, l.ends, l.slots)).collect(),
+                released: s.released().collect(),
+            },
+        })
+    }
+
+    /// The state it holds: an error for one no store could have written
+    /// (a log out of order, sums past 64 bits).
+    fn into_state(self) -> Result<AnyState, &'static str> {
+        Ok(match self {
+            Self::FixedWindow { window, count } => {
+                AnyState::FixedWindow(FixedWindowState { window, count })
+            }
+            Self::SlidingWindow { window, prev, curr } => {
+                AnyState::SlidingWindow(SlidingWindowState { window, prev, curr })
+            }
+            Self::Bucket { micros, frac } => AnyState::Bucket(Tat { micros, frac }),
+            Self::SlidingLog(entries) => {
+                let ordered = entries.windows(2).all(|w| w[0].0 <= w[1].0);
+                let total = entries.iter().try_fold(0u64, |t, e| t.checked_add(e.1));
+                if !ordered || total.is_none() {
+                    return Err("a sliding log out of order or past 64 bits");
+                }
+                let entries = entries.into_iter().map(|(at, cost)| LogEntry { at, cost });
+                AnyState::SlidingLog(SlidingLogState::from_entries(entries))
+            }
+            Self::Leases { leases, released } => {
+                if leases
+                    .iter()
+                    .try_fold(0u64, |t, l| t.checked_add(l.2))
+                    .is_none()
+                {
+                    return Err("leases whose slots sum past 64 bits");
+                }
+                let leases = leases
+                    .into_iter()
+                    .map(|(id, ends, slots)| Lease { id, ends, slots });
+                AnyState::Leases(LeaseState::from_leases(leases).with_released(released))
+            }
+        })
+    }
+}
+
+/// Writes frames, each with its length and checksum.
+struct Writer<W> {
+    out: W,
+    buf: Vec<u8>,
+    frames: u64,
+    bytes: u64,
+}
+
+impl<W: Write> Writer<W> {
+    fn frame(&mut self, frame: &Frame) -> io::Result<()> {
+        let buf = std::mem::take(&mut self.buf);
+        let mut buf = postcard::to_extend(frame, buf).map_err(io::Error::other)?;
+        let len = u32::try_from(buf.len())
+            .map_err(|_| io::Error::other("a frame past 4 GiB (a sliding log too long to save)"))?;
+        self.out.write_all(&len.to_le_bytes())?;
+        self.out.write_all(&crc32fast::hash(&buf).to_le_bytes())?;
+        self.out.write_all(&buf)?;
+        self.frames += 1;
+        self.bytes += 8 + u64::from(len);
+        buf.clear();
+        self.buf = buf;
+        Ok(())
+    }
+}
+
+/// The frames of `bytes` (a whole state file), each with where it starts,
+/// their lengths and checksums checked, and the last one's count.
+fn frames(bytes: &[u8]) -> Result<Vec<(u64, &[u8])>, StateFileError> {
+    if bytes.len() < SIGNATURE.len() || &bytes[..SIGNATURE.len()] != SIGNATURE {
+        return Err(StateFileError::Foreign);
+    }
+    let mut at = SIGNATURE.len();
+    let word = |at: usize| -> Option<u32> {
+        let b = bytes.get(at..at + 4)?;
+        Some(u32::from_le_bytes(b.try_into().ok()?))
+    };
+    let damaged = |at: usize, reason: &str| StateFileError::Damaged {
+        offset: at as u64,
+        reason: reason.to_string(),
+    };
+    let version = word(at).ok_or_else(|| damaged(at, "cut short in its version"))?;
+    if version != STATE_FORMAT {
+        return Err(StateFileError::Version { found: version });
+    }
+    at += 4;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let (Some(len), Some(crc)) = (word(at), word(at + 4)) else {
+            return Err(damaged(at, "cut short in a frame's head"));
+        };
+        let start = at + 8;
+        let payload = usize::try_from(len)
+            .ok()
+            .and_then(|len| bytes.get(start..start.checked_add(len)?))
+            .ok_or_else(|| damaged(at, "cut short: a frame longer than what follows"))?;
+        if crc32fast::hash(payload) != crc {
+            return Err(damaged(at, "a frame's checksum does not match"));
+        }
+        out.push((at as u64, payload));
+        at = start + payload.len();
+    }
+    let Some(&(offset, last)) = out.last() else {
+        return Err(damaged(at, "cut short: no frame"));
+    };
+    match postcard::from_bytes::<Frame>(last) {
+        Ok(Frame::End { frames }) if frames + 1 == out.len() as u64 => Ok(out),
+        Ok(Frame::End { .. }) => Err(StateFileError::Damaged {
+            offset,
+            reason: "the last frame's count does not match the frames before it".into(),
+        }),
+        _ => Err(StateFileError::Damaged {
+            offset: bytes.len() as u64,
+            reason: "cut short: it does not end with its last frame".into(),
+        }),
+    }
+}
+
+/// A state file, read and checked whole.
+struct Contents {
+    written_at: Micros,
+    rules: Vec<SavedRule>,
+    /// The keys of each of the file's rules, by its index in `rules`.
+    keys: Vec<(usize, Vec<(CompactString, AnyState)>)>,
+    /// Those in force when it was read.
+    overrides: Vec<(String, Target, OverrideEntry)>,
+    tiers: Vec<(String, TierEntry)>,
+    lists: Vec<(Listed, ListEntry)>,
+}
+
+/// Reads a whole state file's `bytes` at `now`: every error there is,
+/// before anything is applied.
+fn read(bytes: &[u8], now: Micros) -> Result<Contents, StateFileError> {
+    let damaged = |offset: u64, reason: String| StateFileError::Damaged { offset, reason };
+    let mut decoded = frames(bytes)?.into_iter().map(|(offset, payload)| {
+        postcard::from_bytes::<Frame>(payload)
+            .map(|f| (offset, f))
+            .map_err(|e| damaged(offset, format!("a frame does not decode: {e}")))
+    });
+    let (offset, first) = decoded.next().expect("at least the last frame")?;
+    let Frame::Header { written_at, rules } = first else {
+        return Err(damaged(
+            offset,
+            "it does not start with its header frame".into(),
+        ));
+    };
+    let mut file = Contents {
+        written_at,
+        rules,
+        keys: Vec::new(),
+        overrides: Vec::new(),
+        tiers: Vec::new(),
+        lists: Vec::new(),
+    };
+    for item in decoded {
+        let (offset, frame) = item?;
+        match frame {
+            Frame::Header { .. } => return Err(damaged(offset, "a second header frame".into())),
+            Frame::Keys { rule, keys } => {
+                let index = usize::try_from(rule).unwrap_or(usize::MAX);
+                if index >= file.rules.len() {
+                    return Err(damaged(
+                        offset,
+                        format!("keys of rule {rule}, not in the header"),
+                    ));
+                }
+                let keys = keys
+                    .into_iter()
+                    .map(|(key, saved)| Ok((key, saved.into_state()?)))
+                    .collect::<Result<Vec<_>, &str>>()
+                    .map_err(|reason| damaged(offset, reason.to_string()))?;
+                file.keys.push((index, keys));
+            }
+            Frame::Overrides(saved) => {
+                for o in saved {
+                    let mut applied = Override::limit(o.limit);
+                    if let Some(burst) = o.burst {
+                        applied = applied.with_burst(burst);
+                    }
+                    if let Some(delay) = o.delay {
+                        applied = applied.with_delay(delay);
+                    }
+                    if let Some(until) = o.until {
+                        applied = applied.until(until);
+                    }
+                    let target = match o.prefix {
+                        true if o.target.is_empty() => {
+                            return Err(damaged(offset, "an empty prefix".into()));
+                        }
+                        true => Target::Prefix(o.target),
+                        false => Target::Key(o.target),
+                    };
+                    if applied.in_force_at(now) {
+                        let entry = OverrideEntry {
+                            applied,
+                            spec: o.spec.into(),
+                        };
+                        file.overrides.push((o.rule, target, entry));
+                    }
+                }
+            }
+            Frame::Tiers(saved) => {
+                for (key, t) in saved {
+                    let entry = TierEntry {
+                        tier: t.tier.into(),
+                        until: t.until,
+                        spec: t.spec.into(),
+                    };
+                    if entry.in_force_at(now) {
+                        file.tiers.push((key, entry));
+                    }
+                }
+            }
+            Frame::Lists(saved) => {
+                for l in saved {
+                    let listed = match l.listed {
+                        SavedListed::Ip { addr, len } => Listed::network(addr, len)
+                            .ok_or_else(|| damaged(offset, format!("a network {addr}/{len}")))?,
+                        SavedListed::ApiKey(k) => Listed::ApiKey(k.into()),
+                        SavedListed::Key(k) => Listed::Key(k.into()),
+                    };
+                    let entry = ListEntry {
+                        allow: l.allow,
+                        rule: l.rule.map(Arc::from),
+                        status: l.status,
+                        until: l.until,
+                        spec: l.spec.into(),
+                    };
+                    if entry.in_force_at(now) {
+                        file.lists.push((listed, entry));
+                    }
+                }
+            }
+            Frame::End { .. } => {}
+        }
+    }
+    Ok(file)
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// Writes the store's state to `out` (see the [format](self)): every
+    /// key's count, each rule's keys with what their state means, and the
+    /// overrides, tiers and list entries in force. Each shard is read
+    /// under its lock, one at a time, while checks go on: a key is saved
+    /// as it was when its shard was read.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use spillway::algorithm::FixedWindow;
+    /// use spillway::clock::FakeClock;
+    /// use spillway::store::{Check, MemoryOptions, MemoryStore, Rule, RuleId};
+    /// use spillway::Quota;
+    ///
+    /// let rules = || vec![Rule::new("api", FixedWindow::new(Quota::per_hour(NonZeroU32::new(10).unwrap())))];
+    /// let clock = FakeClock::new(0);
+    /// let store = MemoryStore::with_clock(rules(), MemoryOptions::default(), clock.clone());
+    /// store.check_now(&[Check { rule: RuleId(0), key: "acme", cost: 4 }]).unwrap();
+    /// let mut file = Vec::new();
+    /// store.save_state(&mut file).unwrap();
+    ///
+    /// // Another process, later in the same hour.
+    /// clock.advance(std::time::Duration::from_secs(60));
+    /// let restarted = MemoryStore::with_clock(rules(), MemoryOptions::default(), clock);
+    /// assert_eq!(restarted.restore_state(&file).unwrap().keys, 1);
+    /// let peek = restarted.check_now(&[Check { rule: RuleId(0), key: "acme", cost: 0 }]).unwrap();
+    /// assert_eq!(peek.decisions[0].remaining, 6);
+    /// ```
+    pub fn save_state(&self, out: impl Write) -> Result<Saved, StateFileError> {
+        let now = self.clock.now();
+        let mut w = Writer {
+            out,
+            buf: Vec::new(),
+            frames: 0,
+            bytes: (SIGNATURE.len() + 4) as u64,
+        };
+        w.out.write_all(SIGNATURE)?;
+        w.out.write_all(&STATE_FORMAT.to_le_bytes())?;
+        let rules = self
+            .rules
+            .iter()
+            .map(|r| SavedRule {
+                name: r.name().to_string(),
+                meaning: r.algorithm().state_meaning(),
+            })
+            .collect();
+        w.frame(&Frame::Header {
+            written_at: now,
+            rules,
+        })?;
+        let mut keys = 0u64;
+        for (i, (rule, table)) in self.rules.iter().zip(&self.tables).enumerate() {
+            let rule_index = u32::try_from(i).map_err(io::Error::other)?;
+            for shard in 0..table.shard_count() {
+                // Copied under the lock, encoded after it.
+                let states = table.lock(shard).live_states(rule.algorithm(), now);
+                for chunk in states.chunks(KEYS_PER_FRAME) {
+                    let saved: Vec<_> = chunk
+                        .iter()
+                        .filter_map(|(k, s)| Some((k.clone(), SavedState::of(s)?)))
+                        .collect();
+                    keys += saved.len() as u64;
+                    w.frame(&Frame::Keys {
+                        rule: rule_index,
+                        keys: saved,
+                    })?;
+                }
+            }
+        }
+        let mut entries = 0u64;
+        let mut overrides = Vec::new();
+        for rule in self.overrides.rules() {
+            for (target, e) in self.overrides.list(&rule, now) {
+                let o = e.applied;
+                overrides.push(SavedOverride {
+                    rule: rule.clone(),
+                    prefix: matches!(target, Target::Prefix(_)),
+                    target: CompactString::from(target.text()),
+                    limit: o.limit_of(),
+                    burst: o.burst(),
+                    delay: o.delay(),
+                    until: o.ends_at(),
+                    spec: e.spec.to_string(),
+                });
+            }
+        }
+        entries += overrides.len() as u64;
+        w.frame(&Frame::Overrides(overrides))?;
+        let tiers: Vec<_> = self
+            .tiers
+            .list(now)
+            .into_iter()
+            .map(|(key, e)| {
+                let tier = SavedTier {
+                    tier: e.tier.to_string(),
+                    until: e.until,
+                    spec: e.spec.to_string(),
+                };
+                (key, tier)
+            })
+            .collect();
+        entries += tiers.len() as u64;
+        w.frame(&Frame::Tiers(tiers))?;
+        let lists: Vec<_> = self
+            .lists
+            .list(now)
+            .into_iter()
+            .map(|(listed, e)| SavedListing {
+                listed: match listed {
+                    Listed::Ip { addr, len } => SavedListed::Ip { addr, len },
+                    Listed::ApiKey(k) => SavedListed::ApiKey(k.into()),
+                    Listed::Key(k) => SavedListed::Key(k.into()),
+                },
+                allow: e.allow,
+                rule: e.rule.map(|r| r.to_string()),
+                status: e.status,
+                until: e.until,
+                spec: e.spec.to_string(),
+            })
+            .collect();
+        entries += lists.len() as u64;
+        w.frame(&Frame::Lists(lists))?;
+        let frames = w.frames;
+        w.frame(&Frame::End { frames })?;
+        w.out.flush()?;
+        Ok(Saved {
+            keys,
+            entries,
+            bytes: w.bytes,
+        })
+    }
+
+    /// Reads back a state file's bytes (see the [format](self)), written
+    /// by [`save_state`](Self::save_state) of this store or another with
+    /// the same rules, typically at the start of a process.
+    ///
+    /// Each rule's keys go back to the rule of the same name whose keys'
+    /// states mean the same (as a configuration reload keeps them); those
+    /// of a rule gone or changed are left out and counted in
+    /// [`Restored::rules_left`]. A key is taken back as a check that
+    /// charges nothing would keep it: not if it is idle by now, and only
+    /// as room allows. The overrides, tiers and list entries in force
+    /// replace the store's.
+    ///
+    /// The whole file is checked (signature, version, every frame's length
+    /// and checksum, its last frame) before anything changes: an error
+    /// leaves the store as it was.
+    pub fn restore_state(&self, bytes: &[u8]) -> Result<Restored, StateFileError> {
+        let now = self.clock.now();
+        let file = read(bytes, now)?;
+        // Where each of the file's rules goes in this store, if anywhere.
+        let places: Vec<Option<usize>> = file
+            .rules
+            .iter()
+            .map(|saved| {
+                self.rules.iter().position(|r| {
+                    *r.name() == *saved.name && r.algorithm().state_meaning() == saved.meaning
+                })
+            })
+            .collect();
+        let mut left = vec![0u64; file.rules.len()];
+        let mut restored = Restored {
+            written_at: file.written_at,
+            keys: 0,
+            keys_left: 0,
+            rules_left: Vec::new(),
+            entries: (file.overrides.len() + file.tiers.len() + file.lists.len()) as u64,
+        };
+        for (from, keys) in file.keys {
+            let Some(to) = places[from] else {
+                left[from] += keys.len() as u64;
+                continue;
+            };
+            let (table, alg) = (&self.tables[to], self.rules[to].algorithm());
+            for (key, state) in keys {
+                let hash = table.hash(key.as_str());
+                let shard = table.shard_of(hash);
+                if table
+                    .lock(shard)
+                    .restore(alg, key.as_str(), hash, state, now)
+                {
+                    restored.keys += 1;
+                } else {
+                    restored.keys_left += 1;
+                }
+            }
+        }
+        for (rule, target, _) in &file.overrides {
+            for (i, r) in self.rules.iter().enumerate() {
+                if *r.name() == **rule {
+                    mark(&self.filters[i], &self.tables[i], target);
+                }
+            }
+        }
+        self.overrides.replace(file.overrides);
+        self.tiers.replace(file.tiers);
+        self.lists.replace(file.lists);
+        restored.rules_left = file
+            .rules
+            .into_iter()
+            .zip(left)
+            .filter(|&(_, n)| n > 0)
+            .map(|(r, n)| (r.name, n))
+            .collect();
+        Ok(restored)
+    }
+
+    /// Writes the store's state ([`save_state`](Self::save_state)) to
+    /// `path`, atomically: to a new file beside it (readable by its owner
+    /// only: keys are API keys and addresses), synced to disk, then
+    /// renamed over `path`, and the directory synced. A crash at any point
+    /// leaves either the old file or the new one, whole.
+    pub fn save_state_file(&self, path: &Path) -> Result<Saved, StateFileError> {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"))?;
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(format!(".{}.tmp", std::process::id()));
+        let temp = dir.join(temp_name);
+        let written = (|| {
+            let mut options = OpenOptions::new();
+            options.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            let file = options.open(&temp)?;
+            let mut out = BufWriter::with_capacity(1 << 16, file);
+            let saved = self.save_state(&mut out)?;
+            let file = out.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            fs::rename(&temp, path)?;
+            #[cfg(unix)]
+            File::open(dir)?.sync_all()?;
+            Ok(saved)
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+        written
+    }
+
+    /// Reads back the state file at `path` ([`restore_state`](Self::restore_state));
+    /// `None` when there is no file there yet (a first start).
+    pub fn restore_state_file(&self, path: &Path) -> Result<Option<Restored>, StateFileError> {
+        match fs::read(path) {
+            Ok(bytes) => self.restore_state(&bytes).map(Some),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
