@@ -23,6 +23,7 @@ pub mod probe;
 pub mod proxy;
 pub mod reload;
 mod run;
+pub mod snapshot;
 pub mod state;
 pub mod store;
 

@@ -299,9 +299,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
             ),
             None => None,
         };
-        let state = State::new(config)
-            .await
-            .map_err(|e| format!("the store: {e}"))?;
+        let state = State::new(config).await.map_err(|e| e.to_string())?;
         let reloader = Reloader::new(state.clone(), source).map_err(|e| e.to_string())?;
         // One stop for the reload watcher, the store probe and the admin
         // listener, once the proxy has drained.
@@ -313,6 +311,7 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
             }
         };
         let watcher = tokio::spawn(reloader.watch(stopped()));
+        let snapshots = state.snapshots();
         tokio::spawn(spillway_server::probe::watch_store(
             state.live.clone(),
             stopped(),
@@ -338,6 +337,10 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         if let Some(admin) = admin {
             admin.await.ok();
         }
+        // Nothing more is admitted: the last write of the state file.
+        if let Some(snapshots) = snapshots {
+            snapshots.finish().await;
+        }
         result
     })
 }
@@ -362,9 +365,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             ),
             None => None,
         };
-        let state = State::new(config)
-            .await
-            .map_err(|e| format!("the store: {e}"))?;
+        let state = State::new(config).await.map_err(|e| e.to_string())?;
         spillway_server::run(listener, grpc_listener, state, source, shutdown_signal())
             .await
             .map_err(|e| e.to_string())

@@ -25,6 +25,8 @@
 //! | `spillway_budget_given_back_total` | counter | | budget reservations the store gave back because no settle came within the rule's `settle_within` (`on_expiry = "release"`), by this instance's store calls: on Redis, another instance's calls may give back the rest |
 //! | `spillway_leases_total` | counter | `rule`, `event` | what became of concurrency leases while their requests ran: `renewed`, `lost`, `retaken`, `released`, `expired` |
 //! | `spillway_blocked_total` | counter | `status` | requests a block list entry refused, by the status answered (`403`, `429`): no rule counted them (docs/runtime-limits.md) |
+//! | `spillway_state_file_writes_total` | counter | `result` | writes of `[store] state_file`, `ok` or `error` (the last good file stays) |
+//! | `spillway_state_file_written_timestamp_seconds` | gauge | | when `[store] state_file` was last written whole (Unix time): what a restart now would lose is what was admitted since |
 //!
 //! The Redis figures come from the store's own counters. A reload builds a
 //! new store, so the old one's counts are kept aside and added in: the
@@ -152,6 +154,8 @@ pub struct Metrics {
     budgets: BudgetMetrics,
     leases: Family<RuleEventLabels, Counter>,
     blocked: Family<StatusLabels, Counter>,
+    state_file_writes: Family<ResultLabels, Counter>,
+    state_file_written: Gauge,
     // The Redis counters of stores replaced by a reload.
     retired: Mutex<Stats>,
 }
@@ -249,6 +253,18 @@ impl Metrics {
         for status in ["403", "429"] {
             drop(blocked.get_or_create(&StatusLabels { status }));
         }
+        let state_file_writes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "spillway_state_file_writes",
+            "Writes of [store] state_file, ok or error",
+            state_file_writes.clone(),
+        );
+        let state_file_written = Gauge::default();
+        registry.register(
+            "spillway_state_file_written_timestamp_seconds",
+            "When [store] state_file was last written whole, in Unix time",
+            state_file_written.clone(),
+        );
         // Zeros from the start, so that the series exist before the first
         // error or reload (a rate over a missing series is no rate at all).
         for kind in ["redis", "timeout", "unavailable", "reply", "rule"] {
@@ -270,6 +286,8 @@ impl Metrics {
             budgets,
             leases,
             blocked,
+            state_file_writes,
+            state_file_written,
             retired: Mutex::default(),
         }
     }
@@ -375,6 +393,19 @@ impl Metrics {
             .unwrap_or_else(|e| e.into_inner())
             .entry(rule.into())
             .or_insert(counters);
+    }
+
+    /// Counts a write of the state file, done or failed.
+    pub fn state_file_written(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.state_file_writes
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        if ok {
+            let now = spillway::clock::Clock::now(&spillway::clock::SystemClock) / 1_000_000;
+            self.state_file_written
+                .set(i64::try_from(now).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts a configuration reload, applied or refused.

@@ -101,6 +101,9 @@ impl Reloader {
         if was.listen != now.listen || was.grpc_listen != now.grpc_listen {
             tracing::warn!("server.listen and server.grpc_listen take effect on restart only");
         }
+        if old.config.store.state_file != config.store.state_file {
+            tracing::warn!("store.state_file and store.snapshot_every take effect on restart only");
+        }
         let engine = Loaded::counted(config, Some(&old), &self.state.metrics).await?;
         let rules = engine.config.policy.rules().len();
         self.state.live.replace(engine);

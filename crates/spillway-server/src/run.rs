@@ -65,6 +65,7 @@ pub async fn run(
     // The SIGHUP handler is installed before anything is served, so that a
     // SIGHUP from now on reloads instead of ending the process.
     let reloader = Reloader::new(state.clone(), config)?;
+    let snapshots = state.snapshots();
     let watcher = tokio::spawn(reloader.watch(stopped()));
     tokio::spawn(crate::probe::watch_store(state.live.clone(), stopped()));
 
@@ -88,6 +89,10 @@ pub async fn run(
         let _ = watcher.await;
     } else {
         watcher.abort();
+    }
+    // Nothing more is admitted: the last write of the state file.
+    if let Some(snapshots) = snapshots {
+        snapshots.finish().await;
     }
     tracing::info!("stopped");
     served

@@ -457,21 +457,55 @@ pub struct State {
     /// Signs the settle tokens of budget rules when the configuration
     /// names no `settle_key` (drawn at start).
     pub(crate) settle_key: crate::api::SettleKey,
+    /// The lock on `[store] state_file`, held while this service runs.
+    pub(crate) state_lock: Option<Arc<crate::snapshot::StateLock>>,
+}
+
+/// Why a service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The store could not be built (Redis unreachable, a rule it refuses).
+    #[error("the store: {0}")]
+    Store(#[from] StoreError),
+    /// `[store] state_file` could not be read.
+    #[error(transparent)]
+    StateFile(#[from] crate::snapshot::RestoreError),
 }
 
 impl State {
     /// Builds the engine for `config` (connecting to Redis if configured),
-    /// reporting to fresh metrics.
-    pub async fn new(config: Config) -> Result<Self, StoreError> {
+    /// reporting to fresh metrics; with `[store] state_file`, reads the
+    /// in-memory store's counts and tables back from it first (see
+    /// [`snapshot`](crate::snapshot)).
+    pub async fn new(config: Config) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::new());
         let held = HoldCap::new(config.proxy_bounds.max_held);
+        let state_file = config.store.state_file.clone();
         let engine = Loaded::counted(config, None, &metrics).await?;
+        let state_lock = match (state_file, engine.store().memory()) {
+            (Some(file), Some(store)) => Some(Arc::new(crate::snapshot::restore(&file, store)?)),
+            _ => None,
+        };
         Ok(Self {
             live: Arc::new(Live::new(engine)),
             metrics,
             held,
             settle_key: crate::api::SettleKey::random(),
+            state_lock,
         })
+    }
+
+    /// With `[store] state_file`, starts writing it every `snapshot_every`:
+    /// [`finish`](crate::snapshot::Snapshots::finish) it once the service
+    /// has stopped admitting requests, for the last write.
+    pub fn snapshots(&self) -> Option<crate::snapshot::Snapshots> {
+        self.state_lock.as_ref()?;
+        let file = self.live.current().config.store.state_file.clone()?;
+        Some(crate::snapshot::Snapshots::start(
+            file,
+            self.live.clone(),
+            self.metrics.clone(),
+        ))
     }
 }
 

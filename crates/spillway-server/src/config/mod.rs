@@ -28,7 +28,9 @@ pub use errors::{ConfigError, ConfigErrors};
 pub use proxy::{EscapedSlashes, Normalize, ProxyBounds};
 pub use server::{AdminToken, ServerConfig};
 pub use source::{ConfigSource, DEFAULT_CONFIG_PATH, Overrides, SAMPLE_CONFIG, locate_config};
-pub use store::{DEFAULT_MAX_MEMORY, StoreConfig, StoreKind, parse_size};
+pub use store::{
+    DEFAULT_MAX_MEMORY, DEFAULT_SNAPSHOT_EVERY, StateFile, StoreConfig, StoreKind, parse_size,
+};
 
 use clients::{RawClients, RawHeaders, convert_clients, convert_headers};
 use envoy::{RawEnvoy, convert_envoy, envoy_limits};

@@ -34,7 +34,36 @@ pub struct StoreConfig {
     /// (`MemoryOptions::max_memory`): [`DEFAULT_MAX_MEMORY`] unless set;
     /// none with Redis, or when set to `"none"`.
     pub max_memory: Option<NonZeroUsize>,
+    /// Where the in-memory store keeps its counters and run-time tables
+    /// across restarts (`[store] state_file`), and how often it writes
+    /// them; `None`: nowhere (memory only). Read at start only.
+    pub state_file: Option<StateFile>,
 }
+
+/// `[store] state_file` and `snapshot_every`: the in-memory store's state,
+/// written there every `every` and at shutdown, read back at start.
+///
+/// ```
+/// use std::time::Duration;
+/// use spillway_server::config::Config;
+///
+/// let config = Config::parse("[store]\nstate_file = \"/var/lib/spillway/state\"\n").unwrap();
+/// let file = config.store.state_file.unwrap();
+/// assert_eq!(file.path.to_str(), Some("/var/lib/spillway/state"));
+/// assert_eq!(file.every, Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateFile {
+    /// The file (a relative path is from the process's working directory).
+    pub path: std::path::PathBuf,
+    /// How often it is written while serving: at most what was admitted
+    /// in that time is lost when the process is killed without a chance
+    /// to write it (a clean stop writes it last).
+    pub every: Duration,
+}
+
+/// `[store] snapshot_every` when not set.
+pub const DEFAULT_SNAPSHOT_EVERY: Duration = Duration::from_secs(10);
 
 /// `[store] max_memory` when the file does not set it, for the in-memory
 /// store: 256 MiB. A flood of distinct keys over every rule then grows the
@@ -74,6 +103,8 @@ pub(super) struct RawStore {
     max_keys: Option<NonZeroUsize>,
     on_full: Option<Spanned<String>>,
     max_memory: Option<Spanned<RawSize>>,
+    state_file: Option<Spanned<String>>,
+    snapshot_every: Option<Spanned<RawDuration>>,
 }
 
 /// A size in bytes: a number, or a string with a unit (`"64MiB"`).
@@ -286,7 +317,9 @@ pub(super) fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreCon
             }
         },
     };
+    let state_file = state_file_of(raw, &kind, lines)?;
     Ok(StoreConfig {
+        state_file,
         kind,
         timeout,
         on_error,
@@ -297,6 +330,53 @@ pub(super) fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreCon
             .max_keys
             .unwrap_or(NonZeroUsize::new(1_000_000).expect("nonzero")),
     })
+}
+
+/// `[store] state_file` and `snapshot_every`.
+fn state_file_of(
+    raw: &RawStore,
+    kind: &StoreKind,
+    lines: &Text<'_>,
+) -> Result<Option<StateFile>, ConfigError> {
+    let every = match &raw.snapshot_every {
+        None => DEFAULT_SNAPSHOT_EVERY,
+        Some(v) => {
+            let field = "store.snapshot_every";
+            let d = parse_duration(&v.get_ref().0).map_err(|m| lines.err(v, field, m))?;
+            if d < Duration::from_secs(1) {
+                return Err(lines.err(v, field, "must be at least 1s"));
+            }
+            if raw.state_file.is_none() {
+                return Err(lines.err(
+                    v,
+                    field,
+                    "says how often `state_file` is written: set state_file too",
+                ));
+            }
+            d
+        }
+    };
+    let Some(path) = &raw.state_file else {
+        return Ok(None);
+    };
+    let field = "store.state_file";
+    if path.get_ref().trim().is_empty() {
+        return Err(lines.err(path, field, "is empty: name a file"));
+    }
+    if path.get_ref().ends_with('/') {
+        return Err(lines.err(path, field, "names a directory: name a file in it"));
+    }
+    if matches!(kind, StoreKind::Redis(_)) {
+        return Err(lines.err(
+            path,
+            field,
+            "keeps the in-memory store's state; with kind = \"redis\" everything is in Redis already",
+        ));
+    }
+    Ok(Some(StateFile {
+        path: path.get_ref().into(),
+        every,
+    }))
 }
 
 /// A failure policy: `fail_open`, `fail_closed`, or `local` (each instance

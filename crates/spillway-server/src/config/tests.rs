@@ -816,3 +816,59 @@ fn a_tier_name_with_a_line_break_is_an_error() {
     assert!(e.field.starts_with("tiers."), "{e}");
     assert!(e.message.contains("control character"), "{e}");
 }
+
+#[test]
+fn a_state_file_is_the_memory_stores_and_its_errors_name_the_field() {
+    let file = |text: &str| Config::parse(text).unwrap().store.state_file;
+    assert_eq!(file(RULE), None);
+    let set = file("[store]\nstate_file = \"/var/lib/spillway/state\"\nsnapshot_every = \"30s\"\n")
+        .unwrap();
+    assert_eq!(set.path.to_str(), Some("/var/lib/spillway/state"));
+    assert_eq!(set.every, std::time::Duration::from_secs(30));
+    for (text, line, field, says) in [
+        (
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1\"\nstate_file = \"s\"\n",
+            4,
+            "store.state_file",
+            "everything is in Redis already",
+        ),
+        (
+            "[store]\nstate_file = \" \"\n",
+            2,
+            "store.state_file",
+            "is empty",
+        ),
+        (
+            "[store]\nstate_file = \"/var/lib/\"\n",
+            2,
+            "store.state_file",
+            "names a directory",
+        ),
+        (
+            "[store]\nsnapshot_every = \"5s\"\n",
+            2,
+            "store.snapshot_every",
+            "set state_file too",
+        ),
+        (
+            "[store]\nstate_file = \"s\"\nsnapshot_every = \"100ms\"\n",
+            3,
+            "store.snapshot_every",
+            "at least 1s",
+        ),
+        (
+            "[store]\nstate_file = \"s\"\nsnapshot_every = \"often\"\n",
+            3,
+            "store.snapshot_every",
+            "",
+        ),
+    ] {
+        let e = error(text);
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (Some(line), field),
+            "{text}: {e}"
+        );
+        assert!(e.message.contains(says), "{e}");
+    }
+}
