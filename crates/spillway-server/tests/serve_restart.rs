@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
-use process_support::{Process, temp_dir};
+use process_support::{Conn, Process, Upstream, temp_dir};
 use serde_json::{Value, json};
 use serve_support::Http;
 
@@ -278,6 +278,48 @@ async fn sigkill_loses_at_most_what_was_admitted_since_the_last_write() {
     let http = Http::new(server.addr);
     let used = 500 - charge(&http, "log", "ip=203.0.113.1", 0).await;
     assert!((40..=65).contains(&used), "{used}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_keeps_its_counts_across_a_restart_too() {
+    let dir = temp_dir("restart-proxy");
+    std::fs::write(
+        dir.join("spillway.toml"),
+        "[store]\nstate_file = \"proxy.state\"\n\n[[rules]]\nname = \"per-ip\"\n\
+         algorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1h\"\nkey = [\"ip\"]\n",
+    )
+    .unwrap();
+    let upstream = Upstream::start().await;
+    let url = format!("http://{}", upstream.addr);
+    let args = [
+        "--upstream",
+        url.as_str(),
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        "spillway.toml",
+    ];
+    /// One request through the proxy: its status.
+    async fn get(proxy: &Process) -> u16 {
+        let mut conn = Conn::connect(proxy.addr).await;
+        conn.send(b"GET /x HTTP/1.1\r\nhost: app.test\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        conn.response(Duration::from_secs(5)).await.unwrap().status
+    }
+    let mut proxy = Process::start("proxy", &args, &dir);
+    for _ in 0..7 {
+        assert_eq!(get(&proxy).await, 200);
+    }
+    proxy.signal("TERM");
+    assert!(proxy.exited_within(Duration::from_secs(20)).await.success());
+    let proxy = Process::start("proxy", &args, &dir);
+    assert!(proxy.log().contains("keys=1 "), "{}", proxy.log());
+    // 3 left of 10, not a fresh 10.
+    for _ in 0..3 {
+        assert_eq!(get(&proxy).await, 200);
+    }
+    assert_eq!(get(&proxy).await, 429);
 }
 
 /// Runs `spillway serve` in `dir`, expecting it not to start: its stderr.
