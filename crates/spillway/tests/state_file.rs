@@ -560,3 +560,49 @@ fn a_save_while_checks_go_on_holds_each_count_as_it_was_at_some_moment() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
 }
+
+#[test]
+fn a_reservation_held_open_is_given_back_at_its_time_after_a_restart() {
+    let within = Duration::from_secs(60);
+    let rules = || {
+        vec![
+            Rule::new("tokens", FixedWindow::new(Quota::per_hour(nz(1_000))))
+                .release_unsettled_after(within),
+        ]
+    };
+    let clock = FakeClock::new(START);
+    let original = MemoryStore::with_clock(rules(), MemoryOptions::default(), clock.clone());
+    let charge = |cost| {
+        [Check {
+            rule: RuleId(0),
+            key: "k",
+            cost,
+        }]
+    };
+    assert!(original.reserve_now("early", &charge(300)).unwrap().allowed);
+    clock.advance(Duration::from_secs(30));
+    assert!(original.reserve_now("late", &charge(200)).unwrap().allowed);
+    let file = saved(&original);
+
+    // Restarted 45 s after the first: its time has passed, the second's
+    // has not.
+    clock.advance(Duration::from_secs(15));
+    let restarted = MemoryStore::with_clock(rules(), MemoryOptions::default(), clock.clone());
+    assert_eq!(restarted.restore_state(&file).unwrap().reservations, 2);
+    let remaining = |store: &MemoryStore<FakeClock>| {
+        store.check_now(&charge(0)).unwrap().decisions[0].remaining
+    };
+    // Neither is given back yet: the first is due at 60 s.
+    assert_eq!(remaining(&restarted), 500);
+    clock.advance(Duration::from_secs(15));
+    assert_eq!(remaining(&restarted), 800);
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(remaining(&restarted), 1_000);
+    assert_eq!(restarted.reservations_released(), 2);
+
+    // One past its time when the store starts is given back at once.
+    let later = MemoryStore::with_clock(rules(), MemoryOptions::default(), clock.clone());
+    clock.set(START + 75_000_000);
+    later.restore_state(&file).unwrap();
+    assert_eq!(remaining(&later), 800);
+}

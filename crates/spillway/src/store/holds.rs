@@ -188,6 +188,21 @@ impl Locked<'_> {
         true
     }
 
+    /// Every open reservation: its rule and key, the meaning of the state
+    /// it was charged to, its time and its charge (for a state file).
+    pub(super) fn open_holds(&self) -> Vec<(KeyName, String, Micros, Charged)> {
+        self.book
+            .keys
+            .iter()
+            .flat_map(|(name, held)| {
+                held.iter().map(|o| {
+                    let meaning = o.target.1.state_meaning();
+                    (name.clone(), meaning, o.until, o.charged)
+                })
+            })
+            .collect()
+    }
+
     /// Forgets every reservation of `name` without giving it back (the key
     /// was reset: its counts are gone).
     pub(super) fn forget(&mut self, name: &KeyName) {

@@ -104,6 +104,10 @@ pub struct Restored {
     /// The run-time table entries back in force (overrides, tiers, list
     /// entries); those whose time passed since are left out.
     pub entries: u64,
+    /// The reservations held open again, each given back at its time
+    /// unless settled (those past their time are given back at once); a
+    /// rule gone, changed or no longer giving back leaves its out.
+    pub reservations: u64,
 }
 
 /// One frame of the file.
@@ -127,6 +131,22 @@ enum Frame {
     Lists(Vec<SavedListing>),
     /// The last: how many frames came before it.
     End { frames: u64 },
+    /// The reservations held open, to give back if not settled in time.
+    Holds(Vec<SavedHold>),
+}
+
+/// A reservation held open ([`Store::reserve`](crate::store::Store::reserve)).
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedHold {
+    rule: String,
+    /// What the state it was charged to means.
+    meaning: String,
+    key: CompactString,
+    /// When it is given back unless settled.
+    until: Micros,
+    cost: u64,
+    at: Micros,
+    reset_after: Micros,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -350,6 +370,7 @@ struct Contents {
     overrides: Vec<(String, Target, OverrideEntry)>,
     tiers: Vec<(String, TierEntry)>,
     lists: Vec<(Listed, ListEntry)>,
+    holds: Vec<SavedHold>,
 }
 
 /// Reads a whole state file's `bytes` at `now`: every error there is,
@@ -375,6 +396,7 @@ fn read(bytes: &[u8], now: Micros) -> Result<Contents, StateFileError> {
         overrides: Vec::new(),
         tiers: Vec::new(),
         lists: Vec::new(),
+        holds: Vec::new(),
     };
     for item in decoded {
         let (offset, frame) = item?;
@@ -455,6 +477,7 @@ fn read(bytes: &[u8], now: Micros) -> Result<Contents, StateFileError> {
                     }
                 }
             }
+            Frame::Holds(saved) => file.holds.extend(saved),
             Frame::End { .. } => {}
         }
     }
@@ -583,6 +606,22 @@ impl<C: Clock> MemoryStore<C> {
             .collect();
         entries += lists.len() as u64;
         w.frame(&Frame::Lists(lists))?;
+        let holds: Vec<_> = self
+            .holds
+            .lock()
+            .open_holds()
+            .into_iter()
+            .map(|((rule, key), meaning, until, charged)| SavedHold {
+                rule: rule.to_string(),
+                meaning,
+                key,
+                until,
+                cost: charged.cost,
+                at: charged.at,
+                reset_after: charged.reset_after,
+            })
+            .collect();
+        w.frame(&Frame::Holds(holds))?;
         let frames = w.frames;
         w.frame(&Frame::End { frames })?;
         w.out.flush()?;
@@ -628,6 +667,7 @@ impl<C: Clock> MemoryStore<C> {
             keys_left: 0,
             rules_left: Vec::new(),
             entries: (file.overrides.len() + file.tiers.len() + file.lists.len()) as u64,
+            reservations: 0,
         };
         for (from, keys) in file.keys {
             let Some(to) = places[from] else {
@@ -658,6 +698,7 @@ impl<C: Clock> MemoryStore<C> {
         self.overrides.replace(file.overrides);
         self.tiers.replace(file.tiers);
         self.lists.replace(file.lists);
+        restored.reservations = self.hold_again(file.holds, now);
         restored.rules_left = file
             .rules
             .into_iter()
@@ -666,6 +707,57 @@ impl<C: Clock> MemoryStore<C> {
             .map(|(r, n)| (r.name, n))
             .collect();
         Ok(restored)
+    }
+
+    /// Holds `holds` open again (after the keys and overrides are back),
+    /// each under its rule's quota for its key now; gives back at once
+    /// those past their time. How many are held or given back.
+    fn hold_again(&self, holds: Vec<SavedHold>, now: Micros) -> u64 {
+        // Settle ids are fingerprinted under a key drawn by each store: one
+        // that nobody sends names every reservation held again. A settle
+        // of one by its old id finds it gone, and charges its cost as of
+        // the charge (as after a give back); the reservation is given back
+        // at its time all the same.
+        let id = self.holds.fingerprint("\0held again from a state file");
+        let mut out = Vec::new();
+        let mut book = self.holds.lock();
+        let mut held = 0;
+        for h in holds {
+            let Some(i) = self
+                .rules
+                .iter()
+                .position(|r| *r.name() == *h.rule && r.algorithm().state_meaning() == h.meaning)
+            else {
+                continue;
+            };
+            let rule = &self.rules[i];
+            if super::releases(rule).is_none() {
+                continue;
+            }
+            let hash = self.tables[i].hash(h.key.as_str());
+            let over = self.override_of(i, &h.key, hash, now);
+            let algorithm = super::Applied::of(over, rule.algorithm(), h.cost, now).algorithm;
+            let charged = crate::algorithm::Charged {
+                cost: h.cost,
+                at: h.at,
+                reset_after: h.reset_after,
+                held: true,
+            };
+            let name = (rule.name_arc(), h.key);
+            book.open(
+                name,
+                id,
+                (self.tables[i].clone(), algorithm),
+                charged,
+                h.until,
+                &mut out,
+            );
+            held += 1;
+        }
+        book.due(now, &mut out);
+        self.release(&out, now);
+        drop(book);
+        held
     }
 
     /// Writes the store's state ([`save_state`](Self::save_state)) to
