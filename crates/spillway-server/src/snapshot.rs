@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use spillway::clock::{Clock, SystemClock};
-use spillway::store::{MemoryStore, StateFileError};
+use spillway::store::{StateFileError, read_state_file, state_file_rules};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::config::StateFile;
+use crate::config::descriptors::parse_override_name;
 use crate::metrics::Metrics;
 use crate::state::Live;
 
@@ -42,16 +43,74 @@ pub struct StateLock {
     _file: File,
 }
 
-/// Takes the state file's lock, then reads the file into `store`, which
-/// has served nothing yet. No file yet is a first start (logged). A file
-/// that cannot be read, is not a state file, is of another format version
-/// or is damaged is an error, and the service does not start: starting
-/// empty would hand every client a fresh quota without anyone knowing.
-pub fn restore(file: &StateFile, store: &MemoryStore) -> Result<StateLock, RestoreError> {
+/// Takes the state file's lock, then reads the file into the in-memory
+/// store `live` serves with, which has served nothing yet: first counting
+/// the Envoy limit overrides the file has keys of (each a store rule made
+/// when first met), then the keys and tables, then each override set under
+/// every tier (one the configuration added since takes the rule's). No
+/// file yet is a first start (logged). A file that cannot be read, is not
+/// a state file, is of another format version or is damaged is an error,
+/// and the service does not start: starting empty would hand every client
+/// a fresh quota without anyone knowing.
+pub async fn restore(file: &StateFile, live: &Live) -> Result<StateLock, RestoreError> {
     let fail = |reason: String| RestoreError {
         path: file.path.clone(),
         reason,
     };
+    let lock = lock(file).map_err(fail)?;
+    let started = Instant::now();
+    let refused = |e: StateFileError| {
+        let hint = match e {
+            StateFileError::Io(_) => "",
+            _ => "; move it aside to start with no counts (every client then gets a fresh quota)",
+        };
+        fail(format!("{e}{hint}"))
+    };
+    let Some(bytes) = read_state_file(&file.path).map_err(refused)? else {
+        tracing::info!(
+            path = %file.path.display(),
+            "no state file yet: starting with no counts; it is written every {:?} and at shutdown",
+            file.every
+        );
+        return Ok(StateLock { _file: lock });
+    };
+    let limits: Vec<_> = state_file_rules(&bytes)
+        .map_err(refused)?
+        .iter()
+        .filter_map(|name| parse_override_name(name))
+        .collect();
+    if let Err(e) = live.with_overrides(&limits).await {
+        tracing::warn!(error = %e, "the state file's Envoy limit overrides could not all be counted again");
+    }
+    let loaded = live.current();
+    let store = loaded.store().memory().expect("an in-memory store");
+    let restored = store.restore_state(&bytes).map_err(refused)?;
+    crate::state::overrides_under_every_tier(&loaded.config.policy, loaded.store()).await;
+    let age = SystemClock.now().saturating_sub(restored.written_at) / 1_000_000;
+    tracing::info!(
+        path = %file.path.display(),
+        keys = restored.keys,
+        idle_or_no_room = restored.keys_left,
+        entries = restored.entries,
+        reservations = restored.reservations,
+        written_seconds_ago = age,
+        ms = started.elapsed().as_millis() as u64,
+        "state file read: counts and run-time tables restored"
+    );
+    for (rule, keys) in &restored.rules_left {
+        tracing::warn!(
+            rule = %rule,
+            keys,
+            "the state file's keys of a rule that is gone or counts another way now \
+             (another algorithm or window) were left out: they start afresh"
+        );
+    }
+    Ok(StateLock { _file: lock })
+}
+
+/// Takes the lock beside `file` (`<state_file>.lock`), held as long as
+/// the returned file is open.
+fn lock(file: &StateFile) -> Result<File, String> {
     let mut lock_path = file.path.clone().into_os_string();
     lock_path.push(".lock");
     let mut options = OpenOptions::new();
@@ -60,55 +119,15 @@ pub fn restore(file: &StateFile, store: &MemoryStore) -> Result<StateLock, Resto
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let lock = options
         .open(&lock_path)
-        .map_err(|e| fail(format!("cannot open its lock file: {e}")))?;
+        .map_err(|e| format!("cannot open its lock file: {e}"))?;
     match lock.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            return Err(fail(format!(
-                "another process holds {}: two processes cannot share one state file",
-                PathBuf::from(lock_path).display()
-            )));
-        }
-        Err(TryLockError::Error(e)) => return Err(fail(format!("cannot lock it: {e}"))),
+        Ok(()) => Ok(lock),
+        Err(TryLockError::WouldBlock) => Err(format!(
+            "another process holds {}: two processes cannot share one state file",
+            PathBuf::from(lock_path).display()
+        )),
+        Err(TryLockError::Error(e)) => Err(format!("cannot lock it: {e}")),
     }
-    let started = Instant::now();
-    match store.restore_state_file(&file.path) {
-        Ok(None) => tracing::info!(
-            path = %file.path.display(),
-            "no state file yet: starting with no counts; it is written every {:?} and at shutdown",
-            file.every
-        ),
-        Ok(Some(restored)) => {
-            let age = SystemClock.now().saturating_sub(restored.written_at) / 1_000_000;
-            tracing::info!(
-                path = %file.path.display(),
-                keys = restored.keys,
-                idle_or_no_room = restored.keys_left,
-                entries = restored.entries,
-                written_seconds_ago = age,
-                ms = started.elapsed().as_millis() as u64,
-                "state file read: counts and run-time tables restored"
-            );
-            for (rule, keys) in &restored.rules_left {
-                tracing::warn!(
-                    rule = %rule,
-                    keys,
-                    "the state file's keys of a rule that is gone or counts another way now \
-                     (another algorithm or window) were left out: they start afresh"
-                );
-            }
-        }
-        Err(e) => {
-            let hint = match e {
-                StateFileError::Io(_) => "",
-                _ => {
-                    "; move it aside to start with no counts (every client then gets a fresh quota)"
-                }
-            };
-            return Err(fail(format!("{e}{hint}")));
-        }
-    }
-    Ok(StateLock { _file: lock })
 }
 
 /// The writes of the state file while serving: every `snapshot_every`,

@@ -114,7 +114,7 @@ impl Overrides {
 /// hold them: an override is set under every quota its rule has, so a tier
 /// a reload added (or one added while no instance ran) takes the
 /// default quota's. One that a tier's quota cannot take is logged.
-async fn overrides_under_every_tier(policy: &spillway_tower::Policy, store: &AnyStore) {
+pub(crate) async fn overrides_under_every_tier(policy: &spillway_tower::Policy, store: &AnyStore) {
     use spillway::store::Store as _;
     let Ok(book) = store.overrides().await else {
         return;
@@ -482,12 +482,16 @@ impl State {
         let held = HoldCap::new(config.proxy_bounds.max_held);
         let state_file = config.store.state_file.clone();
         let engine = Loaded::counted(config, None, &metrics).await?;
-        let state_lock = match (state_file, engine.store().memory()) {
-            (Some(file), Some(store)) => Some(Arc::new(crate::snapshot::restore(&file, store)?)),
+        let in_memory = engine.store().memory().is_some();
+        let live = Arc::new(Live::new(engine));
+        let state_lock = match state_file {
+            Some(file) if in_memory => {
+                Some(Arc::new(crate::snapshot::restore(&file, &live).await?))
+            }
             _ => None,
         };
         Ok(Self {
-            live: Arc::new(Live::new(engine)),
+            live,
             metrics,
             held,
             settle_key: crate::api::SettleKey::random(),

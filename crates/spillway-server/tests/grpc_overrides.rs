@@ -254,3 +254,82 @@ async fn the_least_recently_used_idle_slot_goes_first() {
     assert!(!s.counts("envoy-override:2-per-minute"), "the oldest idle");
     refused(&s, with_limit("bob", 102, MINUTE, 1)).await;
 }
+
+#[tokio::test]
+async fn an_overrides_counts_and_a_tier_added_meanwhile_survive_a_restart_with_a_state_file() {
+    // A memory store with `[store] state_file`: the counts of a limit
+    // Envoy sent (a store rule made when first met) come back, as do the
+    // configured rule's; and a tier the new configuration adds takes the
+    // override set at run time on its rule.
+    async fn call(service: &EnvoyRateLimiter, d: RateLimitDescriptor) -> RateLimitResponse {
+        let request = tonic::Request::new(request("spillway", vec![d]));
+        service
+            .should_rate_limit(request)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+    clock_support::clear_of_a_minute_boundary();
+    let dir = std::env::temp_dir().join(format!("spillway-grpc-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = |tier: &str| {
+        let text = format!(
+            "[store]\nstate_file = \"state\"\n{CONFIG}{tier}\
+             [[rules]]\nname = \"per-key\"\nalgorithm = \"fixed_window\"\nlimit = 100\n\
+             window = \"1h\"\nkey = [\"api_key\"]\nfallback = []\n{}",
+            if tier.is_empty() {
+                ""
+            } else {
+                "[rules.tiers.gold]\nlimit = 1000\n"
+            }
+        );
+        Config::parse_in(&text, &dir).expect("a valid configuration")
+    };
+    let first = spillway_server::State::new(config("")).await.unwrap();
+    let snapshots = first.snapshots().expect("a state file");
+    let service = EnvoyRateLimiter::new(first.live.clone());
+    let remaining = |r: RateLimitResponse| r.statuses[0].limit_remaining;
+    for _ in 0..3 {
+        call(&service, with_limit("u", 5, MINUTE, 1)).await;
+    }
+    call(&service, descriptor(&[("remote_address", "10.0.0.1")])).await;
+    let store = first.live.current().store().clone();
+    let per_key = first.live.current().config.policy.rule_id(1, None);
+    store
+        .set_override(
+            per_key,
+            spillway::store::Target::Key("api_key=acme".into()),
+            spillway::store::OverrideEntry {
+                applied: spillway::store::Override::limit(7),
+                spec: "{}".into(),
+            },
+        )
+        .await
+        .unwrap();
+    snapshots.finish().await;
+    drop((service, store, first));
+
+    let tiers = "[tiers.gold]\napi_keys = [\"gold-key\"]\n";
+    let second = spillway_server::State::new(config(tiers)).await.unwrap();
+    let service = EnvoyRateLimiter::new(second.live.clone());
+    assert_eq!(
+        remaining(call(&service, with_limit("u", 5, MINUTE, 1)).await),
+        1
+    );
+    assert_eq!(
+        remaining(call(&service, descriptor(&[("remote_address", "10.0.0.1")])).await),
+        1
+    );
+    let loaded = second.live.current();
+    let gold = loaded.config.policy.rule_id(1, Some("gold"));
+    let name = loaded.store().rules()[gold.0].name().to_string();
+    let book = loaded.store().overrides().await.unwrap();
+    assert!(
+        book.get(&name, &spillway::store::Target::Key("api_key=acme".into()))
+            .is_some(),
+        "the tier added while the process was down has no override"
+    );
+    drop((service, loaded, second));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

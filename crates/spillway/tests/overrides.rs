@@ -198,3 +198,30 @@ fn a_cost_the_rule_cannot_take_is_an_error_under_a_raise_too() {
         "{batch:?}"
     );
 }
+
+#[test]
+fn an_override_set_while_a_reload_rebuilds_its_table_holds_in_the_new_store() {
+    // A reload that changes the rule's window builds it a new table and
+    // marks the overrides it finds; one set on the old store meanwhile
+    // must be marked there too, or the new store never applies it.
+    let (old, _clock) = store();
+    let old = Arc::new(old);
+    let rules = vec![
+        Rule::new("window", FixedWindow::new(Quota::per_minute(nz(3)))),
+        Rule::new("bucket", TokenBucket::new(Quota::per_hour(nz(10)), nz(10))),
+    ];
+    for round in 0..300 {
+        let k = format!("k{round}");
+        let setter = {
+            let (old, k) = (old.clone(), k.clone());
+            std::thread::spawn(move || {
+                old.set_override(RuleId(0), key(&k), entry(Override::limit(0)))
+                    .unwrap();
+            })
+        };
+        let new = old.reconfigure(rules.clone());
+        setter.join().unwrap();
+        let verdict = new.check_now(&[check(0, &k, 1)]).unwrap();
+        assert!(!verdict.allowed, "round {round}: the override did not hold");
+    }
+}

@@ -355,6 +355,15 @@ fn keys_past_a_smaller_store_are_left_out_and_counted() {
     let restored = small.restore_state(&saved(&big)).unwrap();
     assert_eq!((restored.keys, restored.keys_left), (100, 900));
     assert_eq!(small.len(RuleId(0)), 100);
+    // Evicting, the keys taken back make room by forgetting others taken
+    // back before them: counted as left out too.
+    let options = MemoryOptions {
+        on_full: OnFull::Evict,
+        ..options
+    };
+    let small = MemoryStore::with_clock(rule(), options, FakeClock::new(START));
+    let restored = small.restore_state(&saved(&big)).unwrap();
+    assert_eq!((restored.keys, restored.keys_left), (100, 900));
 }
 
 #[test]
@@ -483,9 +492,13 @@ fn the_file_is_replaced_whole_and_readable_by_its_owner_only() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, ["state.bin"]);
+    // A write killed midway left its temporary: the next start removes it.
+    std::fs::write(dir.join(".state.bin.0123456789abcdef.tmp"), b"half").unwrap();
+    std::fs::write(dir.join(".other.0.tmp"), b"not ours").unwrap();
     let restarted = store(&clock);
     let restored = restarted.restore_state_file(&path).unwrap().unwrap();
     assert_eq!(restored.keys, second.keys);
+    std::fs::remove_file(dir.join(".other.0.tmp")).unwrap();
     // A file that cannot be written is an error, and leaves no temporary.
     let e = original
         .save_state_file(&dir.join("missing/state.bin"))

@@ -729,6 +729,26 @@ pub fn override_name(limit: UnitLimit) -> String {
     )
 }
 
+/// The limit of the store rule called `name`, if it is one of
+/// [`override_rule`]'s (as a state file lists it).
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use spillway_server::config::descriptors::{Unit, UnitLimit, override_name, parse_override_name};
+///
+/// let limit = UnitLimit { requests_per_unit: NonZeroU32::new(100).unwrap(), unit: Unit::Minute };
+/// assert_eq!(parse_override_name(&override_name(limit)), Some(limit));
+/// assert_eq!(parse_override_name("per-ip"), None);
+/// assert_eq!(parse_override_name("envoy-override:0-per-minute"), None);
+/// ```
+pub fn parse_override_name(name: &str) -> Option<UnitLimit> {
+    let (n, unit) = name.strip_prefix(OVERRIDE_PREFIX)?.split_once("-per-")?;
+    Some(UnitLimit {
+        requests_per_unit: n.parse().ok()?,
+        unit: Unit::parse(unit)?,
+    })
+}
+
 /// The prefix of the store rules of limit overrides, which configured rule
 /// names may not start with.
 pub const OVERRIDE_PREFIX: &str = "envoy-override:";

@@ -323,13 +323,13 @@ impl Config {
     }
 
     /// Parses and validates a configuration; a relative `descriptors_file`
-    /// is relative to the working directory.
+    /// or `state_file` is relative to the working directory.
     pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
         Self::parse_in(text, Path::new(""))
     }
 
     /// Parses and validates a configuration whose relative paths (the
-    /// `descriptors_file`) are relative to `dir`.
+    /// `descriptors_file`, the `state_file`) are relative to `dir`.
     pub fn parse_in(text: &str, dir: &Path) -> Result<Self, ConfigErrors> {
         let read = read::read(text)?;
         convert(read, &Text(text), dir).map_err(ConfigErrors::new)
@@ -360,7 +360,7 @@ fn convert(read: read::Read, lines: &Text<'_>, dir: &Path) -> Result<Config, Vec
     let raw = read.raw;
     let server = errors.take(convert_server(&raw.server, lines));
     let envoy_limits = errors.take(envoy_limits(&raw.envoy, lines));
-    let store = errors.take(convert_store(&raw.store, lines));
+    let store = errors.take(convert_store(&raw.store, dir, lines));
     let rule_on_error = rule_on_error(&raw, &read.rule_index, lines, &mut errors);
     let clients = errors.take(convert_clients(&raw.clients, lines));
     let headers = errors.take(convert_headers(&raw.headers, lines));

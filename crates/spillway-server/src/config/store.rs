@@ -54,7 +54,8 @@ pub struct StoreConfig {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateFile {
-    /// The file (a relative path is from the process's working directory).
+    /// The file (a relative path in the configuration file is from that
+    /// file's directory, as `descriptors_file`'s is).
     pub path: std::path::PathBuf,
     /// How often it is written while serving: at most what was admitted
     /// in that time is lost when the process is killed without a chance
@@ -286,7 +287,11 @@ pub(super) fn store_kind(raw: &RawStore, lines: &Text<'_>) -> Result<StoreKind, 
 }
 
 /// `[store]`.
-pub(super) fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreConfig, ConfigError> {
+pub(super) fn convert_store(
+    raw: &RawStore,
+    dir: &std::path::Path,
+    lines: &Text<'_>,
+) -> Result<StoreConfig, ConfigError> {
     let timeout = match &raw.timeout {
         Some(t) => {
             let d = parse_duration(&t.get_ref().0).map_err(|m| lines.err(t, "store.timeout", m))?;
@@ -317,7 +322,7 @@ pub(super) fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreCon
             }
         },
     };
-    let state_file = state_file_of(raw, &kind, lines)?;
+    let state_file = state_file_of(raw, &kind, dir, lines)?;
     Ok(StoreConfig {
         state_file,
         kind,
@@ -336,6 +341,7 @@ pub(super) fn convert_store(raw: &RawStore, lines: &Text<'_>) -> Result<StoreCon
 fn state_file_of(
     raw: &RawStore,
     kind: &StoreKind,
+    dir: &std::path::Path,
     lines: &Text<'_>,
 ) -> Result<Option<StateFile>, ConfigError> {
     let every = match &raw.snapshot_every {
@@ -374,7 +380,7 @@ fn state_file_of(
         ));
     }
     Ok(Some(StateFile {
-        path: path.get_ref().into(),
+        path: super::descriptors::resolve(path.get_ref(), dir),
         every,
     }))
 }

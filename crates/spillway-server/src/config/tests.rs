@@ -872,3 +872,19 @@ fn a_state_file_is_the_memory_stores_and_its_errors_name_the_field() {
         assert!(e.message.contains(says), "{e}");
     }
 }
+
+#[test]
+fn a_relative_state_file_is_beside_the_configuration_file() {
+    let dir = std::path::Path::new("/etc/spillway");
+    let config = Config::parse_in("[store]\nstate_file = \"state/counts\"\n", dir).unwrap();
+    let file = config.store.state_file.unwrap();
+    assert_eq!(
+        file.path,
+        std::path::Path::new("/etc/spillway/state/counts")
+    );
+    let config = Config::parse_in("[store]\nstate_file = \"/var/lib/s\"\n", dir).unwrap();
+    assert_eq!(
+        config.store.state_file.unwrap().path,
+        std::path::Path::new("/var/lib/s")
+    );
+}

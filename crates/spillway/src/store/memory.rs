@@ -12,7 +12,9 @@ use compact_str::CompactString;
 
 mod state_file;
 
-pub use state_file::{Restored, STATE_FORMAT, Saved, StateFileError};
+pub use state_file::{
+    Restored, STATE_FORMAT, Saved, StateFileError, read_state_file, state_file_rules,
+};
 
 use super::cell::SharedState;
 use super::holds::{Holds, Release};
@@ -405,20 +407,30 @@ impl<C: Clock> MemoryStore<C> {
     /// A store for `rules` on `clock`.
     pub fn with_clock(rules: Vec<Rule>, options: MemoryOptions, clock: C) -> Self {
         let n = rules.len();
-        let tables = rules
+        let tables: Vec<Arc<Table<CompactString, AnyState>>> = rules
             .iter()
             .map(|_| Arc::new(options.table(n, compact_heap)))
             .collect();
+        let overrides = Arc::new(OverrideBook::new());
+        let filters = rules
+            .iter()
+            .zip(&tables)
+            .map(|(rule, table)| {
+                let filter = Arc::new(OverrideFilter::new(table.hasher()));
+                overrides.register(rule.name(), &filter);
+                filter
+            })
+            .collect();
         Self {
             in_place: in_place(&rules),
-            filters: rules.iter().map(|_| Arc::default()).collect(),
+            filters,
             rules,
             tables,
             receipts: Arc::new(Receipts::new(
                 u64::try_from(SETTLE_RECEIPT_TTL.as_micros()).unwrap_or(u64::MAX),
             )),
             holds: Arc::new(Holds::new()),
-            overrides: Arc::new(OverrideBook::new()),
+            overrides,
             tiers: Arc::default(),
             lists: Arc::default(),
             options,
@@ -468,12 +480,11 @@ impl<C: Clock> MemoryStore<C> {
                 kept.map_or_else(
                     || {
                         // A new table hashes its own way: the rule's
-                        // overrides are marked again.
+                        // overrides are marked again, and those set from
+                        // now on, on any store sharing the book.
                         let table = Arc::new(self.options.table(rules.len(), compact_heap));
-                        let filter = Arc::new(OverrideFilter::default());
-                        for target in self.overrides.targets(rule.name()) {
-                            mark(&filter, &table, &target);
-                        }
+                        let filter = Arc::new(OverrideFilter::new(table.hasher()));
+                        self.overrides.register(rule.name(), &filter);
                         (table, filter)
                     },
                     |i| {
@@ -1088,7 +1099,6 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         // What has passed its time goes when something is set.
         self.overrides.purge(now);
-        mark(&self.filters[rule.0], &self.tables[rule.0], &target);
         Ok(self.overrides.set(r.name(), target, entry))
     }
 
@@ -1153,14 +1163,6 @@ pub(super) fn releases(rule: &Rule) -> Option<Duration> {
     match rule.algorithm() {
         AnyAlgorithm::Concurrency(_) => None,
         _ => rule.release_after(),
-    }
-}
-
-/// Marks `target` in `filter`, by `table`'s hash.
-fn mark(filter: &OverrideFilter, table: &Table<CompactString, AnyState>, target: &Target) {
-    match target {
-        Target::Key(key) => filter.mark(table.hash(key.as_str())),
-        Target::Prefix(_) => filter.mark_prefixes(),
     }
 }
 

@@ -54,6 +54,7 @@ pub use holds::MAX_OPEN_HOLDS;
 pub use lists::{ListBook, ListEntry, ListSnapshot, Listed, Listing};
 pub use memory::{
     MemoryOptions, MemoryStore, OnFull, RateLimiter, Restored, STATE_FORMAT, Saved, StateFileError,
+    read_state_file, state_file_rules,
 };
 pub use overrides::{Override, OverrideBook, OverrideEntry, Target};
 pub use tiers::{TierBook, TierEntry};

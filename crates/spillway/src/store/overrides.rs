@@ -12,12 +12,12 @@
 //! its keys without counting anything: an emergency brake.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use compact_str::CompactString;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use std::num::NonZeroU32;
 
@@ -28,6 +28,7 @@ use crate::algorithm::{
 };
 use crate::clock::Micros;
 use crate::decision::Decision;
+use crate::store::table::Hasher;
 
 /// Another quota for the keys an override names: another limit (0 stops
 /// them), and for a bucket another burst or delay, over its rule's window.
@@ -242,6 +243,11 @@ pub struct OverrideBook {
     // How many overrides the book holds, expired ones included.
     count: AtomicUsize,
     rules: RwLock<HashMap<Box<str>, RuleOverrides>>,
+    // The in-memory stores' filters of each rule (one per table: a reload
+    // that rebuilds a rule's table adds one), marked under `rules`' write
+    // lock as each override is set, so that no filter misses one set
+    // while it was being made.
+    filters: Mutex<HashMap<Box<str>, Vec<Weak<OverrideFilter>>>>,
 }
 
 #[derive(Debug, Default)]
@@ -324,10 +330,42 @@ impl OverrideBook {
                 .is_some_and(|r| !r.keys.is_empty())
     }
 
+    /// Marks `filter` with every override of the rule called `rule`, and
+    /// with every one set from now on (as long as it lives).
+    pub(crate) fn register(&self, rule: &str, filter: &Arc<OverrideFilter>) {
+        // Held shared: a `set` waits until the filter is listed.
+        let rules = self.rules.read();
+        if let Some(of_rule) = rules.get(rule) {
+            of_rule.keys.keys().for_each(|k| filter.mark_key(k));
+            if !of_rule.prefixes.is_empty() {
+                filter.mark_prefixes();
+            }
+        }
+        let mut filters = self.filters.lock();
+        let of_rule = filters.entry(rule.into()).or_default();
+        of_rule.retain(|f| f.strong_count() > 0);
+        of_rule.push(Arc::downgrade(filter));
+    }
+
+    /// Marks `target` in the filters of the rule called `rule` (`rules`'
+    /// write lock is held).
+    fn mark(&self, rule: &str, target: &Target) {
+        let filters = self.filters.lock();
+        for filter in filters.get(rule).into_iter().flatten() {
+            if let Some(filter) = filter.upgrade() {
+                match target {
+                    Target::Key(key) => filter.mark_key(key),
+                    Target::Prefix(_) => filter.mark_prefixes(),
+                }
+            }
+        }
+    }
+
     /// Sets `target`'s override under the rule called `rule`, replacing
     /// any; returns the one it replaced.
     pub fn set(&self, rule: &str, target: Target, entry: OverrideEntry) -> Option<OverrideEntry> {
         let mut rules = self.rules.write();
+        self.mark(rule, &target);
         let of_rule = rules.entry(rule.into()).or_default();
         let old = match target {
             Target::Key(key) => of_rule.keys.insert(key, entry),
@@ -406,18 +444,6 @@ impl OverrideBook {
         all
     }
 
-    /// Every target of the rule called `rule`, in force or not.
-    pub(crate) fn targets(&self, rule: &str) -> Vec<Target> {
-        let rules = self.rules.read();
-        let Some(of_rule) = rules.get(rule) else {
-            return Vec::new();
-        };
-        let keys = of_rule.keys.keys().map(|k| Target::Key(k.clone()));
-        let prefixes = of_rule.prefixes.values().flatten();
-        keys.chain(prefixes.map(|(p, _)| Target::Prefix(p.clone())))
-            .collect()
-    }
-
     /// The names of the rules that have overrides.
     pub fn rules(&self) -> Vec<String> {
         self.rules.read().keys().map(|r| r.to_string()).collect()
@@ -445,7 +471,9 @@ impl OverrideBook {
     pub fn replace(&self, entries: impl IntoIterator<Item = (String, Target, OverrideEntry)>) {
         let mut fresh: HashMap<Box<str>, RuleOverrides> = HashMap::new();
         let mut count = 0;
+        let mut rules = self.rules.write();
         for (rule, target, entry) in entries {
+            self.mark(&rule, &target);
             let of_rule = fresh.entry(rule.into()).or_default();
             let old = match target {
                 Target::Key(key) => of_rule.keys.insert(key, entry),
@@ -459,7 +487,6 @@ impl OverrideBook {
                 count += 1;
             }
         }
-        let mut rules = self.rules.write();
         *rules = fresh;
         self.count.store(count, Ordering::Release);
     }
@@ -470,8 +497,10 @@ impl OverrideBook {
 /// (one load while the rule has none; one bit's load after). Bits are set,
 /// never cleared: a removed override leaves a bit that sends its key to
 /// the book, which finds nothing.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct OverrideFilter {
+    // The hasher of the rule's table, whose hashes the checks ask about.
+    hasher: Hasher,
     // 2^20 bits once the rule has a key's own override: with 10,000 keys,
     // about 1 key in 100 without one is sent to the book.
     bits: std::sync::OnceLock<Box<[AtomicU64]>>,
@@ -481,6 +510,20 @@ pub(crate) struct OverrideFilter {
 const FILTER_WORDS: usize = 1 << 14;
 
 impl OverrideFilter {
+    /// An empty filter for a table hashing with `hasher`.
+    pub(crate) fn new(hasher: Hasher) -> Self {
+        Self {
+            hasher,
+            bits: std::sync::OnceLock::new(),
+            prefixes: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Marks `key` as having an override of its own.
+    fn mark_key(&self, key: &str) {
+        self.mark(std::hash::BuildHasher::hash_one(&self.hasher, key));
+    }
+
     /// Whether a key of `hash` may have an override (its own or a
     /// prefix's).
     #[inline]
@@ -497,7 +540,7 @@ impl OverrideFilter {
     }
 
     /// Marks a key of `hash` as having an override of its own.
-    pub(crate) fn mark(&self, hash: u64) {
+    fn mark(&self, hash: u64) {
         let bits = self
             .bits
             .get_or_init(|| (0..FILTER_WORDS).map(|_| AtomicU64::new(0)).collect());
@@ -507,7 +550,7 @@ impl OverrideFilter {
 
     /// Marks the rule as having prefixes' overrides: every key is looked
     /// up.
-    pub(crate) fn mark_prefixes(&self) {
+    fn mark_prefixes(&self) {
         self.prefixes.store(true, Ordering::Release);
     }
 }

@@ -323,6 +323,11 @@ impl<K: Hash + Eq, S: SharedState> Table<K, S> {
         }
     }
 
+    /// The hasher its keys are placed by.
+    pub(crate) fn hasher(&self) -> Hasher {
+        self.hasher
+    }
+
     /// How many shards.
     pub(crate) fn shard_count(&self) -> usize {
         self.shards.len()

@@ -28,13 +28,13 @@ use std::sync::Arc;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
-use super::{MemoryStore, mark};
-use crate::algorithm::AnyState;
+use super::MemoryStore;
 use crate::algorithm::concurrency::{Lease, LeaseState};
 use crate::algorithm::fixed_window::FixedWindowState;
 use crate::algorithm::sliding_log::{LogEntry, SlidingLogState};
 use crate::algorithm::sliding_window::SlidingWindowState;
 use crate::algorithm::token_bucket::TokenBucketState as Tat;
+use crate::algorithm::{Algorithm, AnyAlgorithm, AnyState};
 use crate::clock::{Clock, Micros};
 use crate::store::{ListEntry, Listed, Override, OverrideEntry, Target, TierEntry};
 
@@ -283,6 +283,66 @@ impl SavedState {
     }
 }
 
+/// The names of the rules whose keys a state file holds, as its header
+/// lists them (the signature, version, every frame's checksum and the last
+/// frame checked; the keys are not decoded): for a caller that makes its
+/// store's rules from what it meets (a rule per limit a client sends) and
+/// should have them in place before [`MemoryStore::restore_state`].
+pub fn state_file_rules(bytes: &[u8]) -> Result<Vec<String>, StateFileError> {
+    let frames = frames(bytes)?;
+    let (offset, header) = frames[0];
+    match postcard::from_bytes::<Frame>(header) {
+        Ok(Frame::Header { rules, .. }) => Ok(rules.into_iter().map(|r| r.name).collect()),
+        _ => Err(StateFileError::Damaged {
+            offset,
+            reason: "it does not start with its header frame".into(),
+        }),
+    }
+}
+
+/// The most a count, a log's total or a lease's slots can be: past any
+/// quota's (a limit is at most 2^32, a count at most twice that, in debt),
+/// and far from where the algorithms' arithmetic could overflow.
+const MAX_COUNT: u64 = 1 << 40;
+
+/// How far past the time a file was written a state may name a time: past
+/// any window, lease or bucket of a sane rule.
+const MAX_AHEAD: Micros = 10 * 366 * 86_400 * 1_000_000;
+
+/// Whether `state` could have been left under `alg` by a store at
+/// `written_at`: a window no later than the next, counts and times within
+/// bounds no rule reaches. A crafted file fails it, before the
+/// algorithms' arithmetic meets its values.
+fn plausible(alg: &AnyAlgorithm, state: &AnyState, written_at: Micros) -> bool {
+    let period = alg.quota().period_micros().max(1);
+    let window_now = match alg {
+        AnyAlgorithm::FixedWindow(fw) => match fw.calendar_of() {
+            Some(calendar) => calendar.index(written_at),
+            None => written_at / period,
+        },
+        _ => written_at / period,
+    };
+    let window_ok = |w: u64| w <= window_now.saturating_add(1);
+    let latest = written_at.saturating_add(MAX_AHEAD);
+    match state {
+        AnyState::Fresh => true,
+        AnyState::FixedWindow(s) => window_ok(s.window) && s.count <= MAX_COUNT,
+        AnyState::SlidingWindow(s) => {
+            window_ok(s.window) && s.prev <= MAX_COUNT && s.curr <= MAX_COUNT
+        }
+        AnyState::Bucket(t) => t.micros <= latest,
+        AnyState::SlidingLog(s) => {
+            s.total() <= MAX_COUNT && s.entries.iter().all(|e| e.at <= latest)
+        }
+        AnyState::Leases(s) => {
+            s.held() <= MAX_COUNT
+                && s.leases().all(|l| l.ends <= latest && l.id <= latest)
+                && s.released()
+                    .all(|(id, until)| id <= latest && until <= latest)
+        }
+    }
+}
+
 /// Writes frames, each with its length and checksum.
 struct Writer<W> {
     out: W,
@@ -348,7 +408,7 @@ fn frames(bytes: &[u8]) -> Result<Vec<(u64, &[u8])>, StateFileError> {
         return Err(damaged(at, "cut short: no frame"));
     };
     match postcard::from_bytes::<Frame>(last) {
-        Ok(Frame::End { frames }) if frames + 1 == out.len() as u64 => Ok(out),
+        Ok(Frame::End { frames }) if frames.checked_add(1) == Some(out.len() as u64) => Ok(out),
         Ok(Frame::End { .. }) => Err(StateFileError::Damaged {
             offset,
             reason: "the last frame's count does not match the frames before it".into(),
@@ -360,12 +420,16 @@ fn frames(bytes: &[u8]) -> Result<Vec<(u64, &[u8])>, StateFileError> {
     }
 }
 
+/// Some keys of one rule, as a frame held them: where it starts, the
+/// rule's index in the file's header, and each key with its state.
+type KeysFrame = (u64, usize, Vec<(CompactString, AnyState)>);
+
 /// A state file, read and checked whole.
 struct Contents {
     written_at: Micros,
     rules: Vec<SavedRule>,
     /// The keys of each of the file's rules, by its index in `rules`.
-    keys: Vec<(usize, Vec<(CompactString, AnyState)>)>,
+    keys: Vec<KeysFrame>,
     /// Those in force when it was read.
     overrides: Vec<(String, Target, OverrideEntry)>,
     tiers: Vec<(String, TierEntry)>,
@@ -377,7 +441,9 @@ struct Contents {
 /// before anything is applied.
 fn read(bytes: &[u8], now: Micros) -> Result<Contents, StateFileError> {
     let damaged = |offset: u64, reason: String| StateFileError::Damaged { offset, reason };
-    let mut decoded = frames(bytes)?.into_iter().map(|(offset, payload)| {
+    let frames = frames(bytes)?;
+    let last = frames.last().map_or(0, |f| f.0);
+    let mut decoded = frames.into_iter().map(|(offset, payload)| {
         postcard::from_bytes::<Frame>(payload)
             .map(|f| (offset, f))
             .map_err(|e| damaged(offset, format!("a frame does not decode: {e}")))
@@ -415,7 +481,7 @@ fn read(bytes: &[u8], now: Micros) -> Result<Contents, StateFileError> {
                     .map(|(key, saved)| Ok((key, saved.into_state()?)))
                     .collect::<Result<Vec<_>, &str>>()
                     .map_err(|reason| damaged(offset, reason.to_string()))?;
-                file.keys.push((index, keys));
+                file.keys.push((offset, index, keys));
             }
             Frame::Overrides(saved) => {
                 for o in saved {
@@ -468,7 +534,12 @@ fn read(bytes: &[u8], now: Micros) -> Result<Contents, StateFileError> {
                     let entry = ListEntry {
                         allow: l.allow,
                         rule: l.rule.map(Arc::from),
-                        status: l.status,
+                        status: match l.status {
+                            403 | 429 => l.status,
+                            other => {
+                                return Err(damaged(offset, format!("a block of status {other}")));
+                            }
+                        },
                         until: l.until,
                         spec: l.spec.into(),
                     };
@@ -478,6 +549,9 @@ fn read(bytes: &[u8], now: Micros) -> Result<Contents, StateFileError> {
                 }
             }
             Frame::Holds(saved) => file.holds.extend(saved),
+            Frame::End { .. } if offset != last => {
+                return Err(damaged(offset, "an end frame before the last".into()));
+            }
             Frame::End { .. } => {}
         }
     }
@@ -660,6 +734,26 @@ impl<C: Clock> MemoryStore<C> {
                 })
             })
             .collect();
+        // Every state within what its rule could have left by the time
+        // the file was written, before anything changes.
+        for (offset, from, keys) in &file.keys {
+            let Some(to) = places[*from] else {
+                continue;
+            };
+            let rule = &self.rules[to];
+            if let Some((key, _)) = keys
+                .iter()
+                .find(|(_, s)| !plausible(rule.algorithm(), s, file.written_at))
+            {
+                return Err(StateFileError::Damaged {
+                    offset: *offset,
+                    reason: format!(
+                        "key `{key}` of rule `{}` has a state its rule could not have left",
+                        rule.name()
+                    ),
+                });
+            }
+        }
         let mut left = vec![0u64; file.rules.len()];
         let mut restored = Restored {
             written_at: file.written_at,
@@ -669,32 +763,29 @@ impl<C: Clock> MemoryStore<C> {
             entries: (file.overrides.len() + file.tiers.len() + file.lists.len()) as u64,
             reservations: 0,
         };
-        for (from, keys) in file.keys {
+        // Counted by what the tables hold after: a key taken back may make
+        // room by evicting one taken back before it, and a key written
+        // twice is held once.
+        let held_before: u64 = self.tables.iter().map(|t| t.len() as u64).sum();
+        let mut offered = 0u64;
+        for (_, from, keys) in file.keys {
             let Some(to) = places[from] else {
                 left[from] += keys.len() as u64;
                 continue;
             };
+            offered += keys.len() as u64;
             let (table, alg) = (&self.tables[to], self.rules[to].algorithm());
             for (key, state) in keys {
                 let hash = table.hash(key.as_str());
                 let shard = table.shard_of(hash);
-                if table
+                table
                     .lock(shard)
-                    .restore(alg, key.as_str(), hash, state, now)
-                {
-                    restored.keys += 1;
-                } else {
-                    restored.keys_left += 1;
-                }
+                    .restore(alg, key.as_str(), hash, state, now);
             }
         }
-        for (rule, target, _) in &file.overrides {
-            for (i, r) in self.rules.iter().enumerate() {
-                if *r.name() == **rule {
-                    mark(&self.filters[i], &self.tables[i], target);
-                }
-            }
-        }
+        let held_after: u64 = self.tables.iter().map(|t| t.len() as u64).sum();
+        restored.keys = held_after.saturating_sub(held_before);
+        restored.keys_left = offered.saturating_sub(restored.keys);
         self.overrides.replace(file.overrides);
         self.tiers.replace(file.tiers);
         self.lists.replace(file.lists);
@@ -761,10 +852,11 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Writes the store's state ([`save_state`](Self::save_state)) to
-    /// `path`, atomically: to a new file beside it (readable by its owner
-    /// only: keys are API keys and addresses), synced to disk, then
-    /// renamed over `path`, and the directory synced. A crash at any point
-    /// leaves either the old file or the new one, whole.
+    /// `path`, atomically: to a new file beside it (`.NAME.RANDOM.tmp`,
+    /// created afresh, never one that exists or a link, and readable by
+    /// its owner only: keys are API keys and addresses), synced to disk,
+    /// then renamed over `path`, and the directory synced. A crash at any
+    /// point leaves either the old file or the new one, whole.
     pub fn save_state_file(&self, path: &Path) -> Result<Saved, StateFileError> {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
@@ -773,13 +865,19 @@ impl<C: Clock> MemoryStore<C> {
         let name = path
             .file_name()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"))?;
+        // A name nobody can guess ahead and plant a link at; and the file
+        // is created, never opened if it exists.
+        let random = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            (std::process::id(), std::time::SystemTime::now()),
+        );
         let mut temp_name = std::ffi::OsString::from(".");
         temp_name.push(name);
-        temp_name.push(format!(".{}.tmp", std::process::id()));
+        temp_name.push(format!(".{random:016x}.tmp"));
         let temp = dir.join(temp_name);
         let written = (|| {
             let mut options = OpenOptions::new();
-            options.write(true).create(true).truncate(true);
+            options.write(true).create_new(true);
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
             let file = options.open(&temp)?;
@@ -799,12 +897,281 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Reads back the state file at `path` ([`restore_state`](Self::restore_state));
-    /// `None` when there is no file there yet (a first start).
+    /// `None` when there is no file there yet (a first start). The
+    /// temporary files of writes that were killed midway
+    /// ([`save_state_file`](Self::save_state_file)) are removed: call it
+    /// before this process writes, and with no other process writing there.
     pub fn restore_state_file(&self, path: &Path) -> Result<Option<Restored>, StateFileError> {
-        match fs::read(path) {
-            Ok(bytes) => self.restore_state(&bytes).map(Some),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
+        match read_state_file(path)? {
+            Some(bytes) => self.restore_state(&bytes).map(Some),
+            None => Ok(None),
         }
+    }
+}
+
+/// The bytes of the state file at `path`, `None` when there is none yet,
+/// having removed the temporary files of writes killed midway beside it
+/// (see [`MemoryStore::restore_state_file`], which is this and
+/// [`MemoryStore::restore_state`]).
+pub fn read_state_file(path: &Path) -> Result<Option<Vec<u8>>, StateFileError> {
+    remove_temporaries(path);
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes the temporary files that writes of `path` killed midway left
+/// beside it (`.NAME.*.tmp`): they hold keys, and would pile up.
+fn remove_temporaries(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        if file.starts_with(&prefix) && file.ends_with(".tmp") {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Quota;
+    use crate::algorithm::{Concurrency, FixedWindow, SlidingLog, SlidingWindow};
+    use crate::clock::FakeClock;
+    use crate::store::{MemoryOptions, Rule, RuleId};
+
+    const NOW: Micros = 1_800_000_000_000_000;
+
+    fn rules() -> Vec<Rule> {
+        let quota = Quota::new(NonZeroU32::new(10).unwrap(), Duration::from_secs(60)).unwrap();
+        vec![
+            Rule::new("window", FixedWindow::new(quota)),
+            Rule::new("sliding", SlidingWindow::new(quota)),
+            Rule::new("log", SlidingLog::new(quota)),
+            Rule::new("leases", Concurrency::new(quota)),
+        ]
+    }
+
+    fn store() -> MemoryStore<FakeClock> {
+        MemoryStore::with_clock(rules(), MemoryOptions::default(), FakeClock::new(NOW))
+    }
+
+    /// A whole file of `frames` (a header of the four rules first, an end
+    /// last), every checksum right.
+    fn file_of(frames: Vec<Frame>) -> Vec<u8> {
+        let mut w = Writer {
+            out: Vec::new(),
+            buf: Vec::new(),
+            frames: 0,
+            bytes: 0,
+        };
+        w.out.extend_from_slice(SIGNATURE);
+        w.out.extend_from_slice(&STATE_FORMAT.to_le_bytes());
+        let rules = rules()
+            .iter()
+            .map(|r| SavedRule {
+                name: r.name().to_string(),
+                meaning: r.algorithm().state_meaning(),
+            })
+            .collect();
+        w.frame(&Frame::Header {
+            written_at: NOW,
+            rules,
+        })
+        .unwrap();
+        for f in frames {
+            w.frame(&f).unwrap();
+        }
+        let frames = w.frames;
+        w.frame(&Frame::End { frames }).unwrap();
+        w.out
+    }
+
+    fn key(rule: u32, state: SavedState) -> Frame {
+        Frame::Keys {
+            rule,
+            keys: vec![("k".into(), state)],
+        }
+    }
+
+    #[test]
+    fn crafted_states_with_right_checksums_are_refused_before_anything_changes() {
+        let window = NOW / 60_000_000;
+        let far = u64::MAX;
+        let crafted = [
+            key(
+                0,
+                SavedState::FixedWindow {
+                    window: far,
+                    count: 1,
+                },
+            ),
+            key(
+                0,
+                SavedState::FixedWindow {
+                    window: window + 1_000,
+                    count: 1,
+                },
+            ),
+            key(0, SavedState::FixedWindow { window, count: far }),
+            key(
+                1,
+                SavedState::SlidingWindow {
+                    window: far,
+                    prev: 0,
+                    curr: 1,
+                },
+            ),
+            key(
+                1,
+                SavedState::SlidingWindow {
+                    window,
+                    prev: far,
+                    curr: 1,
+                },
+            ),
+            key(
+                2,
+                SavedState::SlidingLog(vec![(NOW, far / 2), (NOW, far / 2 + 1)]),
+            ),
+            key(2, SavedState::SlidingLog(vec![(NOW, far)])),
+            key(2, SavedState::SlidingLog(vec![(far, 1)])),
+            key(2, SavedState::SlidingLog(vec![(NOW, 1), (NOW - 1, 1)])),
+            key(
+                3,
+                SavedState::Leases {
+                    leases: vec![(NOW, NOW + 1, far)],
+                    released: vec![],
+                },
+            ),
+            key(
+                3,
+                SavedState::Leases {
+                    leases: vec![(NOW, far, 1)],
+                    released: vec![],
+                },
+            ),
+            key(
+                3,
+                SavedState::Leases {
+                    leases: vec![],
+                    released: vec![(NOW, far)],
+                },
+            ),
+            key(
+                3,
+                SavedState::Leases {
+                    leases: vec![(1, far / 2, far / 2), (2, far / 2, far / 2)],
+                    released: vec![],
+                },
+            ),
+            key(9, SavedState::FixedWindow { window, count: 1 }),
+            Frame::Lists(vec![SavedListing {
+                listed: SavedListed::Ip {
+                    addr: "192.0.2.0".parse().unwrap(),
+                    len: 33,
+                },
+                allow: false,
+                rule: None,
+                status: 403,
+                until: None,
+                spec: String::new(),
+            }]),
+            Frame::Lists(vec![SavedListing {
+                listed: SavedListed::ApiKey("k".into()),
+                allow: false,
+                rule: None,
+                status: 500,
+                until: None,
+                spec: String::new(),
+            }]),
+            Frame::End { frames: 1 },
+            Frame::Overrides(vec![SavedOverride {
+                rule: "window".into(),
+                prefix: true,
+                target: "".into(),
+                limit: 1,
+                burst: None,
+                delay: None,
+                until: None,
+                spec: String::new(),
+            }]),
+        ];
+        for frame in crafted {
+            let shown = format!("{frame:?}");
+            let bytes = file_of(vec![
+                key(0, SavedState::FixedWindow { window, count: 3 }),
+                frame,
+            ]);
+            let store = store();
+            let e = store.restore_state(&bytes).unwrap_err();
+            assert!(matches!(e, StateFileError::Damaged { .. }), "{shown}: {e}");
+            assert_eq!(store.len(RuleId(0)), 0, "{shown}: changed before refusing");
+            assert!(store.overrides().is_empty());
+        }
+        // The count of the last frame cannot overflow either.
+        let mut bytes = file_of(vec![]);
+        let old_end = postcard::to_allocvec(&Frame::End { frames: 1 }).unwrap();
+        bytes.truncate(bytes.len() - 8 - old_end.len());
+        let end = postcard::to_allocvec(&Frame::End { frames: u64::MAX }).unwrap();
+        bytes.extend_from_slice(&(end.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&end).to_le_bytes());
+        bytes.extend_from_slice(&end);
+        assert!(matches!(
+            store().restore_state(&bytes),
+            Err(StateFileError::Damaged { .. })
+        ));
+    }
+
+    #[test]
+    fn the_states_a_store_leaves_are_plausible_and_come_back() {
+        let window = NOW / 60_000_000;
+        let bytes = file_of(vec![
+            key(0, SavedState::FixedWindow { window, count: 20 }),
+            key(
+                1,
+                SavedState::SlidingWindow {
+                    window,
+                    prev: 10,
+                    curr: 20,
+                },
+            ),
+            key(2, SavedState::SlidingLog(vec![(NOW - 1, 1), (NOW, 2)])),
+            key(
+                3,
+                SavedState::Leases {
+                    leases: vec![(NOW + 5, NOW + 5, 2)],
+                    released: vec![(NOW + 1, NOW + 1_000)],
+                },
+            ),
+        ]);
+        let store = store();
+        let restored = store.restore_state(&bytes).unwrap();
+        assert_eq!((restored.keys, restored.keys_left), (4, 0));
+        // A key written twice is held once.
+        let twice = file_of(vec![
+            key(0, SavedState::FixedWindow { window, count: 2 }),
+            key(0, SavedState::FixedWindow { window, count: 3 }),
+        ]);
+        let store = self::store();
+        let restored = store.restore_state(&twice).unwrap();
+        assert_eq!((restored.keys, restored.keys_left), (1, 1));
     }
 }
