@@ -296,28 +296,77 @@ impl RedisStore {
         entry: OverrideEntry,
     ) -> Result<Option<OverrideEntry>, Error> {
         let r = self.rule(rule)?;
-        let (cap, params) = script_view(r, &entry.applied)?;
+        script_view(r, &entry.applied)?;
         let _changing = self.inner.overrides.changing.lock().await;
         self.write_row(&field(r.name(), &target), &value(&entry))
             .await?;
         if let Target::Key(key) = &target {
-            let state = self.stored_key(rule, key)?;
-            let own = format!("{state}:ov");
-            let until = entry.applied.ends_at().unwrap_or(0);
-            let mut set = redis::cmd("SET");
-            set.arg(&own).arg(format!(
-                "{} {cap} {until} {} {} {} {} {}",
-                params[0], params[1], params[2], params[3], params[4], params[5]
-            ));
-            if until > 0 {
-                set.arg("PXAT").arg(until.div_ceil(1000));
-            }
-            let _: () = self.query(&own, &set).await?;
-            if let Some(cache) = &self.inner.deny_cache {
-                cache.forget(&state);
-            }
+            self.write_own(rule, key, &entry.applied).await?;
         }
         Ok(self.inner.overrides.book.set(r.name(), target, entry))
+    }
+
+    /// Writes `key`'s own override `o` of store rule `rule` beside its
+    /// state, with the script's parameters of the rule as this store has
+    /// it; deletes it there if the rule no longer takes it (a reload gave
+    /// it an algorithm that takes none of it: not in force, as in memory).
+    async fn write_own(&self, rule: RuleId, key: &str, o: &Override) -> Result<(), Error> {
+        let r = self.rule(rule)?;
+        let state = self.stored_key(rule, key)?;
+        let own = format!("{state}:ov");
+        match script_view(r, o) {
+            Ok((cap, params)) => {
+                let until = o.ends_at().unwrap_or(0);
+                let mut set = redis::cmd("SET");
+                set.arg(&own).arg(format!(
+                    "{} {cap} {until} {} {} {} {} {}",
+                    params[0], params[1], params[2], params[3], params[4], params[5]
+                ));
+                if until > 0 {
+                    set.arg("PXAT").arg(until.div_ceil(1000));
+                }
+                let _: () = self.query(&own, &set).await?;
+            }
+            Err(_) => {
+                let _: i64 = self.query(&own, redis::cmd("DEL").arg(&own)).await?;
+            }
+        }
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(&state);
+        }
+        Ok(())
+    }
+
+    /// After a reload ([`with_rules`](Self::with_rules)) from a store with
+    /// `previous` rules: writes again, beside each key, the own overrides
+    /// of every rule that changed, so that the script decides them under
+    /// the rule as it is now. A key's own override carries its rule's
+    /// parameters (a bucket's rate, a window's length: the state key of a
+    /// fixed window names its window, so a new window is a new key), made
+    /// when it was set. Returns how many were written.
+    pub async fn rewrite_own_overrides(
+        &self,
+        previous: &[spillway::store::Rule],
+    ) -> Result<usize, Error> {
+        let book = &self.inner.overrides.book;
+        if book.is_empty() {
+            return Ok(0);
+        }
+        let _changing = self.inner.overrides.changing.lock().await;
+        let now = spillway::clock::Clock::now(&spillway::clock::SystemClock);
+        let mut written = 0;
+        for (i, rule) in self.inner.rules.iter().enumerate() {
+            if previous.iter().any(|old| old == rule) {
+                continue;
+            }
+            for (target, entry) in book.list(rule.name(), now) {
+                if let Target::Key(key) = target {
+                    self.write_own(RuleId(i), &key, &entry.applied).await?;
+                    written += 1;
+                }
+            }
+        }
+        Ok(written)
     }
 
     /// Whether store rule `rule` can take `o`: one its algorithm takes

@@ -449,3 +449,76 @@ async fn a_stop_holds_under_the_local_policy_while_redis_is_away() {
     assert_eq!(during.decisions[0].limit, 0);
     assert!(store.check(&one("other")).await.expect("answers").allowed);
 }
+
+/// A reload that changes a rule's window: a key's own override, which
+/// carries its rule's parameters beside the key, is written again under
+/// the new rule (a fixed window's key names its window, so it moves; a
+/// bucket's keeps its name and would keep the old rate).
+#[tokio::test]
+async fn a_reload_that_changes_a_window_writes_the_keys_own_overrides_again() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rules = |window: Duration| {
+        vec![
+            Rule::new("fw", FixedWindow::new(Quota::new(nz(5), window).unwrap())),
+            Rule::new(
+                "tb",
+                TokenBucket::new(Quota::new(nz(10), window).unwrap(), nz(5)),
+            ),
+        ]
+    };
+    let before = RedisStore::connect(
+        Topology::Standalone(server.url()),
+        rules(Duration::from_secs(60)),
+        options(),
+    )
+    .await
+    .expect("connects");
+    for rule in [0, 1] {
+        before
+            .set_override(RuleId(rule), key("k"), entry(Override::limit(600)))
+            .await
+            .expect("sets");
+    }
+    let after = before
+        .with_rules(rules(Duration::from_secs(3600)))
+        .expect("rules");
+    let written = after
+        .rewrite_own_overrides(before.rules())
+        .await
+        .expect("written");
+    assert_eq!(written, 2);
+    let check = |rule, cost| {
+        let after = &after;
+        async move {
+            after
+                .check(&[Check {
+                    rule: RuleId(rule),
+                    key: "k",
+                    cost,
+                }])
+                .await
+                .expect("answers")
+        }
+    };
+    // The fixed window's override holds under its new window's key.
+    assert_eq!(check(0, 1).await.decisions[0].limit, 600);
+    // The bucket's refills at 600 an hour now, not 600 a minute (a cost
+    // is at most the rule's own capacity: 120 of 5).
+    for _ in 0..120 {
+        assert!(check(1, 5).await.allowed);
+    }
+    let denied = check(1, 1).await;
+    assert!(!denied.allowed);
+    let wait = denied.decisions[0].retry_after.expect("a wait");
+    assert!(wait > Duration::from_secs(5), "{wait:?}");
+    // A reload that changes nothing writes nothing.
+    let same = after.with_rules(after.rules().to_vec()).expect("rules");
+    assert_eq!(
+        same.rewrite_own_overrides(after.rules())
+            .await
+            .expect("answers"),
+        0
+    );
+}

@@ -203,6 +203,15 @@ impl Loaded {
             }
         };
         let store = AnyStore { inner, observer };
+        // On Redis a key's own override carries its rule's parameters:
+        // written again for the rules this reload changed.
+        if let (Some(redis), Some(previous)) = (store.redis(), previous)
+            && let Err(e) = redis.rewrite_own_overrides(previous.store().rules()).await
+        {
+            tracing::warn!(error = %e,
+                "the keys' own overrides of the rules this reload changed could not all be \
+                 written again: set them again once Redis answers");
+        }
         overrides_under_every_tier(&config.policy, &store).await;
         let layer = RateLimitLayer::new(config.policy.clone(), store)
             .expect("the store was built from the policy's rules");
