@@ -77,6 +77,13 @@ fn serve(dir: &Path) -> Process {
     )
 }
 
+/// Stops `server` with SIGTERM: it exits 0.
+async fn stop(server: &mut Process) {
+    server.signal("TERM");
+    let status = server.exited_within(Duration::from_secs(20)).await;
+    assert!(status.success(), "{status}: {}", server.log());
+}
+
 /// Charges `key` of `rule` `cost`; its remaining after.
 async fn charge(http: &Http, rule: &str, key: &str, cost: u64) -> u64 {
     let answer = http
@@ -165,13 +172,7 @@ async fn sigterm_then_start_keeps_every_count_and_the_run_time_tables() {
     )
     .await;
     let stopped_at = Instant::now();
-    server.signal("TERM");
-    assert!(
-        server
-            .exited_within(Duration::from_secs(20))
-            .await
-            .success()
-    );
+    stop(&mut server).await;
     assert!(
         server.log().contains("state file written at shutdown"),
         "{}",
@@ -234,13 +235,7 @@ async fn sigterm_then_start_keeps_every_count_and_the_run_time_tables() {
         listed["overrides"][0]["key"], "api_key=client-9",
         "{listed}"
     );
-    server.signal("TERM");
-    assert!(
-        server
-            .exited_within(Duration::from_secs(20))
-            .await
-            .success()
-    );
+    stop(&mut server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,8 +306,7 @@ async fn the_proxy_keeps_its_counts_across_a_restart_too() {
     for _ in 0..7 {
         assert_eq!(get(&proxy).await, 200);
     }
-    proxy.signal("TERM");
-    assert!(proxy.exited_within(Duration::from_secs(20)).await.success());
+    stop(&mut proxy).await;
     let proxy = Process::start("proxy", &args, &dir);
     assert!(proxy.log().contains("keys=1 "), "{}", proxy.log());
     // 3 left of 10, not a fresh 10.
@@ -364,13 +358,7 @@ async fn a_damaged_foreign_or_shared_state_file_stops_the_start_and_says_why() {
         e.contains("another process holds spillway.state.lock"),
         "{e}"
     );
-    server.signal("TERM");
-    assert!(
-        server
-            .exited_within(Duration::from_secs(20))
-            .await
-            .success()
-    );
+    stop(&mut server).await;
     let path = dir.join("spillway.state");
     let good = std::fs::read(&path).unwrap();
 

@@ -352,6 +352,28 @@ struct Writer<W> {
 }
 
 impl<W: Write> Writer<W> {
+    /// A file on `out`: its signature, version and header, written at
+    /// `written_at` with the keys of `rules`.
+    fn start(mut out: W, written_at: Micros, rules: &[crate::store::Rule]) -> io::Result<Self> {
+        out.write_all(SIGNATURE)?;
+        out.write_all(&STATE_FORMAT.to_le_bytes())?;
+        let mut w = Self {
+            out,
+            buf: Vec::new(),
+            frames: 0,
+            bytes: (SIGNATURE.len() + 4) as u64,
+        };
+        let rules = rules
+            .iter()
+            .map(|r| SavedRule {
+                name: r.name().to_string(),
+                meaning: r.algorithm().state_meaning(),
+            })
+            .collect();
+        w.frame(&Frame::Header { written_at, rules })?;
+        Ok(w)
+    }
+
     fn frame(&mut self, frame: &Frame) -> io::Result<()> {
         let buf = std::mem::take(&mut self.buf);
         let mut buf = postcard::to_extend(frame, buf).map_err(io::Error::other)?;
@@ -588,26 +610,7 @@ impl<C: Clock> MemoryStore<C> {
     /// ```
     pub fn save_state(&self, out: impl Write) -> Result<Saved, StateFileError> {
         let now = self.clock.now();
-        let mut w = Writer {
-            out,
-            buf: Vec::new(),
-            frames: 0,
-            bytes: (SIGNATURE.len() + 4) as u64,
-        };
-        w.out.write_all(SIGNATURE)?;
-        w.out.write_all(&STATE_FORMAT.to_le_bytes())?;
-        let rules = self
-            .rules
-            .iter()
-            .map(|r| SavedRule {
-                name: r.name().to_string(),
-                meaning: r.algorithm().state_meaning(),
-            })
-            .collect();
-        w.frame(&Frame::Header {
-            written_at: now,
-            rules,
-        })?;
+        let mut w = Writer::start(out, now, &self.rules)?;
         let mut keys = 0u64;
         for (i, (rule, table)) in self.rules.iter().zip(&self.tables).enumerate() {
             let rule_index = u32::try_from(i).map_err(io::Error::other)?;
@@ -976,26 +979,7 @@ mod tests {
     /// A whole file of `frames` (a header of the four rules first, an end
     /// last), every checksum right.
     fn file_of(frames: Vec<Frame>) -> Vec<u8> {
-        let mut w = Writer {
-            out: Vec::new(),
-            buf: Vec::new(),
-            frames: 0,
-            bytes: 0,
-        };
-        w.out.extend_from_slice(SIGNATURE);
-        w.out.extend_from_slice(&STATE_FORMAT.to_le_bytes());
-        let rules = rules()
-            .iter()
-            .map(|r| SavedRule {
-                name: r.name().to_string(),
-                meaning: r.algorithm().state_meaning(),
-            })
-            .collect();
-        w.frame(&Frame::Header {
-            written_at: NOW,
-            rules,
-        })
-        .unwrap();
+        let mut w = Writer::start(Vec::new(), NOW, &rules()).unwrap();
         for f in frames {
             w.frame(&f).unwrap();
         }
