@@ -132,28 +132,44 @@ wait_for() {
 
 TICKS=$(getconf CLK_TCK)
 
-# The CPU time (user + system, in clock ticks) used so far by the
-# processes $1 (one PID, or several separated by spaces) and their child
-# processes (nginx's workers).
+# The CPU time used so far by the processes $1 (one PID, or several
+# separated by spaces) and their child processes (nginx's workers), in
+# clock ticks: "USER SYSTEM" (/proc/PID/stat's utime and stime).
 cpu_ticks() {
-    local total=0 root pid
+    local user=0 system=0 root pid u s
     for root in $1; do
         for pid in "$root" $(pgrep -P "$root" || true); do
-            total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+            read -r u s < <(awk '{print $14, $15}' "/proc/$pid/stat" 2>/dev/null || echo 0 0)
+            user=$((user + u)) system=$((system + s))
         done
     done
-    echo "$total"
+    echo "$user $system"
 }
 
-# wrk's requests/s, p99 (ms), non-2xx count, and the CPU time the server
-# process $BENCH_PID took per request (us; 0 without one), as
-# "RATE P99 BAD CPU". Throughput here moves with whatever else the shared
-# machine runs; the CPU a request costs moves less.
+# How many connections the upstream nginx has accepted so far (its
+# stub_status), or 0 when there is none.
+upstream_accepts() {
+    [[ -n ${UP_STATUS:-} ]] || {
+        echo 0
+        return
+    }
+    curl -fsS --max-time 1 "$UP_STATUS" | awk 'NR == 3 {print $1}'
+}
+
+# wrk's requests/s, p99 (ms), non-2xx count, the CPU time the server
+# process $BENCH_PID took per request (us; 0 without one), that time's user
+# and system parts, and how many connections the upstream accepted meanwhile
+# (a proxy that keeps its upstream connections alive opens about one per
+# client connection, once), as "RATE P99 BAD CPU USER SYS UPCONNS".
+# Throughput here moves with whatever else the shared machine runs; the CPU
+# a request costs moves less.
 run_wrk() {
-    local out c0=0 c1=0
-    [[ -n ${BENCH_PID:-} ]] && c0=$(cpu_ticks "$BENCH_PID")
+    local out u0=0 s0=0 u1=0 s1=0 a0 a1
+    [[ -n ${BENCH_PID:-} ]] && read -r u0 s0 < <(cpu_ticks "$BENCH_PID")
+    a0=$(upstream_accepts)
     out=$(timeout $((SECS + 20)) "${LOAD[@]}" wrk "-t$THREADS" "-c$CONNS" "-d${SECS}s" --timeout 5s --latency "$@")
-    [[ -n ${BENCH_PID:-} ]] && c1=$(cpu_ticks "$BENCH_PID")
+    [[ -n ${BENCH_PID:-} ]] && read -r u1 s1 < <(cpu_ticks "$BENCH_PID")
+    a1=$(upstream_accepts)
     echo "$out" >>"$WORK/wrk.log"
     local rate p99 bad unit errs count cpu
     rate=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
@@ -170,8 +186,11 @@ run_wrk() {
     s) p99=$(awk -v v="$p99" 'BEGIN {print v * 1000}') ;;
     esac
     count=$(awk '/requests in/ {print $1}' <<<"$out")
-    cpu=$(awk -v t=$((c1 - c0)) -v hz="$TICKS" -v n="${count:-0}" 'BEGIN {print (n > 0 ? t * 1e6 / hz / n : 0)}')
-    echo "${rate:-0} ${p99:-0} ${bad:-0} ${cpu}"
+    local per='BEGIN {print (n > 0 ? t * 1e6 / hz / n : 0)}' user system
+    cpu=$(awk -v t=$((u1 - u0 + s1 - s0)) -v hz="$TICKS" -v n="${count:-0}" "$per")
+    user=$(awk -v t=$((u1 - u0)) -v hz="$TICKS" -v n="${count:-0}" "$per")
+    system=$(awk -v t=$((s1 - s0)) -v hz="$TICKS" -v n="${count:-0}" "$per")
+    echo "${rate:-0} ${p99:-0} ${bad:-0} ${cpu} ${user} ${system} $((a1 - a0))"
 }
 
 median() {
@@ -182,7 +201,7 @@ median() {
 # compare LABEL_A FUNC_A LABEL_B FUNC_B, each FUNC running `run_wrk ...`.
 compare() {
     local la=$1 fa=$2 lb=$3 fb=$4
-    local ra=() rb=() pa=() pb=() ca=() cb=() r p bad c
+    local ra=() rb=() pa=() pb=() ca=() cb=() ua=() ub=() sa=() sb=() r p bad c u s up
     # Warm-up: 2 s each.
     local save=$SECS
     SECS=2
@@ -190,21 +209,23 @@ compare() {
     "$fb" >/dev/null
     SECS=$save
     for i in $(seq "$ROUNDS"); do
-        read -r r p bad c < <("$fa")
-        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req  non-2xx %s  (load %s)\n' \
-            "$i" "$la" "$r" "$p" "$c" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
-        ra+=("$r") pa+=("$p") ca+=("$c")
-        read -r r p bad c < <("$fb")
-        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req  non-2xx %s  (load %s)\n' \
-            "$i" "$lb" "$r" "$p" "$c" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
-        rb+=("$r") pb+=("$p") cb+=("$c")
+        read -r r p bad c u s up < <("$fa")
+        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req (user %.1f, system %.1f)  upstream conns %s  non-2xx %s  (load %s)\n' \
+            "$i" "$la" "$r" "$p" "$c" "$u" "$s" "$up" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
+        ra+=("$r") pa+=("$p") ca+=("$c") ua+=("$u") sa+=("$s")
+        read -r r p bad c u s up < <("$fb")
+        printf '  round %d  %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req (user %.1f, system %.1f)  upstream conns %s  non-2xx %s  (load %s)\n' \
+            "$i" "$lb" "$r" "$p" "$c" "$u" "$s" "$up" "$bad" "$(cut -d' ' -f1 /proc/loadavg)"
+        rb+=("$r") pb+=("$p") cb+=("$c") ub+=("$u") sb+=("$s")
     done
     local mra mrb mpa mpb mca mcb
     mra=$(median "${ra[@]}") mrb=$(median "${rb[@]}")
     mpa=$(median "${pa[@]}") mpb=$(median "${pb[@]}")
     mca=$(median "${ca[@]}") mcb=$(median "${cb[@]}")
-    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req\n' "$la" "$mra" "$mpa" "$mca"
-    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req\n' "$lb" "$mrb" "$mpb" "$mcb"
+    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req (user %.1f, system %.1f)\n' \
+        "$la" "$mra" "$mpa" "$mca" "$(median "${ua[@]}")" "$(median "${sa[@]}")"
+    printf '  median   %-24s %9.0f req/s  p99 %7.2f ms  cpu %5.1f us/req (user %.1f, system %.1f)\n' \
+        "$lb" "$mrb" "$mpb" "$mcb" "$(median "${ub[@]}")" "$(median "${sb[@]}")"
     awk -v a="$mra" -v b="$mrb" -v pa="$mpa" -v pb="$mpb" -v ca="$mca" -v cb="$mcb" -v la="$la" -v lb="$lb" \
         'BEGIN {printf "  RATIO    %s / %s: throughput %.2fx; p99 %.2f ms vs %.2f ms; cpu per request %.1f vs %.1f us\n", la, lb, a / b, pa, pb, ca, cb}'
 }
@@ -227,8 +248,10 @@ if [[ ,$PARTS, == *,versions,* ]]; then
     server {
         listen 127.0.0.1:$UP_PORT;
         location / { default_type text/plain; return 200 "hello\n"; }
+        location = /upstream-status { stub_status; }
     }
 EOF
+UP_STATUS="http://127.0.0.1:$UP_PORT/upstream-status"
     nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log" 2>&1 &
     PIDS+=($!)
     wait_for "http://127.0.0.1:$UP_PORT/"
@@ -354,8 +377,10 @@ nginx_conf "$WORK/up" 1 <<EOF
     server {
         listen 127.0.0.1:$UP_PORT;
         location / { default_type text/plain; return 200 "hello\n"; }
+        location = /upstream-status { stub_status; }
     }
 EOF
+UP_STATUS="http://127.0.0.1:$UP_PORT/upstream-status"
 # The peer: limit_req with a zone that never denies, proxying with pooled
 # keep-alive connections and the X-Forwarded-* headers spillway proxy writes.
 nginx_conf "$WORK/ng" "$NGINX_WORKERS" <<EOF
