@@ -28,9 +28,8 @@
 # Each side is measured with the same wrk (-t$BENCH_THREADS -c$BENCH_CONNS,
 # -d$BENCH_SECONDS s), the two sides alternating, $BENCH_ROUNDS rounds; the
 # medians are compared, with the CPU time each server process (nginx: its
-# workers too) took per request. BENCH_PARTS=check, =proxy, =hook or
-# =workers (the proxy's worker threads against one accept loop, as before
-# issue 31) runs one part. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
+# workers too) took per request. BENCH_PARTS=check, =proxy or =hook runs one
+# part. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
 # (about 4.5 minutes once built). Every process started here is stopped by its
 # PID on exit.
 #
@@ -368,9 +367,8 @@ kill "$SW_PID" 2>/dev/null || true
 fi
 
 # ---- 2. spillway proxy vs nginx limit_req, same upstream --------------------
-# The upstream and the nginx limit_req peer serve parts 2 and 3 (and the
-# workers comparison).
-if [[ ,$PARTS, == *,proxy,* || ,$PARTS, == *,hook,* || ,$PARTS, == *,workers,* ]]; then
+# The upstream and the nginx limit_req peer serve parts 2 and 3.
+if [[ ,$PARTS, == *,proxy,* || ,$PARTS, == *,hook,* ]]; then
 
 UP_PORT=$(free_port)
 NG_PORT=$(free_port)
@@ -410,28 +408,6 @@ PIDS+=($!)
 NG_PID=$!
 wait_for "http://127.0.0.1:$UP_PORT/"
 wait_for "http://127.0.0.1:$NG_PORT/"
-fi
-
-# BENCH_PARTS=workers: the proxy with one worker thread per CPU (the
-# default) against the same build with `[proxy] workers = 1` (one accept
-# loop on the multi-threaded runtime, as before issue 31), alternating.
-if [[ ,$PARTS, == *,workers,* ]]; then
-    for which in default one; do
-        cfg=$WORK/proxy-$which.toml
-        cp "$HERE/bench.toml" "$cfg"
-        [[ $which == one ]] && printf '\n[proxy]\nworkers = 1\n' >>"$cfg"
-        port=$(free_port)
-        "${SERVE[@]}" "$SPILLWAY" proxy --config "$cfg" --listen "127.0.0.1:$port" \
-            --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/proxy-$which.log" 2>&1 &
-        PIDS+=($!)
-        eval "WK_${which}_PID=$! WK_${which}_PORT=$port"
-        wait_for "http://127.0.0.1:$port/"
-    done
-    echo "== GET / through the proxy: a worker per CPU vs workers = 1"
-    side_wk_default() { BENCH_PID=$WK_default_PID run_wrk "http://127.0.0.1:$WK_default_PORT/"; }
-    side_wk_one() { BENCH_PID=$WK_one_PID run_wrk "http://127.0.0.1:$WK_one_PORT/"; }
-    compare "workers per CPU" side_wk_default "workers = 1" side_wk_one
-    kill "$WK_default_PID" "$WK_one_PID" 2>/dev/null || true
 fi
 
 if [[ ,$PARTS, == *,proxy,* ]]; then

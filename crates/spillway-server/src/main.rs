@@ -284,9 +284,6 @@ fn proxy(args: ProxyArgs) -> Result<(), String> {
         max_connections: config.server.max_connections.get(),
         drain_timeout: config.server.drain_timeout,
         bounds: config.proxy_bounds,
-        workers: config.proxy_bounds.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
-        }),
         ..ProxyOptions::default()
     };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;

@@ -56,29 +56,8 @@ async fn wait_up_to<T>(limit: Option<Duration>, what: &str, step: impl Future<Ou
     }
 }
 
-/// Starts a proxy with `config` in front of `upstream`, with two worker
-/// threads as the binary has on two CPUs (each its own runtime, on the
-/// wall clock); returns its address.
+/// Starts a proxy with `config` in front of `upstream`; returns its address.
 async fn start_proxy(config: &str, upstream: SocketAddr) -> SocketAddr {
-    start_proxy_with(config, upstream, 2).await
-}
-
-/// [`start_proxy`] with `workers` worker threads: 1 serves on the test's
-/// runtime, whose clock the test may pause.
-async fn start_proxy_with(config: &str, upstream: SocketAddr, workers: usize) -> SocketAddr {
-    let options = ProxyOptions {
-        workers: std::num::NonZeroUsize::new(workers).expect("a worker"),
-        ..ProxyOptions::default()
-    };
-    start_proxy_options(config, upstream, options).await
-}
-
-/// [`start_proxy`] with `options`.
-async fn start_proxy_options(
-    config: &str,
-    upstream: SocketAddr,
-    options: ProxyOptions,
-) -> SocketAddr {
     clock_support::clear_of_a_minute_boundary();
     let config = Config::parse(config).expect("a valid config");
     let engine = Loaded::build(config, None, None).await.expect("an engine");
@@ -89,7 +68,7 @@ async fn start_proxy_options(
         listener,
         upstream,
         Arc::new(Live::new(engine)),
-        options,
+        ProxyOptions::default(),
         std::future::pending(),
     ));
     addr
@@ -1590,7 +1569,7 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
         }
     })
     .await;
-    let proxy = start_proxy_with(GENEROUS, upstream.addr, 1).await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
     let mut client = TcpStream::connect(proxy).await.expect("connect");
     client.write_all(&get("/big")).await.expect("write");
     let started = tokio::time::Instant::now();
@@ -1615,7 +1594,7 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
 #[tokio::test(start_paused = true)]
 async fn slow_and_idle_clients_are_closed_after_the_head_timeout() {
     let upstream = RawUpstream::echo().await;
-    let proxy = start_proxy_with(GENEROUS, upstream.addr, 1).await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
     let cases: [(&str, &[u8]); 3] = [
         ("silent since it connected", b""),
         ("half a head", b"GET /h HTTP/1.1\r\nHost: a\r\n"),
@@ -1658,29 +1637,4 @@ async fn connection_from_a_trusted_peer_cannot_erase_the_forwarding_chain() {
         ["203.0.113.9", "127.0.0.1"]
     );
     assert_eq!(headers.all("x-forwarded-proto"), ["https"]);
-}
-
-/// The cap on client connections is the process's, whichever worker thread
-/// accepted them: with two workers and a cap of 4, a fifth connection is
-/// answered 503 while four are open (a cap per worker would let it in).
-#[tokio::test]
-async fn the_connection_cap_holds_across_worker_threads() {
-    let upstream = RawUpstream::echo().await;
-    let options = ProxyOptions {
-        workers: std::num::NonZeroUsize::new(2).expect("two"),
-        max_connections: 4,
-        ..ProxyOptions::default()
-    };
-    let proxy = start_proxy_options(GENEROUS, upstream.addr, options).await;
-    let mut open = Vec::new();
-    for i in 0..4 {
-        let mut client = Wire::connect(proxy).await;
-        let response = client.exchange(&get(&format!("/open-{i}"))).await;
-        assert_eq!(response.status, 200, "connection {i}");
-        open.push(client);
-    }
-    let mut fifth = Wire::connect(proxy).await;
-    let response = fifth.exchange(&get("/fifth")).await;
-    assert_eq!(response.status, 503);
-    drop(open);
 }

@@ -60,7 +60,6 @@ fn settings(state: &State) -> Settings {
         open: Some(open),
         refused: Some(refused),
         drain_timeout: server.drain_timeout,
-        slots: None,
     };
     Settings {
         timeouts,

@@ -115,9 +115,6 @@ pub struct ProxyBounds {
     /// once; past it, a body is forwarded unread and reserves the most.
     /// Default 256 MiB.
     pub max_read_bodies: NonZeroUsize,
-    /// How many threads serve the client connections, each a runtime of
-    /// its own (`ProxyOptions::workers`); `None`: one per CPU.
-    pub workers: Option<NonZeroUsize>,
 }
 
 impl Default for ProxyBounds {
@@ -129,7 +126,6 @@ impl Default for ProxyBounds {
             max_held: NonZeroUsize::new(10_000).expect("nonzero"),
             max_read_body: NonZeroUsize::new(1 << 20).expect("nonzero"),
             max_read_bodies: NonZeroUsize::new(256 << 20).expect("nonzero"),
-            workers: None,
         }
     }
 }
@@ -147,7 +143,6 @@ pub(super) struct RawProxy {
     merge_slashes: Option<bool>,
     escaped_slashes: Option<Spanned<String>>,
     underscores_in_headers: Option<bool>,
-    workers: Option<Spanned<u64>>,
 }
 
 /// `[proxy]`: how the proxy normalizes a request's target.
@@ -215,13 +210,6 @@ pub(super) fn convert_proxy_bounds(
             defaults.max_read_bodies,
             lines,
         )?,
-        workers: match &raw.workers {
-            None => defaults.workers,
-            Some(n) => {
-                let n = within(n, "proxy.workers", 1024)?;
-                NonZeroUsize::new(n as usize)
-            }
-        },
     })
 }
 

@@ -888,19 +888,3 @@ fn a_relative_state_file_is_beside_the_configuration_file() {
         std::path::Path::new("/var/lib/s")
     );
 }
-
-#[test]
-fn proxy_workers_are_one_per_cpu_unless_set_and_bounded() {
-    let workers = |text: &str| Config::parse(text).unwrap().proxy_bounds.workers;
-    assert_eq!(workers(RULE), None);
-    assert_eq!(workers("[proxy]\nworkers = 4\n").map(|n| n.get()), Some(4));
-    for bad in ["0", "1025"] {
-        let e = error(&format!("[proxy]\nworkers = {bad}\n"));
-        assert_eq!(
-            (e.line, e.field.as_str()),
-            (Some(2), "proxy.workers"),
-            "{e}"
-        );
-        assert!(e.message.contains("between 1 and 1024"), "{e}");
-    }
-}

@@ -84,9 +84,6 @@ pub(crate) struct Accepting {
     /// The longest the server waits, once stopping, for its connections to
     /// finish; then the ones still open are closed.
     pub(crate) drain_timeout: Duration,
-    /// The places under `max_connections`, when several accept loops share
-    /// them (one per worker thread); each loop has its own otherwise.
-    pub(crate) slots: Option<std::sync::Arc<tokio::sync::Semaphore>>,
 }
 
 impl Default for Accepting {
@@ -96,7 +93,6 @@ impl Default for Accepting {
             open: None,
             refused: None,
             drain_timeout: DRAIN_TIMEOUT,
-            slots: None,
         }
     }
 }
@@ -153,9 +149,7 @@ pub(crate) async fn serve_connections_with<F>(
     // Turned true when the drain has taken too long: every connection's
     // task then ends at once.
     let (abort, aborted) = watch::channel(false);
-    let slots = accepting.slots.clone().unwrap_or_else(|| {
-        std::sync::Arc::new(tokio::sync::Semaphore::new(accepting.max_connections))
-    });
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(accepting.max_connections));
     let mut shutdown = std::pin::pin!(shutdown);
     let mut start = |stream: TcpStream, peer: SocketAddr| {
         let Ok(permit) = slots.clone().try_acquire_owned() else {

@@ -167,12 +167,6 @@ pub struct ProxyOptions {
     /// 503; and how many requests are held for their shaping turn (past it,
     /// 503). `[proxy]` in the binary; see `docs/proxy.md`.
     pub bounds: ProxyBounds,
-    /// How many threads serve the client connections, each with a runtime
-    /// of its own that serves a connection and its upstream connection to
-    /// the end (nginx's workers); with 1, the connections are served on the
-    /// runtime that runs the proxy (whose clock a test may pause). Default
-    /// 1; in the binary `[proxy] workers`, one per CPU unless set.
-    pub workers: std::num::NonZeroUsize,
 }
 
 impl Default for ProxyOptions {
@@ -189,7 +183,6 @@ impl Default for ProxyOptions {
             max_connections: 10_000,
             drain_timeout: crate::http1::DRAIN_TIMEOUT,
             bounds: ProxyBounds::default(),
-            workers: std::num::NonZeroUsize::MIN,
         }
     }
 }

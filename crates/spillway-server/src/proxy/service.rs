@@ -4,7 +4,6 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::os::fd::AsFd;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -216,7 +215,6 @@ impl<C: Connector> Proxy<C> {
             drain_timeout: self.options.drain_timeout,
             ..http1::Accepting::default()
         };
-        let workers = self.options.workers.get();
         let relay = Arc::new(Relay {
             timeouts: http1::Timeouts {
                 head: self.options.head_timeout,
@@ -227,75 +225,10 @@ impl<C: Connector> Proxy<C> {
             held: HoldCap::new(self.options.bounds.max_held),
             proxy: self,
         });
-        if workers == 1 {
-            http1::serve_connections_with(listener, shutdown, accepting, |stream, peer, life| {
-                relay::serve(relay.clone(), stream, peer, life)
-            })
-            .await;
-            return Ok(());
-        }
-        // nginx's worker model: a thread per worker, each with a runtime of
-        // its own that accepts from the listening socket (shared, as
-        // nginx's workers share theirs unless told `reuseport`) and serves
-        // its connections to the end, upstream connections included, so
-        // that nothing a request does wakes another thread. The cap on
-        // connections is the process's, shared.
-        let accepting = http1::Accepting {
-            slots: Some(Arc::new(tokio::sync::Semaphore::new(
-                accepting.max_connections,
-            ))),
-            ..accepting
-        };
-        let (stop, stopping) = tokio::sync::watch::channel(false);
-        let mut done = Vec::with_capacity(workers);
-        for i in 0..workers {
-            let listener = listener.as_fd().try_clone_to_owned()?;
-            let listener = std::net::TcpListener::from(listener);
-            let (relay, accepting) = (relay.clone(), accepting.clone());
-            let mut stopping = stopping.clone();
-            let (finished, finishing) = tokio::sync::oneshot::channel::<()>();
-            std::thread::Builder::new()
-                .name(format!("proxy-worker-{i}"))
-                .spawn(move || {
-                    let runtime = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(runtime) => runtime,
-                        Err(e) => {
-                            tracing::error!(error = %e, "a proxy worker could not start");
-                            return;
-                        }
-                    };
-                    runtime.block_on(async move {
-                        let listener = match TcpListener::from_std(listener) {
-                            Ok(listener) => listener,
-                            Err(e) => {
-                                tracing::error!(error = %e, "a proxy worker could not listen");
-                                return;
-                            }
-                        };
-                        let shutdown = async move {
-                            let _ = stopping.wait_for(|&stop| stop).await;
-                        };
-                        http1::serve_connections_with(
-                            listener,
-                            shutdown,
-                            accepting,
-                            |stream, peer, life| relay::serve(relay.clone(), stream, peer, life),
-                        )
-                        .await;
-                    });
-                    drop(finished);
-                })?;
-            done.push(finishing);
-        }
-        drop(listener);
-        shutdown.await;
-        let _ = stop.send(true);
-        for finishing in done {
-            let _ = finishing.await;
-        }
+        http1::serve_connections_with(listener, shutdown, accepting, |stream, peer, life| {
+            relay::serve(relay.clone(), stream, peer, life)
+        })
+        .await;
         Ok(())
     }
 }
