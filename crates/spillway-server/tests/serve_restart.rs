@@ -262,6 +262,19 @@ async fn sigkill_loses_at_most_what_was_admitted_since_the_last_write() {
         assert!(Instant::now() < deadline, "no write within 10 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The gauge says when the last whole file was written: just now.
+    let written_at = http
+        .metric("spillway_state_file_written_timestamp_seconds")
+        .await
+        .expect("the gauge");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (now - 5.0..=now + 1.0).contains(&written_at),
+        "{written_at} vs {now}"
+    );
     // 25 more, and killed at once: no chance to write them.
     for _ in 0..25 {
         charge(&http, "log", "ip=203.0.113.1", 1).await;
