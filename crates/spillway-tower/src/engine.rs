@@ -1208,6 +1208,10 @@ impl<St: Store> Engine<St> {
     /// ([`HeaderOptions`](crate::HeaderOptions)); empty when no rule
     /// decided or no header is to be sent.
     pub fn fields(&self, ruling: &Ruling) -> RateLimitFields {
+        let options = &self.policy.headers;
+        if !(options.legacy || options.ietf || options.openai) {
+            return RateLimitFields::default();
+        }
         self.described(ruling).fields(self)
     }
 

@@ -5,11 +5,111 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::{HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 
-/// The future [`RateLimit`](crate::RateLimit) returns: the store's decision,
-/// an optional shaping delay, then the inner service's response.
-pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'static>>;
+use crate::headers::RateLimitFields;
+use crate::metered::Metering;
+
+/// A boxed future of a response: what [`ReadRequest`](crate::ReadRequest)
+/// returns, and what [`ResponseFuture`] holds when a request waits (for a
+/// store that must be waited for, or for its shaping turn).
+pub type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'static>>;
+
+pin_project! {
+    /// The future [`RateLimit`](crate::RateLimit) returns, for an inner
+    /// service whose future is `F` and whose body is `B`: an admitted
+    /// request's inner response (with the rate-limit header fields added
+    /// when it comes), an answer of the limiter's own, or a request that
+    /// waits (boxed: the store's decision or its shaping turn first).
+    /// Not boxed on the paths every request takes.
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        state: State<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B, E> {
+        Inner { #[pin] future: F, finish: Option<Finish> },
+        Ready { response: Option<Response<ResponseBody<B>>> },
+        Waits { future: BoxFuture<Response<ResponseBody<B>>, E> },
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    /// The inner service's future, whose response `finish` completes.
+    pub(crate) fn inner(future: F, finish: Finish) -> Self {
+        let finish = Some(finish);
+        Self {
+            state: State::Inner { future, finish },
+        }
+    }
+
+    /// An answer ready now.
+    pub(crate) fn ready(response: Response<ResponseBody<B>>) -> Self {
+        let response = Some(response);
+        Self {
+            state: State::Ready { response },
+        }
+    }
+
+    /// A request that waits before it is answered.
+    pub(crate) fn waits(future: BoxFuture<Response<ResponseBody<B>>, E>) -> Self {
+        Self {
+            state: State::Waits { future },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner { future, finish } => {
+                let res = std::task::ready!(future.poll(cx))?;
+                let finish = finish.take().expect("polled after it was ready");
+                Poll::Ready(Ok(finish.apply(res)))
+            }
+            StateProj::Ready { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after it was ready")))
+            }
+            StateProj::Waits { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+/// What an admitted request's response gets when it comes: the rate-limit
+/// header fields (made when the request was decided), the mark of a
+/// `degrade` rule that let it through, and the metering of a budget's
+/// response or a concurrency rule's slot.
+pub(crate) struct Finish {
+    pub(crate) fields: RateLimitFields,
+    pub(crate) limited: Option<HeaderValue>,
+    pub(crate) metering: Option<Box<Metering>>,
+}
+
+impl Finish {
+    /// The inner service's response, finished.
+    pub(crate) fn apply<B>(self, res: Response<B>) -> Response<ResponseBody<B>> {
+        let mut res = match self.metering {
+            Some(metering) => metering.start(res),
+            None => res.map(ResponseBody::inner),
+        };
+        let headers = res.headers_mut();
+        self.fields.write_to(headers);
+        if let Some(v) = self.limited {
+            headers.insert(crate::X_SPILLWAY_LIMITED, v);
+        }
+        res
+    }
+}
 
 pub use body::ResponseBody;
 use body::ResponseBodyProj;

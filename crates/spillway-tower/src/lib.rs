@@ -59,7 +59,7 @@ pub use engine::{
     OverCapacity, Reported, RuleOutcome, Ruling, Settled, Unplanned, retry_after_secs,
 };
 pub use error::RuleMismatch;
-pub use future::{ResponseBody, ResponseFuture};
+pub use future::{BoxFuture, ResponseBody, ResponseFuture};
 pub use headers::{HeaderOptions, RateLimitFields, ResetFormat};
 pub use key::{
     ClientAddr, Clients, Credential, ForwardedHeader, Ipv6Prefix, KeyPart, Tier, UserId,

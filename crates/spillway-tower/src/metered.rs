@@ -403,7 +403,10 @@ impl Metering {
 
     /// Reads what the response's head says (its status, a measure's
     /// header, its type) and meters its body.
-    pub(crate) fn start<B>(mut self, res: Response<B>) -> Response<crate::ResponseBody<B>> {
+    pub(crate) fn start<B>(
+        mut self: Box<Self>,
+        res: Response<B>,
+    ) -> Response<crate::ResponseBody<B>> {
         let (head, body) = res.into_parts();
         self.status = head.status.as_u16();
         self.unanswered = head.extensions.get::<Unanswered>().is_some();
@@ -443,7 +446,7 @@ impl Metering {
         // What the client has been sent so far: the prompt's estimate, which
         // a stream cut before its first event still costs.
         self.sent = self.meters.iter().map(|(_, m)| m.counted()).collect();
-        let metering = Box::new(self);
+        let metering = self;
         Response::from_parts(head, crate::ResponseBody::Metered { body, metering })
     }
 

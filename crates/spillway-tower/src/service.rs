@@ -15,10 +15,9 @@ use spillway::store::Store;
 use tower_service::Service;
 
 use crate::budget::RequestReserve;
-use crate::engine::{
-    Asking, Described, Engine, Held, Outcome, RuleOutcome, Ruling, Small, Unplanned,
-};
-use crate::future::{ResponseBody, ResponseFuture};
+use crate::engine::{Asking, Engine, Held, Outcome, RuleOutcome, Ruling, Small, Unplanned};
+use crate::future::{Finish, ResponseBody, ResponseFuture};
+use crate::headers::RateLimitFields;
 use crate::metered::{Budgets, Metering, keep_leases};
 use crate::response;
 use crate::rules::Policy;
@@ -223,7 +222,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<Self::Response, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Only the inner service's readiness: denials are answered at once
@@ -246,15 +245,14 @@ where
             Err(unplanned @ (Unplanned::BadRequest(_) | Unplanned::Blocked { .. })) => {
                 let served = Served {
                     outcome: unplanned.outcome().expect("a refusal"),
-                    described: Described::default(),
+                    fields: RateLimitFields::default(),
                     held: None,
                     violated: Small::new(),
                 };
                 return respond(engine, inner, parts, body, served);
             }
             Err(Unplanned::NoClientAddr(index)) => {
-                let res = no_client_addr(engine, index, &parts);
-                return Box::pin(std::future::ready(Ok(res)));
+                return ResponseFuture::ready(no_client_addr(engine, index, &parts));
             }
         };
         match engine.decide_now(charges, Asking::default()) {
@@ -262,10 +260,10 @@ where
             // The store has to be waited for.
             Err(charges) => {
                 let engine = engine.clone();
-                Box::pin(async move {
+                ResponseFuture::waits(Box::pin(async move {
                     let ruling = engine.decide(charges, Asking::default()).await;
                     serve(&engine, inner, parts, body, ruling).await
-                })
+                }))
             }
         }
     }
@@ -308,8 +306,8 @@ fn nobody_hears_tracing() -> bool {
 /// answer needs.
 struct Served<'e> {
     outcome: Outcome,
-    // What the rate-limit header fields are made of.
-    described: Described,
+    // The rate-limit header fields, made when the request was decided.
+    fields: RateLimitFields,
     // What a shaped request gives back if it is abandoned.
     held: Option<Held>,
     // The rules that denied the request, in policy order: a quota-exceeded
@@ -324,7 +322,7 @@ fn serve<S, St, ReqBody, ResBody>(
     parts: Parts,
     body: ReqBody,
     ruling: Ruling,
-) -> ResponseFuture<Response<ResponseBody<ResBody>>, S::Error>
+) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -333,7 +331,7 @@ where
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
-    let described = engine.described(&ruling);
+    let fields = engine.fields(&ruling);
     // Every charge that denied the request, not only the one whose wait the
     // 429 gives; looked for only when there is a 429 to write.
     let violated = match ruling.outcome() {
@@ -349,7 +347,7 @@ where
     let (outcome, held) = ruling.into_outcome(hold);
     let served = Served {
         outcome,
-        described,
+        fields,
         held,
         violated,
     };
@@ -365,7 +363,7 @@ fn respond<S, St, ReqBody, ResBody>(
     mut parts: Parts,
     body: ReqBody,
     served: Served<'_>,
-) -> ResponseFuture<Response<ResponseBody<ResBody>>, S::Error>
+) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -376,17 +374,21 @@ where
 {
     let Served {
         outcome,
-        described,
+        fields,
         held,
         violated,
     } = served;
     let policy = engine.policy();
-    let answer = |res| -> ResponseFuture<_, S::Error> { Box::pin(std::future::ready(Ok(res))) };
+    let answer = ResponseFuture::ready;
     let grpc = || response::is_grpc(&parts.headers);
     let (delay, limited) = match outcome {
         Outcome::Unlimited => {
-            let response = inner.call(Request::from_parts(parts, body));
-            return Box::pin(async move { Ok(response.await?.map(ResponseBody::inner)) });
+            let finish = Finish {
+                fields,
+                limited: None,
+                metering: None,
+            };
+            return ResponseFuture::inner(inner.call(Request::from_parts(parts, body)), finish);
         }
         // gRPC clients get gRPC statuses: INVALID_ARGUMENT, UNAVAILABLE,
         // RESOURCE_EXHAUSTED.
@@ -426,14 +428,13 @@ where
         } => {
             let retry = outcome.retry_after_secs().expect("a rejection");
             let mut res = rejected(policy, rule, &violated, retry, status, grpc());
-            described.fields(engine).write_to(res.headers_mut());
+            fields.write_to(res.headers_mut());
             return answer(res);
         }
         Outcome::Admitted { delay, limited, .. } => (delay, limited),
     };
     let grpc = grpc();
     let limited_header = mark_limited(&mut parts, limited);
-    let owner = Arc::clone(engine);
     // Looked for only under a policy with budgets: this is every admitted
     // request's path.
     let prompt = match engine.budgets {
@@ -448,23 +449,16 @@ where
     let meter = move |held: Option<Held>, engine: &Arc<Engine<St>>| {
         let held = held.filter(|_| engine.budgets || engine.leases)?;
         let budgets: Arc<dyn Budgets> = engine.clone();
-        Metering::new(budgets, held, prompt)
+        Metering::new(budgets, held, prompt).map(Box::new)
     };
     let meter_keeping = move |held: Option<Held>, leases, engine: &Arc<Engine<St>>| {
         let budgets: Arc<dyn Budgets> = engine.clone();
-        Metering::keeping(budgets, held, prompt, leases)
+        Metering::keeping(budgets, held, prompt, leases).map(Box::new)
     };
-    let finish = move |res: Response<ResBody>, metering: Option<Metering>| {
-        let mut res = match metering {
-            Some(metering) => metering.start(res),
-            None => res.map(ResponseBody::inner),
-        };
-        let headers = res.headers_mut();
-        described.fields(&owner).write_to(headers);
-        if let Some(v) = limited_header {
-            headers.insert(X_SPILLWAY_LIMITED, v);
-        }
-        res
+    let finish = move |metering: Option<Box<Metering>>| Finish {
+        fields,
+        limited: limited_header,
+        metering,
     };
     // Shaping: hold the request until its turn. If the client goes away
     // meanwhile, or the server stops (see `Draining`), the charges are given
@@ -496,7 +490,7 @@ where
             None => None,
         };
         let draining = parts.extensions.get::<Draining>().cloned();
-        return Box::pin(async move {
+        return ResponseFuture::waits(Box::pin(async move {
             let turn = tokio::time::Instant::now() + delay;
             if let Some(draining) = draining {
                 tokio::select! {
@@ -512,18 +506,18 @@ where
                 tokio::time::sleep_until(turn).await;
             }
             let metering = meter_keeping(guard.disarm(), leases, &engine);
-            unencoded(&mut parts, metering.as_ref());
+            unencoded(&mut parts, metering.as_deref());
             drop(place);
-            Ok(finish(
-                inner.call(Request::from_parts(parts, body)).await?,
-                metering,
-            ))
-        });
+            let res = inner.call(Request::from_parts(parts, body)).await?;
+            Ok(finish(metering).apply(res))
+        }));
     }
     let metering = meter(held, engine);
-    unencoded(&mut parts, metering.as_ref());
-    let response = inner.call(Request::from_parts(parts, body));
-    Box::pin(async move { Ok(finish(response.await?, metering)) })
+    unencoded(&mut parts, metering.as_deref());
+    ResponseFuture::inner(
+        inner.call(Request::from_parts(parts, body)),
+        finish(metering),
+    )
 }
 
 /// Asks for a response whose body a budget rule reads in no content

@@ -64,7 +64,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::budget::RequestReserve;
-use crate::future::ResponseFuture;
+use crate::future::BoxFuture;
 use crate::problem::{PROBLEM_JSON, Problem};
 
 /// Reads the JSON body of each request for the numbers a budget rule
@@ -312,7 +312,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<Response<ResBody>, S::Error>;
+    type Future = BoxFuture<Response<ResBody>, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
