@@ -353,16 +353,8 @@ pub struct Asking {
 pub struct Ruling {
     outcome: Outcome,
     charges: Charges,
-    // Per charge: the store's last decision on it, if it was asked and
-    // decided (not admitted by a failure policy).
-    decisions: Small<Option<Decision>>,
-    // Per charge: denied whatever the store said (above its capacity).
-    over_capacity: Small<bool>,
-    // Per charge: denied by its `reject` rule.
-    rejecting: Small<bool>,
-    // Per charge: the store could not decide it, and admitted it by its
-    // failure policy.
-    undecided: Small<bool>,
+    // Per charge: what the store answered, and whether it denies.
+    answered: Small<Answered>,
     // The charge that refused the request, if one did.
     rejected_by: Option<usize>,
     // The charges that were charged, and the store's time of the charge.
@@ -370,6 +362,29 @@ pub struct Ruling {
     reported: Option<usize>,
     // The reservations the store holds open, if the request made any.
     hold: Option<Box<Hold>>,
+}
+
+/// What became of one charge of a ruling. One value per charge, not one
+/// list per field: a ruling is made (and moved) on every request.
+#[derive(Debug, Clone, Copy, Default)]
+struct Answered {
+    // The store's last decision on it, if it was asked and decided (not
+    // admitted by a failure policy).
+    decision: Option<Decision>,
+    // Denied whatever the store said (above its capacity).
+    over_capacity: bool,
+    // Denied by its `reject` rule.
+    rejecting: bool,
+    // The store could not decide it, and admitted it by its failure
+    // policy.
+    undecided: bool,
+}
+
+impl Answered {
+    /// Denies the request outright.
+    fn denies(&self) -> bool {
+        self.over_capacity || self.rejecting
+    }
 }
 
 /// The reservations a request's charges hold open in the store: the id
@@ -387,10 +402,7 @@ impl Ruling {
         Self {
             outcome,
             charges,
-            decisions: SmallVec::new(),
-            over_capacity: SmallVec::new(),
-            rejecting: SmallVec::new(),
-            undecided: SmallVec::new(),
+            answered: SmallVec::new(),
             rejected_by: None,
             charged: None,
             reported: None,
@@ -411,14 +423,14 @@ impl Ruling {
     /// Charge `i`'s decision: the last the store gave for it, if it was
     /// asked and decided it (see [`is_undecided`](Self::is_undecided)).
     pub fn decision(&self, i: usize) -> Option<&Decision> {
-        self.decisions.get(i).and_then(Option::as_ref)
+        self.answered.get(i).and_then(|a| a.decision.as_ref())
     }
 
     /// Whether the store could not decide charge `i`, which its rule's
     /// failure policy admitted (`fail_open`): it has no decision, and no
     /// header reports a quota for it.
     pub fn is_undecided(&self, i: usize) -> bool {
-        self.undecided.get(i).copied().unwrap_or(false)
+        self.answered.get(i).is_some_and(|a| a.undecided)
     }
 
     /// The charge that refused the request, if one did.
@@ -429,8 +441,7 @@ impl Ruling {
     /// Whether charge `i` denies the request outright: its `reject` rule
     /// denied, or (under [`OverCapacity::Deny`]) it can never be admitted.
     pub fn denies(&self, i: usize) -> bool {
-        self.over_capacity.get(i).copied().unwrap_or(false)
-            || self.rejecting.get(i).copied().unwrap_or(false)
+        self.answered.get(i).is_some_and(Answered::denies)
     }
 
     /// The charge the rate-limit headers report: the one that refused the
@@ -443,7 +454,7 @@ impl Ruling {
     /// [`reported`](Self::reported) among charges `among` only (the checks
     /// of one Envoy descriptor, say).
     pub fn reported_among(&self, among: std::ops::Range<usize>) -> Option<usize> {
-        most_restrictive(among, &self.decisions, |i| self.denies(i))
+        most_restrictive(among, &self.answered)
     }
 
     /// What the request charged, held until the caller lets it go: given
@@ -457,23 +468,22 @@ impl Ruling {
             .hold
             .map_or((None, Small::new()), |h| (Some(h.id), h.held));
         let mut charges = self.charges;
-        let decisions = self.decisions;
-        let undecided = self.undecided;
+        let answered = self.answered;
         let unmade = charged
             .iter()
-            .filter(|&&i| undecided[i])
+            .filter(|&&i| answered[i].undecided)
             .map(|&i| charges[i].clone())
             .collect();
         let charges = charged
             .iter()
-            .filter(|&&i| !undecided[i])
+            .filter(|&&i| !answered[i].undecided)
             .map(|&i| {
                 let c = &mut charges[i];
                 let charge = Charge {
                     key: std::mem::take(&mut c.key),
                     ..*c
                 };
-                let decision = decisions[i].as_ref();
+                let decision = answered[i].decision.as_ref();
                 let charged = decision.map_or(
                     Charged {
                         cost: charge.cost,
@@ -1003,9 +1013,13 @@ impl<St: Store> Engine<St> {
         let now = || *clock.get_or_init(wall_micros);
         let ip = client.addr;
         // A key the lists name cannot escape them by being sent twice.
-        let api_key = match (&client.api_key, &lists) {
-            (Err(m), Some(l)) if l.has_api_keys() => return Err(Unplanned::BadRequest(m.clone())),
-            (key, _) => key.as_ref().ok().and_then(Option::as_deref),
+        // Read only when the lists are.
+        let api_key = match &lists {
+            Some(l) => match client.api_key() {
+                Err(m) if l.has_api_keys() => return Err(Unplanned::BadRequest(m.clone())),
+                key => key.as_ref().ok().and_then(Option::as_deref),
+            },
+            None => None,
         };
         let blocked = |status: u16, until: Option<u64>| {
             let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::FORBIDDEN);
@@ -1092,13 +1106,13 @@ impl<St: Store> Engine<St> {
     /// and the API key was sent twice or cannot be read, so that a key in
     /// a stricter tier cannot escape it that way.
     fn runtime_tier(&self, client: &Identity) -> Result<Option<Arc<str>>, String> {
-        if client.tier.is_some() {
+        if client.tier().is_some() {
             return Ok(None);
         }
         let Some(book) = self.store.tiers().filter(|b| !b.is_empty()) else {
             return Ok(None);
         };
-        match &client.api_key {
+        match client.api_key() {
             Ok(Some(key)) => Ok(book.tier_of(key, wall_micros())),
             Ok(None) => Ok(None),
             Err(m) => Err(m.clone()),
@@ -1304,14 +1318,11 @@ fn cost_of(
 /// Of the charges `among`, the one to report: the first that denies the
 /// request, else the decided one with the least remaining (then the
 /// smallest limit).
-fn most_restrictive(
-    among: std::ops::Range<usize>,
-    decisions: &[Option<Decision>],
-    denies: impl Fn(usize) -> bool,
-) -> Option<usize> {
+fn most_restrictive(among: std::ops::Range<usize>, answered: &[Answered]) -> Option<usize> {
+    let denies = |i: usize| answered.get(i).is_some_and(Answered::denies);
     among.clone().find(|&i| denies(i)).or_else(|| {
         among
-            .filter_map(|i| decisions.get(i).copied().flatten().map(|d| (i, d)))
+            .filter_map(|i| answered.get(i).and_then(|a| a.decision).map(|d| (i, d)))
             .min_by_key(|(_, d)| (d.remaining, d.limit))
             .map(|(i, _)| i)
     })
@@ -1344,10 +1355,7 @@ struct Deciding<'e, St> {
     engine: &'e Engine<St>,
     charges: Charges,
     asking: Asking,
-    decisions: Small<Option<Decision>>,
-    over_capacity: Small<bool>,
-    rejecting: Small<bool>,
-    undecided: Small<bool>,
+    answered: Small<Answered>,
     rejected_by: Option<usize>,
     denied_softly: Small<usize>,
     charged: Option<(Small<usize>, u64)>,
@@ -1364,14 +1372,17 @@ impl<'e, St: Store> Deciding<'e, St> {
     /// Starts deciding on charges (at least one).
     fn new(engine: &'e Engine<St>, charges: Charges, asking: Asking) -> Self {
         let n = charges.len();
-        let over_capacity: Small<bool> = match asking.over_capacity {
-            OverCapacity::Refuse => smallvec::smallvec![false; n],
+        let answered: Small<Answered> = match asking.over_capacity {
+            OverCapacity::Refuse => smallvec::smallvec![Answered::default(); n],
             OverCapacity::Deny => charges
                 .iter()
-                .map(|c| c.cost > engine.store.rules()[c.id.0].algorithm().capacity())
+                .map(|c| Answered {
+                    over_capacity: c.cost > engine.store.rules()[c.id.0].algorithm().capacity(),
+                    ..Answered::default()
+                })
                 .collect(),
         };
-        let look_only = asking.look_only || over_capacity.contains(&true);
+        let look_only = asking.look_only || answered.iter().any(|a| a.over_capacity);
         // Looked for only under a policy that has such a rule.
         let hold = ((engine.releasing || asking.hold_every) && !look_only)
             .then(|| {
@@ -1396,10 +1407,7 @@ impl<'e, St: Store> Deciding<'e, St> {
             hold,
             engine,
             asking,
-            decisions: smallvec::smallvec![None; n],
-            over_capacity,
-            rejecting: smallvec::smallvec![false; n],
-            undecided: smallvec::smallvec![false; n],
+            answered,
             rejected_by: None,
             denied_softly: SmallVec::new(),
             charged: None,
@@ -1444,8 +1452,9 @@ impl<'e, St: Store> Deciding<'e, St> {
             // A stand-in for a check the store could not decide is no
             // decision: nothing reports its made-up quota.
             let decided = verdict.is_decided(j);
-            self.decisions[i] = decided.then_some(*d);
-            self.undecided[i] = !decided;
+            let answered = &mut self.answered[i];
+            answered.decision = decided.then_some(*d);
+            answered.undecided = !decided;
         }
         if verdict.allowed {
             let charged = std::mem::take(&mut self.active);
@@ -1467,7 +1476,7 @@ impl<'e, St: Store> Deciding<'e, St> {
             .collect();
         if let Some(&first) = rejecting.first() {
             for &i in &rejecting {
-                self.rejecting[i] = true;
+                self.answered[i].rejecting = true;
             }
             self.rejected_by = Some(first);
             self.active.clear();
@@ -1523,25 +1532,28 @@ impl<'e, St: Store> Deciding<'e, St> {
     fn conclude(self) -> Ruling {
         let engine = self.engine;
         let charges = &self.charges;
-        let denied_by_capacity = self.over_capacity.iter().position(|&o| o);
-        for (i, charge) in charges.iter().enumerate() {
-            let outcome = match self.decisions[i] {
-                _ if self.over_capacity[i] => RuleOutcome::Rejected,
-                Some(d) if !d.allowed => RuleOutcome::of_denial(engine.action(charge)),
-                Some(_) => RuleOutcome::Allowed,
-                None if self.undecided[i] => RuleOutcome::Undecided,
-                None => continue,
-            };
-            engine.observe(charge, outcome, self.decisions[i].as_ref());
+        let answered = &self.answered;
+        let denied_by_capacity = answered.iter().position(|a| a.over_capacity);
+        if engine.observer.is_some() {
+            for (charge, a) in charges.iter().zip(answered) {
+                let outcome = match a.decision {
+                    _ if a.over_capacity => RuleOutcome::Rejected,
+                    Some(d) if !d.allowed => RuleOutcome::of_denial(engine.action(charge)),
+                    Some(_) => RuleOutcome::Allowed,
+                    None if a.undecided => RuleOutcome::Undecided,
+                    None => continue,
+                };
+                engine.observe(charge, outcome, a.decision.as_ref());
+            }
         }
         let rejected_by = denied_by_capacity.or(self.rejected_by);
-        let denies = |i: usize| self.over_capacity[i] || self.rejecting[i];
-        let reported = most_restrictive(0..charges.len(), &self.decisions, denies);
+        let reported = most_restrictive(0..charges.len(), answered);
         let outcome = match rejected_by {
             Some(i) => {
                 let name = engine.rule_name(&charges[i]);
                 tracing::debug!(rule = name, key = %charges[i].key, "rate limited");
-                let retry_after = self.decisions[i]
+                let retry_after = answered[i]
+                    .decision
                     .and_then(|d| d.retry_after)
                     .unwrap_or(headers::UNKNOWN_RETRY_AFTER);
                 let rule = charges[i].of.map(|(index, _)| &engine.policy.rules[index]);
@@ -1573,9 +1585,9 @@ impl<'e, St: Store> Deciding<'e, St> {
                     }
                 }
                 let delay = self
-                    .decisions
+                    .answered
                     .iter()
-                    .flatten()
+                    .filter_map(|a| a.decision)
                     .filter(|d| d.allowed)
                     .map(|d| d.delay)
                     .max()
@@ -1589,10 +1601,7 @@ impl<'e, St: Store> Deciding<'e, St> {
         };
         Ruling {
             outcome,
-            decisions: self.decisions,
-            over_capacity: self.over_capacity,
-            rejecting: self.rejecting,
-            undecided: self.undecided,
+            answered: self.answered,
             rejected_by,
             // Looking charges nothing: there is nothing to give back.
             charged: self.charged.filter(|_| !self.look_only),

@@ -19,6 +19,7 @@
 //! listener reports for a peer that connected over IPv4) is the IPv4 address
 //! everywhere: in the trusted-proxy CIDRs, in forwarded hops and in keys.
 
+use std::cell::OnceCell;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
@@ -447,22 +448,24 @@ impl Default for Clients {
 /// the store hold arbitrarily large keys.
 pub const MAX_KEY_LEN: usize = 200;
 
-/// What the rate limiter knows about the client of one request.
-#[derive(Debug, Clone)]
-pub(crate) struct Identity {
+/// What the rate limiter knows about the client of one request. The
+/// address is read at once; the API key, user and tier when first asked
+/// for (most policies count by one of them, or none).
+#[derive(Debug)]
+pub(crate) struct Identity<'a> {
     // `None` only when the request carries no peer address.
     pub ip: Option<ClientIp>,
     // The client's whole address, before an IPv6 one is counted by its
     // network: what the block and allow lists look up. `None` when no
     // address names the client.
     pub addr: Option<IpAddr>,
-    // An error (a 400's message) for a key sent twice or unreadable: it
-    // is refused only if a rule that applies counts by it.
-    pub api_key: Result<Option<String>, String>,
-    pub user: Result<Option<String>, String>,
-    pub tier: Option<String>,
     // Whether the socket peer is a trusted proxy: its headers are believed.
     pub peer_trusted: bool,
+    req: &'a Parts,
+    clients: &'a Clients,
+    api_key: OnceCell<Result<Option<String>, String>>,
+    user: OnceCell<Result<Option<String>, String>>,
+    tier: OnceCell<Option<String>>,
 }
 
 impl Clients {
@@ -719,37 +722,63 @@ fn by_prefix(ip: ClientIp, prefix: Ipv6Prefix) -> ClientIp {
     }
 }
 
-impl Identity {
-    pub(crate) fn of(req: &Parts, clients: &Clients) -> Self {
+impl<'a> Identity<'a> {
+    pub(crate) fn of(req: &'a Parts, clients: &'a Clients) -> Self {
         let (ip, peer_trusted) = client_ip(req, &clients.trusted_proxies, clients.forwarded_header);
         let addr = match &ip {
             Some(ClientIp::Addr(a)) => Some(*a),
             _ => None,
         };
         let ip = ip.map(|ip| by_prefix(ip, clients.ipv6_prefix));
-        let headers = &req.headers;
-        let api_key = api_key(headers, &clients.api_key);
-        let trusted_header = |name: &Option<HeaderName>| match name {
-            Some(h) if peer_trusted => header_str(headers, h),
-            _ => Ok(None),
-        };
-        let user = match req.extensions.get::<UserId>() {
-            Some(u) => Ok(Some(u.0.clone())),
-            None => trusted_header(&clients.user_header),
-        };
-        let tier = match req.extensions.get::<Tier>() {
-            Some(t) => Some(t.0.clone()),
-            // Written by a trusted layer: one sent twice is its bug, and
-            // the tier falls back to the API key's.
-            None => trusted_header(&clients.tier_header).ok().flatten(),
-        };
         Self {
             ip,
             addr,
-            api_key,
-            user,
-            tier,
             peer_trusted,
+            req,
+            clients,
+            api_key: OnceCell::new(),
+            user: OnceCell::new(),
+            tier: OnceCell::new(),
+        }
+    }
+
+    /// The API key; an error (a 400's message) for a key sent twice or
+    /// unreadable: it is refused only if a rule that applies counts by it.
+    pub(crate) fn api_key(&self) -> &Result<Option<String>, String> {
+        self.api_key
+            .get_or_init(|| api_key(&self.req.headers, &self.clients.api_key))
+    }
+
+    /// The user a trusted layer named (an extension, or a trusted peer's
+    /// header); an error as for [`api_key`](Self::api_key).
+    pub(crate) fn user(&self) -> &Result<Option<String>, String> {
+        self.user
+            .get_or_init(|| match self.req.extensions.get::<UserId>() {
+                Some(u) => Ok(Some(u.0.clone())),
+                None => self.trusted_header(&self.clients.user_header),
+            })
+    }
+
+    /// The tier a trusted layer named.
+    pub(crate) fn tier(&self) -> Option<&str> {
+        self.tier
+            .get_or_init(|| match self.req.extensions.get::<Tier>() {
+                Some(t) => Some(t.0.clone()),
+                // Written by a trusted layer: one sent twice is its bug,
+                // and the tier falls back to the API key's.
+                None => self
+                    .trusted_header(&self.clients.tier_header)
+                    .ok()
+                    .flatten(),
+            })
+            .as_deref()
+    }
+
+    /// Header `name`'s value, believed only from a trusted peer.
+    fn trusted_header(&self, name: &Option<HeaderName>) -> Result<Option<String>, String> {
+        match name {
+            Some(h) if self.peer_trusted => header_str(&self.req.headers, h),
+            _ => Ok(None),
         }
     }
 }
@@ -797,13 +826,13 @@ pub(crate) fn build_key(
         }
         match part {
             KeyPart::ApiKey => {
-                let Some(key) = client.api_key.clone()? else {
+                let Some(key) = client.api_key().clone()? else {
                     return Ok(None);
                 };
                 push_pair(&mut out, "api_key", &key);
             }
             KeyPart::User => {
-                let Some(user) = client.user.clone()? else {
+                let Some(user) = client.user().clone()? else {
                     return Ok(None);
                 };
                 push_pair(&mut out, "user", &user);
@@ -1285,14 +1314,8 @@ mod tests {
     #[test]
     fn values_cannot_forge_other_parts_and_long_keys_are_hashed() {
         let parts = req("1.1.1.1:1", &[("x-a", "1|header:x-b=2")]);
-        let client = Identity {
-            ip: None,
-            addr: None,
-            api_key: Ok(None),
-            user: Ok(None),
-            tier: None,
-            peer_trusted: false,
-        };
+        let clients = Clients::default();
+        let client = Identity::of(&parts, &clients);
         let key = build_key(
             &[KeyPart::Header(HeaderName::from_static("x-a"))],
             &client,
@@ -1445,7 +1468,8 @@ mod tests {
     #[test]
     fn a_header_key_sent_twice_is_refused() {
         let parts = req("1.1.1.1:1", &[("x-tenant", "victim"), ("x-tenant", "x")]);
-        let client = Identity::of(&parts, &Clients::default());
+        let clients = Clients::default();
+        let client = Identity::of(&parts, &clients);
         let key = build_key(
             &[KeyPart::Header(HeaderName::from_static("x-tenant"))],
             &client,

@@ -935,14 +935,17 @@ impl Policy {
     /// table; an error (a 400's message) when the table would be read and
     /// the API key was sent twice or cannot be read: a key in a stricter
     /// tier than the default must not escape it by being sent twice.
-    pub(crate) fn tier_of<'a>(&'a self, client: &'a Identity) -> Result<Option<&'a str>, &'a str> {
-        if let Some(tier) = client.tier.as_deref() {
+    pub(crate) fn tier_of<'a>(
+        &'a self,
+        client: &'a Identity<'_>,
+    ) -> Result<Option<&'a str>, &'a str> {
+        if let Some(tier) = client.tier() {
             return Ok(Some(tier));
         }
         if self.api_key_tiers.is_empty() {
             return Ok(None);
         }
-        match &client.api_key {
+        match client.api_key() {
             Ok(key) => Ok(key
                 .as_ref()
                 .and_then(|k| self.api_key_tiers.get(k))
