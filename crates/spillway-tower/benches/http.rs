@@ -1,7 +1,9 @@
 //! An axum hello-world with the rate limiter (in-memory store, a rule that
-//! never denies) against the same app without it, measured with `wrk` on
-//! loopback in the same run, rounds alternating; and, as a control, the
-//! bare app answering with five headers as long as the layer's.
+//! never denies) against the same app without it and behind the peer,
+//! `tower_governor` (a per-peer-IP limit that never denies), measured with
+//! `wrk` on loopback in the same run, rounds alternating; and, as a
+//! control, the bare app answering with five headers as long as the
+//! layer's.
 //!
 //! Run with: `cargo bench -p spillway-tower --bench http`
 //! (needs `wrk` on PATH: Debian package `wrk`). `SPILLWAY_BENCH_SECONDS`
@@ -20,7 +22,7 @@ use spillway::algorithm::TokenBucket;
 use spillway_tower::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-use spillway_tower::{HttpRule, Policy, RateLimitLayer};
+use spillway_tower::{HeaderOptions, HttpRule, Policy, RateLimitLayer};
 
 fn hello() -> Router {
     Router::new().route("/", get(|| async { "hello" }))
@@ -41,10 +43,29 @@ fn with_static_headers() -> Router {
     Router::new().route("/", get(move || async move { (headers, "hello") }))
 }
 
-fn limited() -> Router {
+fn limited(headers: HeaderOptions) -> Router {
     let never = NonZeroU32::new(1_000_000_000).expect("nonzero");
     let rule = HttpRule::new("per-ip", TokenBucket::new(Quota::per_second(never), never));
-    hello().layer(RateLimitLayer::in_memory(Policy::new([rule])))
+    hello().layer(RateLimitLayer::in_memory(
+        Policy::new([rule]).headers(headers),
+    ))
+}
+
+/// The peer: `tower_governor` keyed by the peer's IP, a limit that never
+/// denies; `headers` turns on its `x-ratelimit-limit` and
+/// `x-ratelimit-remaining`.
+fn governed(headers: bool) -> Router {
+    use tower_governor::GovernorLayer;
+    use tower_governor::governor::GovernorConfigBuilder;
+    let mut builder = GovernorConfigBuilder::default();
+    builder.per_nanosecond(1).burst_size(1_000_000_000);
+    if headers {
+        let config = builder.use_headers().finish().expect("a valid limit");
+        hello().layer(GovernorLayer::new(config))
+    } else {
+        let config = builder.finish().expect("a valid limit");
+        hello().layer(GovernorLayer::new(config))
+    }
 }
 
 /// Serves `app` on a free loopback port, in the background.
@@ -136,19 +157,30 @@ fn main() {
         .enable_all()
         .build()
         .expect("a runtime");
-    let bare = serve(&runtime, hello());
-    let with = serve(&runtime, limited());
-    let control = serve(&runtime, with_static_headers());
-    // Warm up all three.
-    for addr in [bare, with, control] {
+    let no_headers = HeaderOptions {
+        legacy: false,
+        ietf: false,
+        ..HeaderOptions::default()
+    };
+    let apps = [
+        ("without the layer", serve(&runtime, hello())),
+        (
+            "layer, both families",
+            serve(&runtime, limited(HeaderOptions::default())),
+        ),
+        ("layer, no headers", serve(&runtime, limited(no_headers))),
+        ("tower_governor", serve(&runtime, governed(false))),
+        ("tower_governor, headers", serve(&runtime, governed(true))),
+        (
+            "without, 5 static headers",
+            serve(&runtime, with_static_headers()),
+        ),
+    ];
+    // Warm up each.
+    for (_, addr) in apps {
         wrk(addr, 1);
     }
-    let apps = [
-        ("without the layer", bare),
-        ("with the layer", with),
-        ("without, 5 static headers", control),
-    ];
-    let mut runs: [Vec<Run>; 3] = Default::default();
+    let mut runs: [Vec<Run>; 6] = Default::default();
     for _ in 0..rounds {
         for (i, (_, addr)) in apps.iter().enumerate() {
             runs[i].push(wrk(*addr, seconds));
@@ -159,8 +191,8 @@ fn main() {
         v[v.len() / 2]
     };
     println!("axum hello world, wrk -t1 -c50, {rounds} rounds of {seconds}s, medians:");
-    let mut rates = [0.0; 3];
-    let mut cpu = [0.0; 3];
+    let mut rates = [0.0; 6];
+    let mut cpu = [0.0; 6];
     for (i, (name, _)) in apps.iter().enumerate() {
         let all: Vec<f64> = runs[i].iter().map(|r| r.rate).collect();
         rates[i] = median(all.clone());
@@ -171,20 +203,20 @@ fn main() {
             rates[i], cpu[i]
         );
     }
-    println!(
-        "  throughput ratio, layer / bare:           {:.3}",
-        rates[1] / rates[0]
-    );
-    println!(
-        "  throughput ratio, static headers / bare:  {:.3}",
-        rates[2] / rates[0]
-    );
-    println!(
-        "  throughput ratio, layer / static headers: {:.3}",
-        rates[1] / rates[2]
-    );
-    println!(
-        "  server CPU per request, bare / layer:     {:.3}",
-        cpu[0] / cpu[1]
-    );
+    let ratios = [
+        ("layer (both) / bare", 1, 0),
+        ("layer (no headers) / bare", 2, 0),
+        ("tower_governor / bare", 3, 0),
+        ("layer (no headers) / tower_governor", 2, 3),
+        ("layer (both) / tower_governor (headers)", 1, 4),
+        ("static headers / bare", 5, 0),
+    ];
+    println!("  ratios: throughput, and server CPU a request (the second's / the first's):");
+    for (name, a, b) in ratios {
+        println!(
+            "  {name:<40} {:.3}  {:.3}",
+            rates[a] / rates[b],
+            cpu[b] / cpu[a]
+        );
+    }
 }
