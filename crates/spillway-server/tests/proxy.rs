@@ -520,6 +520,41 @@ async fn an_upstream_too_slow_to_answer_gives_504() {
     assert_eq!(get(&proxy.url("/slow?ms=1")).await.0, StatusCode::CREATED);
 }
 
+/// A kept connection's response deadline is one timer, moved by every
+/// request: requests that together take longer than the timeout are each
+/// answered, and a slow one after them gets its own whole timeout, and no
+/// more.
+#[tokio::test]
+async fn each_request_on_a_kept_connection_gets_the_whole_response_timeout() {
+    let upstream = Upstream::start().await;
+    let options = ProxyOptions {
+        response_timeout: Duration::from_secs(1),
+        ..ProxyOptions::default()
+    };
+    let proxy = Proxy::start(GENEROUS, upstream.url(), options).await;
+    // One client: its requests, one after the other, share a connection.
+    let client = client();
+    let get = |path: &str| {
+        let req = Request::get(proxy.url(path)).body(Full::default());
+        client.request(req.expect("a request"))
+    };
+    // Five of 300 ms: 1.5 s in all, past the timeout of the first.
+    for i in 0..5 {
+        let res = get("/slow?ms=300").await.expect("a response");
+        assert_eq!(res.status(), StatusCode::CREATED, "request {i}");
+        res.into_body().collect().await.expect("the body");
+    }
+    let started = tokio::time::Instant::now();
+    let res = get("/slow?ms=10000").await.expect("a response");
+    let waited = started.elapsed();
+    assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(5),
+        "answered after {waited:?}"
+    );
+    assert_eq!(upstream.seen().len(), 6);
+}
+
 #[tokio::test]
 async fn http2_clients_are_served_and_forwarded_as_http1() {
     let upstream = Upstream::start().await;

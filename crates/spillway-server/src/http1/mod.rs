@@ -266,7 +266,7 @@ pub(crate) struct Deadline {
 }
 
 impl Deadline {
-    fn new(at: Instant) -> Self {
+    pub(crate) fn new(at: Instant) -> Self {
         Self {
             timer: Box::pin(tokio::time::sleep_until(at)),
             at,
@@ -283,10 +283,16 @@ impl Deadline {
 
     /// Returns once the deadline has passed.
     async fn passed(&mut self) {
+        std::future::poll_fn(|cx| self.poll_passed(cx)).await;
+    }
+
+    /// Ready once the deadline has passed; when the timer fires before it
+    /// (the deadline moved on), the timer is reset to it.
+    pub(crate) fn poll_passed(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         loop {
-            self.timer.as_mut().await;
+            std::task::ready!(self.timer.as_mut().poll(cx));
             if Instant::now() >= self.at {
-                return;
+                return std::task::Poll::Ready(());
             }
             let at = self.at;
             self.timer.as_mut().reset(at);

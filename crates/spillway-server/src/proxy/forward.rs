@@ -307,21 +307,25 @@ where
         let timeout = self.response_timeout;
         let upstream = self.upstream.clone();
         Box::pin(async move {
-            let sending = async {
-                match send {
-                    Sender::Pooled(client) => {
-                        client.request(req).await.map_err(ForwardError::from_client)
-                    }
-                    Sender::Own(own) => own.send(req).await,
+            let answered = match send {
+                Sender::Pooled(client) => {
+                    let sending = client.request(req);
+                    let answered = tokio::time::timeout(timeout, sending).await.ok();
+                    answered.map(|res| res.map_err(ForwardError::from_client))
+                }
+                // The connection's one timer, moved to this request's time.
+                Sender::Own(own) => {
+                    let at = tokio::time::Instant::now() + timeout;
+                    own.response.within(at, own.send(req)).await
                 }
             };
-            let error = match tokio::time::timeout(timeout, sending).await {
-                Ok(Ok(res)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            let error = match answered {
+                Some(Ok(res)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
                     // `Upgrade` is never forwarded: an upstream that switches
                     // anyway would speak something else on this connection.
                     ForwardError::Unreachable("the upstream switched protocols unasked".into())
                 }
-                Ok(Ok(res)) => {
+                Some(Ok(res)) => {
                     let (mut parts, body) = res.into_parts();
                     headers::remove_hop_by_hop(&mut parts.headers);
                     headers::one_content_length(&mut parts.headers);
@@ -331,11 +335,11 @@ where
                 }
                 // The client's body broke (bad chunk, cut short): the
                 // client's fault, not the upstream's.
-                Ok(Err(_)) if failed.load(Ordering::Relaxed) => {
+                Some(Err(_)) if failed.load(Ordering::Relaxed) => {
                     ForwardError::BadRequest("The request body could not be read.")
                 }
-                Ok(Err(e)) => e,
-                Err(_) => ForwardError::ResponseTimeout(timeout),
+                Some(Err(e)) => e,
+                None => ForwardError::ResponseTimeout(timeout),
             };
             tracing::warn!(upstream = %upstream.base(), error = %error, "could not forward a request");
             Ok(error.into_response())

@@ -45,6 +45,7 @@
 //! ```
 
 mod connect;
+mod deadline;
 mod error;
 mod forward;
 mod headers;

@@ -26,13 +26,14 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use spillway_tower::{ClientAddr, Draining, HoldCap};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use super::deadline::{ConnDeadline, HeadTimer};
 use super::error::ForwardError;
 use super::forward::{Forward, Sender, Upstream};
 use super::service::limit;
@@ -106,6 +107,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         upstream: proxy.forward.upstream.clone(),
         connect_timeout: proxy.options.connect_timeout,
         idle_timeout: proxy.options.pool_idle_timeout,
+        response: ConnDeadline::default(),
     });
     // The proxy's forwarding, over this connection's own upstream. In an
     // `Arc`, so that the service is `Unpin` whatever the connector.
@@ -131,7 +133,8 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         }
     });
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
+    // One timer for every request head of the connection.
+    http.timer(HeadTimer::default())
         .header_read_timeout(relay.timeouts.head)
         // Heads and small bodies copied into one buffer, one write: cheaper
         // than a vectored write of their pieces (measured).
@@ -232,6 +235,8 @@ pub(crate) struct OwnUpstream {
     upstream: Arc<Upstream>,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    /// The deadline of the response head in flight (one at a time).
+    pub(crate) response: ConnDeadline,
 }
 
 impl OwnUpstream {
