@@ -181,9 +181,12 @@ fn main() {
         wrk(addr, 1);
     }
     let mut runs: [Vec<Run>; 6] = Default::default();
-    for _ in 0..rounds {
-        for (i, (_, addr)) in apps.iter().enumerate() {
-            runs[i].push(wrk(*addr, seconds));
+    // Each round starts with the next app: none always runs first (or
+    // after the same one).
+    for round in 0..rounds as usize {
+        for k in 0..apps.len() {
+            let i = (round + k) % apps.len();
+            runs[i].push(wrk(apps[i].1, seconds));
         }
     }
     let median = |mut v: Vec<f64>| {
