@@ -29,7 +29,10 @@
 # -d$BENCH_SECONDS s), the two sides alternating, $BENCH_ROUNDS rounds; the
 # medians are compared, with the CPU time each server process (nginx: its
 # workers too) took per request. BENCH_PARTS=check, =proxy or =hook runs one
-# part. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
+# part; BENCH_PARTS=h2 (not run by default) measures the proxy against
+# nginx limit_req over HTTP/2 without TLS with h2load (Debian:
+# nghttp2-client), $BENCH_STREAMS (default 4) streams open on each
+# connection. Defaults: 1 thread, 50 connections, 10 s, 3 rounds
 # (about 4.5 minutes once built). Every process started here is stopped by its
 # PID on exit.
 #
@@ -49,6 +52,7 @@ set -euo pipefail
 ROUNDS=${BENCH_ROUNDS:-3}
 SECS=${BENCH_SECONDS:-10}
 CONNS=${BENCH_CONNS:-50}
+STREAMS=${BENCH_STREAMS:-4}
 THREADS=${BENCH_THREADS:-1}
 KEYS=${BENCH_KEYS:-10000}
 PIN=${BENCH_PIN:-0}
@@ -199,6 +203,32 @@ median() {
 
 # Alternates two sides for $ROUNDS rounds; prints the medians and the ratio.
 # compare LABEL_A FUNC_A LABEL_B FUNC_B, each FUNC running `run_wrk ...`.
+# The same as run_wrk, with h2load over HTTP/2 (prior knowledge):
+# -c$CONNS connections, -m$STREAMS streams open on each. p99 from its
+# per-request log; "non-2xx" counts failed requests too.
+run_h2load() {
+    local out u0=0 s0=0 u1=0 s1=0 a0 a1 log
+    log=$(mktemp "$WORK/h2load.XXXXXX")
+    [[ -n ${BENCH_PID:-} ]] && read -r u0 s0 < <(cpu_ticks "$BENCH_PID")
+    a0=$(upstream_accepts)
+    out=$(timeout $((SECS + 20)) "${LOAD[@]}" h2load -t1 "-c$CONNS" "-m$STREAMS" "-D$SECS" --log-file="$log" "$@")
+    [[ -n ${BENCH_PID:-} ]] && read -r u1 s1 < <(cpu_ticks "$BENCH_PID")
+    a1=$(upstream_accepts)
+    echo "$out" >>"$WORK/h2load.log"
+    local rate p99 bad count cpu user system
+    rate=$(awk '/^finished in/ {print $4}' <<<"$out")
+    count=$(awk '/^requests:/ {print $8}' <<<"$out")
+    bad=$(awk '/^requests:/ {f = $10} /^status codes:/ {b = $5 + $7 + $9} END {print f + b}' <<<"$out")
+    # The log's third column: each request's time in microseconds.
+    p99=$(sort -n -k3,3 "$log" | awk '{v[NR] = $3} END {i = int(NR * 0.99); if (i < 1) i = 1; print v[i] / 1000}')
+    rm -f "$log"
+    local per='BEGIN {print (n > 0 ? t * 1e6 / hz / n : 0)}'
+    cpu=$(awk -v t=$((u1 - u0 + s1 - s0)) -v hz="$TICKS" -v n="${count:-0}" "$per")
+    user=$(awk -v t=$((u1 - u0)) -v hz="$TICKS" -v n="${count:-0}" "$per")
+    system=$(awk -v t=$((s1 - s0)) -v hz="$TICKS" -v n="${count:-0}" "$per")
+    echo "${rate:-0} ${p99:-0} ${bad:-0} ${cpu} ${user} ${system} $((a1 - a0))"
+}
+
 compare() {
     local la=$1 fa=$2 lb=$3 fb=$4
     local ra=() rb=() pa=() pb=() ca=() cb=() ua=() ub=() sa=() sb=() r p bad c u s up
@@ -367,11 +397,12 @@ kill "$SW_PID" 2>/dev/null || true
 fi
 
 # ---- 2. spillway proxy vs nginx limit_req, same upstream --------------------
-# The upstream and the nginx limit_req peer serve parts 2 and 3.
-if [[ ,$PARTS, == *,proxy,* || ,$PARTS, == *,hook,* ]]; then
+# The upstream and the nginx limit_req peer serve parts 2, 3 and 4.
+if [[ ,$PARTS, == *,proxy,* || ,$PARTS, == *,hook,* || ,$PARTS, == *,h2,* ]]; then
 
 UP_PORT=$(free_port)
 NG_PORT=$(free_port)
+NG_H2_PORT=$(free_port)
 # The upstream: answers "hello" to everything.
 nginx_conf "$WORK/up" 1 <<EOF
     server {
@@ -385,9 +416,14 @@ UP_STATUS="http://127.0.0.1:$UP_PORT/upstream-status"
 # keep-alive connections and the X-Forwarded-* headers spillway proxy writes.
 nginx_conf "$WORK/ng" "$NGINX_WORKERS" <<EOF
     limit_req_zone \$binary_remote_addr zone=perip:10m rate=1000000r/s;
-    upstream hello { server 127.0.0.1:$UP_PORT; keepalive 64; }
+    # Room for every request in flight (HTTP/2: connections x streams), so
+    # that none opens an upstream connection of its own.
+    upstream hello { server 127.0.0.1:$UP_PORT; keepalive 512; }
     server {
         listen 127.0.0.1:$NG_PORT;
+        # HTTP/2 without TLS (prior knowledge), for part 4.
+        listen 127.0.0.1:$NG_H2_PORT http2;
+        http2_max_concurrent_streams 100;
         location / {
             limit_req zone=perip burst=1000000 nodelay;
             proxy_pass http://hello;
@@ -410,7 +446,7 @@ wait_for "http://127.0.0.1:$UP_PORT/"
 wait_for "http://127.0.0.1:$NG_PORT/"
 fi
 
-if [[ ,$PARTS, == *,proxy,* ]]; then
+if [[ ,$PARTS, == *,proxy,* || ,$PARTS, == *,h2,* ]]; then
 PX_PORT=$(free_port)
 "${SERVE[@]}" "$SPILLWAY" proxy --config "$HERE/bench.toml" --listen "127.0.0.1:$PX_PORT" \
     --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/spillway-proxy.log" 2>&1 &
@@ -422,11 +458,28 @@ echo "  through spillway proxy:"
 curl -sS -i --max-time 2 "http://127.0.0.1:$PX_PORT/" | tr -d '\r' | sed 's/^/    /'
 echo "  through nginx:"
 curl -sS -i --max-time 2 "http://127.0.0.1:$NG_PORT/" | tr -d '\r' | sed 's/^/    /'
+fi
+
+if [[ ,$PARTS, == *,proxy,* ]]; then
 echo "== GET / through the proxy vs through nginx limit_req"
 side_px() { BENCH_PID=$PX_PID run_wrk "http://127.0.0.1:$PX_PORT/"; }
 side_ng() { BENCH_PID=$NG_PID run_wrk "http://127.0.0.1:$NG_PORT/"; }
 compare "spillway proxy" side_px "nginx limit_req" side_ng
-kill "$PX_PID" 2>/dev/null || true
+fi
+
+# ---- 4. the same over HTTP/2 (prior knowledge, no TLS), h2load ------------
+if [[ ,$PARTS, == *,h2,* ]]; then
+command -v h2load >/dev/null || {
+    echo "missing: h2load (Debian: apt-get install -y nghttp2-client)" >&2
+    exit 1
+}
+echo "== GET / over HTTP/2: h2load -t1 -c$CONNS -m$STREAMS, the proxy vs nginx limit_req ($(h2load --version | head -1))"
+side_px2() { BENCH_PID=$PX_PID run_h2load "http://127.0.0.1:$PX_PORT/"; }
+side_ng2() { BENCH_PID=$NG_PID run_h2load "http://127.0.0.1:$NG_H2_PORT/"; }
+compare "spillway proxy, h2" side_px2 "nginx limit_req, h2" side_ng2
+fi
+if [[ -n ${PX_PID:-} ]]; then
+    kill "$PX_PID" 2>/dev/null || true
 fi
 
 # ---- 3. nginx + the forward-auth hook vs nginx limit_req, same upstream -----
