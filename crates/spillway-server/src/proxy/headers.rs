@@ -57,14 +57,27 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
         return;
     }
-    let listed: Vec<HeaderName> = headers
+    // Only the names present are removed (each removal is a lookup; a
+    // response with `Connection: keep-alive` paid for seven), in the order
+    // all were: the listed ones, then the hop-by-hop ones (a removal moves
+    // the last header into its place, so the order is what is left's).
+    let present = |token: &[u8]| {
+        headers
+            .keys()
+            .find(|name| token.eq_ignore_ascii_case(name.as_str().as_bytes()))
+            .cloned()
+    };
+    let listed = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim_ascii()).ok())
-        .filter(|name| !PROTECTED.contains(name))
-        .collect();
-    for name in listed.iter().chain(&HOP_BY_HOP) {
+        .filter_map(|token| present(token.trim_ascii()))
+        .filter(|name| !PROTECTED.contains(name));
+    let hop_by_hop = HOP_BY_HOP
+        .into_iter()
+        .filter(|name| headers.keys().any(|n| n == name));
+    let gone: Vec<HeaderName> = listed.chain(hop_by_hop).collect();
+    for name in &gone {
         headers.remove(name);
     }
 }
