@@ -52,16 +52,22 @@ const PROTECTED: [HeaderName; 9] = [
 /// headers among the hop-by-hop ones (`Transfer-Encoding`) go all the same:
 /// the proxy writes the framing of what it forwards itself.
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests have none: one pass over the names, rather than a
-    // lookup for each hop-by-hop name.
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    // One pass over the names finds which hop-by-hop ones are present
+    // (most requests have none), rather than a lookup for each.
+    let mut present = 0u32;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
         return;
     }
     // Only the names present are removed (each removal is a lookup; a
     // response with `Connection: keep-alive` paid for seven), in the order
     // all were: the listed ones, then the hop-by-hop ones (a removal moves
     // the last header into its place, so the order is what is left's).
-    let present = |token: &[u8]| {
+    let sent = |token: &[u8]| {
         headers
             .keys()
             .find(|name| token.eq_ignore_ascii_case(name.as_str().as_bytes()))
@@ -71,11 +77,13 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .filter_map(|token| present(token.trim_ascii()))
+        .filter_map(|token| sent(token.trim_ascii()))
         .filter(|name| !PROTECTED.contains(name));
     let hop_by_hop = HOP_BY_HOP
         .into_iter()
-        .filter(|name| headers.keys().any(|n| n == name));
+        .enumerate()
+        .filter(|(i, _)| present & (1 << i) != 0)
+        .map(|(_, name)| name);
     let gone: Vec<HeaderName> = listed.chain(hop_by_hop).collect();
     for name in &gone {
         headers.remove(name);
