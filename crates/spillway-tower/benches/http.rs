@@ -10,23 +10,19 @@
 //! sets each wrk run's length (default 10), `SPILLWAY_BENCH_ROUNDS` the
 //! number of rounds (default 3).
 
+mod common;
+
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::process::Command;
 
 use axum::Router;
 use axum::routing::get;
+use common::{governed, hello, limited};
 use http::HeaderValue;
-use spillway::Quota;
-use spillway::algorithm::TokenBucket;
+use spillway_tower::HeaderOptions;
 use spillway_tower::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-use spillway_tower::{HeaderOptions, HttpRule, Policy, RateLimitLayer};
-
-fn hello() -> Router {
-    Router::new().route("/", get(|| async { "hello" }))
-}
 
 /// The control: the bare app answering with the five headers the layer
 /// writes (the same names and lengths), made once: what inserting,
@@ -41,31 +37,6 @@ fn with_static_headers() -> Router {
     ]
     .map(|(name, value)| (name, HeaderValue::from_static(value)));
     Router::new().route("/", get(move || async move { (headers, "hello") }))
-}
-
-fn limited(headers: HeaderOptions) -> Router {
-    let never = NonZeroU32::new(1_000_000_000).expect("nonzero");
-    let rule = HttpRule::new("per-ip", TokenBucket::new(Quota::per_second(never), never));
-    hello().layer(RateLimitLayer::in_memory(
-        Policy::new([rule]).headers(headers),
-    ))
-}
-
-/// The peer: `tower_governor` keyed by the peer's IP, a limit that never
-/// denies; `headers` turns on its `x-ratelimit-limit` and
-/// `x-ratelimit-remaining`.
-fn governed(headers: bool) -> Router {
-    use tower_governor::GovernorLayer;
-    use tower_governor::governor::GovernorConfigBuilder;
-    let mut builder = GovernorConfigBuilder::default();
-    builder.per_nanosecond(1).burst_size(1_000_000_000);
-    if headers {
-        let config = builder.use_headers().finish().expect("a valid limit");
-        hello().layer(GovernorLayer::new(config))
-    } else {
-        let config = builder.finish().expect("a valid limit");
-        hello().layer(GovernorLayer::new(config))
-    }
 }
 
 /// Serves `app` on a free loopback port, in the background.

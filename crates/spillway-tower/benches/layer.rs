@@ -13,31 +13,21 @@
 //!
 //! Run with: `cargo bench -p spillway-tower --bench layer`
 
+mod common;
+
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::routing::get;
+use common::{governed, hello, limited};
 use criterion::Criterion;
 use http::Request;
 use spillway::Quota;
 use spillway::algorithm::{Concurrency, TokenBucket};
 use spillway_tower::{HeaderOptions, HttpRule, Policy, RateLimitLayer};
 use tower::ServiceExt;
-
-fn hello() -> Router {
-    Router::new().route("/", get(|| async { "hello" }))
-}
-
-fn limited(headers: HeaderOptions) -> Router {
-    let never = NonZeroU32::new(1_000_000_000).expect("nonzero");
-    let rule = HttpRule::new("per-ip", TokenBucket::new(Quota::per_second(never), never));
-    hello().layer(RateLimitLayer::in_memory(
-        Policy::new([rule]).headers(headers),
-    ))
-}
 
 /// [`limited`] with 10,000 overrides of other keys of its rule and 10,000
 /// block list entries of other addresses and API keys: what a request of
@@ -81,23 +71,6 @@ fn limited_with_tables(headers: HeaderOptions, overrides: bool, entries: bool) -
         }
     }
     hello().layer(layer)
-}
-
-/// The peer: `tower_governor` keyed by the peer's IP, a limit that never
-/// denies; `headers` turns on its `x-ratelimit-limit` and
-/// `x-ratelimit-remaining`.
-fn governed(headers: bool) -> Router {
-    use tower_governor::GovernorLayer;
-    use tower_governor::governor::GovernorConfigBuilder;
-    let mut builder = GovernorConfigBuilder::default();
-    builder.per_nanosecond(1).burst_size(1_000_000_000);
-    if headers {
-        let config = builder.use_headers().finish().expect("a valid limit");
-        hello().layer(GovernorLayer::new(config))
-    } else {
-        let config = builder.finish().expect("a valid limit");
-        hello().layer(GovernorLayer::new(config))
-    }
 }
 
 /// A concurrency rule that never denies: a million slots per key.
