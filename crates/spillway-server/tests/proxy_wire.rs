@@ -1638,3 +1638,165 @@ async fn connection_from_a_trusted_peer_cannot_erase_the_forwarding_chain() {
     );
     assert_eq!(headers.all("x-forwarded-proto"), ["https"]);
 }
+
+/// Every head of a kept connection, not only the first, is cut at
+/// the head timeout (30 s), counted from the end of the last response,
+/// however long the connection has lived and however the head is dripped.
+#[tokio::test(start_paused = true)]
+async fn a_trickled_head_late_on_a_kept_connection_is_cut_at_the_head_timeout() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    let mut client = Wire::connect(proxy).await;
+    client.patience = None;
+    // Four requests 25 s apart: 100 s of connection, each head on time.
+    for i in 0..4 {
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        assert_eq!(client.exchange(&get("/k")).await.status, 200, "request {i}");
+    }
+    // Then a head dripped a byte every 5 s.
+    let started = tokio::time::Instant::now();
+    let head = b"GET /drip HTTP/1.1\r\nHost: spillway.test\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+    let (mut rd, mut wr) = client.stream.split();
+    let drip = async {
+        for b in head {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            if wr.write_all(&[*b]).await.is_err() {
+                break;
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    let closed = async {
+        let mut got = Vec::new();
+        let _ = rd.read_to_end(&mut got).await;
+        got
+    };
+    let got = tokio::time::timeout(Duration::from_secs(200), async {
+        tokio::select! {
+            got = closed => got,
+            () = drip => unreachable!(),
+        }
+    })
+    .await
+    .expect("closed within 200 s");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(29) && waited <= Duration::from_secs(36),
+        "closed after {waited:?}: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(upstream.seen().iter().all(|s| s.request.target != "/drip"));
+}
+
+/// When the server stops, a kept connection idle after many
+/// requests (its wait for the stop polled at every wake-up) closes at
+/// once, a busy one gets its answer with `Connection: close` and then
+/// closes, and the server returns.
+#[tokio::test]
+async fn stopping_closes_idle_and_busy_kept_connections() {
+    // An upstream that answers `/slow` after a second, the rest at once.
+    let up = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let up_addr = up.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = up.accept().await {
+            tokio::spawn(async move {
+                let mut wire = Wire {
+                    stream,
+                    buf: Vec::new(),
+                    patience: None,
+                };
+                while let Some(request) = wire.request().await {
+                    if request.target.contains("slow") {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    if wire.send(&echo(&request).bytes).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    clock_support::clear_of_a_minute_boundary();
+    let config = Config::parse(GENEROUS).expect("a valid config");
+    let engine = Loaded::build(config, None, None).await.expect("an engine");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let proxy = listener.local_addr().expect("an address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_with(
+        listener,
+        format!("http://{up_addr}").parse().expect("a URL"),
+        Arc::new(Live::new(engine)),
+        ProxyOptions::default(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut idle = Wire::connect(proxy).await;
+    for i in 0..50 {
+        assert_eq!(idle.exchange(&get(&format!("/i{i}"))).await.status, 200);
+    }
+    let mut busy = Wire::connect(proxy).await;
+    assert_eq!(busy.exchange(&get("/b")).await.status, 200);
+    busy.send(&get("/slow")).await.expect("sent");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.send(()).expect("the server is running");
+    assert!(idle.closes().await, "the idle connection was closed");
+    let res = busy
+        .response("GET")
+        .await
+        .expect("the slow request answered");
+    assert_eq!(res.status, 200);
+    assert_eq!(res.headers.all("connection"), ["close"]);
+    assert!(
+        busy.closes().await,
+        "the busy connection closed after its answer"
+    );
+    within("the server returning", server)
+        .await
+        .expect("no panic")
+        .expect("a clean stop");
+}
+
+/// An upstream that closes every connection after one answer (with
+/// and without saying so) makes the relay connect anew for every request,
+/// pipelined or not: none waits forever on a new connection nobody polls.
+#[tokio::test]
+async fn a_new_upstream_connection_for_every_request_is_always_polled() {
+    for say_so in [false, true] {
+        let upstream = RawUpstream::start(move |request| {
+            let body = format!("upstream got {} {}", request.method, request.target);
+            let close = if say_so { "Connection: close\r\n" } else { "" };
+            let bytes = format!(
+                "HTTP/1.1 200 OK\r\n{close}Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            Reply {
+                bytes: bytes.into_bytes(),
+                close: true,
+            }
+        })
+        .await;
+        let proxy = start_proxy(GENEROUS, upstream.addr).await;
+        let mut client = Wire::connect(proxy).await;
+        for i in 0..30 {
+            let res = client.exchange(&get(&format!("/n{i}"))).await;
+            assert_eq!(
+                (res.status, res.text()),
+                (200, format!("upstream got GET /n{i}"))
+            );
+        }
+        // Pipelined, and with bodies.
+        let mut burst = Vec::new();
+        for i in 0..10 {
+            burst.extend(post(&format!("/p{i}"), b"hello"));
+        }
+        client.send(&burst).await.expect("sent");
+        for i in 0..10 {
+            let res = client.response("POST").await.expect("answered");
+            assert_eq!(
+                (res.status, res.text()),
+                (200, format!("upstream got POST /p{i}"))
+            );
+        }
+    }
+}

@@ -602,3 +602,69 @@ async fn very_long_keys_are_hashed_and_still_limited() {
     );
     assert_ne!(keys[0], keys[keys.len() - 1], "distinct keys stay distinct");
 }
+
+/// A key put in a stricter tier at run time (the store's tier
+/// book) cannot escape it by being sent twice or in two places, nor can
+/// one the tier table names; and a rule that counts by the key refuses a
+/// key sent twice even where nothing has tiers.
+#[tokio::test(start_paused = true)]
+async fn a_runtime_tiered_key_sent_twice_or_in_two_places_is_refused() {
+    use spillway::store::{Store, TierEntry};
+    let rule = HttpRule::new("per-ip", bucket(100))
+        .key([KeyPart::Ip])
+        .tier("suspended", bucket(1));
+    let layer = memory_layer(Policy::new([rule]));
+    layer.store().tiers().unwrap().set(
+        "k-bad",
+        TierEntry {
+            tier: "suspended".into(),
+            until: None,
+            spec: "{}".into(),
+        },
+    );
+    let svc = app(layer);
+    let once = || req("/", "192.0.2.1").header("x-api-key", "k-bad");
+    assert_eq!(admitted(&svc, 5, once).await, 1, "control: the tier holds");
+    for (what, extra) in [
+        ("twice", ("x-api-key", "k-bad")),
+        ("beside another", ("x-api-key", "k-other")),
+        ("and a bearer", ("authorization", "Bearer k-other")),
+    ] {
+        let res = send(
+            &svc,
+            req("/", "192.0.2.9")
+                .header("x-api-key", "k-bad")
+                .header(extra.0, extra.1),
+        )
+        .await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{what}");
+    }
+    // No tiers anywhere, a rule keyed by the API key: refused too.
+    let by_key = HttpRule::new("per-key", bucket(100)).key([KeyPart::ApiKey]);
+    let svc = app(memory_layer(Policy::new([by_key])));
+    let res = send(
+        &svc,
+        req("/", "192.0.2.9")
+            .header("x-api-key", "a")
+            .header("x-api-key", "b"),
+    )
+    .await;
+    assert_eq!(
+        res.status(),
+        StatusCode::BAD_REQUEST,
+        "keyed by the API key"
+    );
+    // Neither tiers nor a rule by key nor lists: the key is not read.
+    let svc = app(memory_layer(Policy::new([HttpRule::new(
+        "per-ip",
+        bucket(100),
+    )])));
+    let res = send(
+        &svc,
+        req("/", "192.0.2.9")
+            .header("x-api-key", "a")
+            .header("x-api-key", "b"),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK, "nothing reads the key");
+}
