@@ -58,20 +58,32 @@ async fn wait_up_to<T>(limit: Option<Duration>, what: &str, step: impl Future<Ou
 
 /// Starts a proxy with `config` in front of `upstream`; returns its address.
 async fn start_proxy(config: &str, upstream: SocketAddr) -> SocketAddr {
+    start_proxy_until(config, upstream, std::future::pending())
+        .await
+        .0
+}
+
+/// [`start_proxy`], stopping when `stop` is ready; returns its address and
+/// its task.
+async fn start_proxy_until(
+    config: &str,
+    upstream: SocketAddr,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> (SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>) {
     clock_support::clear_of_a_minute_boundary();
     let config = Config::parse(config).expect("a valid config");
     let engine = Loaded::build(config, None, None).await.expect("an engine");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("an address");
     let upstream = format!("http://{upstream}").parse().expect("a URL");
-    tokio::spawn(serve_with(
+    let server = tokio::spawn(serve_with(
         listener,
         upstream,
         Arc::new(Live::new(engine)),
         ProxyOptions::default(),
-        std::future::pending(),
+        stop,
     ));
-    addr
+    (addr, server)
 }
 
 fn get(target: &str) -> Vec<u8> {
@@ -431,17 +443,27 @@ struct RawUpstream {
 
 impl RawUpstream {
     async fn start(reply: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> Self {
+        Self::start_delayed(reply, |_| Duration::ZERO).await
+    }
+
+    /// [`start`](Self::start), each reply written after `delay` of its
+    /// request.
+    async fn start_delayed(
+        reply: impl Fn(&Request) -> Reply + Send + Sync + 'static,
+        delay: impl Fn(&Request) -> Duration + Send + Sync + 'static,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("an address");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (ending, ended) = mpsc::unbounded_channel();
-        let (log, reply) = (seen.clone(), Arc::new(reply));
+        let (log, reply, delay) = (seen.clone(), Arc::new(reply), Arc::new(delay));
         tokio::spawn(async move {
             for connection in 0.. {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let (log, reply, ending) = (log.clone(), reply.clone(), ending.clone());
+                let delay = delay.clone();
                 tokio::spawn(async move {
                     let mut wire = Wire {
                         stream,
@@ -450,6 +472,10 @@ impl RawUpstream {
                     };
                     while let Some(request) = wire.request().await {
                         let Reply { bytes, close } = reply(&request);
+                        let wait = delay(&request);
+                        if !wait.is_zero() {
+                            tokio::time::sleep(wait).await;
+                        }
                         let seen = Seen {
                             connection,
                             request,
@@ -1695,42 +1721,16 @@ async fn a_trickled_head_late_on_a_kept_connection_is_cut_at_the_head_timeout() 
 #[tokio::test]
 async fn stopping_closes_idle_and_busy_kept_connections() {
     // An upstream that answers `/slow` after a second, the rest at once.
-    let up = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let up_addr = up.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = up.accept().await {
-            tokio::spawn(async move {
-                let mut wire = Wire {
-                    stream,
-                    buf: Vec::new(),
-                    patience: None,
-                };
-                while let Some(request) = wire.request().await {
-                    if request.target.contains("slow") {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    if wire.send(&echo(&request).bytes).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    clock_support::clear_of_a_minute_boundary();
-    let config = Config::parse(GENEROUS).expect("a valid config");
-    let engine = Loaded::build(config, None, None).await.expect("an engine");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let proxy = listener.local_addr().expect("an address");
+    let upstream = RawUpstream::start_delayed(echo, |request| {
+        let slow = request.target.contains("slow");
+        Duration::from_secs(u64::from(slow))
+    })
+    .await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_with(
-        listener,
-        format!("http://{up_addr}").parse().expect("a URL"),
-        Arc::new(Live::new(engine)),
-        ProxyOptions::default(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (proxy, server) = start_proxy_until(GENEROUS, upstream.addr, async move {
+        let _ = stopped.await;
+    })
+    .await;
     let mut idle = Wire::connect(proxy).await;
     for i in 0..50 {
         assert_eq!(idle.exchange(&get(&format!("/i{i}"))).await.status, 200);

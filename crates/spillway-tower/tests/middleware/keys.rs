@@ -639,32 +639,26 @@ async fn a_runtime_tiered_key_sent_twice_or_in_two_places_is_refused() {
         .await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{what}");
     }
+    // Two keys sent to a layer with only `rule`.
+    let two_keys = |rule: HttpRule| async move {
+        let svc = app(memory_layer(Policy::new([rule])));
+        let two = req("/", "192.0.2.9")
+            .header("x-api-key", "a")
+            .header("x-api-key", "b");
+        send(&svc, two).await.status()
+    };
     // No tiers anywhere, a rule keyed by the API key: refused too.
     let by_key = HttpRule::new("per-key", bucket(100)).key([KeyPart::ApiKey]);
-    let svc = app(memory_layer(Policy::new([by_key])));
-    let res = send(
-        &svc,
-        req("/", "192.0.2.9")
-            .header("x-api-key", "a")
-            .header("x-api-key", "b"),
-    )
-    .await;
     assert_eq!(
-        res.status(),
+        two_keys(by_key).await,
         StatusCode::BAD_REQUEST,
         "keyed by the API key"
     );
     // Neither tiers nor a rule by key nor lists: the key is not read.
-    let svc = app(memory_layer(Policy::new([HttpRule::new(
-        "per-ip",
-        bucket(100),
-    )])));
-    let res = send(
-        &svc,
-        req("/", "192.0.2.9")
-            .header("x-api-key", "a")
-            .header("x-api-key", "b"),
-    )
-    .await;
-    assert_eq!(res.status(), StatusCode::OK, "nothing reads the key");
+    let by_ip = HttpRule::new("per-ip", bucket(100));
+    assert_eq!(
+        two_keys(by_ip).await,
+        StatusCode::OK,
+        "nothing reads the key"
+    );
 }
