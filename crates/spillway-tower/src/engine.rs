@@ -667,6 +667,8 @@ pub struct Engine<St> {
     // Whether a budget rule gives back what is not settled in time, whose
     // charges the store holds open: likewise.
     releasing: bool,
+    // Whether a rule has tiers: a request's tier is looked for only then.
+    tiered: bool,
     // The leases of the requests in flight, renewed while they run.
     book: crate::leases::LeaseBook,
 }
@@ -720,6 +722,7 @@ impl<St: Store> Engine<St> {
             .iter()
             .any(|r| matches!(r.cost, Cost::Response(_)));
         let releasing = policy.rules.iter().any(releases);
+        let tiered = policy.rules.iter().any(|r| !r.tiers.is_empty());
         let shortest = store
             .rules()
             .iter()
@@ -738,6 +741,7 @@ impl<St: Store> Engine<St> {
             budgets,
             leases,
             releasing,
+            tiered,
             book,
         })
     }
@@ -1000,7 +1004,7 @@ impl<St: Store> Engine<St> {
         let addr_required = missing == MissingClientAddr::Error;
         // Looked for only under a policy with tiers; an error only matters
         // to a rule that has them.
-        let tiered = policy.rules.iter().any(|r| !r.tiers.is_empty());
+        let tiered = self.tiered;
         let runtime = match tiered {
             true => self.runtime_tier(&client),
             false => Ok(None),
@@ -1647,7 +1651,8 @@ impl Described {
     pub(crate) fn fields<St: Store>(&self, engine: &Engine<St>) -> RateLimitFields {
         let policy = &engine.policy;
         let options = &policy.headers;
-        if !(options.legacy || options.ietf || options.openai) || self.applied.is_empty() {
+        // No header family on: `Engine::fields` answered before this.
+        if self.applied.is_empty() {
             return RateLimitFields::default();
         }
         // The budget rule with the least left, for the OpenAI-style family.
