@@ -836,11 +836,14 @@ async fn a_request_with_a_body_is_not_sent_on_an_upstream_connection_closed_whil
 #[tokio::test]
 async fn an_upstream_that_switches_protocols_unasked_gives_502() {
     // The proxy never forwards `Upgrade`, so a 101 is not HTTP any more.
-    let upstream = RawUpstream::start(|_| Reply {
-        bytes:
-            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
-                .to_vec(),
-        close: false,
+    let upstream = RawUpstream::start(|request| match request.target.as_str() {
+        "/ws" => Reply {
+            bytes:
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
+                    .to_vec(),
+            close: false,
+        },
+        _ => echo(request),
     })
     .await;
     let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
@@ -848,6 +851,112 @@ async fn an_upstream_that_switches_protocols_unasked_gives_502() {
     let response = client.exchange(request).await;
     assert_eq!(response.status, 502);
     assert!(upstream.seen()[0].request.headers.all("upgrade").is_empty());
+    // The switched connection is never used again for HTTP.
+    let next = client.exchange(&get("/next")).await;
+    assert_eq!(next.text(), "upstream got GET /next");
+    let connections: Vec<_> = upstream.seen().iter().map(|s| s.connection).collect();
+    assert_eq!(connections, [0, 1]);
+}
+
+/// An upstream that answers the first request of its first connection,
+/// reads the second and closes without an answer (as one does whose idle
+/// timeout passes while the request is on its way), then answers every
+/// request on later connections.
+async fn closes_unanswered_once() -> RawUpstream {
+    let requests = std::sync::atomic::AtomicUsize::new(0);
+    RawUpstream::start(move |request| {
+        match requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+            1 => Reply {
+                bytes: Vec::new(),
+                close: true,
+            },
+            _ => echo(request),
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_get_whose_kept_upstream_connection_closes_unanswered_goes_again_on_a_new_one() {
+    let upstream = closes_unanswered_once().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+    assert_eq!(client.exchange(&get("/first")).await.status, 200);
+
+    let second = client.exchange(&get("/second")).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.text(), "upstream got GET /second");
+    let seen: Vec<_> = upstream
+        .seen()
+        .into_iter()
+        .map(|s| (s.connection, s.request.target))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (0, "/first".into()),
+            (0, "/second".into()),
+            (1, "/second".into())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_post_whose_kept_upstream_connection_closes_unanswered_is_not_sent_twice() {
+    let upstream = closes_unanswered_once().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+    assert_eq!(client.exchange(&get("/first")).await.status, 200);
+
+    let second = client.exchange(&post("/second", b"pay once")).await;
+    assert_eq!(second.status, 502, "{}", second.text());
+    let targets = upstream.targets();
+    assert_eq!(targets, ["/first", "/second"], "the POST went once");
+}
+
+#[tokio::test]
+async fn an_upstream_response_whose_framing_reads_two_ways_gives_502_and_is_not_passed_on() {
+    // Each could be read as another body length by the client, or its
+    // rest as another response (response splitting): refused, not guessed.
+    for framing in [
+        "Content-Length: 5\r\nTransfer-Encoding: chunked",
+        "Transfer-Encoding: gzip, chunked",
+        "Transfer-Encoding: gzip",
+        "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+        "Content-Length: 5\r\nContent-Length: 6",
+        "Content-Length: 5, 6",
+        "Content-Length: +5",
+        "Content-Length: 0x5",
+    ] {
+        let bytes = format!("HTTP/1.1 200 OK\r\n{framing}\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+        let upstream = RawUpstream::start(move |_| Reply {
+            bytes: bytes.clone().into_bytes(),
+            close: false,
+        })
+        .await;
+        let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+        let response = client.exchange(&get("/split")).await;
+        assert_eq!(response.status, 502, "{framing}: {}", response.text());
+        assert!(!response.text().contains("hello"), "{framing}");
+    }
+}
+
+#[tokio::test]
+async fn bytes_after_an_upstream_response_are_never_read_as_the_next_response() {
+    let upstream = RawUpstream::start(|request| match request.target.as_str() {
+        "/first" => Reply {
+            bytes: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok\
+                     HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged"
+                .to_vec(),
+            close: false,
+        },
+        _ => echo(request),
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+    assert_eq!(client.exchange(&get("/first")).await.text(), "ok");
+    let second = client.exchange(&get("/second")).await;
+    assert_eq!(second.text(), "upstream got GET /second");
+    let connections: Vec<_> = upstream.seen().iter().map(|s| s.connection).collect();
+    assert_eq!(connections, [0, 1], "a new connection for the second");
 }
 
 #[tokio::test]

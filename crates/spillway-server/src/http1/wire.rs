@@ -173,6 +173,97 @@ fn header_map(head: &Bytes, lines: &[httparse::Header<'_>]) -> Result<HeaderMap,
     Ok(headers)
 }
 
+/// How an upstream's response body ends (RFC 9112 section 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyEnd {
+    /// No body: the answer to a `HEAD`, a 1xx, 204 or 304, or a length of 0.
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked,
+    /// The body ends when the upstream closes the connection.
+    Close,
+}
+
+/// A parsed response head: its parts (the headers sharing the head's
+/// memory), how its body ends, and whether the connection stays open
+/// after it.
+#[derive(Debug)]
+pub(crate) struct ResponseHead {
+    pub(crate) parts: http::response::Parts,
+    pub(crate) body: BodyEnd,
+    pub(crate) keep_alive: bool,
+}
+
+/// Parses a complete response head (`head` ends with its blank line), the
+/// answer to a `HEAD` request if `to_head`. Framing a recipient could read
+/// two ways is refused rather than guessed (RFC 9112 section 6.3): both
+/// `Content-Length` and `Transfer-Encoding`, a coding other than a lone
+/// `chunked` (the proxy forwards bodies decoded and framed again, and
+/// decodes no other coding), conflicting or invalid lengths.
+pub(crate) fn parse_response(head: &Bytes, to_head: bool) -> Result<ResponseHead, WireError> {
+    // Not zeroed: httparse writes the lines it returns.
+    let mut lines =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut []);
+    let parsing = httparse::ParserConfig::default();
+    match parsing.parse_response_with_uninit_headers(&mut res, head, &mut lines) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(WireError::Malformed("incomplete head")),
+        Err(httparse::Error::TooManyHeaders) => return Err(WireError::TooLarge),
+        Err(_) => return Err(WireError::Malformed("not an HTTP/1.x response")),
+    }
+    let (Some(minor), Some(code)) = (res.version, res.code) else {
+        return Err(WireError::Malformed("incomplete status line"));
+    };
+    let status = StatusCode::from_u16(code).map_err(|_| WireError::Malformed("bad status code"))?;
+    let version = if minor == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let lines: &[httparse::Header<'_>] = res.headers;
+    let body = if to_head
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        BodyEnd::Empty
+    } else if lines.values(&header::TRANSFER_ENCODING).next().is_some() {
+        if version == Version::HTTP_10 {
+            return Err(WireError::Framing(
+                "Transfer-Encoding in an HTTP/1.0 response",
+            ));
+        }
+        if lines.values(&header::CONTENT_LENGTH).next().is_some() {
+            return Err(WireError::Framing(
+                "both Content-Length and Transfer-Encoding",
+            ));
+        }
+        if !only_chunked(lines) {
+            return Err(WireError::Framing("a transfer coding other than chunked"));
+        }
+        BodyEnd::Chunked
+    } else {
+        match content_length(lines)? {
+            Some(0) => BodyEnd::Empty,
+            Some(n) => BodyEnd::Length(n),
+            None => BodyEnd::Close,
+        }
+    };
+    let keep_alive = body != BodyEnd::Close && keeps_alive(lines, version);
+    let (mut parts, ()) = http::Response::new(()).into_parts();
+    parts.status = status;
+    parts.version = version;
+    parts.headers = header_map(head, lines)?;
+    Ok(ResponseHead {
+        parts,
+        body,
+        keep_alive,
+    })
+}
+
 /// Header lines looked up by name: a [`HeaderMap`], or a head's lines as
 /// httparse left them.
 pub(crate) trait Lines {

@@ -22,8 +22,8 @@ use tower::Service;
 use super::connect::{Capped, TimeoutConnector};
 use super::error::{BoxError, ForwardError, InvalidUpstream};
 use super::headers::{self, X_FORWARDED_HOST, X_FORWARDED_PROTO};
-use super::relay::OwnUpstream;
 use super::target;
+use super::upstream::OwnUpstream;
 use super::{Connector, HostHeader, ProxyBody};
 use crate::config::Normalize;
 
@@ -311,7 +311,10 @@ where
                 Sender::Pooled(client) => {
                     let sending = client.request(req);
                     let answered = tokio::time::timeout(timeout, sending).await.ok();
-                    answered.map(|res| res.map_err(ForwardError::from_client))
+                    answered.map(|res| {
+                        res.map(|res| res.map(|body| body.map_err(BoxError::from).boxed_unsync()))
+                            .map_err(ForwardError::from_client)
+                    })
                 }
                 // The connection's one timer, moved to this request's time.
                 Sender::Own(own) => {
@@ -330,7 +333,6 @@ where
                     headers::remove_hop_by_hop(&mut parts.headers);
                     headers::one_content_length(&mut parts.headers);
                     parts.version = Version::default();
-                    let body = body.map_err(BoxError::from).boxed_unsync();
                     return Ok(Response::from_parts(parts, body));
                 }
                 // The client's body broke (bad chunk, cut short): the

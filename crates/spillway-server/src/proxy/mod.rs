@@ -52,6 +52,7 @@ mod headers;
 mod relay;
 mod service;
 mod target;
+mod upstream;
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -1,42 +1,39 @@
 //! The proxy's HTTP/1.1 path: each client connection is served by hyper's
-//! HTTP/1.1 server and forwarded over one upstream connection of its own,
-//! made with hyper's HTTP/1.1 client, both driven in the connection's task.
+//! HTTP/1.1 server and forwarded over one upstream connection of its own
+//! ([`upstream`](super::upstream)), both driven in the connection's task.
 //!
-//! hyper parses and writes every byte of framing, both ways: a request
-//! body reaches the upstream decoded and framed again by the proxy
-//! (`Content-Length` or chunked, from what hyper parsed), never as the
-//! client's bytes, so what the rules decided on is what the upstream reads.
-//! The rate limiter sees each request as the middleware would. HTTP/2
-//! clients (prior knowledge) are served by hyper's HTTP/2 server and the
-//! pooled client.
+//! hyper parses every byte the client sends; the request reaches the
+//! upstream written from the parts the rules decided on, its body decoded
+//! and framed again by the proxy (`Content-Length` or chunked, from what
+//! hyper parsed), never as the client's bytes. The rate limiter sees each
+//! request as the middleware would. HTTP/2 clients (prior knowledge) are
+//! served by hyper's HTTP/2 server and the pooled client.
 //!
 //! A pooled client sends each request to another task and waits for it to
 //! answer; on two cores that was most of the proxy's time (see
-//! BENCHMARKS.md). Here nothing crosses tasks: the upstream connections'
-//! futures are polled by the task that serves the client.
+//! BENCHMARKS.md). Here nothing crosses tasks: the upstream connection is
+//! written and read by the task that serves the client.
 
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use spillway_tower::{ClientAddr, Draining, HoldCap};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 use tower::ServiceExt;
 
-use super::deadline::{ConnDeadline, HeadTimer};
-use super::error::ForwardError;
-use super::forward::{Forward, Sender, Upstream};
+use super::deadline::HeadTimer;
+use super::forward::{Forward, Sender};
 use super::service::limit;
-use super::{Connector, Proxy, ProxyBody};
+use super::upstream::OwnUpstream;
+use super::{Connector, Proxy};
 use crate::http1::wire::{MAX_HEAD, MAX_HEADERS};
 use crate::http1::{self, Client, Lifetime, Timeouts};
 
@@ -89,25 +86,17 @@ pub(crate) async fn serve<C: Connector>(
     }
 }
 
-/// An upstream connection's future: it reads and writes that connection.
-type UpConn = Pin<Box<dyn Future<Output = ()> + Send>>;
-
 /// Serves an HTTP/1.1 client with hyper, each request through the rate
 /// limiter, then to this connection's own upstream connection.
 async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     let peer = client.peer;
     let (io, mut closing) = client.into_io();
     let proxy = &relay.proxy;
-    let own = Arc::new(OwnUpstream {
-        hop: super::headers::hop_of(peer.ip()),
-        kept: Mutex::new(None),
-        made: Mutex::new(Vec::new()),
-        fresh: AtomicBool::new(false),
-        upstream: proxy.forward.upstream.clone(),
-        connect_timeout: proxy.options.connect_timeout,
-        idle_timeout: proxy.options.pool_idle_timeout,
-        response: ConnDeadline::default(),
-    });
+    let own = Arc::new(OwnUpstream::new(
+        super::headers::hop_of(peer.ip()),
+        proxy.forward.upstream.clone(),
+        &proxy.options,
+    ));
     // The proxy's forwarding, over this connection's own upstream. In an
     // `Arc`, so that the service is `Unpin` whatever the connector.
     let forward = Arc::new(Forward {
@@ -142,16 +131,8 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         .max_header_size(MAX_HEAD);
     let io = WriteDeadline::new(io, relay.timeouts.write);
     let mut conn = http.serve_connection(TokioIo::new(io), service);
-    // The upstream connections this one has made; finished ones go.
-    let mut ups: Vec<UpConn> = Vec::new();
     let mut stopping = false;
     let served = poll_fn(|cx| {
-        // A flag read at every wake-up: a channel's receive there cost
-        // about 2% of a request (callgrind).
-        if own.fresh.swap(false, Ordering::Acquire) {
-            ups.append(&mut own.made.lock().unwrap_or_else(PoisonError::into_inner));
-        }
-        ups.retain_mut(|up| up.as_mut().poll(cx).is_pending());
         if !stopping && closing.poll_wait(cx).is_ready() {
             stopping = true;
             // Between requests, hyper would close at once, even on a
@@ -173,7 +154,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     if let Err(e) = served {
         tracing::debug!(%peer, error = %e, "connection closed with an error");
     }
-    drop(ups);
+    drop(own);
     let mut io = conn.into_parts().io.into_inner().inner;
     http1::linger(&mut io, &mut closing).await;
 }
@@ -220,118 +201,6 @@ where
             );
         }
         Poll::Ready(answered)
-    }
-}
-
-/// One client connection's upstream connection, kept between its requests
-/// and made again when the upstream has closed it.
-pub(crate) struct OwnUpstream {
-    /// The client's address as an `X-Forwarded-For` hop.
-    pub(crate) hop: http::HeaderValue,
-    /// The connection to send the next request on, and since when it has
-    /// been idle.
-    kept: Mutex<Option<(SendRequest<ProxyBody>, Instant)>>,
-    /// New connections' futures, for the client connection's task to poll
-    /// (it is woken when one is added, and `fresh` is set).
-    made: Mutex<Vec<UpConn>>,
-    fresh: AtomicBool,
-    upstream: Arc<Upstream>,
-    connect_timeout: Duration,
-    idle_timeout: Duration,
-    /// The deadline of the response head in flight (one at a time).
-    pub(crate) response: ConnDeadline,
-}
-
-impl OwnUpstream {
-    /// Sends `req` on the kept connection, or on a new one if there is none
-    /// or the kept one was closed before the request went out (then hyper
-    /// gives it back whole, body included, and it is sent again).
-    pub(crate) async fn send(
-        &self,
-        mut req: Request<ProxyBody>, // in origin form
-    ) -> Result<Response<Incoming>, ForwardError> {
-        if let Some(mut sender) = self.take_kept()
-            && sender.ready().await.is_ok()
-        {
-            match sender.try_send_request(req).await {
-                Ok(res) => {
-                    self.keep(sender);
-                    return Ok(res);
-                }
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) => {
-                        tracing::debug!(error = %e.error(), "a kept upstream connection was closed; sending again on a new one");
-                        req = unsent;
-                    }
-                    None => return Err(ForwardError::Unreachable(Box::new(e.into_error()))),
-                },
-            }
-        }
-        let mut sender = self.connect().await?;
-        let res = sender
-            .send_request(req)
-            .await
-            .map_err(|e| ForwardError::Unreachable(Box::new(e)))?;
-        self.keep(sender);
-        Ok(res)
-    }
-
-    /// The kept connection, if it is open and has not been idle too long.
-    fn take_kept(&self) -> Option<SendRequest<ProxyBody>> {
-        let (sender, since) = self
-            .kept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()?;
-        (since.elapsed() < self.idle_timeout && !sender.is_closed()).then_some(sender)
-    }
-
-    fn keep(&self, sender: SendRequest<ProxyBody>) {
-        *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some((sender, Instant::now()));
-    }
-
-    /// A new connection to the upstream, its future handed to the task.
-    async fn connect(&self) -> Result<SendRequest<ProxyBody>, ForwardError> {
-        let authority = self.upstream.authority();
-        let port = authority.port_u16().unwrap_or(80);
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let timeout = self.connect_timeout;
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Err(ForwardError::Unreachable(Box::new(e))),
-            Err(_) => return Err(ForwardError::ConnectTimeout(timeout)),
-        };
-        // Requests are small writes answered at once: no Nagle delay.
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-        let (sender, conn) = hyper::client::conn::http1::Builder::new()
-            .writev(false)
-            .max_headers(MAX_HEADERS)
-            .max_header_size(MAX_HEAD)
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| ForwardError::Unreachable(Box::new(e)))?;
-        self.made
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Box::pin(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream connection closed with an error");
-                }
-            }));
-        self.fresh.store(true, Ordering::Release);
-        // This runs in the client connection's task (its request's
-        // future): woken, it polls the new connection before it waits.
-        poll_fn(|cx| {
-            cx.waker().wake_by_ref();
-            Poll::Ready(())
-        })
-        .await;
-        Ok(sender)
     }
 }
 

@@ -1,0 +1,582 @@
+//! A client connection's own upstream connection, spoken to in HTTP/1.1 by
+//! the proxy itself rather than through hyper's client (issue 31: hyper's
+//! client dispatch, its channel to the connection's future and its body
+//! channel were over a quarter of a proxied request's instructions).
+//!
+//! What goes out is written from the request's parts, after the rules ran
+//! on them, exactly as hyper's client writes them: the request line in
+//! origin form, each header line from the checked `HeaderMap`, the body
+//! framed by the proxy (`Content-Length`, or chunked) from what was parsed.
+//! No byte of the client's framing is passed on.
+//!
+//! What comes back is parsed with `httparse` ([`parse_response`]), and
+//! its framing refused where RFC 9112 section 6.3 makes it ambiguous (`502`).
+//! The response body is read from the connection by the body itself, in the
+//! client connection's task; when it ends, the connection is kept for the
+//! next request if both sides keep it alive and nothing else arrived after
+//! the body. One connection serves one client connection only, so an
+//! upstream that frames a response wrongly can only confuse that client's
+//! own later responses, never another client's.
+
+use std::future::{Future, poll_fn};
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::deadline::ConnDeadline;
+use super::error::{BoxError, ForwardError};
+use super::forward::Upstream;
+use super::{ProxyBody, ProxyOptions};
+use crate::http1::wire::{BodyEnd, Chunked, MAX_HEAD, head_end, parse_response};
+
+/// How much the connection reads at a time.
+const READ_AT_ONCE: usize = 16 * 1024;
+
+/// One client connection's upstream connection, kept between its requests
+/// and made again when the upstream has closed it.
+pub(crate) struct OwnUpstream {
+    /// The client's address as an `X-Forwarded-For` hop.
+    pub(crate) hop: HeaderValue,
+    /// The connection to send the next request on, and since when it has
+    /// been idle.
+    kept: Mutex<Option<(UpConn, Instant)>>,
+    upstream: Arc<Upstream>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    /// The deadline of the response head in flight (one at a time).
+    pub(crate) response: ConnDeadline,
+}
+
+/// An open connection to the upstream and what has been read from it and
+/// not yet used.
+struct UpConn {
+    stream: TcpStream,
+    read: BytesMut,
+}
+
+/// Why an exchange failed, and whether the request may go again on a new
+/// connection.
+struct Failed {
+    error: ForwardError,
+    /// Nothing of a response came back on a kept connection, and the
+    /// request can be written again whole.
+    again: bool,
+}
+
+impl Failed {
+    fn of(error: ForwardError) -> Self {
+        Self {
+            error,
+            again: false,
+        }
+    }
+}
+
+fn broken(e: impl Into<BoxError>) -> ForwardError {
+    ForwardError::Unreachable(e.into())
+}
+
+impl OwnUpstream {
+    pub(crate) fn new(hop: HeaderValue, upstream: Arc<Upstream>, options: &ProxyOptions) -> Self {
+        Self {
+            hop,
+            kept: Mutex::new(None),
+            upstream,
+            connect_timeout: options.connect_timeout,
+            idle_timeout: options.pool_idle_timeout,
+            response: ConnDeadline::default(),
+        }
+    }
+
+    /// Sends `req` (in origin form, its framing headers the proxy's own) on
+    /// the kept connection, or on a new one if there is none or the kept
+    /// one was closed; a request without a body whose kept connection
+    /// turns out closed before any answer goes again once on a new one,
+    /// if its method is idempotent.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
+        let (parts, body) = req.into_parts();
+        let to_head = parts.method == Method::HEAD;
+        let mut head = Vec::with_capacity(512);
+        encode_head(&parts, &mut head);
+        let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
+        let length = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let resendable = body.is_end_stream() && parts.method.is_idempotent();
+        let mut body = Some(body);
+        if let Some(conn) = self.take_kept() {
+            match self
+                .exchange(conn, &head, &mut body, chunked, length, to_head)
+                .await
+            {
+                Ok(res) => return Ok(res),
+                Err(Failed { again: true, error }) if resendable => {
+                    tracing::debug!(%error, "a kept upstream connection was closed; sending again on a new one");
+                }
+                Err(failed) => return Err(failed.error),
+            }
+        }
+        let conn = self.connect().await?;
+        self.exchange(conn, &head, &mut body, chunked, length, to_head)
+            .await
+            .map_err(|failed| failed.error)
+    }
+
+    /// Writes the request on `conn` and reads the response head.
+    async fn exchange(
+        self: &Arc<Self>,
+        mut conn: UpConn,
+        head: &[u8],
+        body: &mut Option<ProxyBody>,
+        chunked: bool,
+        length: Option<u64>,
+        to_head: bool,
+    ) -> Result<Response<ProxyBody>, Failed> {
+        let bodiless = body.as_ref().is_none_or(Body::is_end_stream);
+        if let Err(e) = conn.stream.write_all(head).await {
+            return Err(Failed {
+                error: broken(e),
+                again: bodiless,
+            });
+        }
+        let mut writer = match body.take() {
+            Some(body) if !bodiless => Some(BodyWriter::new(body, chunked, length)),
+            _ => None,
+        };
+        // Whether the upload was cut short by the upstream.
+        let mut cut = false;
+        let mut answered = false;
+        loop {
+            let end = match conn.read_head(&mut writer, &mut cut).await {
+                Ok(end) => end,
+                Err(e) => {
+                    return Err(Failed {
+                        error: e,
+                        again: bodiless && !answered && conn.read.is_empty(),
+                    });
+                }
+            };
+            answered = true;
+            let raw = conn.read.split_to(end).freeze();
+            let parsed = parse_response(&raw, to_head).map_err(|e| Failed::of(broken(e)))?;
+            // Interim responses (100 Continue, 103 Early Hints) are not
+            // passed on: hyper's server answers the client's `Expect`
+            // itself. 101 is the caller's to refuse.
+            if parsed.parts.status.is_informational()
+                && parsed.parts.status != http::StatusCode::SWITCHING_PROTOCOLS
+            {
+                continue;
+            }
+            // After a 101 the upstream would speak something else.
+            let keep = !cut
+                && parsed.keep_alive
+                && parsed.parts.status != http::StatusCode::SWITCHING_PROTOCOLS;
+            let res_body = UpstreamBody {
+                writer: writer.take(),
+                left: match parsed.body {
+                    BodyEnd::Empty => Left::Done,
+                    BodyEnd::Length(n) => Left::Length(n),
+                    BodyEnd::Chunked => Left::Chunked(Chunked::default()),
+                    BodyEnd::Close => Left::Close,
+                },
+                conn: Some(conn),
+                own: self.clone(),
+                keep,
+            };
+            let mut res_body = res_body;
+            if matches!(res_body.left, Left::Done) {
+                res_body.finish();
+            }
+            return Ok(Response::from_parts(parsed.parts, res_body.boxed_unsync()));
+        }
+    }
+
+    /// The kept connection, if it has not been idle too long and nothing
+    /// (an end, stray bytes) has arrived on it since its last response.
+    fn take_kept(&self) -> Option<UpConn> {
+        let (conn, since) = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        if since.elapsed() >= self.idle_timeout {
+            return None;
+        }
+        // Readiness is cleared by the short read that ended the last
+        // response: set again, something came (usually the upstream's FIN).
+        let waker = std::task::Waker::noop();
+        let ready = conn
+            .stream
+            .poll_read_ready(&mut Context::from_waker(waker))
+            .is_ready();
+        if ready {
+            let mut probe = [0u8; 1];
+            match conn.stream.try_read(&mut probe) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                _ => return None,
+            }
+        }
+        Some(conn)
+    }
+
+    fn keep(&self, conn: UpConn) {
+        *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some((conn, Instant::now()));
+    }
+
+    /// A new connection to the upstream.
+    async fn connect(&self) -> Result<UpConn, ForwardError> {
+        let authority = self.upstream.authority();
+        let port = authority.port_u16().unwrap_or(80);
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let timeout = self.connect_timeout;
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Err(broken(e)),
+            Err(_) => return Err(ForwardError::ConnectTimeout(timeout)),
+        };
+        // Requests are small writes answered at once: no Nagle delay.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+        Ok(UpConn {
+            stream,
+            read: BytesMut::new(),
+        })
+    }
+}
+
+/// Writes a request head for the upstream: the request line in origin
+/// form, then every header line as the `HeaderMap` holds it (names
+/// lowercase, values as checked when they were made).
+fn encode_head(parts: &http::request::Parts, out: &mut Vec<u8>) {
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        crate::http1::wire::put_header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+impl UpConn {
+    /// Reads until a whole response head is buffered (its end's index),
+    /// writing the request body meanwhile, if one is still going out: once
+    /// it is all written, `writer` is emptied; if the upstream stopped
+    /// taking it, `writer` is emptied and `cut` set.
+    async fn read_head(
+        &mut self,
+        writer: &mut Option<BodyWriter>,
+        cut: &mut bool,
+    ) -> Result<usize, ForwardError> {
+        let mut from = 0;
+        poll_fn(|cx| {
+            loop {
+                if let Some(w) = writer.as_mut() {
+                    match w.poll_send(&self.stream, cx) {
+                        Poll::Ready(Ok(())) => *writer = None,
+                        Poll::Ready(Err(SendFailed::Client(e))) => {
+                            return Poll::Ready(Err(ForwardError::Unreachable(e)));
+                        }
+                        // The upstream may have answered before it closed.
+                        Poll::Ready(Err(SendFailed::Upstream(e))) => {
+                            tracing::debug!(error = %e, "the upstream stopped taking the request body");
+                            *writer = None;
+                            *cut = true;
+                        }
+                        Poll::Pending => {}
+                    }
+                }
+                if let Some(end) = head_end(&self.read[from..]) {
+                    return Poll::Ready(Ok(from + end));
+                }
+                // The last bytes may begin the blank line.
+                from = self.read.len().saturating_sub(2);
+                if self.read.len() >= MAX_HEAD {
+                    return Poll::Ready(Err(broken("the upstream's response head is too large")));
+                }
+                self.read.reserve(READ_AT_ONCE);
+                match std::task::ready!(poll_read_into(&mut self.stream, &mut self.read, cx)) {
+                    Ok(0) => {
+                        return Poll::Ready(Err(broken(
+                            "the upstream closed the connection before a response",
+                        )));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Poll::Ready(Err(broken(e))),
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// Why a request body could not be written.
+enum SendFailed {
+    /// The client's body broke, or did not match its length.
+    Client(BoxError),
+    /// The upstream connection failed.
+    Upstream(io::Error),
+}
+
+/// Writes a request body on the upstream connection, as the client sends
+/// it: each chunk framed if the body is chunked, or checked against its
+/// `Content-Length` (a body that yields more or less is an error, never
+/// written as it is). Polled by the exchange until the response head, then
+/// by the response body if the upload is still going (an upstream may
+/// answer before the upload ends, and may echo it as it comes).
+struct BodyWriter {
+    body: ProxyBody,
+    /// What is to be written before the next frame is taken: a chunk's
+    /// size line, its data, its CRLF.
+    pending: [Bytes; 3],
+    chunked: bool,
+    length: Option<u64>,
+    sent: u64,
+    ended: bool,
+}
+
+impl BodyWriter {
+    fn new(body: ProxyBody, chunked: bool, length: Option<u64>) -> Self {
+        Self {
+            body,
+            pending: Default::default(),
+            chunked,
+            length,
+            sent: 0,
+            ended: false,
+        }
+    }
+
+    /// Writes what it can: ready once the body and its end are written.
+    fn poll_send(
+        &mut self,
+        stream: &TcpStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), SendFailed>> {
+        loop {
+            while self.pending.iter().any(|b| !b.is_empty()) {
+                std::task::ready!(stream.poll_write_ready(cx)).map_err(SendFailed::Upstream)?;
+                let slices = self.pending.each_ref().map(|b| io::IoSlice::new(b));
+                match stream.try_write_vectored(&slices) {
+                    Ok(mut n) => {
+                        for b in &mut self.pending {
+                            let take = n.min(b.len());
+                            b.advance(take);
+                            n -= take;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Poll::Ready(Err(SendFailed::Upstream(e))),
+                }
+            }
+            if self.ended {
+                return Poll::Ready(Ok(()));
+            }
+            let frame = match std::task::ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                None => {
+                    self.ended = true;
+                    if self.chunked {
+                        self.pending[0] = Bytes::from_static(b"0\r\n\r\n");
+                    } else if self.length.is_some_and(|n| self.sent != n) {
+                        return Poll::Ready(Err(SendFailed::Client(
+                            "the request body is shorter than its length".into(),
+                        )));
+                    }
+                    continue;
+                }
+                Some(Err(e)) => return Poll::Ready(Err(SendFailed::Client(e))),
+                Some(Ok(frame)) => frame,
+            };
+            // Trailers are not passed on (nor were they announced).
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if data.is_empty() {
+                continue;
+            }
+            self.sent += data.len() as u64;
+            if self.chunked {
+                self.pending = [
+                    Bytes::from(format!("{:x}\r\n", data.len())),
+                    data,
+                    Bytes::from_static(b"\r\n"),
+                ];
+            } else if self.length.is_some_and(|n| self.sent > n) {
+                return Poll::Ready(Err(SendFailed::Client(
+                    "the request body is longer than its length".into(),
+                )));
+            } else {
+                self.pending[1] = data;
+            }
+        }
+    }
+}
+
+/// What is left of a response body.
+enum Left {
+    Length(u64),
+    Chunked(Chunked),
+    Close,
+    Done,
+}
+
+/// A response body read from the upstream connection, which it holds
+/// until the body has ended; then the connection goes back to its
+/// [`OwnUpstream`] if it can serve another request, or is closed.
+struct UpstreamBody {
+    conn: Option<UpConn>,
+    /// The request body, if it is still going out.
+    writer: Option<BodyWriter>,
+    left: Left,
+    own: Arc<OwnUpstream>,
+    keep: bool,
+}
+
+impl UpstreamBody {
+    /// The body has ended: the connection is kept, or closed.
+    fn finish(&mut self) {
+        self.left = Left::Done;
+        // An upload still going is cut: the connection cannot be reused.
+        let uploading = self.writer.take().is_some();
+        if let Some(conn) = self.conn.take()
+            && self.keep
+            && !uploading
+            && conn.read.is_empty()
+        {
+            self.own.keep(conn);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let (Some(w), Some(conn)) = (this.writer.as_mut(), this.conn.as_ref()) {
+            match w.poll_send(&conn.stream, cx) {
+                Poll::Ready(Ok(())) => this.writer = None,
+                Poll::Ready(Err(SendFailed::Client(e))) => {
+                    this.writer = None;
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(Err(SendFailed::Upstream(e))) => {
+                    tracing::debug!(error = %e, "the upstream stopped taking the request body");
+                    this.writer = None;
+                    this.keep = false;
+                }
+                Poll::Pending => {}
+            }
+        }
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            if !conn.read.is_empty() {
+                let data = match &mut this.left {
+                    Left::Length(n) => {
+                        let take = conn
+                            .read
+                            .len()
+                            .min(usize::try_from(*n).unwrap_or(usize::MAX));
+                        *n -= take as u64;
+                        let data = conn.read.split_to(take).freeze();
+                        if *n == 0 {
+                            this.finish();
+                        }
+                        data
+                    }
+                    Left::Chunked(chunks) => {
+                        let mut data = BytesMut::new();
+                        let fed = chunks.feed(&conn.read, |d| data.extend_from_slice(d));
+                        let used = match fed {
+                            Ok(used) => used,
+                            Err(e) => {
+                                this.conn = None;
+                                return Poll::Ready(Some(Err(e.into())));
+                            }
+                        };
+                        conn.read.advance(used);
+                        if chunks.is_done() {
+                            this.finish();
+                        }
+                        data.freeze()
+                    }
+                    Left::Close => conn.read.split().freeze(),
+                    Left::Done => return Poll::Ready(None),
+                };
+                if !data.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                continue;
+            }
+            conn.read.reserve(READ_AT_ONCE);
+            let read = std::task::ready!(poll_read_into(&mut conn.stream, &mut conn.read, cx));
+            match read {
+                Ok(0) if matches!(this.left, Left::Close) => {
+                    this.left = Left::Done;
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(
+                        "the upstream closed the connection before the end of the body".into(),
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.left, Left::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.left {
+            Left::Length(n) => SizeHint::with_exact(n),
+            Left::Done => SizeHint::with_exact(0),
+            Left::Chunked(_) | Left::Close => SizeHint::default(),
+        }
+    }
+}
+
+/// Reads what the stream has into `buf`'s spare capacity (one read: the
+/// future is made for one poll, and a read that waits has taken nothing).
+fn poll_read_into(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    std::pin::pin!(stream.read_buf(buf)).poll(cx)
+}
