@@ -651,6 +651,95 @@ mod tests {
     }
 
     #[test]
+    fn a_response_body_ends_as_its_status_and_framing_say() {
+        let end = |text: &str, to_head: bool| {
+            parse_response(&Bytes::copy_from_slice(text.as_bytes()), to_head)
+                .map(|r| (r.body, r.keep_alive))
+        };
+        let ok = "HTTP/1.1 200 OK\r\n";
+        assert_eq!(
+            end(&format!("{ok}Content-Length: 5\r\n\r\n"), false),
+            Ok((BodyEnd::Length(5), true))
+        );
+        assert_eq!(
+            end(&format!("{ok}Content-Length: 5\r\n\r\n"), true),
+            Ok((BodyEnd::Empty, true)),
+            "the answer to a HEAD"
+        );
+        assert_eq!(
+            end(&format!("{ok}Transfer-Encoding: Chunked \r\n\r\n"), false),
+            Ok((BodyEnd::Chunked, true))
+        );
+        assert_eq!(
+            end(&format!("{ok}\r\n"), false),
+            Ok((BodyEnd::Close, false))
+        );
+        assert_eq!(
+            end(
+                "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+                false
+            ),
+            Ok((BodyEnd::Empty, true))
+        );
+        assert_eq!(
+            end(
+                "HTTP/1.1 204 No Content\r\nTransfer-Encoding: gzip\r\n\r\n",
+                false
+            ),
+            Ok((BodyEnd::Empty, true))
+        );
+        assert_eq!(
+            end("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", false),
+            Ok((BodyEnd::Length(1), false))
+        );
+        assert_eq!(
+            end(
+                "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n",
+                false
+            ),
+            Ok((BodyEnd::Length(1), true))
+        );
+        assert_eq!(
+            end(
+                &format!("{ok}Connection: close\r\nContent-Length: 0\r\n\r\n"),
+                false
+            ),
+            Ok((BodyEnd::Empty, false))
+        );
+        for bad in [
+            "Content-Length: 3\r\nTransfer-Encoding: chunked",
+            "Transfer-Encoding: gzip, chunked",
+            "Transfer-Encoding: chunked, chunked",
+            "Transfer-Encoding: identity",
+            "Content-Length: 3\r\nContent-Length: 4",
+            "Content-Length: 3, 4",
+            "Content-Length: -3",
+            "Content-Length: ",
+        ] {
+            let framed = end(&format!("{ok}{bad}\r\n\r\n"), false);
+            assert!(
+                matches!(framed, Err(WireError::Framing(_))),
+                "{bad}: {framed:?}"
+            );
+        }
+        assert!(matches!(
+            end(
+                "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                false
+            ),
+            Err(WireError::Framing(_))
+        ));
+        assert!(matches!(
+            end("HTTP/2 200\r\n\r\n", false),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            end("HTTP/1.1 20 OK\r\n\r\n", false),
+            Err(WireError::Malformed(_))
+        ));
+    }
+
+    #[test]
     fn a_malformed_or_oversized_head_is_an_error() {
         assert!(matches!(
             request("HELLO\r\n\r\n"),
@@ -847,6 +936,23 @@ mod tests {
                 let head = Bytes::from(bytes);
                 let _ = parse_request(&head);
                 let _ = parse_request_line(&head);
+            }
+
+            #[test]
+            fn any_response_head_parses_or_is_refused_never_a_panic(
+                text in "HTTP/1\\.[0-9] [0-9]{0,4} [ -~]{0,20}\r\n((Content-Length|Transfer-Encoding|Connection|[A-Za-z-]{0,12}):[ -~\t]{0,30}\r?\n){0,6}\r?\n",
+                noise in proptest::collection::vec(any::<u8>(), 0..8),
+                at in any::<usize>(),
+                to_head in any::<bool>(),
+            ) {
+                let mut bytes = text.into_bytes();
+                let at = at % (bytes.len() + 1);
+                bytes.splice(at..at, noise);
+                if let Ok(res) = parse_response(&Bytes::from(bytes), to_head) {
+                    // A body that ends at the close never leaves the
+                    // connection to be reused.
+                    prop_assert!(!(res.body == BodyEnd::Close && res.keep_alive));
+                }
             }
         }
     }
