@@ -150,7 +150,11 @@ pub(crate) fn sanitize(
             ));
         }
     };
-    parts.extensions.insert(framed);
+    // Without one, a request has no body (HTTP/1.1) or the stream's (HTTP/2):
+    // most requests need no extension, whose first costs an allocation.
+    if framed != Framed::Unframed {
+        parts.extensions.insert(framed);
+    }
     headers::remove_hop_by_hop(&mut parts.headers);
     headers::remove_misleading(&mut parts.headers, normalize.underscores_in_headers, || {
         policy.headers_read()
@@ -284,7 +288,7 @@ where
             Sender::Pooled(_) => parts
                 .extensions
                 .get::<ClientAddr>()
-                .map(|ClientAddr(peer)| headers::hop_of(peer.ip())),
+                .map(|ClientAddr(peer)| headers::Hop::of(peer.ip())),
         };
         rewrite_head(&self.upstream, self.host, &mut parts, hop.as_ref());
         frame(&mut parts, &body);
@@ -428,14 +432,14 @@ where
 
 /// Rewrites a request's head for the upstream (all but its URI, version
 /// and framing), after the rules ran on the [`sanitize`]d head:
-/// `X-Forwarded-For` gets the peer's `hop` (see [`headers::hop_of`]),
+/// `X-Forwarded-For` gets the peer's `hop` (see [`headers::Hop`]),
 /// `X-Forwarded-Proto` and `X-Forwarded-Host` are set unless a trusted
 /// proxy in front set them, and `Host` is as `host` says.
 pub(crate) fn rewrite_head(
     upstream: &Upstream,
     host: HostHeader,
     parts: &mut http::request::Parts,
-    hop: Option<&HeaderValue>,
+    hop: Option<&headers::Hop>,
 ) {
     // The host the client asked for, before anything changes it: the
     // `Host` header (HTTP/1.1) or the URI's authority (HTTP/2).
@@ -450,7 +454,7 @@ pub(crate) fn rewrite_head(
     }
     let trusted = parts.extensions.get::<TrustedPeer>().is_some();
     if let Some(hop) = hop {
-        headers::append_hop(&mut parts.headers, hop);
+        headers::append_hop(&mut parts.headers, &hop.address);
         headers::claims_of_the_peer(&mut parts.headers, hop, trusted);
     }
     // A trusted proxy in front said what the client used; otherwise this

@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 /// `X-Forwarded-For`: the chain of client addresses, each proxy appending
 /// the peer it received the request from.
@@ -17,7 +18,8 @@ pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forw
 /// `Proxy-Connection`), which describe one connection and must not be
 /// passed on. `Expect` goes too: the proxy's server has already answered a
 /// `100-continue` by reading the body, and its client does not wait for one.
-const HOP_BY_HOP: [HeaderName; 8] = [
+// Statics, not consts: a const array is made and dropped at every use.
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -34,7 +36,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// a body through as further requests (CL.0 smuggling); removing the
 /// forwarding chain or the degrade marker would let a client decide what
 /// the upstream believes about it.
-const PROTECTED: [HeaderName; 9] = [
+static PROTECTED: [HeaderName; 9] = [
     header::HOST,
     header::CONTENT_LENGTH,
     header::TRANSFER_ENCODING,
@@ -80,11 +82,11 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|token| sent(token.trim_ascii()))
         .filter(|name| !PROTECTED.contains(name));
     let hop_by_hop = HOP_BY_HOP
-        .into_iter()
+        .iter()
         .enumerate()
         .filter(|(i, _)| present & (1 << i) != 0)
-        .map(|(_, name)| name);
-    let gone: Vec<HeaderName> = listed.chain(hop_by_hop).collect();
+        .map(|(_, name)| name.clone());
+    let gone: SmallVec<[HeaderName; 4]> = listed.chain(hop_by_hop).collect();
     for name in &gone {
         headers.remove(name);
     }
@@ -100,7 +102,7 @@ pub(crate) const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// request-ip `X-Client-IP`), so from a client that is not a trusted proxy
 /// they are removed: `X-Real-IP` and `Forwarded` are then written by this
 /// proxy, with the peer's address.
-const CLIENT_CLAIMS: [HeaderName; 16] = [
+static CLIENT_CLAIMS: [HeaderName; 16] = [
     X_REAL_IP,
     header::FORWARDED,
     HeaderName::from_static("x-client-ip"),
@@ -123,7 +125,7 @@ const CLIENT_CLAIMS: [HeaderName; 16] = [
 /// target's (Symfony's and IIS's `X-Original-URL`, `X-Rewrite-URL`): the
 /// rules match the target, so the upstream must route by it. Removed from
 /// every request.
-const ROUTING: [HeaderName; 2] = [
+static ROUTING: [HeaderName; 2] = [
     HeaderName::from_static("x-original-url"),
     HeaderName::from_static("x-rewrite-url"),
 ];
@@ -208,9 +210,9 @@ pub(crate) fn misleading(
 /// the peer's address (`hop`, as [`hop_of`] writes it). From a trusted
 /// proxy, they are its own and kept; a `Forwarded` chain it sent gets this
 /// hop appended, as `X-Forwarded-For` does.
-pub(crate) fn claims_of_the_peer(headers: &mut HeaderMap, hop: &HeaderValue, trusted: bool) {
-    let node = forwarded_node(hop);
+pub(crate) fn claims_of_the_peer(headers: &mut HeaderMap, hop: &Hop, trusted: bool) {
     if trusted {
+        let node = forwarded_node(&hop.address);
         if headers.contains_key(header::FORWARDED) {
             let mut chain = Vec::new();
             for value in headers.get_all(header::FORWARDED) {
@@ -230,10 +232,28 @@ pub(crate) fn claims_of_the_peer(headers: &mut HeaderMap, hop: &HeaderValue, tru
             headers.remove(name);
         }
     }
-    headers.insert(X_REAL_IP, hop.clone());
-    let forwarded = [&b"for="[..], &node, b";proto=http"].concat();
-    let forwarded = HeaderValue::from_bytes(&forwarded).expect("an address is a valid value");
-    headers.insert(header::FORWARDED, forwarded);
+    headers.insert(X_REAL_IP, hop.address.clone());
+    headers.insert(header::FORWARDED, hop.forwarded.clone());
+}
+
+/// A peer as the forwarding headers name it: made once a connection, not
+/// for each of its requests.
+#[derive(Debug, Clone)]
+pub(crate) struct Hop {
+    /// Its address as an `X-Forwarded-For` hop ([`hop_of`]), and as
+    /// `X-Real-IP`.
+    pub(crate) address: HeaderValue,
+    /// `Forwarded: for=<address>;proto=http`.
+    forwarded: HeaderValue,
+}
+
+impl Hop {
+    pub(crate) fn of(peer: IpAddr) -> Self {
+        let address = hop_of(peer);
+        let forwarded = [&b"for="[..], &forwarded_node(&address), b";proto=http"].concat();
+        let forwarded = HeaderValue::from_bytes(&forwarded).expect("an address is a valid value");
+        Self { address, forwarded }
+    }
 }
 
 /// An address as a `Forwarded` node (RFC 7239 section 6): an IPv6 one in
@@ -465,7 +485,11 @@ mod tests {
             ("x-forwarded-port", "443"),
             ("x-kept", "1"),
         ]);
-        claims_of_the_peer(&mut headers, &hop_of("2001:db8::1".parse().unwrap()), false);
+        claims_of_the_peer(
+            &mut headers,
+            &Hop::of("2001:db8::1".parse().unwrap()),
+            false,
+        );
         let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["forwarded", "x-kept", "x-real-ip"]);
@@ -483,7 +507,7 @@ mod tests {
             ("forwarded", "for=203.0.113.7;proto=https"),
             ("true-client-ip", "203.0.113.7"),
         ]);
-        claims_of_the_peer(&mut headers, &hop_of("10.0.0.2".parse().unwrap()), true);
+        claims_of_the_peer(&mut headers, &Hop::of("10.0.0.2".parse().unwrap()), true);
         assert_eq!(all(&headers, "x-real-ip"), ["203.0.113.7"]);
         assert_eq!(all(&headers, "true-client-ip"), ["203.0.113.7"]);
         assert_eq!(
@@ -492,7 +516,7 @@ mod tests {
         );
         // No chain of its own: none is started with the proxy's address.
         let mut none = HeaderMap::new();
-        claims_of_the_peer(&mut none, &hop_of("10.0.0.2".parse().unwrap()), true);
+        claims_of_the_peer(&mut none, &Hop::of("10.0.0.2".parse().unwrap()), true);
         assert!(none.is_empty());
     }
 

@@ -93,7 +93,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     let (io, mut closing) = client.into_io();
     let proxy = &relay.proxy;
     let own = Arc::new(OwnUpstream::new(
-        super::headers::hop_of(peer.ip()),
+        super::headers::Hop::of(peer.ip()),
         proxy.forward.upstream.clone(),
         &proxy.options,
     ));

@@ -50,6 +50,18 @@ pub(crate) fn normalize(
     check_method(&parts.method)?;
     let authority = host_of(parts)?;
     let path = parts.uri.path();
+    // Most targets are normal already: nothing to decode, merge or
+    // resolve, whatever the options (a property test holds this to
+    // `normalize_path`), and no other reading.
+    if authority.is_none()
+        && is_plain(path)
+        && parts
+            .uri
+            .query()
+            .is_none_or(|q| q.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return Ok(());
+    }
     let mut target = if path.is_empty() {
         // An absolute-form target without a path.
         b"/".to_vec()
@@ -216,6 +228,29 @@ fn host_of(parts: &http::request::Parts) -> Result<Option<Authority>, ForwardErr
         }
         None => Ok(None),
     }
+}
+
+/// Whether `path` is one that [`normalize_path`] leaves as it is under any
+/// options: `/`-led segments of letters, digits, `-`, `_`, `~` and `.`,
+/// none empty but the last, none `.` or `..`.
+fn is_plain(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    let mut segments = rest.split('/').peekable();
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
+        if (segment.is_empty() && !last)
+            || segment == "."
+            || segment == ".."
+            || !segment
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~' | b'.'))
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// `path` normalized as `options` say. Works on bytes: a path may hold
@@ -633,5 +668,52 @@ mod tests {
             .body(())
             .unwrap();
         assert!(head(custom).is_ok());
+    }
+
+    proptest::proptest! {
+        /// The shortcut in [`normalize`] skips `normalize_path` only where
+        /// it would change nothing, under every option.
+        #[test]
+        fn a_plain_path_is_left_as_it_is_under_any_options(
+            path in "(/[A-Za-z0-9._~%;\\\\-]{0,6}){1,5}/?",
+            flags in 0u8..8,
+            escaped in 0u8..3,
+        ) {
+            let options = Normalize {
+                path: flags & 1 != 0,
+                merge_slashes: flags & 2 != 0,
+                underscores_in_headers: flags & 4 != 0,
+                escaped_slashes: [EscapedSlashes::Keep, EscapedSlashes::Reject, EscapedSlashes::Unescape]
+                    [usize::from(escaped)],
+            };
+            if is_plain(&path) {
+                let normalized = normalize_path(&path, options).map_err(|e| e.to_string());
+                proptest::prop_assert_eq!(normalized, Ok(path.clone().into_bytes()));
+            }
+        }
+    }
+
+    #[test]
+    fn plain_paths_are_told_apart() {
+        for plain in ["/", "/a", "/a/", "/a.b/c-d_e~f", "/.well-known/x", "/a..b"] {
+            assert!(is_plain(plain), "{plain}");
+        }
+        for other in [
+            "",
+            "a",
+            "//",
+            "/a//b",
+            "/.",
+            "/..",
+            "/a/./b",
+            "/a/../b",
+            "/a/.",
+            "/a%2F",
+            "/a;b",
+            "/a\\b",
+            "/caf\u{e9}",
+        ] {
+            assert!(!is_plain(other), "{other}");
+        }
     }
 }

@@ -26,7 +26,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderValue};
+use http::header;
 use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use super::deadline::ConnDeadline;
 use super::error::{BoxError, ForwardError};
 use super::forward::Upstream;
+use super::headers::Hop;
 use super::{ProxyBody, ProxyOptions};
 use crate::http1::wire::{BodyEnd, Chunked, MAX_HEAD, head_end, parse_response};
 
@@ -46,8 +47,8 @@ const READ_AT_ONCE: usize = 16 * 1024;
 /// One client connection's upstream connection, kept between its requests
 /// and made again when the upstream has closed it.
 pub(crate) struct OwnUpstream {
-    /// The client's address as an `X-Forwarded-For` hop.
-    pub(crate) hop: HeaderValue,
+    /// The client as the forwarding headers name it.
+    pub(crate) hop: Hop,
     /// The connection to send the next request on, and since when it has
     /// been idle.
     kept: Mutex<Option<(UpConn, Instant)>>,
@@ -88,7 +89,7 @@ fn broken(e: impl Into<BoxError>) -> ForwardError {
 }
 
 impl OwnUpstream {
-    pub(crate) fn new(hop: HeaderValue, upstream: Arc<Upstream>, options: &ProxyOptions) -> Self {
+    pub(crate) fn new(hop: Hop, upstream: Arc<Upstream>, options: &ProxyOptions) -> Self {
         Self {
             hop,
             kept: Mutex::new(None),
