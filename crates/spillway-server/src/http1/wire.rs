@@ -62,21 +62,15 @@ pub(crate) enum Framing {
 pub(crate) fn head_end(buf: &[u8]) -> Option<usize> {
     // Lines may end in a bare LF (RFC 9112 section 2.2 lets a recipient
     // accept it); httparse does, so the end is found the same way.
-    let mut from = 0;
-    while let Some(i) = memchr(b'\n', &buf[from..]) {
-        let lf = from + i;
+    for lf in memchr::memchr_iter(b'\n', buf) {
         match buf.get(lf + 1) {
             Some(b'\n') => return Some(lf + 2),
             Some(b'\r') if buf.get(lf + 2) == Some(&b'\n') => return Some(lf + 3),
-            Some(_) => from = lf + 1,
+            Some(_) => {}
             None => return None,
         }
     }
     None
-}
-
-fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == needle)
 }
 
 /// A request head's line and what its headers say of the message, without
