@@ -14,7 +14,7 @@ use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use spillway_tower::{ClientAddr, OtherPaths};
 use tower::Service;
@@ -301,12 +301,20 @@ where
         // spoke to the proxy.
         parts.version = Version::HTTP_11;
 
-        let failed = Arc::new(AtomicBool::new(false));
-        let body = Watched {
-            inner: body,
-            failed: failed.clone(),
+        // A body that is over cannot break: no watch (and a body of no
+        // size, whose box allocates nothing).
+        let (body, failed) = if body.is_end_stream() {
+            let none = Empty::new().map_err(|never| match never {});
+            (none.boxed_unsync(), None)
+        } else {
+            let failed = Arc::new(AtomicBool::new(false));
+            let body = Watched {
+                inner: body,
+                failed: failed.clone(),
+            };
+            (body.boxed_unsync(), Some(failed))
         };
-        let req = Request::from_parts(parts, body.boxed_unsync());
+        let req = Request::from_parts(parts, body);
         let send = self.send.clone();
         let timeout = self.response_timeout;
         let upstream = self.upstream.clone();
@@ -341,7 +349,7 @@ where
                 }
                 // The client's body broke (bad chunk, cut short): the
                 // client's fault, not the upstream's.
-                Some(Err(_)) if failed.load(Ordering::Relaxed) => {
+                Some(Err(_)) if failed.is_some_and(|f| f.load(Ordering::Relaxed)) => {
                     ForwardError::BadRequest("The request body could not be read.")
                 }
                 Some(Err(e)) => e,

@@ -75,11 +75,15 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
             .find(|name| token.eq_ignore_ascii_case(name.as_str().as_bytes()))
             .cloned()
     };
+    // `keep-alive`, the usual token, names a hop-by-hop header, which goes
+    // below anyway: not looked for.
     let listed = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .filter_map(|token| sent(token.trim_ascii()))
+        .map(<[u8]>::trim_ascii)
+        .filter(|token| !token.eq_ignore_ascii_case(b"keep-alive"))
+        .filter_map(sent)
         .filter(|name| !PROTECTED.contains(name));
     let hop_by_hop = HOP_BY_HOP
         .iter()

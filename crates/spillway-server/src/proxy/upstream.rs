@@ -64,6 +64,8 @@ pub(crate) struct OwnUpstream {
 struct UpConn {
     stream: TcpStream,
     read: BytesMut,
+    /// The request head being written (kept: one allocation a connection).
+    out: Vec<u8>,
 }
 
 /// Why an exchange failed, and whether the request may go again on a new
@@ -111,8 +113,6 @@ impl OwnUpstream {
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let (parts, body) = req.into_parts();
         let to_head = parts.method == Method::HEAD;
-        let mut head = Vec::with_capacity(512);
-        encode_head(&parts, &mut head);
         let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
         let length = parts
             .headers
@@ -122,7 +122,7 @@ impl OwnUpstream {
         let mut body = Some(body);
         if let Some(conn) = self.take_kept() {
             match self
-                .exchange(conn, &head, &mut body, chunked, length, to_head)
+                .exchange(conn, &parts, &mut body, chunked, length, to_head)
                 .await
             {
                 Ok(res) => return Ok(res),
@@ -133,7 +133,7 @@ impl OwnUpstream {
             }
         }
         let conn = self.connect().await?;
-        self.exchange(conn, &head, &mut body, chunked, length, to_head)
+        self.exchange(conn, &parts, &mut body, chunked, length, to_head)
             .await
             .map_err(|failed| failed.error)
     }
@@ -142,14 +142,16 @@ impl OwnUpstream {
     async fn exchange(
         self: &Arc<Self>,
         mut conn: UpConn,
-        head: &[u8],
+        parts: &http::request::Parts,
         body: &mut Option<ProxyBody>,
         chunked: bool,
         length: Option<u64>,
         to_head: bool,
     ) -> Result<Response<ProxyBody>, Failed> {
         let bodiless = body.as_ref().is_none_or(Body::is_end_stream);
-        if let Err(e) = conn.stream.write_all(head).await {
+        conn.out.clear();
+        encode_head(parts, &mut conn.out);
+        if let Err(e) = conn.stream.write_all(&conn.out).await {
             return Err(Failed {
                 error: broken(e),
                 again: bodiless,
@@ -260,6 +262,7 @@ impl OwnUpstream {
         Ok(UpConn {
             stream,
             read: BytesMut::new(),
+            out: Vec::with_capacity(512),
         })
     }
 }
