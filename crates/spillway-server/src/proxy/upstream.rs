@@ -311,6 +311,11 @@ impl UpConn {
                     }
                 }
                 if let Some(end) = head_end(&self.read[from..]) {
+                    // A read may take the buffer past the limit: the head's
+                    // end is held to it, not the buffer before the read.
+                    if from + end > MAX_HEAD {
+                        return Poll::Ready(Err(broken("the upstream's response head is too large")));
+                    }
                     return Poll::Ready(Ok(from + end));
                 }
                 // The last bytes may begin the blank line.
