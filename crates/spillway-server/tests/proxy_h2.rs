@@ -97,8 +97,9 @@ impl Drop for OpenConn {
 
 /// A raw HTTP/1.1 upstream. `GET`/`POST /hold` is held (its body never
 /// read whole) until [`release`](Upstream::release) or until the proxy
-/// closes the connection; `/big` is answered with [`BIG`] bytes; anything
-/// else with `ok` at once, kept alive.
+/// closes the connection; `/big` is answered with [`BIG`] bytes; `GET
+/// /wait` with `ok`, kept alive, once released; anything else with `ok` at
+/// once, kept alive.
 struct Upstream {
     addr: SocketAddr,
     counts: Arc<Counts>,
@@ -177,6 +178,9 @@ async fn upstream_connection(
         open.0.paths.lock().expect("paths").push(path.clone());
         if path == "/hold" || path == "/big" {
             break path;
+        }
+        if path == "/wait" && released.wait_for(|&r| r).await.is_err() {
+            return;
         }
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
         if stream.write_all(ok).await.is_err() {
@@ -469,6 +473,53 @@ async fn the_pool_opens_at_most_its_cap_and_answers_503_past_it() {
     let res = h1.response(WAIT).await.expect("an HTTP/1.1 answer");
     assert_eq!(res.status, 200);
     upstream.release();
+}
+
+/// An HTTP/2 client's upstream connections, kept idle once its requests
+/// are answered, hold slots of the pool: another client that finds none
+/// free closes one of them rather than waiting for a slot (and getting 503
+/// after the connect timeout), as it would have reused one in a pool all
+/// clients shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_idle_upstream_connections_never_keep_another_from_being_served() {
+    let upstream = Upstream::start().await;
+    let bounds = ProxyBounds {
+        pool_max_connections: NonZeroUsize::new(2).expect("nonzero"),
+        ..ProxyBounds::default()
+    };
+    let connect_timeout = Duration::from_millis(500);
+    let proxy = start_proxy(
+        &upstream,
+        ProxyOptions {
+            bounds,
+            connect_timeout,
+            ..ProxyOptions::default()
+        },
+    )
+    .await;
+    let (mut first, _first_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let waits = [
+        open_get(&mut first, "/wait").await,
+        open_get(&mut first, "/wait").await,
+    ];
+    until("both forwarded at once", || upstream.arrived("/wait") == 2).await;
+    upstream.release();
+    for wait in waits {
+        let res = within("an answer", wait).await.expect("its task");
+        assert_eq!(res.expect("a response").status(), StatusCode::OK);
+    }
+    // The first client's two upstream connections are idle, and hold the
+    // pool's two slots.
+    let (mut second, _second_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let started = tokio::time::Instant::now();
+    let answer = open_get(&mut second, "/other").await;
+    let res = within("an answer", answer).await.expect("its task");
+    assert_eq!(res.expect("a response").status(), StatusCode::OK);
+    assert!(
+        started.elapsed() < connect_timeout,
+        "waited for a slot an idle connection held"
+    );
+    assert_eq!(upstream.arrived("/other"), 1);
 }
 
 /// A HEADERS frame opening stream `id` with `GET /reset` and no body,

@@ -100,8 +100,9 @@ pub struct ProxyBounds {
     /// The most requests one HTTP/2 connection may have open at once (sent
     /// as `SETTINGS_MAX_CONCURRENT_STREAMS`). Default 100.
     pub http2_max_streams: NonZeroU32,
-    /// The most upstream connections HTTP/2 clients' requests share, all
-    /// clients together. Default 1,000.
+    /// The most upstream connections HTTP/2 clients' requests hold at once,
+    /// idle ones kept for their next requests included, all clients
+    /// together. Default 1,000.
     pub pool_max_connections: NonZeroUsize,
     /// The most requests held for their shaping turn (leaky bucket, `mode
     /// = "shape"`) at once, all rules and clients together; one more is

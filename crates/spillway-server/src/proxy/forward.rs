@@ -328,7 +328,12 @@ where
                             .map_err(ForwardError::from_client)
                     })
                 }
-                // The connection's one timer, moved to this request's time.
+                // HTTP/2: requests at once, a timer each.
+                Sender::Own(own) if own.is_shared() => {
+                    tokio::time::timeout(timeout, own.send(req)).await.ok()
+                }
+                // HTTP/1.1: the connection's one timer, moved to this
+                // request's time.
                 Sender::Own(own) => {
                     let at = tokio::time::Instant::now() + timeout;
                     own.response.within(at, own.send(req)).await

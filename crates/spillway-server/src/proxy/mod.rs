@@ -163,10 +163,10 @@ pub struct ProxyOptions {
     pub drain_timeout: Duration,
     /// What clients may hold at once: whether HTTP/2 clients are served,
     /// how many requests one connection may have open, how many upstream
-    /// connections their requests share (the pool, which also serves every
-    /// request of a proxy made [`with_connector`](Proxy::with_connector)):
-    /// a request that finds none free within `connect_timeout` is answered
-    /// 503; and how many requests are held for their shaping turn (past it,
+    /// connections HTTP/2 clients hold at once (and the pool of a proxy
+    /// made [`with_connector`](Proxy::with_connector), which serves every
+    /// request): a request that finds none free within `connect_timeout`
+    /// is answered 503; and how many requests are held for their shaping turn (past it,
     /// 503). `[proxy]` in the binary; see `docs/proxy.md`.
     pub bounds: ProxyBounds,
 }

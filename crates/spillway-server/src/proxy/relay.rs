@@ -27,12 +27,11 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use spillway_tower::{ClientAddr, Draining, HoldCap};
 use tokio::net::TcpStream;
-use tower::ServiceExt;
 
 use super::deadline::HeadTimer;
 use super::forward::{Forward, Sender};
 use super::service::limit;
-use super::upstream::OwnUpstream;
+use super::upstream::{OwnUpstream, Pool};
 use super::{Connector, Proxy};
 use crate::http1::wire::{MAX_HEAD, MAX_HEADERS};
 use crate::http1::{self, Client, Lifetime, Timeouts};
@@ -48,6 +47,8 @@ pub(crate) struct Relay<C> {
     /// The requests held for their shaping turn, all connections together
     /// (`[proxy] max_held`).
     pub(crate) held: HoldCap,
+    /// The HTTP/2 clients' upstream connections.
+    pub(crate) pool: Arc<Pool>,
 }
 
 /// Serves one client connection until it closes, fails, or the server
@@ -67,14 +68,28 @@ pub(crate) async fn serve<C: Connector>(
     }
     match client.sniff().await {
         Ok(true) => {
-            let proxy = relay.proxy.clone();
+            // The connection's requests go on upstream connections of its
+            // own, driven by the requests' tasks: none is handed to a pool's
+            // task and back.
+            let proxy = &relay.proxy;
+            let own = OwnUpstream::shared(
+                super::headers::Hop::of(peer.ip()),
+                proxy.forward.upstream.clone(),
+                &proxy.options,
+                &relay.pool,
+            );
+            let forward = Arc::new(Forward {
+                send: Sender::<C>::Own(own),
+                ..proxy.forward.clone()
+            });
+            let shared = proxy.shared.clone();
             let draining = Draining::new(client.closing.receiver());
             let held = relay.held.clone();
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(ClientAddr(peer));
                 req.extensions_mut().insert(draining.clone());
                 req.extensions_mut().insert(held.clone());
-                proxy.clone().oneshot(req)
+                limit(&shared, Forward::clone(&forward), req)
             });
             let limits = http1::H2Limits {
                 max_streams: bounds.http2_max_streams.get(),

@@ -48,7 +48,7 @@ pub struct Proxy<C = HttpConnector> {
     tcp: bool,
     /// The pool's connections open or free to open (see [`Capped`]); the
     /// relay lowers it to fit the process's file limit.
-    pool_slots: Arc<tokio::sync::Semaphore>,
+    pub(crate) pool_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Proxy<HttpConnector> {
@@ -132,10 +132,11 @@ impl<C: Connector> Proxy<C> {
     /// returns once the connections' requests in flight have finished (idle
     /// connections are closed at once).
     ///
-    /// A proxy made by [`new`](Proxy::new) relays HTTP/1.1 itself, each
-    /// client connection over an upstream connection of its own (the
-    /// relay); one made [`with_connector`](Proxy::with_connector) serves
-    /// every request with hyper and the pooled client.
+    /// A proxy made by [`new`](Proxy::new) forwards each client
+    /// connection's requests over upstream connections of its own, spoken
+    /// to by its own HTTP/1.1 client (the relay); one made
+    /// [`with_connector`](Proxy::with_connector) serves every request with
+    /// hyper and its pooled client.
     pub async fn run(
         self,
         listener: TcpListener,
@@ -223,6 +224,7 @@ impl<C: Connector> Proxy<C> {
                 ..http1::Timeouts::default()
             },
             held: HoldCap::new(self.options.bounds.max_held),
+            pool: super::upstream::Pool::new(self.pool_slots.clone()),
             proxy: self,
         });
         http1::serve_connections_with(listener, shutdown, accepting, |stream, peer, life| {

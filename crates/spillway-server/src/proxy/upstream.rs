@@ -30,8 +30,12 @@ use http::header;
 use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
+use std::collections::HashMap;
+use std::sync::Weak;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::deadline::ConnDeadline;
@@ -44,18 +48,26 @@ use crate::http1::wire::{BodyEnd, Chunked, MAX_HEAD, head_end, parse_response};
 /// How much the connection reads at a time.
 const READ_AT_ONCE: usize = 16 * 1024;
 
-/// One client connection's upstream connection, kept between its requests
-/// and made again when the upstream has closed it.
+/// One client connection's upstream connections, kept between its
+/// requests and made again when the upstream has closed them: one for an
+/// HTTP/1.1 client (a request at a time), as many as it has requests open
+/// for an HTTP/2 client, within the pool's cap for all HTTP/2 clients
+/// together.
 pub(crate) struct OwnUpstream {
     /// The client as the forwarding headers name it.
     pub(crate) hop: Hop,
-    /// The connection to send the next request on, and since when it has
-    /// been idle.
-    kept: Mutex<Option<(UpConn, Instant)>>,
+    /// The connections to send the next requests on, the last idle the
+    /// shortest, each with the time it has been idle since.
+    kept: Mutex<Vec<(UpConn, Instant)>>,
     upstream: Arc<Upstream>,
     connect_timeout: Duration,
     idle_timeout: Duration,
-    /// The deadline of the response head in flight (one at a time).
+    /// For an HTTP/2 client: the pool's slots, one held by each upstream
+    /// connection while it is open (`[proxy] pool_max_connections`), and
+    /// its place among the pool's users.
+    slots: Option<(Arc<Pool>, u64)>,
+    /// For an HTTP/1.1 client: the deadline of the response head in flight
+    /// (one at a time).
     pub(crate) response: ConnDeadline,
 }
 
@@ -66,6 +78,8 @@ struct UpConn {
     read: BytesMut,
     /// The request head being written (kept: one allocation a connection).
     out: Vec<u8>,
+    /// The pool's slot it holds, for an HTTP/2 client's.
+    _slot: Option<OwnedSemaphorePermit>,
 }
 
 /// Why an exchange failed, and whether the request may go again on a new
@@ -91,15 +105,42 @@ fn broken(e: impl Into<BoxError>) -> ForwardError {
 }
 
 impl OwnUpstream {
+    /// An HTTP/1.1 client's: one request at a time.
     pub(crate) fn new(hop: Hop, upstream: Arc<Upstream>, options: &ProxyOptions) -> Self {
         Self {
             hop,
-            kept: Mutex::new(None),
+            kept: Mutex::new(Vec::with_capacity(1)),
             upstream,
             connect_timeout: options.connect_timeout,
             idle_timeout: options.pool_idle_timeout,
+            slots: None,
             response: ConnDeadline::default(),
         }
+    }
+
+    /// An HTTP/2 client's: its requests at once, each connection holding
+    /// one of `pool`'s slots while it is open.
+    pub(crate) fn shared(
+        hop: Hop,
+        upstream: Arc<Upstream>,
+        options: &ProxyOptions,
+        pool: &Arc<Pool>,
+    ) -> Arc<Self> {
+        let id = pool.next.fetch_add(1, Ordering::Relaxed);
+        let mut own = Self::new(hop, upstream, options);
+        own.slots = Some((pool.clone(), id));
+        let own = Arc::new(own);
+        pool.users
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, Arc::downgrade(&own));
+        own
+    }
+
+    /// Whether requests go at once (HTTP/2), each then with a timer of its
+    /// own rather than [`response`](Self::response).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.slots.is_some()
     }
 
     /// Sends `req` (in origin form, its framing headers the proxy's own) on
@@ -209,17 +250,27 @@ impl OwnUpstream {
         }
     }
 
-    /// The kept connection, if it has not been idle too long and nothing
-    /// (an end, stray bytes) has arrived on it since its last response.
+    /// A kept connection that has not been idle too long and on which
+    /// nothing (an end, stray bytes) has arrived since its last response;
+    /// the others are closed.
     fn take_kept(&self) -> Option<UpConn> {
-        let (conn, since) = self
-            .kept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()?;
-        if since.elapsed() >= self.idle_timeout {
-            return None;
+        loop {
+            let (conn, since) = self
+                .kept
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop()?;
+            if let Some((pool, _)) = &self.slots {
+                pool.idle.fetch_sub(1, Ordering::AcqRel);
+            }
+            if since.elapsed() < self.idle_timeout && Self::quiet(&conn) {
+                return Some(conn);
+            }
         }
+    }
+
+    /// Whether nothing has arrived on an idle connection.
+    fn quiet(conn: &UpConn) -> bool {
         // Readiness is cleared by the short read that ended the last
         // response: set again, something came (usually the upstream's FIN).
         let waker = std::task::Waker::noop();
@@ -229,20 +280,30 @@ impl OwnUpstream {
             .is_ready();
         if ready {
             let mut probe = [0u8; 1];
-            match conn.stream.try_read(&mut probe) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                _ => return None,
-            }
+            return matches!(
+                conn.stream.try_read(&mut probe),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock
+            );
         }
-        Some(conn)
+        true
     }
 
     fn keep(&self, conn: UpConn) {
-        *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some((conn, Instant::now()));
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.push((conn, Instant::now()));
+        if let Some((pool, _)) = &self.slots {
+            pool.idle.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
-    /// A new connection to the upstream.
+    /// A new connection to the upstream (for an HTTP/2 client, once one of
+    /// the pool's slots is free: `503` if none is within the connect
+    /// timeout).
     async fn connect(&self) -> Result<UpConn, ForwardError> {
+        let slot = match &self.slots {
+            None => None,
+            Some((pool, _)) => Some(pool.slot(self.connect_timeout).await?),
+        };
         let authority = self.upstream.authority();
         let port = authority.port_u16().unwrap_or(80);
         let host = authority
@@ -263,7 +324,91 @@ impl OwnUpstream {
             stream,
             read: BytesMut::new(),
             out: Vec::with_capacity(512),
+            _slot: slot,
         })
+    }
+}
+
+impl Drop for OwnUpstream {
+    fn drop(&mut self) {
+        if let Some((pool, id)) = &self.slots {
+            let kept = self.kept.get_mut().unwrap_or_else(PoisonError::into_inner);
+            pool.idle.fetch_sub(kept.len(), Ordering::AcqRel);
+            pool.users
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(id);
+        }
+    }
+}
+
+/// The upstream connections of the HTTP/2 clients, all together: at most
+/// as many open at once as the pool has slots (`[proxy]
+/// pool_max_connections`), each client's kept between its requests. A
+/// client that finds no slot free closes another client's idle connection
+/// first: kept connections never keep a request from being served, as
+/// they did not in a pool all clients shared.
+pub(crate) struct Pool {
+    slots: Arc<Semaphore>,
+    /// The clients that may keep idle connections, by number.
+    users: Mutex<HashMap<u64, Weak<OwnUpstream>>>,
+    next: AtomicU64,
+    /// How many connections the clients keep idle: none, and a client short
+    /// of a slot looks at no other.
+    idle: AtomicUsize,
+}
+
+impl Pool {
+    pub(crate) fn new(slots: Arc<Semaphore>) -> Arc<Self> {
+        Arc::new(Self {
+            slots,
+            users: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+            idle: AtomicUsize::new(0),
+        })
+    }
+
+    /// A slot for a new connection: a free one, or one an idle connection
+    /// gives up, or one that frees within `wait` (else `503`).
+    async fn slot(&self, wait: Duration) -> Result<OwnedSemaphorePermit, ForwardError> {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Ok(slot);
+        }
+        self.close_an_idle_connection();
+        match tokio::time::timeout(wait, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            Ok(Err(_)) | Err(_) => Err(ForwardError::Busy(wait)),
+        }
+    }
+
+    /// Closes the connection idle the longest among the clients' kept ones.
+    fn close_an_idle_connection(&self) {
+        if self.idle.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        // The clients are taken out of the lock first: one dropped here may
+        // be the last of it, whose drop takes the lock.
+        let users: Vec<Arc<OwnUpstream>> = self
+            .users
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let oldest = users
+            .iter()
+            .filter_map(|own| {
+                let kept = own.kept.lock().unwrap_or_else(PoisonError::into_inner);
+                kept.first().map(|(_, since)| (*since, own))
+            })
+            .min_by_key(|(since, _)| *since);
+        if let Some((_, own)) = oldest {
+            let mut kept = own.kept.lock().unwrap_or_else(PoisonError::into_inner);
+            if !kept.is_empty() {
+                drop(kept.remove(0));
+                self.idle.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
     }
 }
 
