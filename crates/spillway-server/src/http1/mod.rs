@@ -189,10 +189,13 @@ pub(crate) async fn serve_connections_with<F>(
     let _ = closing.send(true);
     // Connections the kernel completed before the listener closes would be
     // reset with it: they are served (told to close after one request).
-    for (stream, peer) in backlog(&listener) {
+    // The listener closes as soon as they are taken, before they are
+    // started: one completed in between would be reset.
+    let waiting = backlog(&listener);
+    drop(listener);
+    for (stream, peer) in waiting {
         start(stream, peer);
     }
-    drop(listener);
     drop(alive);
     // Every connection holds a sender: this ends when the last one is done.
     let drain = accepting.drain_timeout;

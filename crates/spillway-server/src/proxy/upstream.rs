@@ -290,9 +290,18 @@ impl OwnUpstream {
 
     fn keep(&self, conn: UpConn) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        // The last kept is taken first: those left under it (an HTTP/2
+        // client's, after more requests at once than now) are closed once
+        // idle too long, not kept until the client leaves.
+        let stale = kept
+            .iter()
+            .take_while(|(_, since)| since.elapsed() >= self.idle_timeout)
+            .count();
+        kept.drain(..stale);
         kept.push((conn, Instant::now()));
         if let Some((pool, _)) = &self.slots {
             pool.idle.fetch_add(1, Ordering::AcqRel);
+            pool.idle.fetch_sub(stale, Ordering::AcqRel);
         }
     }
 
