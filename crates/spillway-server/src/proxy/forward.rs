@@ -1,5 +1,6 @@
 //! [`Forward`]: the innermost service, which rewrites a request for the
-//! upstream, sends it with the pooled client and passes the response back.
+//! upstream, sends it (on the client connection's own upstream connections,
+//! or with the pooled client) and passes the response back.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -217,8 +218,8 @@ fn origin_form(uri: &Uri) -> PathAndQuery {
 }
 
 /// Sends requests to the upstream. Always ready: the pooled client queues
-/// requests on its pool itself, a connection's own upstream connection
-/// sends them one after another.
+/// requests on its pool itself, a connection's own upstream connections
+/// take them as they come.
 pub(crate) struct Forward<C> {
     pub(crate) send: Sender<C>,
     /// How request targets are normalized (by [`sanitize`], before the
@@ -231,10 +232,11 @@ pub(crate) struct Forward<C> {
 
 /// How a [`Forward`] reaches the upstream.
 pub(crate) enum Sender<C> {
-    /// hyper-util's pooled client (HTTP/2 clients, custom connectors); in
-    /// an `Arc`, as a `Forward` is cloned for every request.
+    /// hyper-util's pooled client (a proxy made with a custom connector,
+    /// or used as a tower service); in an `Arc`, as a `Forward` is cloned
+    /// for every request.
     Pooled(Arc<Client<Capped<TimeoutConnector<C>>, ProxyBody>>),
-    /// One client connection's own upstream connection (see
+    /// One client connection's own upstream connections (see
     /// [`relay`](super::relay)).
     Own(Arc<OwnUpstream>),
 }

@@ -1,18 +1,21 @@
-//! The proxy's HTTP/1.1 path: each client connection is served by hyper's
-//! HTTP/1.1 server and forwarded over one upstream connection of its own
-//! ([`upstream`](super::upstream)), both driven in the connection's task.
+//! The proxy's path for clients it accepts itself: each HTTP/1.1 client
+//! connection is served by hyper's HTTP/1.1 server and forwarded over one
+//! upstream connection of its own ([`upstream`](super::upstream)), both
+//! driven in the connection's task; each HTTP/2 client connection (prior
+//! knowledge) by hyper's HTTP/2 server, its requests over upstream
+//! connections of its own, driven in the requests' tasks, within the pool's
+//! cap for all HTTP/2 clients ([`Pool`]).
 //!
 //! hyper parses every byte the client sends; the request reaches the
 //! upstream written from the parts the rules decided on, its body decoded
 //! and framed again by the proxy (`Content-Length` or chunked, from what
 //! hyper parsed), never as the client's bytes. The rate limiter sees each
-//! request as the middleware would. HTTP/2 clients (prior knowledge) are
-//! served by hyper's HTTP/2 server and the pooled client.
+//! request as the middleware would.
 //!
 //! A pooled client sends each request to another task and waits for it to
 //! answer; on two cores that was most of the proxy's time (see
-//! BENCHMARKS.md). Here nothing crosses tasks: the upstream connection is
-//! written and read by the task that serves the client.
+//! BENCHMARKS.md). Here nothing crosses tasks: an upstream connection is
+//! written and read by the task that serves the request.
 
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
