@@ -743,3 +743,109 @@ fn poll_read_into(
 ) -> Poll<io::Result<usize>> {
     std::pin::pin!(stream.read_buf(buf)).poll(cx)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An open connection to a listener of the test's (its accepted end is
+    /// kept open by `ends`).
+    async fn conn(listener: &tokio::net::TcpListener, ends: &mut Vec<TcpStream>) -> UpConn {
+        let addr = listener.local_addr().unwrap();
+        let (stream, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        ends.push(accepted.unwrap().0);
+        UpConn {
+            stream: stream.unwrap(),
+            read: BytesMut::new(),
+            out: Vec::new(),
+            _slot: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn kept_connections_idle_past_the_timeout_are_closed_when_another_is_kept() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = Upstream::parse(&"http://127.0.0.1:9".parse().unwrap()).unwrap();
+        let options = ProxyOptions {
+            pool_idle_timeout: Duration::from_secs(90),
+            ..ProxyOptions::default()
+        };
+        let pool = Pool::new(Arc::new(Semaphore::new(10)));
+        let own = OwnUpstream::shared(
+            Hop::of("10.0.0.1".parse().unwrap()),
+            Arc::new(upstream),
+            &options,
+            &pool,
+        );
+        let mut ends = Vec::new();
+        let port = |c: &UpConn| c.stream.local_addr().unwrap().port();
+        let (a, b, c) = (
+            conn(&listener, &mut ends).await,
+            conn(&listener, &mut ends).await,
+            conn(&listener, &mut ends).await,
+        );
+        let (pa, pb, pc) = (port(&a), port(&b), port(&c));
+        own.keep(a);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        own.keep(b);
+        tokio::time::advance(Duration::from_secs(40)).await;
+        // `a` has been idle 100 s, `b` 40 s.
+        own.keep(c);
+        let kept: Vec<u16> = own
+            .kept
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(c, _)| port(c))
+            .collect();
+        assert_eq!(kept, [pb, pc]);
+        assert_ne!(pa, pb);
+        assert_eq!(pool.idle.load(Ordering::Acquire), 2);
+        // The last kept is taken first; the one past the timeout is not
+        // taken at all.
+        assert_eq!(own.take_kept().map(|c| port(&c)), Some(pc));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(own.take_kept().is_none(), "`b`, idle 100 s, was taken");
+        assert_eq!(pool.idle.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn a_client_short_of_a_slot_closes_the_connection_idle_the_longest() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = Arc::new(Upstream::parse(&"http://127.0.0.1:9".parse().unwrap()).unwrap());
+        let options = ProxyOptions::default();
+        let slots = Arc::new(Semaphore::new(2));
+        let pool = Pool::new(slots.clone());
+        let first = OwnUpstream::shared(
+            Hop::of("10.0.0.1".parse().unwrap()),
+            upstream.clone(),
+            &options,
+            &pool,
+        );
+        let second = OwnUpstream::shared(
+            Hop::of("10.0.0.2".parse().unwrap()),
+            upstream,
+            &options,
+            &pool,
+        );
+        let mut ends = Vec::new();
+        for own in [&first, &second] {
+            let mut c = conn(&listener, &mut ends).await;
+            c._slot = Some(pool.slot(Duration::ZERO).await.unwrap());
+            own.keep(c);
+        }
+        assert_eq!(slots.available_permits(), 0);
+        // A third client's slot comes from the oldest idle connection: the
+        // first client's.
+        let slot = pool.slot(Duration::ZERO).await.expect("a slot");
+        assert!(first.kept.lock().unwrap().is_empty());
+        assert_eq!(second.kept.lock().unwrap().len(), 1);
+        assert_eq!(pool.idle.load(Ordering::Acquire), 1);
+        drop(slot);
+        // A client gone leaves the registry, and its idle connections the count.
+        drop(second);
+        assert_eq!(pool.idle.load(Ordering::Acquire), 0);
+        assert_eq!(pool.users.lock().unwrap().len(), 1);
+        assert_eq!(slots.available_permits(), 2);
+    }
+}
