@@ -18,24 +18,21 @@
 //! upstream that frames a response wrongly can only confuse that client's
 //! own later responses, never another client's.
 
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::BytesMut;
 use http::header;
 use http::{Method, Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use http_body_util::BodyExt;
-use std::collections::HashMap;
-use std::sync::Weak;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::sync::atomic::Ordering;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::deadline::ConnDeadline;
@@ -44,6 +41,12 @@ use super::forward::Upstream;
 use super::headers::Hop;
 use super::{ProxyBody, ProxyOptions};
 use crate::http1::wire::{BodyEnd, Chunked, MAX_HEAD, head_end, parse_response};
+
+mod body;
+mod pool;
+
+use body::{BodyWriter, Left, SendFailed, UpstreamBody, poll_read_into};
+pub(crate) use pool::Pool;
 
 /// How much the connection reads at a time.
 const READ_AT_ONCE: usize = 16 * 1024;
@@ -351,76 +354,6 @@ impl Drop for OwnUpstream {
     }
 }
 
-/// The upstream connections of the HTTP/2 clients, all together: at most
-/// as many open at once as the pool has slots (`[proxy]
-/// pool_max_connections`), each client's kept between its requests. A
-/// client that finds no slot free closes another client's idle connection
-/// first: kept connections never keep a request from being served, as
-/// they did not in a pool all clients shared.
-pub(crate) struct Pool {
-    slots: Arc<Semaphore>,
-    /// The clients that may keep idle connections, by number.
-    users: Mutex<HashMap<u64, Weak<OwnUpstream>>>,
-    next: AtomicU64,
-    /// How many connections the clients keep idle: none, and a client short
-    /// of a slot looks at no other.
-    idle: AtomicUsize,
-}
-
-impl Pool {
-    pub(crate) fn new(slots: Arc<Semaphore>) -> Arc<Self> {
-        Arc::new(Self {
-            slots,
-            users: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(0),
-            idle: AtomicUsize::new(0),
-        })
-    }
-
-    /// A slot for a new connection: a free one, or one an idle connection
-    /// gives up, or one that frees within `wait` (else `503`).
-    async fn slot(&self, wait: Duration) -> Result<OwnedSemaphorePermit, ForwardError> {
-        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-            return Ok(slot);
-        }
-        self.close_an_idle_connection();
-        match tokio::time::timeout(wait, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(slot)) => Ok(slot),
-            Ok(Err(_)) | Err(_) => Err(ForwardError::Busy(wait)),
-        }
-    }
-
-    /// Closes the connection idle the longest among the clients' kept ones.
-    fn close_an_idle_connection(&self) {
-        if self.idle.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        // The clients are taken out of the lock first: one dropped here may
-        // be the last of it, whose drop takes the lock.
-        let users: Vec<Arc<OwnUpstream>> = self
-            .users
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
-        let oldest = users
-            .iter()
-            .filter_map(|own| {
-                let kept = own.kept.lock().unwrap_or_else(PoisonError::into_inner);
-                kept.first().map(|(_, since)| (*since, own))
-            })
-            .min_by_key(|(since, _)| *since);
-        if let Some((_, own)) = oldest {
-            let mut kept = own.kept.lock().unwrap_or_else(PoisonError::into_inner);
-            if !kept.is_empty() {
-                drop(kept.remove(0));
-                self.idle.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-    }
-}
-
 /// Writes a request head for the upstream: the request line in origin
 /// form, then every header line as the `HeaderMap` holds it (names
 /// lowercase, values as checked when they were made).
@@ -493,264 +426,16 @@ impl UpConn {
     }
 }
 
-/// Why a request body could not be written.
-enum SendFailed {
-    /// The client's body broke, or did not match its length.
-    Client(BoxError),
-    /// The upstream connection failed.
-    Upstream(io::Error),
-}
-
-/// Writes a request body on the upstream connection, as the client sends
-/// it: each chunk framed if the body is chunked, or checked against its
-/// `Content-Length` (a body that yields more or less is an error, never
-/// written as it is). Polled by the exchange until the response head, then
-/// by the response body if the upload is still going (an upstream may
-/// answer before the upload ends, and may echo it as it comes).
-struct BodyWriter {
-    body: ProxyBody,
-    /// What is to be written before the next frame is taken: a chunk's
-    /// size line, its data, its CRLF.
-    pending: [Bytes; 3],
-    chunked: bool,
-    length: Option<u64>,
-    sent: u64,
-    ended: bool,
-}
-
-impl BodyWriter {
-    fn new(body: ProxyBody, chunked: bool, length: Option<u64>) -> Self {
-        Self {
-            body,
-            pending: Default::default(),
-            chunked,
-            length,
-            sent: 0,
-            ended: false,
-        }
-    }
-
-    /// Writes what it can: ready once the body and its end are written.
-    fn poll_send(
-        &mut self,
-        stream: &TcpStream,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), SendFailed>> {
-        loop {
-            while self.pending.iter().any(|b| !b.is_empty()) {
-                std::task::ready!(stream.poll_write_ready(cx)).map_err(SendFailed::Upstream)?;
-                let slices = self.pending.each_ref().map(|b| io::IoSlice::new(b));
-                match stream.try_write_vectored(&slices) {
-                    Ok(mut n) => {
-                        for b in &mut self.pending {
-                            let take = n.min(b.len());
-                            b.advance(take);
-                            n -= take;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Poll::Ready(Err(SendFailed::Upstream(e))),
-                }
-            }
-            if self.ended {
-                return Poll::Ready(Ok(()));
-            }
-            let frame = match std::task::ready!(Pin::new(&mut self.body).poll_frame(cx)) {
-                None => {
-                    self.ended = true;
-                    if self.chunked {
-                        self.pending[0] = Bytes::from_static(b"0\r\n\r\n");
-                    } else if self.length.is_some_and(|n| self.sent != n) {
-                        return Poll::Ready(Err(SendFailed::Client(
-                            "the request body is shorter than its length".into(),
-                        )));
-                    }
-                    continue;
-                }
-                Some(Err(e)) => return Poll::Ready(Err(SendFailed::Client(e))),
-                Some(Ok(frame)) => frame,
-            };
-            // Trailers are not passed on (nor were they announced).
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            if data.is_empty() {
-                continue;
-            }
-            self.sent += data.len() as u64;
-            if self.chunked {
-                self.pending = [
-                    Bytes::from(format!("{:x}\r\n", data.len())),
-                    data,
-                    Bytes::from_static(b"\r\n"),
-                ];
-            } else if self.length.is_some_and(|n| self.sent > n) {
-                return Poll::Ready(Err(SendFailed::Client(
-                    "the request body is longer than its length".into(),
-                )));
-            } else {
-                self.pending[1] = data;
-            }
-        }
-    }
-}
-
-/// What is left of a response body.
-enum Left {
-    Length(u64),
-    Chunked(Chunked),
-    Close,
-    Done,
-}
-
-/// A response body read from the upstream connection, which it holds
-/// until the body has ended; then the connection goes back to its
-/// [`OwnUpstream`] if it can serve another request, or is closed.
-struct UpstreamBody {
-    conn: Option<UpConn>,
-    /// The request body, if it is still going out.
-    writer: Option<BodyWriter>,
-    left: Left,
-    own: Arc<OwnUpstream>,
-    keep: bool,
-}
-
-impl UpstreamBody {
-    /// The body has ended: the connection is kept, or closed.
-    fn finish(&mut self) {
-        self.left = Left::Done;
-        // An upload still going is cut: the connection cannot be reused.
-        let uploading = self.writer.take().is_some();
-        if let Some(conn) = self.conn.take()
-            && self.keep
-            && !uploading
-            && conn.read.is_empty()
-        {
-            self.own.keep(conn);
-        }
-    }
-}
-
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if let (Some(w), Some(conn)) = (this.writer.as_mut(), this.conn.as_ref()) {
-            match w.poll_send(&conn.stream, cx) {
-                Poll::Ready(Ok(())) => this.writer = None,
-                Poll::Ready(Err(SendFailed::Client(e))) => {
-                    this.writer = None;
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                Poll::Ready(Err(SendFailed::Upstream(e))) => {
-                    tracing::debug!(error = %e, "the upstream stopped taking the request body");
-                    this.writer = None;
-                    this.keep = false;
-                }
-                Poll::Pending => {}
-            }
-        }
-        loop {
-            let Some(conn) = this.conn.as_mut() else {
-                return Poll::Ready(None);
-            };
-            if !conn.read.is_empty() {
-                let data = match &mut this.left {
-                    Left::Length(n) => {
-                        let take = conn
-                            .read
-                            .len()
-                            .min(usize::try_from(*n).unwrap_or(usize::MAX));
-                        *n -= take as u64;
-                        let data = conn.read.split_to(take).freeze();
-                        if *n == 0 {
-                            this.finish();
-                        }
-                        data
-                    }
-                    Left::Chunked(chunks) => {
-                        let mut data = BytesMut::new();
-                        let fed = chunks.feed(&conn.read, |d| data.extend_from_slice(d));
-                        let used = match fed {
-                            Ok(used) => used,
-                            Err(e) => {
-                                this.conn = None;
-                                return Poll::Ready(Some(Err(e.into())));
-                            }
-                        };
-                        conn.read.advance(used);
-                        if chunks.is_done() {
-                            this.finish();
-                        }
-                        data.freeze()
-                    }
-                    Left::Close => conn.read.split().freeze(),
-                    Left::Done => return Poll::Ready(None),
-                };
-                if !data.is_empty() {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                continue;
-            }
-            conn.read.reserve(READ_AT_ONCE);
-            let read = std::task::ready!(poll_read_into(&mut conn.stream, &mut conn.read, cx));
-            match read {
-                Ok(0) if matches!(this.left, Left::Close) => {
-                    this.left = Left::Done;
-                    this.conn = None;
-                    return Poll::Ready(None);
-                }
-                Ok(0) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(
-                        "the upstream closed the connection before the end of the body".into(),
-                    )));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        matches!(self.left, Left::Done)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self.left {
-            Left::Length(n) => SizeHint::with_exact(n),
-            Left::Done => SizeHint::with_exact(0),
-            Left::Chunked(_) | Left::Close => SizeHint::default(),
-        }
-    }
-}
-
-/// Reads what the stream has into `buf`'s spare capacity (one read: the
-/// future is made for one poll, and a read that waits has taken nothing).
-fn poll_read_into(
-    stream: &mut TcpStream,
-    buf: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    std::pin::pin!(stream.read_buf(buf)).poll(cx)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// An open connection to a listener of the test's (its accepted end is
     /// kept open by `ends`).
-    async fn conn(listener: &tokio::net::TcpListener, ends: &mut Vec<TcpStream>) -> UpConn {
+    pub(super) async fn conn(
+        listener: &tokio::net::TcpListener,
+        ends: &mut Vec<TcpStream>,
+    ) -> UpConn {
         let addr = listener.local_addr().unwrap();
         let (stream, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
         ends.push(accepted.unwrap().0);
@@ -770,7 +455,7 @@ mod tests {
             pool_idle_timeout: Duration::from_secs(90),
             ..ProxyOptions::default()
         };
-        let pool = Pool::new(Arc::new(Semaphore::new(10)));
+        let pool = Pool::new(Arc::new(tokio::sync::Semaphore::new(10)));
         let own = OwnUpstream::shared(
             Hop::of("10.0.0.1".parse().unwrap()),
             Arc::new(upstream),
@@ -807,45 +492,5 @@ mod tests {
         tokio::time::advance(Duration::from_secs(60)).await;
         assert!(own.take_kept().is_none(), "`b`, idle 100 s, was taken");
         assert_eq!(pool.idle.load(Ordering::Acquire), 0);
-    }
-
-    #[tokio::test]
-    async fn a_client_short_of_a_slot_closes_the_connection_idle_the_longest() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let upstream = Arc::new(Upstream::parse(&"http://127.0.0.1:9".parse().unwrap()).unwrap());
-        let options = ProxyOptions::default();
-        let slots = Arc::new(Semaphore::new(2));
-        let pool = Pool::new(slots.clone());
-        let first = OwnUpstream::shared(
-            Hop::of("10.0.0.1".parse().unwrap()),
-            upstream.clone(),
-            &options,
-            &pool,
-        );
-        let second = OwnUpstream::shared(
-            Hop::of("10.0.0.2".parse().unwrap()),
-            upstream,
-            &options,
-            &pool,
-        );
-        let mut ends = Vec::new();
-        for own in [&first, &second] {
-            let mut c = conn(&listener, &mut ends).await;
-            c._slot = Some(pool.slot(Duration::ZERO).await.unwrap());
-            own.keep(c);
-        }
-        assert_eq!(slots.available_permits(), 0);
-        // A third client's slot comes from the oldest idle connection: the
-        // first client's.
-        let slot = pool.slot(Duration::ZERO).await.expect("a slot");
-        assert!(first.kept.lock().unwrap().is_empty());
-        assert_eq!(second.kept.lock().unwrap().len(), 1);
-        assert_eq!(pool.idle.load(Ordering::Acquire), 1);
-        drop(slot);
-        // A client gone leaves the registry, and its idle connections the count.
-        drop(second);
-        assert_eq!(pool.idle.load(Ordering::Acquire), 0);
-        assert_eq!(pool.users.lock().unwrap().len(), 1);
-        assert_eq!(slots.available_permits(), 2);
     }
 }
