@@ -182,6 +182,10 @@ async fn upstream_connection(
         if path == "/wait" && released.wait_for(|&r| r).await.is_err() {
             return;
         }
+        // An answer that takes 20 ms.
+        if path == "/slow" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
         if stream.write_all(ok).await.is_err() {
             return;
@@ -822,4 +826,405 @@ async fn under_a_low_file_limit_http1_clients_get_503_at_the_door_never_502() {
         let res = conn.response(WAIT).await.expect("the held answer");
         assert_eq!(res.status, 200, "{}", res.text());
     }
+}
+
+/// The pool full of busy connections: another client's request waits for
+/// a slot. When the busy requests are answered, their connections go idle
+/// (kept by their client, holding the slots) and the waiting request
+/// should get one of them (the shared pool handed an idle connection to a
+/// request waiting for one); it must not wait out the connect timeout and
+/// be answered 503 while idle connections hold every slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_a_slot_is_served_once_a_busy_connection_goes_idle() {
+    let upstream = Upstream::start().await;
+    let bounds = ProxyBounds {
+        pool_max_connections: NonZeroUsize::new(2).expect("nonzero"),
+        ..ProxyBounds::default()
+    };
+    let connect_timeout = Duration::from_secs(3);
+    let proxy = start_proxy(
+        &upstream,
+        ProxyOptions {
+            bounds,
+            connect_timeout,
+            ..ProxyOptions::default()
+        },
+    )
+    .await;
+    let (mut first, _first_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let waits = [
+        open_get(&mut first, "/wait").await,
+        open_get(&mut first, "/wait").await,
+    ];
+    until("both forwarded at once", || upstream.arrived("/wait") == 2).await;
+    let (mut second, _second_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let started = tokio::time::Instant::now();
+    let answer = open_get(&mut second, "/other").await;
+    // It waits for a slot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!answer.is_finished());
+    upstream.release();
+    for wait in waits {
+        let res = within("an answer", wait).await.expect("its task");
+        assert_eq!(res.expect("a response").status(), StatusCode::OK);
+    }
+    let res = within("an answer", answer).await.expect("its task");
+    let status = res.expect("a response").status();
+    let waited = started.elapsed();
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "after {waited:?}, with the pool's every slot held by an idle connection"
+    );
+    assert!(waited < connect_timeout, "waited {waited:?}");
+}
+
+/// The same with one client: its third request waits for a slot while
+/// its first two are busy; once they are answered, their connections sit
+/// idle in its own stack, and the third is answered 503 after the connect
+/// timeout rather than sent on one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_waiting_request_is_served_on_its_own_connection_gone_idle() {
+    let upstream = Upstream::start().await;
+    let bounds = ProxyBounds {
+        pool_max_connections: NonZeroUsize::new(2).expect("nonzero"),
+        ..ProxyBounds::default()
+    };
+    let connect_timeout = Duration::from_secs(3);
+    let proxy = start_proxy(
+        &upstream,
+        ProxyOptions {
+            bounds,
+            connect_timeout,
+            ..ProxyOptions::default()
+        },
+    )
+    .await;
+    let (mut client, _conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let waits = [
+        open_get(&mut client, "/wait").await,
+        open_get(&mut client, "/wait").await,
+    ];
+    until("both forwarded at once", || upstream.arrived("/wait") == 2).await;
+    let started = tokio::time::Instant::now();
+    let third = open_get(&mut client, "/other").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    upstream.release();
+    for wait in waits {
+        let res = within("an answer", wait).await.expect("its task");
+        assert_eq!(res.expect("a response").status(), StatusCode::OK);
+    }
+    let res = within("an answer", third).await.expect("its task");
+    let status = res.expect("a response").status();
+    assert_eq!(status, StatusCode::OK, "after {:?}", started.elapsed());
+}
+
+/// Eight HTTP/2 clients, one request at a time each, over a pool of four:
+/// more clients than slots, as any busy proxy has. Every request should be
+/// served (waiting its turn for a slot, as in the shared pool), and never
+/// more than four upstream connections be open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_clients_than_slots_are_all_served() {
+    let upstream = Upstream::start().await;
+    let cap = 4;
+    let bounds = ProxyBounds {
+        pool_max_connections: NonZeroUsize::new(cap).expect("nonzero"),
+        ..ProxyBounds::default()
+    };
+    let proxy = start_proxy(
+        &upstream,
+        ProxyOptions {
+            bounds,
+            connect_timeout: Duration::from_secs(1),
+            ..ProxyOptions::default()
+        },
+    )
+    .await;
+    upstream.release();
+    // The proxy's own sockets to the upstream that hold a descriptor
+    // (ESTABLISHED or CLOSE_WAIT on its side), sampled: what the pool caps.
+    let port = upstream.addr.port();
+    let most = Arc::new(AtomicUsize::new(0));
+    let sampling = {
+        let most = most.clone();
+        tokio::spawn(async move {
+            loop {
+                let n = proxy_sockets_to(port);
+                most.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        tasks.push(tokio::spawn(async move {
+            let (mut client, _conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+            let mut statuses = Vec::new();
+            for _ in 0..30 {
+                let answer = open_get(&mut client, "/other").await;
+                let res = within("an answer", answer).await.expect("its task");
+                statuses.push(res.expect("a response").status());
+            }
+            statuses
+        }));
+    }
+    let mut refused = 0;
+    let mut total = 0;
+    for task in tasks {
+        let statuses = tokio::time::timeout(Duration::from_secs(60), task).await;
+        for status in statuses.expect("within a minute").expect("its task") {
+            total += 1;
+            if status != StatusCode::OK {
+                refused += 1;
+            }
+        }
+    }
+    sampling.abort();
+    let most = most.load(Ordering::SeqCst);
+    eprintln!(
+        "upstream's count: peak {} accepted {}; the proxy's sockets: at most {most}",
+        upstream.peak(),
+        upstream.accepted()
+    );
+    assert!(most <= cap, "{most} proxy sockets to the upstream at once");
+    assert_eq!(refused, 0, "{refused} of {total} requests not served");
+}
+
+/// An upstream that answers each request with its X-Forwarded-For and
+/// Forwarded headers (one line each) as the body, kept alive.
+async fn echo_forwarding_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let (len, body) = loop {
+                        let mut lines = [httparse::EMPTY_HEADER; 64];
+                        let mut head = httparse::Request::new(&mut lines);
+                        if let Ok(httparse::Status::Complete(len)) = head.parse(&buf) {
+                            let mut body = String::new();
+                            for h in head.headers.iter() {
+                                let name = h.name.to_ascii_lowercase();
+                                if name == "x-forwarded-for" || name == "forwarded" {
+                                    body.push_str(&format!(
+                                        "{name}: {}\n",
+                                        String::from_utf8_lossy(h.value)
+                                    ));
+                                }
+                            }
+                            break (len, body);
+                        }
+                        let mut chunk = [0; 8192];
+                        match stream.read(&mut chunk).await {
+                            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    };
+                    buf.drain(..len);
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// An HTTP/2 client's requests name its peer address in X-Forwarded-For
+/// and Forwarded, after the chain it sent, on every request of the
+/// connection (kept upstream connections included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_requests_name_their_peer() {
+    let upstream_addr = echo_forwarding_upstream().await;
+    clock_support::clear_of_a_minute_boundary();
+    let config = Config::parse(GENEROUS).expect("a valid config");
+    let engine = Loaded::build(config, None, None).await.expect("an engine");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let proxy = listener.local_addr().expect("an address");
+    tokio::spawn(serve_with(
+        listener,
+        format!("http://{upstream_addr}").parse().expect("a URL"),
+        Arc::new(Live::new(engine)),
+        ProxyOptions::default(),
+        std::future::pending(),
+    ));
+    let (mut client, _conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    for i in 0..3 {
+        client = within("room", client.ready()).await.expect("open");
+        let req = Request::builder()
+            .uri("http://spillway.test/")
+            .header("x-forwarded-for", "203.0.113.9")
+            .body(())
+            .expect("a request");
+        let (answer, _) = client.send_request(req, true).expect("a stream");
+        let res = within("an answer", answer).await.expect("a response");
+        assert_eq!(res.status(), StatusCode::OK);
+        let mut body = res.into_body();
+        let mut text = Vec::new();
+        while let Some(chunk) = within("the body", body.data()).await {
+            let chunk = chunk.expect("a chunk");
+            let _ = body.flow_control().release_capacity(chunk.len());
+            text.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8(text).expect("UTF-8");
+        eprintln!("request {i}: {text}");
+        assert!(
+            text.contains("x-forwarded-for: 203.0.113.9, 127.0.0.1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("forwarded: for=127.0.0.1;proto=http"),
+            "{text}"
+        );
+    }
+}
+
+/// How many TCP sockets (IPv4) connect to `port` from another port and are
+/// ESTABLISHED or CLOSE_WAIT: the proxy's, each holding a descriptor.
+fn proxy_sockets_to(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<_> = line.split_whitespace().collect();
+            let remote_port = fields[2].rsplit(':').next().unwrap_or("");
+            let state = fields[3];
+            u16::from_str_radix(remote_port, 16).ok() == Some(port)
+                && (state == "01" || state == "08")
+        })
+        .count()
+}
+
+/// One client keeps as many cheap requests going as the pool has slots,
+/// each sent again as soon as it is answered (nothing held at the
+/// upstream, every answer at once). Another client's requests should get
+/// their turn on the connections as they come free, as they did in the
+/// shared pool; they must not be answered 503 because the first client
+/// always has its own idle connection back before anyone else can have it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_busy_with_cheap_requests_does_not_starve_another() {
+    let upstream = Upstream::start().await;
+    let cap = 4;
+    let bounds = ProxyBounds {
+        pool_max_connections: NonZeroUsize::new(cap).expect("nonzero"),
+        ..ProxyBounds::default()
+    };
+    let proxy = start_proxy(
+        &upstream,
+        ProxyOptions {
+            bounds,
+            connect_timeout: Duration::from_secs(1),
+            ..ProxyOptions::default()
+        },
+    )
+    .await;
+    upstream.release();
+    let (attacker, _attacker_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut loops = Vec::new();
+    for _ in 0..cap {
+        let mut client = attacker.clone();
+        let stop = stop.clone();
+        loops.push(tokio::spawn(async move {
+            let mut sent = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let answer = open_get(&mut client, "/other").await;
+                let _ = answer.await;
+                sent += 1;
+            }
+            sent
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (mut victim, _victim_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let mut statuses = Vec::new();
+    let started = tokio::time::Instant::now();
+    for _ in 0..5 {
+        let answer = open_get(&mut victim, "/victim").await;
+        let res = within("an answer", answer).await.expect("its task");
+        statuses.push(res.expect("a response").status().as_u16());
+    }
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut sent = 0;
+    for l in loops {
+        sent += l.await.expect("a loop");
+    }
+    eprintln!("victim: {statuses:?} in {took:?}; the busy client sent {sent} meanwhile");
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "victim: {statuses:?} in {took:?}"
+    );
+}
+
+/// The same, the busy client's requests taking 20 ms at the upstream: its
+/// connections are busy nearly all the time, and each goes straight back
+/// to it. Another client's request that finds them busy waits for a slot
+/// that never frees (an idle connection is closed only by a request that
+/// starts looking, never handed to one waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_busy_with_20ms_requests_does_not_starve_another() {
+    let upstream = Upstream::start().await;
+    let cap = 4;
+    let bounds = ProxyBounds {
+        pool_max_connections: NonZeroUsize::new(cap).expect("nonzero"),
+        ..ProxyBounds::default()
+    };
+    let proxy = start_proxy(
+        &upstream,
+        ProxyOptions {
+            bounds,
+            connect_timeout: Duration::from_secs(1),
+            ..ProxyOptions::default()
+        },
+    )
+    .await;
+    upstream.release();
+    let (attacker, _attacker_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut loops = Vec::new();
+    for _ in 0..cap {
+        let mut client = attacker.clone();
+        let stop = stop.clone();
+        loops.push(tokio::spawn(async move {
+            let mut sent = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let answer = open_get(&mut client, "/slow").await;
+                let _ = answer.await;
+                sent += 1;
+            }
+            sent
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (mut victim, _victim_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
+    let mut statuses = Vec::new();
+    let started = tokio::time::Instant::now();
+    for _ in 0..5 {
+        let answer = open_get(&mut victim, "/victim").await;
+        let res = within("an answer", answer).await.expect("its task");
+        statuses.push(res.expect("a response").status().as_u16());
+    }
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut sent = 0;
+    for l in loops {
+        sent += l.await.expect("a loop");
+    }
+    eprintln!("victim: {statuses:?} in {took:?}; the busy client sent {sent} meanwhile");
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "victim: {statuses:?} in {took:?}"
+    );
 }

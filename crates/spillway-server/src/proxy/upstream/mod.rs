@@ -46,6 +46,7 @@ mod body;
 mod pool;
 
 use body::{BodyWriter, Left, SendFailed, UpstreamBody, poll_read_into};
+use pool::Member;
 pub(crate) use pool::Pool;
 
 /// How much the connection reads at a time.
@@ -68,7 +69,7 @@ pub(crate) struct OwnUpstream {
     /// For an HTTP/2 client: the pool's slots, one held by each upstream
     /// connection while it is open (`[proxy] pool_max_connections`), and
     /// its place among the pool's users.
-    slots: Option<(Arc<Pool>, u64)>,
+    slots: Option<Member>,
     /// For an HTTP/1.1 client: the deadline of the response head in flight
     /// (one at a time).
     pub(crate) response: ConnDeadline,
@@ -129,15 +130,15 @@ impl OwnUpstream {
         options: &ProxyOptions,
         pool: &Arc<Pool>,
     ) -> Arc<Self> {
-        let id = pool.next.fetch_add(1, Ordering::Relaxed);
-        let mut own = Self::new(hop, upstream, options);
-        own.slots = Some((pool.clone(), id));
-        let own = Arc::new(own);
-        pool.users
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, Arc::downgrade(&own));
-        own
+        Arc::new_cyclic(|me| {
+            let mut own = Self::new(hop, upstream, options);
+            own.slots = Some(Member {
+                pool: pool.clone(),
+                id: pool.next.fetch_add(1, Ordering::Relaxed),
+                me: me.clone(),
+            });
+            own
+        })
     }
 
     /// Whether requests go at once (HTTP/2), each then with a timer of its
@@ -258,14 +259,14 @@ impl OwnUpstream {
     /// the others are closed.
     fn take_kept(&self) -> Option<UpConn> {
         loop {
-            let (conn, since) = self
-                .kept
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop()?;
-            if let Some((pool, _)) = &self.slots {
-                pool.idle.fetch_sub(1, Ordering::AcqRel);
-            }
+            let (conn, since) = {
+                let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+                let taken = kept.pop()?;
+                if let Some(member) = &self.slots {
+                    member.pool.took(member.id, kept.len());
+                }
+                taken
+            };
             if since.elapsed() < self.idle_timeout && Self::quiet(&conn) {
                 return Some(conn);
             }
@@ -292,6 +293,13 @@ impl OwnUpstream {
     }
 
     fn keep(&self, conn: UpConn) {
+        if let Some(member) = &self.slots
+            && member.pool.is_waited_for()
+        {
+            // Closed: its slot goes to a request waiting for one.
+            drop(conn);
+            return;
+        }
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         // The last kept is taken first: those left under it (an HTTP/2
         // client's, after more requests at once than now) are closed once
@@ -302,9 +310,8 @@ impl OwnUpstream {
             .count();
         kept.drain(..stale);
         kept.push((conn, Instant::now()));
-        if let Some((pool, _)) = &self.slots {
-            pool.idle.fetch_add(1, Ordering::AcqRel);
-            pool.idle.fetch_sub(stale, Ordering::AcqRel);
+        if let Some(member) = &self.slots {
+            member.pool.kept(member, stale, kept.len());
         }
     }
 
@@ -314,7 +321,7 @@ impl OwnUpstream {
     async fn connect(&self) -> Result<UpConn, ForwardError> {
         let slot = match &self.slots {
             None => None,
-            Some((pool, _)) => Some(pool.slot(self.connect_timeout).await?),
+            Some(member) => Some(member.pool.slot(self.connect_timeout).await?),
         };
         let authority = self.upstream.authority();
         let port = authority.port_u16().unwrap_or(80);
@@ -343,13 +350,9 @@ impl OwnUpstream {
 
 impl Drop for OwnUpstream {
     fn drop(&mut self) {
-        if let Some((pool, id)) = &self.slots {
+        if let Some(member) = &self.slots {
             let kept = self.kept.get_mut().unwrap_or_else(PoisonError::into_inner);
-            pool.idle.fetch_sub(kept.len(), Ordering::AcqRel);
-            pool.users
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(id);
+            member.pool.left(member.id, kept.len());
         }
     }
 }
