@@ -234,6 +234,21 @@ async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> 
     }
 }
 
+/// Starts a proxy in front of `upstream` whose pool for HTTP/2 clients has
+/// `cap` slots, a request waiting up to `connect_timeout` for one.
+async fn start_capped(upstream: &Upstream, cap: usize, connect_timeout: Duration) -> SocketAddr {
+    let bounds = ProxyBounds {
+        pool_max_connections: NonZeroUsize::new(cap).expect("nonzero"),
+        ..ProxyBounds::default()
+    };
+    let options = ProxyOptions {
+        bounds,
+        connect_timeout,
+        ..ProxyOptions::default()
+    };
+    start_proxy(upstream, options).await
+}
+
 /// Starts a proxy in front of `upstream` with `options`; returns its
 /// address.
 async fn start_proxy(upstream: &Upstream, options: ProxyOptions) -> SocketAddr {
@@ -430,19 +445,7 @@ async fn one_connection_has_at_most_its_stream_cap_open() {
 async fn the_pool_opens_at_most_its_cap_and_answers_503_past_it() {
     let upstream = Upstream::start().await;
     let cap = 8;
-    let bounds = ProxyBounds {
-        pool_max_connections: NonZeroUsize::new(cap).expect("nonzero"),
-        ..ProxyBounds::default()
-    };
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            connect_timeout: Duration::from_millis(500),
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
+    let proxy = start_capped(&upstream, cap, Duration::from_millis(500)).await;
     let mut answers = Vec::new();
     let mut conns = Vec::new();
     for _ in 0..3 {
@@ -487,20 +490,8 @@ async fn the_pool_opens_at_most_its_cap_and_answers_503_past_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_clients_idle_upstream_connections_never_keep_another_from_being_served() {
     let upstream = Upstream::start().await;
-    let bounds = ProxyBounds {
-        pool_max_connections: NonZeroUsize::new(2).expect("nonzero"),
-        ..ProxyBounds::default()
-    };
     let connect_timeout = Duration::from_millis(500);
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            connect_timeout,
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
+    let proxy = start_capped(&upstream, 2, connect_timeout).await;
     let (mut first, _first_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
     let waits = [
         open_get(&mut first, "/wait").await,
@@ -837,20 +828,8 @@ async fn under_a_low_file_limit_http1_clients_get_503_at_the_door_never_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waiting_for_a_slot_is_served_once_a_busy_connection_goes_idle() {
     let upstream = Upstream::start().await;
-    let bounds = ProxyBounds {
-        pool_max_connections: NonZeroUsize::new(2).expect("nonzero"),
-        ..ProxyBounds::default()
-    };
     let connect_timeout = Duration::from_secs(3);
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            connect_timeout,
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
+    let proxy = start_capped(&upstream, 2, connect_timeout).await;
     let (mut first, _first_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
     let waits = [
         open_get(&mut first, "/wait").await,
@@ -886,20 +865,8 @@ async fn a_request_waiting_for_a_slot_is_served_once_a_busy_connection_goes_idle
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_clients_waiting_request_is_served_on_its_own_connection_gone_idle() {
     let upstream = Upstream::start().await;
-    let bounds = ProxyBounds {
-        pool_max_connections: NonZeroUsize::new(2).expect("nonzero"),
-        ..ProxyBounds::default()
-    };
     let connect_timeout = Duration::from_secs(3);
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            connect_timeout,
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
+    let proxy = start_capped(&upstream, 2, connect_timeout).await;
     let (mut client, _conn) = h2_client(proxy, &h2::client::Builder::new()).await;
     let waits = [
         open_get(&mut client, "/wait").await,
@@ -927,19 +894,7 @@ async fn one_clients_waiting_request_is_served_on_its_own_connection_gone_idle()
 async fn more_clients_than_slots_are_all_served() {
     let upstream = Upstream::start().await;
     let cap = 4;
-    let bounds = ProxyBounds {
-        pool_max_connections: NonZeroUsize::new(cap).expect("nonzero"),
-        ..ProxyBounds::default()
-    };
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            connect_timeout: Duration::from_secs(1),
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
+    let proxy = start_capped(&upstream, cap, Duration::from_secs(1)).await;
     upstream.release();
     // The proxy's own sockets to the upstream that hold a descriptor
     // (ESTABLISHED or CLOSE_WAIT on its side), sampled: what the pool caps.
@@ -1106,29 +1061,16 @@ fn proxy_sockets_to(port: u16) -> usize {
         .count()
 }
 
-/// One client keeps as many cheap requests going as the pool has slots,
+/// One client keeps as many `busy` requests going as the pool has slots,
 /// each sent again as soon as it is answered (nothing held at the
-/// upstream, every answer at once). Another client's requests should get
+/// upstream). Another client's requests should get
 /// their turn on the connections as they come free, as they did in the
 /// shared pool; they must not be answered 503 because the first client
 /// always has its own idle connection back before anyone else can have it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_busy_with_cheap_requests_does_not_starve_another() {
+async fn a_busy_client_does_not_starve_another(busy: &'static str) {
     let upstream = Upstream::start().await;
     let cap = 4;
-    let bounds = ProxyBounds {
-        pool_max_connections: NonZeroUsize::new(cap).expect("nonzero"),
-        ..ProxyBounds::default()
-    };
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            connect_timeout: Duration::from_secs(1),
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
+    let proxy = start_capped(&upstream, cap, Duration::from_secs(1)).await;
     upstream.release();
     let (attacker, _attacker_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1139,7 +1081,7 @@ async fn a_client_busy_with_cheap_requests_does_not_starve_another() {
         loops.push(tokio::spawn(async move {
             let mut sent = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                let answer = open_get(&mut client, "/other").await;
+                let answer = open_get(&mut client, busy).await;
                 let _ = answer.await;
                 sent += 1;
             }
@@ -1168,63 +1110,15 @@ async fn a_client_busy_with_cheap_requests_does_not_starve_another() {
     );
 }
 
-/// The same, the busy client's requests taking 20 ms at the upstream: its
-/// connections are busy nearly all the time, and each goes straight back
-/// to it. Another client's request that finds them busy waits for a slot
-/// that never frees (an idle connection is closed only by a request that
-/// starts looking, never handed to one waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_busy_with_cheap_requests_does_not_starve_another() {
+    a_busy_client_does_not_starve_another("/other").await;
+}
+
+/// Its requests taking 20 ms at the upstream: its connections are busy
+/// nearly all the time, and each would go straight back to it; another
+/// client's request waiting for a slot gets the next that frees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_busy_with_20ms_requests_does_not_starve_another() {
-    let upstream = Upstream::start().await;
-    let cap = 4;
-    let bounds = ProxyBounds {
-        pool_max_connections: NonZeroUsize::new(cap).expect("nonzero"),
-        ..ProxyBounds::default()
-    };
-    let proxy = start_proxy(
-        &upstream,
-        ProxyOptions {
-            bounds,
-            connect_timeout: Duration::from_secs(1),
-            ..ProxyOptions::default()
-        },
-    )
-    .await;
-    upstream.release();
-    let (attacker, _attacker_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut loops = Vec::new();
-    for _ in 0..cap {
-        let mut client = attacker.clone();
-        let stop = stop.clone();
-        loops.push(tokio::spawn(async move {
-            let mut sent = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                let answer = open_get(&mut client, "/slow").await;
-                let _ = answer.await;
-                sent += 1;
-            }
-            sent
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let (mut victim, _victim_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
-    let mut statuses = Vec::new();
-    let started = tokio::time::Instant::now();
-    for _ in 0..5 {
-        let answer = open_get(&mut victim, "/victim").await;
-        let res = within("an answer", answer).await.expect("its task");
-        statuses.push(res.expect("a response").status().as_u16());
-    }
-    let took = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let mut sent = 0;
-    for l in loops {
-        sent += l.await.expect("a loop");
-    }
-    eprintln!("victim: {statuses:?} in {took:?}; the busy client sent {sent} meanwhile");
-    assert!(
-        statuses.iter().all(|&s| s == 200),
-        "victim: {statuses:?} in {took:?}"
-    );
+    a_busy_client_does_not_starve_another("/slow").await;
 }

@@ -54,6 +54,27 @@ pub(crate) struct Relay<C> {
     pub(crate) pool: Arc<Pool>,
 }
 
+impl<C: Connector> Relay<C> {
+    /// The proxy's forwarding over `own`, one client connection's upstream
+    /// connections. In an `Arc`, so that the service is `Unpin` whatever
+    /// the connector.
+    fn forward_over(&self, own: Arc<OwnUpstream>) -> Arc<Forward<C>> {
+        Arc::new(Forward {
+            send: Sender::Own(own),
+            ..self.proxy.forward.clone()
+        })
+    }
+}
+
+/// What the rate limiter reads of a request's connection: its peer, the
+/// server's stop, the cap on requests held for their shaping turn.
+fn mark(req: &mut Request<Incoming>, peer: SocketAddr, draining: &Draining, held: &HoldCap) {
+    let extensions = req.extensions_mut();
+    extensions.insert(ClientAddr(peer));
+    extensions.insert(draining.clone());
+    extensions.insert(held.clone());
+}
+
 /// Serves one client connection until it closes, fails, or the server
 /// stops (a request in flight finishes first).
 pub(crate) async fn serve<C: Connector>(
@@ -81,17 +102,12 @@ pub(crate) async fn serve<C: Connector>(
                 &proxy.options,
                 &relay.pool,
             );
-            let forward = Arc::new(Forward {
-                send: Sender::<C>::Own(own),
-                ..proxy.forward.clone()
-            });
+            let forward = relay.forward_over(own);
             let shared = proxy.shared.clone();
             let draining = Draining::new(client.closing.receiver());
             let held = relay.held.clone();
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-                req.extensions_mut().insert(ClientAddr(peer));
-                req.extensions_mut().insert(draining.clone());
-                req.extensions_mut().insert(held.clone());
+                mark(&mut req, peer, &draining, &held);
                 limit(&shared, Forward::clone(&forward), req)
             });
             let limits = http1::H2Limits {
@@ -115,12 +131,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
         proxy.forward.upstream.clone(),
         &proxy.options,
     ));
-    // The proxy's forwarding, over this connection's own upstream. In an
-    // `Arc`, so that the service is `Unpin` whatever the connector.
-    let forward = Arc::new(Forward {
-        send: Sender::<C>::Own(own.clone()),
-        ..proxy.forward.clone()
-    });
+    let forward = relay.forward_over(own.clone());
     let shared = proxy.shared.clone();
     let draining = Draining::new(closing.receiver());
     let held = relay.held.clone();
@@ -129,9 +140,7 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     let serving = Arc::new(AtomicBool::new(false));
     let busy = serving.clone();
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(ClientAddr(peer));
-        req.extensions_mut().insert(draining.clone());
-        req.extensions_mut().insert(held.clone());
+        mark(&mut req, peer, &draining, &held);
         WhileServing {
             served: limit(&shared, Forward::clone(&forward), req),
             _serving: Serving::new(&busy),
