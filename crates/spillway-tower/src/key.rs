@@ -28,6 +28,10 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sha2::{Digest, Sha256};
 
+/// A key's text: held inline, with no allocation, up to 24 bytes (an IPv4
+/// address's key, most API keys' and users'), on the heap past that.
+pub type KeyText = compact_str::CompactString;
+
 /// The peer's socket address, for servers that are not axum (axum's
 /// `ConnectInfo<SocketAddr>` is read too, with the `axum` feature). Insert it
 /// as a request extension.
@@ -817,9 +821,10 @@ pub(crate) fn build_key(
     key: &[KeyPart],
     client: &Identity,
     parts: &Parts,
-) -> Result<Option<String>, String> {
-    // Runs on every request: write straight into one string.
-    let mut out = String::with_capacity(48);
+) -> Result<Option<KeyText>, String> {
+    // Runs on every request: write straight into one string, held inline
+    // (no allocation) while it is short, as an address's key is.
+    let mut out = KeyText::const_new("");
     for (i, part) in key.iter().enumerate() {
         if i > 0 {
             out.push('|');
@@ -887,16 +892,31 @@ pub(crate) fn build_key(
 /// Writes an address as its standard text, which has no separator to
 /// escape. An IPv4 address (the common case, on every request) is written
 /// digit by digit rather than through `fmt`, which costs several times more.
-fn push_ip(out: &mut String, ip: IpAddr) {
+fn push_ip(out: &mut KeyText, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
-            let mut digits = itoa::Buffer::new();
+            // Written into a buffer, then copied once.
+            let mut text = [0u8; 15];
+            let mut len = 0;
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    text[len] = b'.';
+                    len += 1;
                 }
-                out.push_str(digits.format(octet));
+                let (hundreds, tens, ones) = (octet / 100, octet / 10 % 10, octet % 10);
+                if hundreds > 0 {
+                    text[len] = b'0' + hundreds;
+                    len += 1;
+                }
+                if octet >= 10 {
+                    text[len] = b'0' + tens;
+                    len += 1;
+                }
+                text[len] = b'0' + ones;
+                len += 1;
             }
+            // Digits and dots only.
+            out.push_str(std::str::from_utf8(&text[..len]).unwrap_or_default());
         }
         IpAddr::V6(_) => {
             let _ = write!(out, "{ip}");
@@ -904,7 +924,7 @@ fn push_ip(out: &mut String, ip: IpAddr) {
     }
 }
 
-fn push_pair(out: &mut String, name: &str, value: &str) {
+fn push_pair(out: &mut KeyText, name: &str, value: &str) {
     out.push_str(name);
     out.push('=');
     push_escaped(out, value);
@@ -923,7 +943,7 @@ fn push_pair(out: &mut String, name: &str, value: &str) {
 /// assert!(key_from_pairs([("a", "x".repeat(1000).as_str())]).len() <= MAX_KEY_LEN);
 /// ```
 pub fn key_from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
-    let mut out = String::new();
+    let mut out = KeyText::default();
     for (i, (name, value)) in pairs.into_iter().enumerate() {
         if i > 0 {
             out.push('|');
@@ -932,7 +952,7 @@ pub fn key_from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -
         out.push('=');
         push_escaped(&mut out, value);
     }
-    bounded(out)
+    bounded(out).into()
 }
 
 /// The values of a key that `parts` built, unescaped, in order; `None` if
@@ -980,7 +1000,7 @@ pub(crate) fn shape_of(parts: &[KeyPart]) -> String {
 }
 
 /// Appends `value` with the key separators (and `%`) percent-encoded.
-fn push_escaped(out: &mut String, value: &str) {
+fn push_escaped(out: &mut KeyText, value: &str) {
     // Most values have nothing to escape: copy them whole.
     if !value.contains(['%', '|', '=']) {
         out.push_str(value);
@@ -996,12 +1016,12 @@ fn push_escaped(out: &mut String, value: &str) {
     }
 }
 
-fn bounded(key: String) -> String {
+fn bounded(key: KeyText) -> KeyText {
     if key.len() <= MAX_KEY_LEN {
         return key;
     }
     let digest = Sha256::digest(key.as_bytes());
-    let mut out = String::from("sha256:");
+    let mut out = KeyText::const_new("sha256:");
     for b in digest.iter() {
         let _ = write!(out, "{b:02x}");
     }
@@ -1032,7 +1052,7 @@ mod tests {
         ips.push(IpAddr::from([0, 0, 0, 0]));
         ips.push(IpAddr::from([255, 255, 255, 255]));
         for ip in ips {
-            let mut out = String::new();
+            let mut out = KeyText::default();
             push_ip(&mut out, ip);
             assert_eq!(out, ip.to_string());
         }

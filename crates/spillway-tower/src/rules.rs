@@ -688,7 +688,7 @@ impl HttpRule {
         &self,
         client: &Identity,
         parts: &Parts,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<key::KeyText>, String> {
         match key::build_key(&self.key, client, parts)? {
             Some(key) => Ok(Some(key)),
             None if self.fallback.is_empty() => Ok(None),
