@@ -1836,8 +1836,7 @@ mod tests {
         for (name, algorithm) in algorithms {
             for action in [Action::Reject, Action::Shadow, Action::Degrade] {
                 let twin = || {
-                    let policy =
-                        Policy::new([HttpRule::new(name, algorithm.clone()).action(action)]);
+                    let policy = Policy::new([HttpRule::new(name, algorithm).action(action)]);
                     let clock = FakeClock::new(42_800_000);
                     let store = MemoryStore::with_clock(
                         policy.store_rules(),
