@@ -675,7 +675,7 @@ fn a_store_whose_settle_is_wrong_fails() {
                 .collect();
             Ok(Settled {
                 applied: true,
-                decisions: store.check_at(&peeks, now)?.decisions,
+                decisions: store.check_at(&peeks, now)?.decisions.into_vec(),
             })
         }),
     ];

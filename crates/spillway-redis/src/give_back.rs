@@ -273,7 +273,10 @@ impl RedisStore {
             return Err(error);
         }
         let (decisions, _) = stand_in_for_unknown(decisions, &prepared);
-        Ok(Settled { applied, decisions })
+        Ok(Settled {
+            applied,
+            decisions: decisions.into_vec(),
+        })
     }
 
     /// Closes the reservations the groups held open under `id`, in the

@@ -243,7 +243,7 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
 fn stand_in_for_unknown(
     decisions: Vec<Option<Decision>>,
     prepared: &[Prepared],
-) -> (Vec<Decision>, Vec<usize>) {
+) -> (spillway::store::Decisions, Vec<usize>) {
     let mut undecided = Vec::new();
     let decisions = decisions
         .into_iter()

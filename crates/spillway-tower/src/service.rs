@@ -539,6 +539,11 @@ fn unencoded(parts: &mut Parts, metering: Option<&Metering>) {
 /// in front): the [`Limited`] extension and the header, whose value is
 /// returned for the response too.
 fn mark_limited(parts: &mut Parts, limited: Vec<String>) -> Option<HeaderValue> {
+    // Most requests: no rule here let one through limited, and no layer in
+    // front did either.
+    if limited.is_empty() && parts.extensions.get::<Limited>().is_none() {
+        return None;
+    }
     let mut all_limited = parts
         .extensions
         .get::<Limited>()

@@ -888,7 +888,7 @@ fn store_is_atomic(
         prop_assert_eq!(verdict.decisions.len(), checks.len());
         prop_assert_eq!(verdict.allowed, sequential.iter().all(|d| d.allowed));
         if verdict.allowed {
-            prop_assert_eq!(&verdict.decisions, &sequential);
+            prop_assert_eq!(verdict.decisions.as_slice(), sequential.as_slice());
             model = trial;
             continue;
         }

@@ -579,7 +579,7 @@ async fn again(loaded: &Loaded, token: &Token) -> Answer {
             token,
             &spillway::store::Settled {
                 applied: false,
-                decisions: verdict.decisions,
+                decisions: verdict.decisions.into_vec(),
             },
         ),
         Err(_) => unavailable("The rate limiter cannot reach its store; try again shortly."),

@@ -552,7 +552,7 @@ impl<C: Clock> MemoryStore<C> {
                 }) => {
                     return Ok(Verdict {
                         allowed: decision.allowed,
-                        decisions: vec![*decision],
+                        decisions: smallvec::smallvec![*decision],
                         decided_at: now,
                         undecided: Vec::new(),
                     });
@@ -565,7 +565,7 @@ impl<C: Clock> MemoryStore<C> {
                 .map_err(|source| Error::CostTooLarge { index: 0, source })?;
             return Ok(Verdict {
                 allowed: decision.allowed,
-                decisions: vec![decision],
+                decisions: smallvec::smallvec![decision],
                 decided_at: now,
                 undecided: Vec::new(),
             });
@@ -594,7 +594,7 @@ impl<C: Clock> MemoryStore<C> {
                 .expect("every shard in the request was locked")
         };
 
-        let mut decisions = Vec::with_capacity(checks.len());
+        let mut decisions = crate::store::Decisions::with_capacity(checks.len());
         // How to take back each charge, should a later rule deny the
         // request. Each algorithm undoes its own charge exactly, whatever the
         // clock did (after a clock set back a refund at `now` may not find

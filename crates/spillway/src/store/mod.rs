@@ -197,6 +197,10 @@ pub struct Check<'a> {
     pub cost: u64,
 }
 
+/// A verdict's decisions, one per check: held inline for a request of one
+/// check (the commonest), so that deciding it allocates nothing.
+pub type Decisions = smallvec::SmallVec<[Decision; 1]>;
+
 /// The answer for a whole request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -205,7 +209,7 @@ pub struct Verdict {
     /// One decision per check, in the order given. When the request is
     /// denied, the rules that would have admitted it were not charged: their
     /// decision is `allowed` and reports their state as it stands.
-    pub decisions: Vec<Decision>,
+    pub decisions: Decisions,
     /// The store's time of the decision (µs): what a later
     /// [`Store::refund`] of these charges must say.
     pub decided_at: Micros,
