@@ -58,10 +58,10 @@ fn serve(runtime: &tokio::runtime::Runtime, app: Router) -> SocketAddr {
     })
 }
 
-/// CPU seconds used so far by this process (the servers) and by its
-/// waited-for children (the wrk runs), from /proc/self/stat (ticks of
-/// 1/100 s, `getconf CLK_TCK` on Linux).
-fn cpu_seconds() -> (f64, f64) {
+/// CPU seconds used so far by this process (the servers: user, then
+/// system) and by its waited-for children (the wrk runs), from
+/// /proc/self/stat (ticks of 1/100 s, `getconf CLK_TCK` on Linux).
+fn cpu_seconds() -> (f64, f64, f64) {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command name, which is in parentheses.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
@@ -73,22 +73,24 @@ fn cpu_seconds() -> (f64, f64) {
     };
     // utime, stime, cutime, cstime are fields 14 to 17; `rest` starts at 3.
     (
-        (field(11) + field(12)) / 100.0,
+        field(11) / 100.0,
+        field(12) / 100.0,
         (field(13) + field(14)) / 100.0,
     )
 }
 
-/// One wrk run: requests per second, and the server's and wrk's CPU time
-/// per request in microseconds.
+/// One wrk run: requests per second, and the server's CPU time (all, and
+/// its user-space part) and wrk's per request in microseconds.
 struct Run {
     rate: f64,
     server_us: f64,
+    user_us: f64,
     wrk_us: f64,
 }
 
 /// Runs wrk against `addr` for `seconds`.
 fn wrk(addr: SocketAddr, seconds: u64) -> Run {
-    let (server0, wrk0) = cpu_seconds();
+    let (user0, system0, wrk0) = cpu_seconds();
     let out = Command::new("wrk")
         .args([
             "-t1",
@@ -98,7 +100,7 @@ fn wrk(addr: SocketAddr, seconds: u64) -> Run {
         ])
         .output()
         .expect("wrk runs (install the Debian package wrk)");
-    let (server1, wrk1) = cpu_seconds();
+    let (user1, system1, wrk1) = cpu_seconds();
     let text = String::from_utf8_lossy(&out.stdout);
     let rate: f64 = text
         .lines()
@@ -108,7 +110,8 @@ fn wrk(addr: SocketAddr, seconds: u64) -> Run {
     let requests = rate * seconds as f64;
     Run {
         rate,
-        server_us: (server1 - server0) * 1e6 / requests,
+        server_us: (user1 + system1 - user0 - system0) * 1e6 / requests,
+        user_us: (user1 - user0) * 1e6 / requests,
         wrk_us: (wrk1 - wrk0) * 1e6 / requests,
     }
 }
@@ -171,9 +174,10 @@ fn main() {
         let all: Vec<f64> = runs[i].iter().map(|r| r.rate).collect();
         rates[i] = median(all.clone());
         cpu[i] = median(runs[i].iter().map(|r| r.server_us).collect());
+        let user_us = median(runs[i].iter().map(|r| r.user_us).collect());
         let wrk_us = median(runs[i].iter().map(|r| r.wrk_us).collect());
         println!(
-            "  {name:<26} {:>9.0} req/s {all:.0?}; CPU per request: server {:.2} us, wrk {wrk_us:.2} us",
+            "  {name:<26} {:>9.0} req/s {all:.0?}; CPU per request: server {:.2} us (user {user_us:.2}), wrk {wrk_us:.2} us",
             rates[i], cpu[i]
         );
     }
