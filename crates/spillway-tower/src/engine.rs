@@ -374,6 +374,15 @@ pub struct Ruling {
     hold: Option<Box<Hold>>,
 }
 
+/// What [`Engine::admit_now`] made of a request: admitted at once, with
+/// the header fields its response carries, or ruled in full.
+pub(crate) enum Admission {
+    /// Admitted with no delay, nothing held, marked or to settle.
+    Admitted(RateLimitFields),
+    /// Anything else.
+    Ruled(Ruling),
+}
+
 /// What became of one charge of a ruling. One value per charge, not one
 /// list per field: a ruling is made (and moved) on every request.
 #[derive(Debug, Clone, Copy, Default)]
@@ -1264,21 +1273,31 @@ impl<St: Store> Engine<St> {
     #[allow(clippy::result_large_err)]
     #[inline(always)]
     fn decide_one_now(&self, charges: Charges) -> Result<Ruling, Charges> {
-        let c = &charges[0];
+        match self.ask_one_now(&charges[0]) {
+            None => Err(charges),
+            Some(Ok(verdict)) => Ok(self.rule_one(charges, &verdict)),
+            Some(Err(e)) => Ok(Deciding::new(self, charges, Asking::default()).failed(&e)),
+        }
+    }
+
+    /// Asks the store, without waiting, for one charge as it is.
+    #[inline(always)]
+    fn ask_one_now(&self, charge: &Charge) -> Option<Result<Verdict, St::Error>> {
         let check = [Check {
-            rule: c.id,
-            key: &c.key,
-            cost: c.cost,
+            rule: charge.id,
+            key: &charge.key,
+            cost: charge.cost,
         }];
-        let verdict = match self.store.try_check_now(&check) {
-            None => return Err(charges),
-            Some(Ok(verdict)) => verdict,
-            Some(Err(e)) => return Ok(Deciding::new(self, charges, Asking::default()).failed(&e)),
-        };
+        self.store.try_check_now(&check)
+    }
+
+    /// The ruling on one charge asked as it is, once the store answered.
+    #[inline(always)]
+    fn rule_one(&self, charges: Charges, verdict: &Verdict) -> Ruling {
         let Some(&decision) = verdict.decisions.first() else {
-            // No store answers a check with no decision; the turns know
-            // what to make of one that does.
-            return self.decide_now_in_turns(charges, Asking::default());
+            // No store answers a check with no decision: what the turns
+            // make of it, from that answer.
+            return self.rule_in_turns(charges, verdict);
         };
         let decided = verdict.is_decided(0);
         let mut answered = Answered {
@@ -1292,7 +1311,7 @@ impl<St: Store> Engine<St> {
         if verdict.allowed {
             charged = Some((smallvec::smallvec![0], verdict.decided_at));
         } else if !decision.allowed {
-            if self.action(c) == Action::Reject {
+            if self.action(&charges[0]) == Action::Reject {
                 answered.rejecting = true;
                 rejected_by = Some(0);
             } else {
@@ -1300,7 +1319,7 @@ impl<St: Store> Engine<St> {
             }
         } else {
             // Denied with no denying decision: the turns ask again.
-            return self.decide_now_in_turns(charges, Asking::default());
+            return self.rule_in_turns(charges, verdict);
         }
         let deciding = Deciding {
             engine: self,
@@ -1314,7 +1333,82 @@ impl<St: Store> Engine<St> {
             look_only: false,
             hold: None,
         };
-        Ok(deciding.conclude())
+        deciding.conclude()
+    }
+
+    /// The turns' ruling on charges the store answered `verdict` for at
+    /// their first ask: [`decide_now_in_turns`](Self::decide_now_in_turns)
+    /// from its second ask on (a store that must be waited for then is
+    /// waited for here: no store stops answering at once between two asks).
+    #[cold]
+    fn rule_in_turns(&self, charges: Charges, verdict: &Verdict) -> Ruling {
+        let mut deciding = Deciding::new(self, charges, Asking::default());
+        deciding.answer(verdict);
+        loop {
+            let Some(asked) = deciding.ask() else { break };
+            let answered = self.store.try_check_now(&asked);
+            drop(asked);
+            match answered {
+                Some(Ok(verdict)) => deciding.answer(&verdict),
+                Some(Err(e)) => return deciding.failed(&e),
+                None => {
+                    let error = "the store stopped answering at once";
+                    return Ruling::without_store(
+                        Outcome::Unavailable(error.to_string()),
+                        deciding.charges,
+                    );
+                }
+            }
+        }
+        deciding.conclude()
+    }
+
+    /// [`decide_now`](Self::decide_now) for the middleware, whose commonest
+    /// request (one charge under a policy with no budget and no
+    /// concurrency rule) is admitted at once: then only the header fields
+    /// its response carries are made, not a [`Ruling`]. Anything else (a
+    /// denial, a shaping delay, a check the store could not decide, an
+    /// error, several charges) is ruled in full. A test holds both ways
+    /// to the same fields and outcome.
+    #[allow(clippy::result_large_err)]
+    #[inline(always)]
+    pub(crate) fn admit_now(&self, charges: Charges) -> Result<Admission, Charges> {
+        if charges.len() != 1 || self.releasing || self.budgets || self.leases {
+            return self
+                .decide_now(charges, Asking::default())
+                .map(Admission::Ruled);
+        }
+        let verdict = match self.ask_one_now(&charges[0]) {
+            None => return Err(charges),
+            Some(Ok(verdict)) => verdict,
+            Some(Err(e)) => {
+                let ruling = Deciding::new(self, charges, Asking::default()).failed(&e);
+                return Ok(Admission::Ruled(ruling));
+            }
+        };
+        let admitted = verdict
+            .decisions
+            .first()
+            .filter(|d| verdict.allowed && d.delay.is_zero() && verdict.undecided.is_empty());
+        let Some(decision) = admitted else {
+            return Ok(Admission::Ruled(self.rule_one(charges, &verdict)));
+        };
+        let charge = &charges[0];
+        self.observe(charge, RuleOutcome::Allowed, Some(decision));
+        let options = &self.policy.headers;
+        if !(options.legacy || options.ietf || options.openai) {
+            return Ok(Admission::Admitted(RateLimitFields::default()));
+        }
+        let described = Described {
+            applied: smallvec::smallvec![Decided {
+                id: charge.id,
+                of: charge.of(),
+                decision: *decision,
+                window_secs: self.window_secs(charge, decision),
+            }],
+            reported: 0,
+        };
+        Ok(Admission::Admitted(described.fields(self)))
     }
 
     /// The rate-limit header fields that describe `ruling`, as configured
@@ -1829,11 +1923,24 @@ mod tests {
             .collect()
     }
 
-    /// The one-charge path rules as the turns do, on every kind of answer a
-    /// store gives: admitted, admitted after a shaping delay, denied by a
-    /// `reject`, a `shadow` and a `degrade` rule, a cost above capacity
-    /// refused. Twin engines on twin clocks see the same requests, one
-    /// decided each way.
+    /// What an engine's observer heard, in order.
+    #[derive(Default)]
+    struct Heard(std::sync::Mutex<Vec<String>>);
+
+    impl Observer for Heard {
+        fn observe(&self, rule: &str, outcome: RuleOutcome, decision: Option<&Decision>) {
+            let said = format!("{rule} {outcome:?} {decision:?}");
+            self.0.lock().expect("not poisoned").push(said);
+        }
+    }
+
+    /// The one-charge path and the middleware's admission rule as the
+    /// turns do, on every kind of answer a store gives: admitted, admitted
+    /// after a shaping delay, denied by a `reject`, a `shadow` and a
+    /// `degrade` rule, a cost above capacity refused. Triplet engines on
+    /// triplet clocks see the same requests, one decided each way; their
+    /// observers hear the same. A request admitted at once gets from
+    /// `admit_now` the fields and the outcome the turns' ruling gives.
     #[test]
     fn one_charge_is_ruled_as_the_turns_rule_it() {
         use spillway::algorithm::{LeakyBucket, LeakyMode};
@@ -1849,7 +1956,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for (name, algorithm) in algorithms {
             for action in [Action::Reject, Action::Shadow, Action::Degrade] {
-                let twin = || {
+                let triplet = || {
                     let policy = Policy::new([HttpRule::new(name, algorithm).action(action)]);
                     let clock = FakeClock::new(42_800_000);
                     let store = MemoryStore::with_clock(
@@ -1857,19 +1964,44 @@ mod tests {
                         MemoryOptions::default(),
                         clock.clone(),
                     );
-                    (Engine::new(policy, store).expect("its rules"), clock)
+                    let heard = Arc::new(Heard::default());
+                    let observer: Arc<dyn Observer> = heard.clone();
+                    let engine = Engine::new(policy, store).expect("its rules");
+                    (engine.observed(Some(observer)), clock, heard)
                 };
-                let ((one, one_clock), (turns, turns_clock)) = (twin(), twin());
+                let (one, one_clock, one_heard) = triplet();
+                let (turns, turns_clock, turns_heard) = triplet();
+                let (admit, admit_clock, admit_heard) = triplet();
                 for (i, cost) in [1, 1, 2, 1, 1, 9, 1, 3, 1].into_iter().enumerate() {
-                    let a = one.decide_one_now(smallvec::smallvec![one.charge(0, None, "k", cost)]);
-                    let b = turns.decide_now_in_turns(
-                        smallvec::smallvec![turns.charge(0, None, "k", cost)],
-                        Asking::default(),
-                    );
+                    let charges = |e: &Engine<_>| smallvec::smallvec![e.charge(0, None, "k", cost)];
+                    let a = one.decide_one_now(charges(&one));
+                    let b = turns.decide_now_in_turns(charges(&turns), Asking::default());
+                    let c = admit.admit_now(charges(&admit));
                     let (a, b) = (a.expect("in memory"), b.expect("in memory"));
                     let what = format!("{name}, {action:?}, request {i}");
                     assert_eq!(format!("{a:?}"), format!("{b:?}"), "{what}");
                     assert_eq!(fields(&one, &a), fields(&turns, &b), "{what}");
+                    match c.expect("in memory") {
+                        Admission::Admitted(fields) => {
+                            seen.insert("admitted at once");
+                            let fields: Vec<_> = fields
+                                .iter()
+                                .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v).into()))
+                                .collect();
+                            assert_eq!(fields, super::tests::fields(&turns, &b), "{what}");
+                            assert!(!turns.holds(&b), "{what}");
+                            let admitted = Outcome::Admitted {
+                                delay: Duration::ZERO,
+                                limited: Vec::new(),
+                                shadowed: Vec::new(),
+                            };
+                            assert_eq!(b.outcome(), &admitted, "{what}");
+                        }
+                        Admission::Ruled(c) => {
+                            seen.insert("ruled");
+                            assert_eq!(format!("{c:?}"), format!("{b:?}"), "{what}");
+                        }
+                    }
                     seen.insert(match a.outcome() {
                         Outcome::Admitted { delay, .. } if !delay.is_zero() => "delayed",
                         Outcome::Admitted { limited, .. } if !limited.is_empty() => "degraded",
@@ -1884,17 +2016,27 @@ mod tests {
                         format!("{:?}", b.into_outcome(true)),
                         "{what}"
                     );
-                    one_clock.advance(std::time::Duration::from_secs(7));
-                    turns_clock.advance(std::time::Duration::from_secs(7));
+                    for clock in [&one_clock, &turns_clock, &admit_clock] {
+                        clock.advance(std::time::Duration::from_secs(7));
+                    }
                 }
+                let heard = |h: &Heard| h.0.lock().expect("not poisoned").clone();
+                assert_eq!(heard(&one_heard), heard(&turns_heard), "{name}, {action:?}");
+                assert_eq!(
+                    heard(&admit_heard),
+                    heard(&turns_heard),
+                    "{name}, {action:?}"
+                );
             }
         }
         let every = [
             "admitted",
+            "admitted at once",
             "degraded",
             "delayed",
             "over capacity",
             "rejected",
+            "ruled",
             "shadowed",
         ];
         assert_eq!(seen, every.into_iter().collect());

@@ -15,7 +15,9 @@ use spillway::store::Store;
 use tower_service::Service;
 
 use crate::budget::RequestReserve;
-use crate::engine::{Asking, Engine, Held, Outcome, RuleOutcome, Ruling, Small, Unplanned};
+use crate::engine::{
+    Admission, Asking, Engine, Held, Outcome, RuleOutcome, Ruling, Small, Unplanned,
+};
 use crate::future::{Finish, ResponseBody, ResponseFuture};
 use crate::headers::RateLimitFields;
 use crate::metered::{Budgets, Metering, keep_leases};
@@ -233,7 +235,7 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // The clone takes the place of the service that was made ready.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         let (mut parts, body) = req.into_parts();
         // The mark is trusted only as this layer (or one in front of it,
         // through the extension, which a client cannot send) sets it: a
@@ -255,8 +257,18 @@ where
                 return ResponseFuture::ready(no_client_addr(engine, index, &parts));
             }
         };
-        match engine.decide_now(charges, Asking::default()) {
-            Ok(ruling) => serve(engine, inner, parts, body, ruling),
+        match engine.admit_now(charges) {
+            // What `respond` does with an admitted request that is not
+            // delayed, held or metered.
+            Ok(Admission::Admitted(fields)) => {
+                let finish = Finish {
+                    fields,
+                    limited: mark_limited(&mut parts, Vec::new()),
+                    metering: None,
+                };
+                ResponseFuture::inner(inner.call(Request::from_parts(parts, body)), finish)
+            }
+            Ok(Admission::Ruled(ruling)) => serve(engine, inner, parts, body, ruling),
             // The store has to be waited for.
             Err(charges) => {
                 let engine = engine.clone();
