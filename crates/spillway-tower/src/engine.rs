@@ -376,6 +376,9 @@ pub struct Ruling {
 
 /// What [`Engine::admit_now`] made of a request: admitted at once, with
 /// the header fields its response carries, or ruled in full.
+// Not boxed: a box would cost every ruled request (every denial) an
+// allocation; the value is made where it is matched, in the same call.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Admission {
     /// Admitted with no delay, nothing held, marked or to settle.
     Admitted(RateLimitFields),
