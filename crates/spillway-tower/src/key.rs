@@ -822,6 +822,10 @@ pub(crate) fn build_key(
     client: &Identity,
     parts: &Parts,
 ) -> Result<Option<KeyText>, String> {
+    // The commonest key of all, written in one piece.
+    if let ([KeyPart::Ip], Some(ClientIp::Addr(IpAddr::V4(v4)))) = (key, &client.ip) {
+        return Ok(Some(ipv4_key(*v4)));
+    }
     // Runs on every request: write straight into one string, held inline
     // (no allocation) while it is short, as an address's key is.
     let mut out = KeyText::const_new("");
@@ -895,26 +899,8 @@ pub(crate) fn build_key(
 fn push_ip(out: &mut KeyText, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
-            // Written into a buffer, then copied once.
             let mut text = [0u8; 15];
-            let mut len = 0;
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    text[len] = b'.';
-                    len += 1;
-                }
-                let (hundreds, tens, ones) = (octet / 100, octet / 10 % 10, octet % 10);
-                if hundreds > 0 {
-                    text[len] = b'0' + hundreds;
-                    len += 1;
-                }
-                if octet >= 10 {
-                    text[len] = b'0' + tens;
-                    len += 1;
-                }
-                text[len] = b'0' + ones;
-                len += 1;
-            }
+            let len = write_ipv4(&mut text, 0, v4);
             // Digits and dots only.
             out.push_str(std::str::from_utf8(&text[..len]).unwrap_or_default());
         }
@@ -922,6 +908,41 @@ fn push_ip(out: &mut KeyText, ip: IpAddr) {
             let _ = write!(out, "{ip}");
         }
     }
+}
+
+/// The key of an IPv4 client by its address alone, `ip=` and the address:
+/// the commonest key, written in one piece into a buffer and copied once
+/// (what [`build_key`] writes for it part by part).
+fn ipv4_key(v4: std::net::Ipv4Addr) -> KeyText {
+    let mut text = [0u8; 18];
+    text[..3].copy_from_slice(b"ip=");
+    let len = write_ipv4(&mut text, 3, v4);
+    // `ip=`, digits and dots only.
+    KeyText::new(std::str::from_utf8(&text[..len]).unwrap_or_default())
+}
+
+/// Writes `v4`'s standard text into `text` from `at`; returns where it
+/// ends. `text` has room for 15 bytes from `at`.
+fn write_ipv4(text: &mut [u8], at: usize, v4: std::net::Ipv4Addr) -> usize {
+    let mut len = at;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[len] = b'.';
+            len += 1;
+        }
+        let (hundreds, tens, ones) = (octet / 100, octet / 10 % 10, octet % 10);
+        if hundreds > 0 {
+            text[len] = b'0' + hundreds;
+            len += 1;
+        }
+        if octet >= 10 {
+            text[len] = b'0' + tens;
+            len += 1;
+        }
+        text[len] = b'0' + ones;
+        len += 1;
+    }
+    len
 }
 
 fn push_pair(out: &mut KeyText, name: &str, value: &str) {
@@ -1055,6 +1076,9 @@ mod tests {
             let mut out = KeyText::default();
             push_ip(&mut out, ip);
             assert_eq!(out, ip.to_string());
+            if let IpAddr::V4(v4) = ip {
+                assert_eq!(ipv4_key(v4), format!("ip={ip}"));
+            }
         }
     }
 
@@ -1307,6 +1331,28 @@ mod tests {
             client_ip(&r, &trusted(), ForwardedHeader::XForwardedFor).0,
             Some(addr("198.51.100.7"))
         );
+    }
+
+    /// An IPv4 client's key by its address alone (written in one piece)
+    /// is the text the parts' general writing gives it beside another part,
+    /// an IPv4-mapped peer's included.
+    #[test]
+    fn an_ipv4_clients_key_alone_is_written_as_beside_other_parts() {
+        for peer in [
+            "10.0.3.7:1",
+            "[::ffff:192.168.100.255]:1",
+            "0.0.0.0:1",
+            "255.9.10.99:1",
+        ] {
+            let parts = req(peer, &[]);
+            let clients = Clients::default();
+            let client = Identity::of(&parts, &clients);
+            let alone = build_key(&[KeyPart::Ip], &client, &parts).unwrap().unwrap();
+            let beside = build_key(&[KeyPart::Ip, KeyPart::Method], &client, &parts);
+            let beside = beside.unwrap().unwrap();
+            assert_eq!(format!("{alone}|method=GET"), beside, "{peer}");
+            assert!(alone.starts_with("ip=") && !alone.contains(':'), "{alone}");
+        }
     }
 
     #[test]
