@@ -201,3 +201,23 @@ async fn the_observer_sees_rejections() {
         ]
     );
 }
+
+/// A request a layer in front let through limited, and that this layer
+/// admits at once, keeps the front layer's mark: the handler sees it, and
+/// so does the client.
+#[tokio::test(start_paused = true)]
+async fn a_front_layers_mark_passes_a_layer_that_admits_the_request() {
+    let front = Policy::new([HttpRule::new("cheap", bucket(1)).action(Action::Degrade)]);
+    let behind = Policy::new([HttpRule::new("per-ip", bucket(100))]);
+    let layers = tower::ServiceBuilder::new()
+        .layer(memory_layer(front))
+        .layer(memory_layer(behind));
+    let app = app(layers);
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(header(&res, X_SPILLWAY_LIMITED), None);
+    assert_eq!(body_string(res).await, "limited=-;header=-");
+    let res = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, X_SPILLWAY_LIMITED).as_deref(), Some("cheap"));
+    assert_eq!(body_string(res).await, "limited=cheap;header=cheap");
+}
