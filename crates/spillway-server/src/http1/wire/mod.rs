@@ -224,20 +224,7 @@ pub(crate) fn parse_response(head: &Bytes, to_head: bool) -> Result<ResponseHead
         || status == StatusCode::NOT_MODIFIED
     {
         BodyEnd::Empty
-    } else if lines.values(&header::TRANSFER_ENCODING).next().is_some() {
-        if version == Version::HTTP_10 {
-            return Err(WireError::Framing(
-                "Transfer-Encoding in an HTTP/1.0 response",
-            ));
-        }
-        if lines.values(&header::CONTENT_LENGTH).next().is_some() {
-            return Err(WireError::Framing(
-                "both Content-Length and Transfer-Encoding",
-            ));
-        }
-        if !only_chunked(lines) {
-            return Err(WireError::Framing("a transfer coding other than chunked"));
-        }
+    } else if chunked(lines, version, "Transfer-Encoding in an HTTP/1.0 response")? {
         BodyEnd::Chunked
     } else {
         match content_length(lines)? {
@@ -302,27 +289,40 @@ fn request_framing(
     headers: &(impl Lines + ?Sized),
     version: Version,
 ) -> Result<Framing, WireError> {
-    if headers.values(&header::TRANSFER_ENCODING).next().is_some() {
-        if version == Version::HTTP_10 {
-            return Err(WireError::Framing(
-                "Transfer-Encoding in an HTTP/1.0 request",
-            ));
-        }
-        if headers.values(&header::CONTENT_LENGTH).next().is_some() {
-            return Err(WireError::Framing(
-                "both Content-Length and Transfer-Encoding",
-            ));
-        }
-        return if only_chunked(headers) {
-            Ok(Framing::Chunked)
-        } else {
-            Err(WireError::Framing("a transfer coding other than chunked"))
-        };
+    if chunked(headers, version, "Transfer-Encoding in an HTTP/1.0 request")? {
+        return Ok(Framing::Chunked);
     }
     match content_length(headers)? {
         None | Some(0) => Ok(Framing::Empty),
         Some(n) => Ok(Framing::Length(n)),
     }
+}
+
+/// Whether a message's body is chunked (RFC 9112 section 6.3): it is when
+/// it has `Transfer-Encoding`, which must then say exactly `chunked`, in
+/// HTTP/1.1, with no `Content-Length` beside it; anything else with the
+/// header is refused, as a proxy and its peer could read it two ways.
+/// `in_http10` is the refusal of a coding in an HTTP/1.0 message.
+fn chunked(
+    lines: &(impl Lines + ?Sized),
+    version: Version,
+    in_http10: &'static str,
+) -> Result<bool, WireError> {
+    if lines.values(&header::TRANSFER_ENCODING).next().is_none() {
+        return Ok(false);
+    }
+    if version == Version::HTTP_10 {
+        return Err(WireError::Framing(in_http10));
+    }
+    if lines.values(&header::CONTENT_LENGTH).next().is_some() {
+        return Err(WireError::Framing(
+            "both Content-Length and Transfer-Encoding",
+        ));
+    }
+    if !only_chunked(lines) {
+        return Err(WireError::Framing("a transfer coding other than chunked"));
+    }
+    Ok(true)
 }
 
 /// `Transfer-Encoding` says exactly `chunked` (the relay passes chunked
