@@ -293,6 +293,29 @@ async fn h2_client(
     (client, tokio::spawn(conn))
 }
 
+/// A stream's answer, awaited in a task of its own.
+type Answer = JoinHandle<Result<http::Response<h2::RecvStream>, h2::Error>>;
+
+/// Opens two `GET /wait` streams on `client` and returns once the upstream
+/// holds both: two upstream connections busy.
+async fn hold_two(client: &mut SendRequest<Bytes>, upstream: &Upstream) -> [Answer; 2] {
+    let waits = [
+        open_get(client, "/wait").await,
+        open_get(client, "/wait").await,
+    ];
+    until("both forwarded at once", || upstream.arrived("/wait") == 2).await;
+    waits
+}
+
+/// Lets the upstream answer what it holds; each of `waits` is answered 200.
+async fn release_all(upstream: &Upstream, waits: [Answer; 2]) {
+    upstream.release();
+    for wait in waits {
+        let res = within("an answer", wait).await.expect("its task");
+        assert_eq!(res.expect("a response").status(), StatusCode::OK);
+    }
+}
+
 fn request(method: Method, path: &str) -> Request<()> {
     Request::builder()
         .method(method)
@@ -323,10 +346,7 @@ async fn open_hold(client: &mut SendRequest<Bytes>) -> JoinHandle<Option<http::r
 }
 
 /// Opens a `GET path` on `client`; returns its answer.
-async fn open_get(
-    client: &mut SendRequest<Bytes>,
-    path: &str,
-) -> JoinHandle<Result<http::Response<h2::RecvStream>, h2::Error>> {
+async fn open_get(client: &mut SendRequest<Bytes>, path: &str) -> Answer {
     *client = within("room for a stream", client.clone().ready())
         .await
         .expect("the connection is open");
@@ -493,16 +513,8 @@ async fn one_clients_idle_upstream_connections_never_keep_another_from_being_ser
     let connect_timeout = Duration::from_millis(500);
     let proxy = start_capped(&upstream, 2, connect_timeout).await;
     let (mut first, _first_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
-    let waits = [
-        open_get(&mut first, "/wait").await,
-        open_get(&mut first, "/wait").await,
-    ];
-    until("both forwarded at once", || upstream.arrived("/wait") == 2).await;
-    upstream.release();
-    for wait in waits {
-        let res = within("an answer", wait).await.expect("its task");
-        assert_eq!(res.expect("a response").status(), StatusCode::OK);
-    }
+    let waits = hold_two(&mut first, &upstream).await;
+    release_all(&upstream, waits).await;
     // The first client's two upstream connections are idle, and hold the
     // pool's two slots.
     let (mut second, _second_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
@@ -831,22 +843,14 @@ async fn a_request_waiting_for_a_slot_is_served_once_a_busy_connection_goes_idle
     let connect_timeout = Duration::from_secs(3);
     let proxy = start_capped(&upstream, 2, connect_timeout).await;
     let (mut first, _first_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
-    let waits = [
-        open_get(&mut first, "/wait").await,
-        open_get(&mut first, "/wait").await,
-    ];
-    until("both forwarded at once", || upstream.arrived("/wait") == 2).await;
+    let waits = hold_two(&mut first, &upstream).await;
     let (mut second, _second_conn) = h2_client(proxy, &h2::client::Builder::new()).await;
     let started = tokio::time::Instant::now();
     let answer = open_get(&mut second, "/other").await;
     // It waits for a slot.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!answer.is_finished());
-    upstream.release();
-    for wait in waits {
-        let res = within("an answer", wait).await.expect("its task");
-        assert_eq!(res.expect("a response").status(), StatusCode::OK);
-    }
+    release_all(&upstream, waits).await;
     let res = within("an answer", answer).await.expect("its task");
     let status = res.expect("a response").status();
     let waited = started.elapsed();
@@ -868,19 +872,11 @@ async fn one_clients_waiting_request_is_served_on_its_own_connection_gone_idle()
     let connect_timeout = Duration::from_secs(3);
     let proxy = start_capped(&upstream, 2, connect_timeout).await;
     let (mut client, _conn) = h2_client(proxy, &h2::client::Builder::new()).await;
-    let waits = [
-        open_get(&mut client, "/wait").await,
-        open_get(&mut client, "/wait").await,
-    ];
-    until("both forwarded at once", || upstream.arrived("/wait") == 2).await;
+    let waits = hold_two(&mut client, &upstream).await;
     let started = tokio::time::Instant::now();
     let third = open_get(&mut client, "/other").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    upstream.release();
-    for wait in waits {
-        let res = within("an answer", wait).await.expect("its task");
-        assert_eq!(res.expect("a response").status(), StatusCode::OK);
-    }
+    release_all(&upstream, waits).await;
     let res = within("an answer", third).await.expect("its task");
     let status = res.expect("a response").status();
     assert_eq!(status, StatusCode::OK, "after {:?}", started.elapsed());
