@@ -252,7 +252,7 @@ async fn start_capped(upstream: &Upstream, cap: usize, connect_timeout: Duration
 /// Starts a proxy in front of `upstream` with `options`; returns its
 /// address.
 async fn start_proxy(upstream: &Upstream, options: ProxyOptions) -> SocketAddr {
-    start_proxy_with(GENEROUS, upstream, options).await
+    start_proxy_with(GENEROUS, &upstream.url(), options).await
 }
 
 /// The default options but `bounds`.
@@ -263,8 +263,9 @@ fn bounded(bounds: ProxyBounds) -> ProxyOptions {
     }
 }
 
-/// [`start_proxy`] with the rules of `config`.
-async fn start_proxy_with(config: &str, upstream: &Upstream, options: ProxyOptions) -> SocketAddr {
+/// [`start_proxy`] with the rules of `config`, in front of the upstream at
+/// `url`.
+async fn start_proxy_with(config: &str, url: &str, options: ProxyOptions) -> SocketAddr {
     clock_support::clear_of_a_minute_boundary();
     let config = Config::parse(config).expect("a valid config");
     let engine = Loaded::build(config, None, None).await.expect("an engine");
@@ -272,7 +273,7 @@ async fn start_proxy_with(config: &str, upstream: &Upstream, options: ProxyOptio
     let addr = listener.local_addr().expect("an address");
     tokio::spawn(serve_with(
         listener,
-        upstream.url().parse().expect("a URL"),
+        url.parse().expect("a URL"),
         Arc::new(Live::new(engine)),
         options,
         std::future::pending(),
@@ -647,7 +648,7 @@ burst = 20
         bounds,
         ..ProxyOptions::default()
     };
-    let proxy = start_proxy_with(shaped, &upstream, options).await;
+    let proxy = start_proxy_with(shaped, &upstream.url(), options).await;
     let (mut client, _conn) = h2_client(proxy, &h2::client::Builder::new()).await;
     let first = within("the first answer", open_get(&mut client, "/other").await)
         .await
@@ -997,18 +998,8 @@ async fn echo_forwarding_upstream() -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_requests_name_their_peer() {
     let upstream_addr = echo_forwarding_upstream().await;
-    clock_support::clear_of_a_minute_boundary();
-    let config = Config::parse(GENEROUS).expect("a valid config");
-    let engine = Loaded::build(config, None, None).await.expect("an engine");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let proxy = listener.local_addr().expect("an address");
-    tokio::spawn(serve_with(
-        listener,
-        format!("http://{upstream_addr}").parse().expect("a URL"),
-        Arc::new(Live::new(engine)),
-        ProxyOptions::default(),
-        std::future::pending(),
-    ));
+    let url = format!("http://{upstream_addr}");
+    let proxy = start_proxy_with(GENEROUS, &url, ProxyOptions::default()).await;
     let (mut client, _conn) = h2_client(proxy, &h2::client::Builder::new()).await;
     for i in 0..3 {
         client = within("room", client.ready()).await.expect("open");
