@@ -1341,8 +1341,9 @@ impl<St: Store> Engine<St> {
 
     /// The turns' ruling on charges the store answered `verdict` for at
     /// their first ask: [`decide_now_in_turns`](Self::decide_now_in_turns)
-    /// from its second ask on (a store that must be waited for then is
-    /// waited for here: no store stops answering at once between two asks).
+    /// from its second ask on. A store that answered at once and then
+    /// would have to be waited for (none does) leaves the request
+    /// unavailable rather than charged in part.
     #[cold]
     fn rule_in_turns(&self, charges: Charges, verdict: &Verdict) -> Ruling {
         let mut deciding = Deciding::new(self, charges, Asking::default());
