@@ -37,6 +37,75 @@ async fn pipelined_requests_get_their_own_responses_in_order() {
     assert_eq!(upstream.targets(), ["/one", "/two"]);
 }
 
+/// Plain requests (no body) are served by the proxy's own server; the
+/// first request with a body hands the connection to hyper's, which must
+/// read that request from its first byte, and every one after it, all
+/// sent in one write.
+#[tokio::test]
+async fn a_request_with_a_body_behind_plain_ones_is_read_whole_and_in_order() {
+    let upstream = RawUpstream::echo().await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+    let upload = pattern(3000);
+    client
+        .send(
+            &[
+                get("/one"),
+                b"\r\n".to_vec(),
+                post("/two", &upload),
+                get("/three"),
+                post("/four", b"x"),
+            ]
+            .concat(),
+        )
+        .await
+        .expect("sent");
+    for (method, path) in [
+        ("GET", "/one"),
+        ("POST", "/two"),
+        ("GET", "/three"),
+        ("POST", "/four"),
+    ] {
+        let response = client.response(method).await.expect("a response");
+        assert_eq!(response.status, 200, "{method} {path}");
+        assert_eq!(response.text(), format!("upstream got {method} {path}"));
+    }
+    let seen = upstream.seen();
+    let bodies: Vec<&[u8]> = seen.iter().map(|s| s.request.body.as_slice()).collect();
+    assert_eq!(bodies, [&b""[..], &upload, b"", b"x"]);
+    assert_eq!(upstream.targets(), ["/one", "/two", "/three", "/four"]);
+}
+
+/// A response of unknown length to a plain request reaches the client
+/// chunked, its data whole, and the connection stays usable.
+#[tokio::test]
+async fn a_chunked_response_to_a_plain_request_arrives_whole_and_keeps_the_connection() {
+    let data = pattern(40_000);
+    let mut chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for piece in data.chunks(7_000) {
+        chunked.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        chunked.extend_from_slice(piece);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let upstream = RawUpstream::start(move |request| match request.target.as_str() {
+        "/chunked" => Reply {
+            bytes: chunked.clone(),
+            close: false,
+        },
+        _ => echo(request),
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(GENEROUS, upstream.addr).await).await;
+    let response = client.exchange(&get("/chunked")).await;
+    assert_eq!(response.status, 200);
+    assert_eq!(response.framing, Framing::Chunked);
+    assert_eq!(response.body, data);
+    assert_eq!(
+        client.exchange(&get("/next")).await.text(),
+        "upstream got GET /next"
+    );
+}
+
 #[tokio::test]
 async fn blank_lines_between_requests_are_skipped() {
     // RFC 9112 section 2.2: a server should ignore at least one empty line

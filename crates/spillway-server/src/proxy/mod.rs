@@ -49,6 +49,7 @@ mod deadline;
 mod error;
 mod forward;
 mod headers;
+mod plain;
 mod relay;
 mod service;
 mod target;

@@ -33,6 +33,7 @@ use tokio::net::TcpStream;
 
 use super::deadline::HeadTimer;
 use super::forward::{Forward, Sender};
+use super::plain;
 use super::service::limit;
 use super::upstream::{OwnUpstream, Pool};
 use super::{Connector, Proxy};
@@ -68,7 +69,7 @@ impl<C: Connector> Relay<C> {
 
 /// What the rate limiter reads of a request's connection: its peer, the
 /// server's stop, the cap on requests held for their shaping turn.
-fn mark(req: &mut Request<Incoming>, peer: SocketAddr, draining: &Draining, held: &HoldCap) {
+pub(crate) fn mark<B>(req: &mut Request<B>, peer: SocketAddr, draining: &Draining, held: &HoldCap) {
     let extensions = req.extensions_mut();
     extensions.insert(ClientAddr(peer));
     extensions.insert(draining.clone());
@@ -120,18 +121,34 @@ pub(crate) async fn serve<C: Connector>(
     }
 }
 
-/// Serves an HTTP/1.1 client with hyper, each request through the rate
-/// limiter, then to this connection's own upstream connection.
+/// Serves an HTTP/1.1 client, each request through the rate limiter, then
+/// to this connection's own upstream connection: its plain requests by the
+/// proxy's own server ([`plain`]); from the first other one on, by hyper's.
 async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
-    let peer = client.peer;
-    let (io, mut closing) = client.into_io();
     let proxy = &relay.proxy;
     let own = Arc::new(OwnUpstream::new(
-        super::headers::Hop::of(peer.ip()),
+        super::headers::Hop::of(client.peer.ip()),
         proxy.forward.upstream.clone(),
         &proxy.options,
     ));
     let forward = relay.forward_over(own.clone());
+    match plain::serve(relay, &forward, client).await {
+        plain::Left::Closed => {}
+        plain::Left::NotPlain(client) => serve_hyper(relay, *client, own, forward).await,
+    }
+}
+
+/// Serves the rest of an HTTP/1.1 client's requests with hyper, each
+/// through the rate limiter, then to `own`, the connection's own upstream.
+async fn serve_hyper<C: Connector>(
+    relay: &Relay<C>,
+    client: Client,
+    own: Arc<OwnUpstream>,
+    forward: Arc<Forward<C>>,
+) {
+    let peer = client.peer;
+    let (io, mut closing) = client.into_io();
+    let proxy = &relay.proxy;
     let shared = proxy.shared.clone();
     let draining = Draining::new(closing.receiver());
     let held = relay.held.clone();

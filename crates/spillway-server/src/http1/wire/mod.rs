@@ -97,9 +97,52 @@ pub(crate) fn parse_request(head: &Bytes) -> Result<Parts, WireError> {
         parts.method = line.method;
         parts.uri = uri;
         parts.version = line.version;
-        parts.headers = header_map(head, lines)?;
+        parts.headers = header_map(head, lines, FORWARDING_ROOM)?;
         Ok(parts)
     })
+}
+
+/// A plain request: HTTP/1.1, no body, no `Expect`, no `Upgrade`, not
+/// `CONNECT` (see [`parse_plain_request`]).
+#[derive(Debug)]
+pub(crate) struct Plain {
+    /// Its parts, the headers sharing the head's memory.
+    pub(crate) parts: Parts,
+    /// The client keeps the connection open after it.
+    pub(crate) keep_alive: bool,
+}
+
+/// Parses a complete request head as [`parse_request`] does if it is
+/// [`Plain`]; `None` for any other, and for a head that does not parse or
+/// whose framing is refused: another server, which reads it from its first
+/// byte, answers those.
+pub(crate) fn parse_plain_request(head: &Bytes) -> Option<Plain> {
+    let parsed = parse_head(head, |line, lines| {
+        let plain = line.version == Version::HTTP_11
+            && line.framing == Framing::Empty
+            && !line.expects_continue
+            && line.method != Method::CONNECT
+            // An `Expect` other than 100-continue and an `Upgrade` are
+            // what another server reads its own way.
+            && !lines.iter().any(|l| {
+                l.name.eq_ignore_ascii_case("expect") || l.name.eq_ignore_ascii_case("upgrade")
+            });
+        if !plain {
+            return Ok(None);
+        }
+        let uri = Uri::from_maybe_shared(line.target)
+            .map_err(|_| WireError::Malformed("bad request target"))?;
+        let (mut parts, ()) = Request::new(()).into_parts();
+        parts.method = line.method;
+        parts.uri = uri;
+        parts.version = line.version;
+        parts.headers = header_map(head, lines, FORWARDING_ROOM)?;
+        Ok(Some(Plain {
+            parts,
+            keep_alive: line.keep_alive,
+        }))
+    });
+    parsed.ok().flatten()
 }
 
 /// Parses a complete request head as [`parse_request`] does, and checks it
@@ -153,10 +196,21 @@ fn parse_head<R>(
     then(line, lines)
 }
 
-/// The headers of a parsed head, their values sharing `head`'s memory.
-fn header_map(head: &Bytes, lines: &[httparse::Header<'_>]) -> Result<HeaderMap, WireError> {
-    // Room for the X-Forwarded-* headers the proxy adds.
-    let mut headers = HeaderMap::with_capacity(lines.len() + 4);
+/// Room in a request's headers for those the proxy adds (`Host` again,
+/// `X-Forwarded-For`, `-Proto`, `-Host`, `Forwarded`, `X-Real-IP`, a
+/// framing header): a map that grows copies every header it has.
+const FORWARDING_ROOM: usize = 8;
+/// Room in a response's headers for the rate-limit fields (five at most).
+const RATE_LIMIT_ROOM: usize = 6;
+
+/// The headers of a parsed head, their values sharing `head`'s memory,
+/// with room for `more`.
+fn header_map(
+    head: &Bytes,
+    lines: &[httparse::Header<'_>],
+    more: usize,
+) -> Result<HeaderMap, WireError> {
+    let mut headers = HeaderMap::with_capacity(lines.len() + more);
     for line in lines {
         let name = HeaderName::from_bytes(line.name.as_bytes())
             .map_err(|_| WireError::Malformed("bad header name"))?;
@@ -237,7 +291,7 @@ pub(crate) fn parse_response(head: &Bytes, to_head: bool) -> Result<ResponseHead
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = status;
     parts.version = version;
-    parts.headers = header_map(head, lines)?;
+    parts.headers = header_map(head, lines, RATE_LIMIT_ROOM)?;
     Ok(ResponseHead {
         parts,
         body,

@@ -34,6 +34,50 @@ fn a_request_head_becomes_parts_with_its_framing() {
     assert!(!head.expects_continue);
 }
 
+/// Only a request with nothing another server could read its own way is
+/// plain: HTTP/1.1, no body however framed, no `Expect`, no `Upgrade`, not
+/// `CONNECT`, and a head that parses; it becomes the same parts as
+/// [`parse_request`] makes.
+#[test]
+fn a_plain_request_has_no_body_nothing_unusual_and_parses() {
+    let plain = |text: &str| parse_plain_request(&Bytes::copy_from_slice(text.as_bytes()));
+    for text in [
+        "GET /a?b HTTP/1.1\r\nHost: x\r\nX-Tag: 1\r\nx-tag: 2\r\n\r\n",
+        "DELETE /a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        "HEAD / HTTP/1.1\r\nhost: x\r\nConnection: close\r\n\r\n",
+        "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+    ] {
+        let found = plain(text).unwrap_or_else(|| panic!("plain: {text:?}"));
+        let expected = parts(text);
+        assert_eq!(found.parts.method, expected.method);
+        assert_eq!(found.parts.uri, expected.uri);
+        assert_eq!(found.parts.version, expected.version);
+        assert_eq!(found.parts.headers, expected.headers);
+        assert_eq!(
+            found.keep_alive,
+            request(text).unwrap().keep_alive,
+            "{text:?}"
+        );
+    }
+    for text in [
+        "GET / HTTP/1.0\r\nHost: x\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 1\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: +0\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\nEXPECT: something-else\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+        "CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+        "GET /a b HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+        "GET / HTTP/2.0\r\nHost: x\r\n\r\n",
+    ] {
+        assert!(plain(text).is_none(), "not plain: {text:?}");
+    }
+}
+
 #[test]
 fn keep_alive_follows_the_version_and_connection() {
     let alive = |text: &str| request(text).unwrap().keep_alive;
