@@ -106,6 +106,39 @@ async fn a_chunked_response_to_a_plain_request_arrives_whole_and_keeps_the_conne
     );
 }
 
+/// The upstream's response head passes to a plain request's client as its
+/// lines came, but without its hop-by-hop lines, those its `Connection`
+/// lists, its framing, and the rate-limit fields the rules write
+/// themselves (the upstream's own are replaced, never doubled).
+#[tokio::test]
+async fn a_plain_requests_response_head_loses_its_hop_by_hop_lines_and_the_rules_fields() {
+    let upstream = RawUpstream::start(|_| Reply {
+        bytes: b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\n\
+                 X-Hop: secret\r\nX-RateLimit-Limit: 5\r\nRateLimit-Policy: \"up\";q=5\r\n\
+                 X-Kept: Yes\r\nx-kept: again\r\nContent-Length: 2, 2\r\n\r\nok"
+            .to_vec(),
+        close: false,
+    })
+    .await;
+    let config = format!("{GENEROUS}\n[headers]\nietf = true\n");
+    let mut client = Wire::connect(start_proxy(&config, upstream.addr).await).await;
+    for _ in 0..2 {
+        let response = client.exchange(&get("/")).await;
+        assert_eq!(response.status, 200);
+        assert_eq!(response.text(), "ok");
+        let headers = &response.headers;
+        assert_eq!(headers.all("x-kept"), ["Yes", "again"]);
+        for gone in ["x-hop", "keep-alive", "connection", "transfer-encoding"] {
+            assert!(headers.all(gone).is_empty(), "{gone}: {:?}", headers.0);
+        }
+        assert_eq!(headers.all("content-length"), ["2"]);
+        assert_eq!(headers.all("x-ratelimit-limit"), ["1000"]);
+        assert_eq!(headers.all("ratelimit-policy").len(), 1);
+        assert!(headers.all("ratelimit-policy")[0].contains("generous"));
+        assert_eq!(headers.all("date").len(), 1);
+    }
+}
+
 #[tokio::test]
 async fn blank_lines_between_requests_are_skipped() {
     // RFC 9112 section 2.2: a server should ignore at least one empty line

@@ -27,6 +27,7 @@ use super::target;
 use super::upstream::OwnUpstream;
 use super::{Connector, HostHeader, ProxyBody};
 use crate::config::Normalize;
+use crate::http1::wire::RawHead;
 
 /// Marks a request whose peer is a trusted proxy (set by the proxy service
 /// from the policy's `trusted_proxies`): its forwarded scheme and host are
@@ -351,6 +352,9 @@ where
                     let (mut parts, body) = res.into_parts();
                     headers::remove_hop_by_hop(&mut parts.headers);
                     headers::one_content_length(&mut parts.headers);
+                    if let Some(raw) = parts.extensions.get_mut::<RawHead>() {
+                        headers::keep_end_to_end(raw);
+                    }
                     parts.version = Version::default();
                     return Ok(Response::from_parts(parts, body));
                 }

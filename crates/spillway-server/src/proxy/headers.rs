@@ -6,6 +6,8 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
+use crate::http1::wire::RawHead;
+
 /// `X-Forwarded-For`: the chain of client addresses, each proxy appending
 /// the peer it received the request from.
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -94,6 +96,47 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     for name in &gone {
         headers.remove(name);
     }
+}
+
+/// Leaves out of a response head kept as it came what
+/// [`remove_hop_by_hop`] removes from a header map (the hop-by-hop lines,
+/// and those `Connection` lists but the [`PROTECTED`] ones), and its
+/// `Content-Length` lines, whose one length, as [`one_content_length`]
+/// keeps it, becomes the head's `length`: the proxy writes the framing.
+pub(crate) fn keep_end_to_end(raw: &mut RawHead) {
+    let mut listed: SmallVec<[Vec<u8>; 2]> = SmallVec::new();
+    let mut length = None;
+    let mut one = true;
+    for (name, value) in raw.lines() {
+        if name.eq_ignore_ascii_case(b"connection") {
+            let tokens = value.split(|&b| b == b',').map(<[u8]>::trim_ascii);
+            for token in tokens {
+                let protected = PROTECTED
+                    .iter()
+                    .any(|p| token.eq_ignore_ascii_case(p.as_str().as_bytes()));
+                if !token.is_empty() && !protected {
+                    listed.push(token.to_vec());
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            for part in value.split(|&b| b == b',') {
+                let n = std::str::from_utf8(part.trim_ascii())
+                    .ok()
+                    .and_then(|p| p.parse::<u64>().ok());
+                one &= n.is_some() && (length.is_none() || length == n);
+                length = length.or(n);
+            }
+        }
+    }
+    raw.retain(|name, _| {
+        let hop_by_hop = HOP_BY_HOP
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h.as_str().as_bytes()));
+        !hop_by_hop
+            && !name.eq_ignore_ascii_case(b"content-length")
+            && !listed.iter().any(|t| name.eq_ignore_ascii_case(t))
+    });
+    raw.length = length.filter(|_| one);
 }
 
 /// `X-Real-IP`: the client's address, as nginx's `proxy_set_header
@@ -356,6 +399,7 @@ pub(crate) fn join_cookies(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut headers = HeaderMap::new();
@@ -437,6 +481,61 @@ mod tests {
                 "x-spillway-limited",
             ]
         );
+    }
+
+    /// A response head kept as lines loses exactly what a header map of it
+    /// loses (hop-by-hop lines, those `Connection` lists but the protected
+    /// ones), and its `Content-Length` lines become the one length the map
+    /// keeps.
+    #[test]
+    fn kept_lines_lose_what_a_header_map_loses() {
+        use crate::http1::wire::{parse_response, parse_response_raw};
+        let heads = [
+            "connection: keep-alive, X-Secret\r\nConnection: x-other\r\nkeep-alive: timeout=5\r\n\
+             proxy-connection: keep-alive\r\nTE: trailers\r\ntrailer: x-checksum\r\n\
+             transfer-encoding: chunked\r\nupgrade: websocket\r\nexpect: 100-continue\r\n\
+             X-Secret: 1\r\nx-other: 2\r\nX-Kept: 3\r\ncontent-length: 4\r\n",
+            "connection: close, Content-Length, host, x-forwarded-for, X-Forwarded-Proto\r\n\
+             connection: x-forwarded-host, forwarded, x-real-ip, x-spillway-limited, x-gone\r\n\
+             host: api.example\r\ncontent-length: 4\r\nx-forwarded-for: 192.0.2.1\r\n\
+             x-forwarded-proto: https\r\nx-forwarded-host: api.example\r\n\
+             forwarded: for=192.0.2.1\r\nx-real-ip: 192.0.2.1\r\nx-spillway-limited: per-ip\r\n\
+             x-gone: 1\r\n",
+            "Connection: x-a, not a name, ,x-b\r\nx-a: 1\r\nx-b: 2\r\nX-C: 3\r\nx-c: 4\r\n",
+            "Content-Length: 7, 7\r\nContent-Length: 7\r\nDate: today\r\n",
+            "Content-Length: 7, 8\r\nServer: x\r\n",
+            "Content-Length: seven\r\n",
+            "Server: x\r\n",
+        ];
+        for lines in heads {
+            let head = Bytes::from(format!("HTTP/1.1 200 OK\r\n{lines}\r\n"));
+            // The answer to a HEAD: its framing is not checked.
+            let mut mapped = parse_response(&head, true).expect("a head").parts.headers;
+            remove_hop_by_hop(&mut mapped);
+            one_content_length(&mut mapped);
+            let mut raw = parse_response_raw(&head, true).expect("a head").parts;
+            let raw = raw.extensions.get_mut::<RawHead>().expect("lines kept");
+            keep_end_to_end(raw);
+            let kept: Vec<(String, Vec<u8>)> = raw
+                .lines()
+                .map(|(n, v)| (String::from_utf8_lossy(n).to_lowercase(), v.to_vec()))
+                .collect();
+            let left: Vec<(String, Vec<u8>)> = mapped
+                .iter()
+                .filter(|(n, _)| *n != header::CONTENT_LENGTH)
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect();
+            let (mut kept, mut left) = (kept, left);
+            kept.sort();
+            left.sort();
+            assert_eq!(kept, left, "{lines:?}");
+            // A lone invalid length stays in the map, and is no length to
+            // the server that writes the response.
+            let length = mapped
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            assert_eq!(raw.length, length, "{lines:?}");
+        }
     }
 
     #[test]

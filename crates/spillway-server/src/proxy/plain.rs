@@ -18,6 +18,7 @@ use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
@@ -25,14 +26,15 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Empty};
+use smallvec::SmallVec;
 use spillway_tower::Draining;
 use tokio::io::AsyncWriteExt;
 
 use super::Connector;
-use super::forward::Forward;
+use super::forward::{Forward, Sender};
 use super::relay::{Relay, WriteDeadline, mark};
-use super::service::{ProxyResponse, limit};
-use crate::http1::wire::{self, Plain};
+use super::service::{ProxyResponse, limit_on};
+use crate::http1::wire::{self, Plain, RawHead};
 use crate::http1::{Client, put_date};
 
 /// How a connection left this server.
@@ -100,7 +102,17 @@ async fn one<C: Connector>(
     let head_only = parts.method == Method::HEAD;
     let mut req = Request::from_parts(parts, Empty::<Bytes>::new());
     mark(&mut req, client.peer, draining, &relay.held);
-    let answering = limit(&relay.proxy.shared, Forward::clone(forward), req);
+    let engine = relay.proxy.shared.current();
+    // The upstream's response head is written as it came, unless a rule
+    // reads the response (a budget measures it, a concurrency rule holds
+    // its slot until it ends): then the rules get it as a header map.
+    let reads = engine.layer.engine();
+    let raw = !(reads.has_budgets() || reads.has_leases());
+    if let Sender::Own(own) = &forward.send {
+        own.raw_heads.store(raw, Ordering::Relaxed);
+    }
+    let answering = limit_on(&engine, Forward::clone(forward), req);
+    drop(engine);
     let Some(Ok(res)) = client.until_decided(answering).await? else {
         // The client left while its answer was waited for.
         return Ok(false);
@@ -138,6 +150,22 @@ async fn respond(
     wire::put_status_line(out, status);
     let mut date = false;
     let mut declared = None;
+    if let Some(raw) = parts.extensions.get::<RawHead>() {
+        // The upstream's lines as it sent them (what the proxy does not pass
+        // on already left out), but those the rules wrote again.
+        let ours: SmallVec<[&[u8]; 8]> = parts
+            .headers
+            .keys()
+            .map(|name| name.as_str().as_bytes())
+            .collect();
+        for (name, value) in raw.lines() {
+            if !ours.iter().any(|o| name.eq_ignore_ascii_case(o)) {
+                date |= name.eq_ignore_ascii_case(b"date");
+                wire::put_header(out, name, value);
+            }
+        }
+        declared = raw.length;
+    }
     for (name, value) in &parts.headers {
         if name == header::CONTENT_LENGTH {
             // One value: the forwarding made it so.

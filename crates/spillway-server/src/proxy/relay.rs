@@ -134,7 +134,11 @@ async fn serve_h1<C: Connector>(relay: &Relay<C>, client: Client) {
     let forward = relay.forward_over(own.clone());
     match plain::serve(relay, &forward, client).await {
         plain::Left::Closed => {}
-        plain::Left::NotPlain(client) => serve_hyper(relay, *client, own, forward).await,
+        plain::Left::NotPlain(client) => {
+            // hyper writes a response's head from its header map.
+            own.raw_heads.store(false, Ordering::Relaxed);
+            serve_hyper(relay, *client, own, forward).await;
+        }
     }
 }
 

@@ -28,7 +28,7 @@ use super::forward::{Forward, Sender, TrustedPeer, Upstream, sanitize};
 use super::relay::{self, Relay};
 use super::{Connector, ProxyBody, ProxyOptions};
 use crate::http1::{self, next_connection};
-use crate::state::Live;
+use crate::state::{Live, Loaded};
 
 /// A response of the [`Proxy`]: the upstream's (with the rate-limit
 /// headers added), or one the rate limiter or the proxy wrote.
@@ -289,10 +289,23 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
-    let (mut parts, body) = req.into_parts();
     // The engine is read per request, so a reload applies to the next
     // one; the layer keeps its own store alive for this one.
-    let engine = shared.current();
+    limit_on(&shared.current(), forward, req)
+}
+
+/// [`limit`] on `engine`, which the caller has read.
+pub(crate) fn limit_on<C, B>(
+    engine: &Loaded,
+    forward: Forward<C>,
+    req: Request<B>,
+) -> Pin<Box<dyn Future<Output = Result<ProxyResponse, Infallible>> + Send>>
+where
+    C: Connector,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
+    let (mut parts, body) = req.into_parts();
     if let Err(refused) = sanitize(&mut parts, forward.normalize, engine.layer.policy()) {
         let res = refused
             .into_response()

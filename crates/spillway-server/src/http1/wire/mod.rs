@@ -251,6 +251,18 @@ pub(crate) struct ResponseHead {
 /// `chunked` (the proxy forwards bodies decoded and framed again, and
 /// decodes no other coding), conflicting or invalid lengths.
 pub(crate) fn parse_response(head: &Bytes, to_head: bool) -> Result<ResponseHead, WireError> {
+    parse_response_as(head, to_head, false)
+}
+
+/// Parses and checks a response head as [`parse_response`] does, but
+/// keeps its header lines as they came, in a [`RawHead`] extension of the
+/// parts, whose headers are left empty: for a server that writes them as
+/// they came.
+pub(crate) fn parse_response_raw(head: &Bytes, to_head: bool) -> Result<ResponseHead, WireError> {
+    parse_response_as(head, to_head, true)
+}
+
+fn parse_response_as(head: &Bytes, to_head: bool, raw: bool) -> Result<ResponseHead, WireError> {
     // Not zeroed: httparse writes the lines it returns.
     let mut lines =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -291,12 +303,72 @@ pub(crate) fn parse_response(head: &Bytes, to_head: bool) -> Result<ResponseHead
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = status;
     parts.version = version;
-    parts.headers = header_map(head, lines, RATE_LIMIT_ROOM)?;
+    if raw {
+        parts.extensions.insert(RawHead::of(head, lines));
+    } else {
+        parts.headers = header_map(head, lines, RATE_LIMIT_ROOM)?;
+    }
     Ok(ResponseHead {
         parts,
         body,
         keep_alive,
     })
+}
+
+/// A response head's header lines as they came (see
+/// [`parse_response_raw`]): each line's name and value, as offsets into
+/// the head.
+#[derive(Debug, Clone)]
+pub(crate) struct RawHead {
+    head: Bytes,
+    lines: smallvec::SmallVec<[RawLine; 12]>,
+    /// The body's length, once the `Content-Length` lines have been taken
+    /// out of the lines (the server writes its own).
+    pub(crate) length: Option<u64>,
+}
+
+/// Where a line's name and value are in the head.
+#[derive(Debug, Clone, Copy)]
+struct RawLine {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+impl RawHead {
+    fn of(head: &Bytes, lines: &[httparse::Header<'_>]) -> Self {
+        // httparse's slices are within `head`, whose length fits a u32.
+        let at = |part: &[u8]| {
+            let start = part.as_ptr() as usize - head.as_ptr() as usize;
+            (start as u32, (start + part.len()) as u32)
+        };
+        Self {
+            head: head.clone(),
+            lines: lines
+                .iter()
+                .map(|line| RawLine {
+                    name: at(line.name.as_bytes()),
+                    value: at(line.value),
+                })
+                .collect(),
+            length: None,
+        }
+    }
+
+    /// Each line's name and value, in order.
+    pub(crate) fn lines(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let part = |(start, end): (u32, u32)| &self.head[start as usize..end as usize];
+        self.lines
+            .iter()
+            .map(move |line| (part(line.name), part(line.value)))
+    }
+
+    /// Keeps only the lines whose name and value `keep` accepts.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&[u8], &[u8]) -> bool) {
+        let head = &self.head;
+        let part = |(start, end): (u32, u32)| &head[start as usize..end as usize];
+        self.lines
+            .retain(|line| keep(part(line.name), part(line.value)));
+    }
 }
 
 /// Header lines looked up by name: a [`HeaderMap`], or a head's lines as

@@ -415,10 +415,40 @@ mod properties {
             let mut bytes = text.into_bytes();
             let at = at % (bytes.len() + 1);
             bytes.splice(at..at, noise);
-            if let Ok(res) = parse_response(&Bytes::from(bytes), to_head) {
+            let head = Bytes::from(bytes);
+            let mapped = parse_response(&head, to_head);
+            let raw = parse_response_raw(&head, to_head);
+            if let Ok(res) = &mapped {
                 // A body that ends at the close never leaves the
                 // connection to be reused.
                 prop_assert!(!(res.body == BodyEnd::Close && res.keep_alive));
+            }
+            // Kept as lines, a head is accepted and framed exactly as when
+            // made a header map, and its lines are the map's.
+            match (mapped, raw) {
+                (Ok(mapped), Ok(raw)) => {
+                    prop_assert_eq!(mapped.body, raw.body);
+                    prop_assert_eq!(mapped.keep_alive, raw.keep_alive);
+                    prop_assert_eq!(mapped.parts.status, raw.parts.status);
+                    let lines = raw.parts.extensions.get::<RawHead>().expect("lines kept");
+                    let from_lines: Vec<(String, Vec<u8>)> = lines
+                        .lines()
+                        .map(|(n, v)| (String::from_utf8_lossy(n).to_lowercase(), v.to_vec()))
+                        .collect();
+                    let from_map: Vec<(String, Vec<u8>)> = mapped
+                        .parts
+                        .headers
+                        .iter()
+                        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                        .collect();
+                    let mut from_lines_sorted = from_lines.clone();
+                    from_lines_sorted.sort();
+                    let mut from_map_sorted = from_map;
+                    from_map_sorted.sort();
+                    prop_assert_eq!(from_lines_sorted, from_map_sorted);
+                }
+                (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                (a, b) => prop_assert!(false, "{:?} against {:?}", a.is_ok(), b.is_ok()),
             }
         }
     }

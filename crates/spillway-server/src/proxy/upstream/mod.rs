@@ -29,7 +29,7 @@ use http::header;
 use http::{Method, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
@@ -40,7 +40,9 @@ use super::error::{BoxError, ForwardError};
 use super::forward::Upstream;
 use super::headers::Hop;
 use super::{ProxyBody, ProxyOptions};
-use crate::http1::wire::{BodyEnd, Chunked, MAX_HEAD, head_end, parse_response};
+use crate::http1::wire::{
+    BodyEnd, Chunked, MAX_HEAD, head_end, parse_response, parse_response_raw,
+};
 
 mod body;
 mod pool;
@@ -73,6 +75,10 @@ pub(crate) struct OwnUpstream {
     /// For an HTTP/1.1 client: the deadline of the response head in flight
     /// (one at a time).
     pub(crate) response: ConnDeadline,
+    /// Response heads are kept as they came ([`parse_response_raw`]), for
+    /// a server that writes them so and a policy that reads no response
+    /// header; set for each request by the server that forwards it.
+    pub(crate) raw_heads: AtomicBool,
 }
 
 /// An open connection to the upstream and what has been read from it and
@@ -119,6 +125,7 @@ impl OwnUpstream {
             idle_timeout: options.pool_idle_timeout,
             slots: None,
             response: ConnDeadline::default(),
+            raw_heads: AtomicBool::new(false),
         }
     }
 
@@ -221,7 +228,11 @@ impl OwnUpstream {
             };
             answered = true;
             let raw = conn.read.split_to(end).freeze();
-            let parsed = parse_response(&raw, to_head).map_err(|e| Failed::of(broken(e)))?;
+            let parsed = match self.raw_heads.load(Ordering::Relaxed) {
+                true => parse_response_raw(&raw, to_head),
+                false => parse_response(&raw, to_head),
+            };
+            let parsed = parsed.map_err(|e| Failed::of(broken(e)))?;
             // Interim responses (100 Continue, 103 Early Hints) are not
             // passed on: hyper's server answers the client's `Expect`
             // itself. 101 is the caller's to refuse.
