@@ -74,15 +74,61 @@ EOF
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log" 2>&1 &
 PIDS+=($!)
 
-# Prints "instructions requests" for one run of $1 under load for $2 s.
+# Starts the server to measure on port $2 under callgrind, writing its
+# profile to $3: `nginx` (the peer: limit_req in front of the same
+# upstream, as benches/service.sh configures it, in one process) or a
+# spillway binary. Its PID is left in MEASURED.
+start_measured() {
+    local bin=$1 port=$2 out=$3
+    if [[ $bin == nginx ]]; then
+        local dir=$WORK/ng.$port
+        mkdir -p "$dir"
+        cat >"$dir/nginx.conf" <<EOF
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path $dir; proxy_temp_path $dir;
+    fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
+    limit_req_zone \$binary_remote_addr zone=perip:10m rate=1000000r/s;
+    upstream hello { server 127.0.0.1:$UP_PORT; keepalive 512; }
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            limit_req zone=perip burst=1000000 nodelay;
+            proxy_pass http://hello;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$host;
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Host \$host;
+            proxy_set_header X-Forwarded-Proto \$scheme;
+        }
+    }
+}
+EOF
+        # One process: the worker's work and the master's together.
+        valgrind --tool=callgrind --callgrind-out-file="$out" nginx -p "$dir" \
+            -c "$dir/nginx.conf" -g 'daemon off; master_process off;' \
+            >"$dir/out.log" 2>&1 &
+    else
+        valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" proxy \
+            --config "$HERE/bench.toml" --listen "127.0.0.1:$port" \
+            --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/proxy.$port.log" 2>&1 &
+    fi
+    MEASURED=$!
+}
+
+# Prints "instructions requests" for one run of $1 (see start_measured)
+# under load for $2 s.
 run() {
-    local bin=$1 secs=$2 port out
+    local bin=$1 secs=$2 port out pid
     port=$(free_port)
     out=$WORK/cg.$port
-    valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" proxy \
-        --config "$HERE/bench.toml" --listen "127.0.0.1:$port" \
-        --upstream "http://127.0.0.1:$UP_PORT" >"$WORK/proxy.$port.log" 2>&1 &
-    local pid=$!
+    start_measured "$bin" "$port" "$out"
+    pid=$MEASURED
     PIDS+=("$pid")
     for _ in $(seq 1 200); do
         curl -s -o /dev/null "http://127.0.0.1:$port/" && break
@@ -112,4 +158,9 @@ if [[ $# -ge 1 ]]; then
     other=$(per_request "$1")
     echo "other ($1): $other instructions a proxied request"
     python3 -c "print(f'this / other: {$this / $other:.3f}')"
+fi
+if [[ ${BENCH_NGINX:-1} == 1 ]]; then
+    peer=$(per_request nginx)
+    echo "nginx limit_req (the peer): $peer instructions a proxied request"
+    python3 -c "print(f'this / nginx: {$this / $peer:.3f}')"
 fi

@@ -1088,6 +1088,28 @@ window = "1m"
 action = "degrade"
 "#;
 
+/// The client of a request a `degrade` rule let through learns it from the
+/// rules' marker on the response, one line, whatever the upstream sent
+/// under that name; the rate-limit fields are the rules', one line each.
+#[tokio::test]
+async fn a_degraded_responses_marker_and_fields_are_the_rules_alone() {
+    let upstream = RawUpstream::start(|_| Reply {
+        bytes: b"HTTP/1.1 200 OK\r\nX-Spillway-Limited: forged\r\nx-ratelimit-remaining: 99\r\n\
+                 Content-Length: 2\r\n\r\nok"
+            .to_vec(),
+        close: false,
+    })
+    .await;
+    let mut client = Wire::connect(start_proxy(DEGRADE_LOGINS, upstream.addr).await).await;
+    let first = client.exchange(&get("/login")).await;
+    assert_eq!(first.headers.all("x-ratelimit-remaining"), ["0"]);
+    let second = client.exchange(&get("/login")).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.text(), "ok");
+    assert_eq!(second.headers.all("x-spillway-limited"), ["login"]);
+    assert_eq!(second.headers.all("x-ratelimit-remaining"), ["0"]);
+}
+
 /// The degrade marker tells the upstream a request is over its limit: a
 /// client can neither forge it (on a request no rule marks) nor strip it
 /// (by naming it in `Connection`).

@@ -91,6 +91,8 @@ where
 /// response or a concurrency rule's slot.
 pub(crate) struct Finish {
     pub(crate) fields: RateLimitFields,
+    /// The fields go in the response's extensions ([`FieldsAside`](crate::FieldsAside)).
+    pub(crate) aside: bool,
     pub(crate) limited: Option<HeaderValue>,
     pub(crate) metering: Option<Box<Metering>>,
 }
@@ -102,8 +104,14 @@ impl Finish {
             Some(metering) => metering.start(res),
             None => res.map(ResponseBody::inner),
         };
+        if self.aside {
+            if !self.fields.is_empty() {
+                res.extensions_mut().insert(self.fields);
+            }
+        } else {
+            self.fields.write_to(res.headers_mut());
+        }
         let headers = res.headers_mut();
-        self.fields.write_to(headers);
         if let Some(v) = self.limited {
             headers.insert(crate::X_SPILLWAY_LIMITED, v);
         }

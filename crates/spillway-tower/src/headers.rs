@@ -271,7 +271,7 @@ fn push_param(out: &mut BytesMut, key: &str, value: u64) {
 ///
 /// The values made for one response share one buffer, each field a range
 /// of it, or a value made in advance for the rule's quota.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct RateLimitFields {
     values: BytesMut,
     // Each field's range of `values`, in the order of `NAMES`; empty when

@@ -71,7 +71,8 @@ pub use rules::{
     Policy, RouteCost,
 };
 pub use service::{
-    Draining, HoldCap, HoldPlace, Limited, NotServed, RateLimit, RequestCost, X_SPILLWAY_LIMITED,
+    Draining, FieldsAside, HoldCap, HoldPlace, Limited, NotServed, RateLimit, RequestCost,
+    X_SPILLWAY_LIMITED,
 };
 
 // The crate's README (its crates.io page) is compiled and run as doc tests.

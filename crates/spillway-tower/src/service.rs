@@ -70,6 +70,41 @@ pub struct RequestCost(pub u64);
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NotServed;
 
+/// A request extension, set by a server that writes header lines itself:
+/// the rate-limit fields of the response to an admitted request are set
+/// aside in the response's extensions (a [`RateLimitFields`]), for the
+/// server to write, rather than into its headers, which would be a
+/// [`HeaderMap`](http::HeaderMap) made only to be taken apart again. The
+/// responses the layer makes itself (a 429, a 503) carry their fields in
+/// their headers all the same.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use spillway::Quota;
+/// use spillway::algorithm::TokenBucket;
+/// use spillway_tower::{ClientAddr, FieldsAside, HttpRule, Policy, RateLimitFields, RateLimitLayer};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let ten = NonZeroU32::new(10).unwrap();
+/// let bucket = TokenBucket::new(Quota::per_second(ten), ten);
+/// let layer = RateLimitLayer::in_memory(Policy::new([HttpRule::new("api", bucket)]));
+/// let service = layer.layer(service_fn(|_req: http::Request<()>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+/// }));
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(ClientAddr("192.0.2.1:5000".parse().unwrap()));
+/// req.extensions_mut().insert(FieldsAside);
+/// let res = service.oneshot(req).await.unwrap();
+/// assert!(res.headers().get("ratelimit").is_none());
+/// let fields = res.extensions().get::<RateLimitFields>().unwrap();
+/// assert!(fields.iter().any(|(name, _)| name == "ratelimit"));
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FieldsAside;
+
 /// A request extension, set by a server that can stop: once its watch
 /// turns true (the server is stopping), a request still held for its
 /// shaping turn is not held any longer. It is answered `503 Service
@@ -263,6 +298,7 @@ where
             Ok(Admission::Admitted(fields)) => {
                 let finish = Finish {
                     fields,
+                    aside: parts.extensions.get::<FieldsAside>().is_some(),
                     limited: mark_limited(&mut parts, Vec::new()),
                     metering: None,
                 };
@@ -401,6 +437,7 @@ where
         Outcome::Unlimited => {
             let finish = Finish {
                 fields,
+                aside: parts.extensions.get::<FieldsAside>().is_some(),
                 limited: None,
                 metering: None,
             };
@@ -470,8 +507,10 @@ where
         let budgets: Arc<dyn Budgets> = engine.clone();
         Metering::keeping(budgets, held, prompt, leases).map(Box::new)
     };
+    let aside = parts.extensions.get::<FieldsAside>().is_some();
     let finish = move |metering: Option<Box<Metering>>| Finish {
         fields,
+        aside,
         limited: limited_header,
         metering,
     };

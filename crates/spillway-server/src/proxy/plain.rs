@@ -26,8 +26,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Empty};
-use smallvec::SmallVec;
-use spillway_tower::Draining;
+use spillway_tower::{Draining, FieldsAside, RateLimitFields};
 use tokio::io::AsyncWriteExt;
 
 use super::Connector;
@@ -102,6 +101,8 @@ async fn one<C: Connector>(
     let head_only = parts.method == Method::HEAD;
     let mut req = Request::from_parts(parts, Empty::<Bytes>::new());
     mark(&mut req, client.peer, draining, &relay.held);
+    // The rate-limit fields are written here as lines, not put in a map.
+    req.extensions_mut().insert(FieldsAside);
     let engine = relay.proxy.shared.current();
     // The upstream's response head is written as it came, unless a rule
     // reads the response (a budget measures it, a concurrency rule holds
@@ -150,16 +151,24 @@ async fn respond(
     wire::put_status_line(out, status);
     let mut date = false;
     let mut declared = None;
+    let fields = parts.extensions.get::<RateLimitFields>();
     if let Some(raw) = parts.extensions.get::<RawHead>() {
         // The upstream's lines as it sent them (what the proxy does not pass
         // on already left out), but those the rules wrote again.
-        let ours: SmallVec<[&[u8]; 8]> = parts
-            .headers
-            .keys()
-            .map(|name| name.as_str().as_bytes())
-            .collect();
+        let written = |name: &[u8]| {
+            let field = fields.is_some_and(|fields| {
+                is_rate_limit_name(name)
+                    && fields
+                        .iter()
+                        .any(|(field, _)| name.eq_ignore_ascii_case(field.as_str().as_bytes()))
+            });
+            // Empty but for a response a `degrade` rule marked.
+            field
+                || (!parts.headers.is_empty()
+                    && std::str::from_utf8(name).is_ok_and(|n| parts.headers.contains_key(n)))
+        };
         for (name, value) in raw.lines() {
-            if !ours.iter().any(|o| name.eq_ignore_ascii_case(o)) {
+            if !written(name) {
                 date |= name.eq_ignore_ascii_case(b"date");
                 wire::put_header(out, name, value);
             }
@@ -173,6 +182,11 @@ async fn respond(
         } else if name != header::TRANSFER_ENCODING && name != header::CONNECTION {
             date |= name == header::DATE;
             wire::put_header(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    if let Some(fields) = fields {
+        for (name, value) in fields.iter() {
+            wire::put_header(out, name.as_str().as_bytes(), value);
         }
     }
     let no_body = status.is_informational() || status == StatusCode::NO_CONTENT;
@@ -236,6 +250,16 @@ async fn respond(
             None => ended = true,
         }
     }
+}
+
+/// Whether `name` may be one of the rate-limit fields' (`X-RateLimit-*`,
+/// `RateLimit`, `RateLimit-Policy`): a cheap test before the exact one.
+fn is_rate_limit_name(name: &[u8]) -> bool {
+    let rest = match name {
+        [b'x' | b'X', b'-', rest @ ..] => rest,
+        rest => rest,
+    };
+    rest.len() >= 9 && rest[..9].eq_ignore_ascii_case(b"ratelimit")
 }
 
 /// A `Content-Length` value.

@@ -1,12 +1,13 @@
 //! The proxy's path for clients it accepts itself: each HTTP/1.1 client
-//! connection is served by hyper's HTTP/1.1 server and forwarded over one
-//! upstream connection of its own ([`upstream`](super::upstream)), both
+//! connection is served by the proxy's own server while its requests are
+//! plain ([`plain`]), then by hyper's HTTP/1.1 server, and forwarded over
+//! one upstream connection of its own ([`upstream`](super::upstream)), all
 //! driven in the connection's task; each HTTP/2 client connection (prior
 //! knowledge) by hyper's HTTP/2 server, its requests over upstream
 //! connections of its own, driven in the requests' tasks, within the pool's
 //! cap for all HTTP/2 clients ([`Pool`]).
 //!
-//! hyper parses every byte the client sends; the request reaches the
+//! hyper parses every request that is not plain; the request reaches the
 //! upstream written from the parts the rules decided on, its body decoded
 //! and framed again by the proxy (`Content-Length` or chunked, from what
 //! hyper parsed), never as the client's bytes. The rate limiter sees each
