@@ -23,7 +23,7 @@ use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderValue};
-use http::{Method, Request, StatusCode};
+use http::{Extensions, Method, Request, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Empty};
 use spillway_tower::{Draining, FieldsAside, RateLimitFields};
@@ -52,7 +52,18 @@ pub(crate) async fn serve<C: Connector>(
     forward: &Arc<Forward<C>>,
     mut client: Client,
 ) -> Left {
-    let draining = Draining::new(client.closing.receiver());
+    // What the rules read of the connection, made once: each request gets
+    // a copy, one allocation of the right size where four inserts grow it.
+    let mut marks = Request::new(());
+    mark(
+        &mut marks,
+        client.peer,
+        &Draining::new(client.closing.receiver()),
+        &relay.held,
+    );
+    // The rate-limit fields are written here as lines, not put in a map.
+    marks.extensions_mut().insert(FieldsAside);
+    let marks = marks.into_parts().0.extensions;
     loop {
         let head_len = match client.read_head().await {
             Ok(Some(len)) => len,
@@ -67,7 +78,7 @@ pub(crate) async fn serve<C: Connector>(
             put_back(&mut client.buf, &head);
             return Left::NotPlain(Box::new(client));
         };
-        match one(relay, forward, &mut client, plain, &draining).await {
+        match one(relay, forward, &mut client, plain, &marks).await {
             Ok(true) => {}
             Ok(false) => break,
             Err(e) => {
@@ -95,14 +106,12 @@ async fn one<C: Connector>(
     forward: &Arc<Forward<C>>,
     client: &mut Client,
     plain: Plain,
-    draining: &Draining,
+    marks: &Extensions,
 ) -> io::Result<bool> {
     let Plain { parts, keep_alive } = plain;
     let head_only = parts.method == Method::HEAD;
     let mut req = Request::from_parts(parts, Empty::<Bytes>::new());
-    mark(&mut req, client.peer, draining, &relay.held);
-    // The rate-limit fields are written here as lines, not put in a map.
-    req.extensions_mut().insert(FieldsAside);
+    *req.extensions_mut() = marks.clone();
     let engine = relay.proxy.shared.current();
     // The upstream's response head is written as it came, unless a rule
     // reads the response (a budget measures it, a concurrency rule holds
