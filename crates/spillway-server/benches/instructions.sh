@@ -22,6 +22,8 @@ set -euo pipefail
 SHORT=${BENCH_SHORT:-5}
 LONG=${BENCH_LONG:-20}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=nginx_peer.sh
+source "$HERE/nginx_peer.sh"
 ROOT=$(cd "$HERE/../../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 WORK=$(mktemp -d /tmp/spillway-instructions.XXXXXX)
@@ -92,20 +94,10 @@ http {
     keepalive_requests 1000000;
     client_body_temp_path $dir; proxy_temp_path $dir;
     fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
-    limit_req_zone \$binary_remote_addr zone=perip:10m rate=1000000r/s;
-    upstream hello { server 127.0.0.1:$UP_PORT; keepalive 512; }
+$(peer_http_lines "$UP_PORT")
     server {
         listen 127.0.0.1:$port;
-        location / {
-            limit_req zone=perip burst=1000000 nodelay;
-            proxy_pass http://hello;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host \$host;
-            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-            proxy_set_header X-Forwarded-Host \$host;
-            proxy_set_header X-Forwarded-Proto \$scheme;
-        }
+$(peer_location)
     }
 }
 EOF

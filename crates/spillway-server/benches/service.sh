@@ -58,6 +58,8 @@ KEYS=${BENCH_KEYS:-10000}
 PIN=${BENCH_PIN:-0}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=nginx_peer.sh
+source "$HERE/nginx_peer.sh"
 ROOT=$(cd "$HERE/../../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 TOOLS=${BENCH_TOOLS:-$TARGET/bench-tools}
@@ -415,25 +417,13 @@ UP_STATUS="http://127.0.0.1:$UP_PORT/upstream-status"
 # The peer: limit_req with a zone that never denies, proxying with pooled
 # keep-alive connections and the X-Forwarded-* headers spillway proxy writes.
 nginx_conf "$WORK/ng" "$NGINX_WORKERS" <<EOF
-    limit_req_zone \$binary_remote_addr zone=perip:10m rate=1000000r/s;
-    # Room for every request in flight (HTTP/2: connections x streams), so
-    # that none opens an upstream connection of its own.
-    upstream hello { server 127.0.0.1:$UP_PORT; keepalive 512; }
+$(peer_http_lines "$UP_PORT")
     server {
         listen 127.0.0.1:$NG_PORT;
         # HTTP/2 without TLS (prior knowledge), for part 4.
         listen 127.0.0.1:$NG_H2_PORT http2;
         http2_max_concurrent_streams 100;
-        location / {
-            limit_req zone=perip burst=1000000 nodelay;
-            proxy_pass http://hello;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host \$host;
-            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-            proxy_set_header X-Forwarded-Host \$host;
-            proxy_set_header X-Forwarded-Proto \$scheme;
-        }
+$(peer_location)
     }
 EOF
 # Run in the foreground (daemon off), so that $! is the master's PID.

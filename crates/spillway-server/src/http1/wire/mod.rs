@@ -90,16 +90,23 @@ pub(crate) struct RequestLine {
 /// Parses a complete request head (`head` ends with its blank line) into
 /// its parts, the headers sharing `head`'s memory.
 pub(crate) fn parse_request(head: &Bytes) -> Result<Parts, WireError> {
-    parse_head(head, |line, lines| {
-        let uri = Uri::from_maybe_shared(line.target)
-            .map_err(|_| WireError::Malformed("bad request target"))?;
-        let (mut parts, ()) = Request::new(()).into_parts();
-        parts.method = line.method;
-        parts.uri = uri;
-        parts.version = line.version;
-        parts.headers = header_map(head, lines, FORWARDING_ROOM)?;
-        Ok(parts)
-    })
+    parse_head(head, |line, lines| request_parts(head, line, lines))
+}
+
+/// A parsed request head's parts, the headers sharing `head`'s memory.
+fn request_parts(
+    head: &Bytes,
+    line: RequestLine,
+    lines: &[httparse::Header<'_>],
+) -> Result<Parts, WireError> {
+    let uri = Uri::from_maybe_shared(line.target)
+        .map_err(|_| WireError::Malformed("bad request target"))?;
+    let (mut parts, ()) = Request::new(()).into_parts();
+    parts.method = line.method;
+    parts.uri = uri;
+    parts.version = line.version;
+    parts.headers = header_map(head, lines, FORWARDING_ROOM)?;
+    Ok(parts)
 }
 
 /// A plain request: HTTP/1.1, no body, no `Expect`, no `Upgrade`, not
@@ -130,17 +137,9 @@ pub(crate) fn parse_plain_request(head: &Bytes) -> Option<Plain> {
         if !plain {
             return Ok(None);
         }
-        let uri = Uri::from_maybe_shared(line.target)
-            .map_err(|_| WireError::Malformed("bad request target"))?;
-        let (mut parts, ()) = Request::new(()).into_parts();
-        parts.method = line.method;
-        parts.uri = uri;
-        parts.version = line.version;
-        parts.headers = header_map(head, lines, FORWARDING_ROOM)?;
-        Ok(Some(Plain {
-            parts,
-            keep_alive: line.keep_alive,
-        }))
+        let keep_alive = line.keep_alive;
+        let parts = request_parts(head, line, lines)?;
+        Ok(Some(Plain { parts, keep_alive }))
     });
     parsed.ok().flatten()
 }
