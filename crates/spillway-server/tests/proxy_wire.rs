@@ -720,6 +720,36 @@ async fn repeated_header_lines_keep_every_value_in_order_both_ways() {
     assert_eq!(upstream.seen()[0].request.headers.list("x-tag"), ["a", "b"]);
 }
 
+/// A request head over 64 KiB is refused (431) and never forwarded, even
+/// when its end arrives in one read after most of it: the limit holds for
+/// the head, not for the buffer before the last read (it once let heads of
+/// up to 128 KiB through).
+#[tokio::test]
+async fn a_head_over_the_limit_is_refused_however_it_arrives() {
+    let upstream = RawUpstream::echo().await;
+    let proxy = start_proxy(GENEROUS, upstream.addr).await;
+    for size in [70_000, 100_000, 125_000] {
+        let mut head = b"GET /big HTTP/1.1\r\nHost: spillway.test\r\nX-Big: ".to_vec();
+        head.resize(size, b'a');
+        head.extend_from_slice(b"\r\n\r\n");
+        let mut client = Wire::connect(proxy).await;
+        client.send(&head[..62_000]).await.expect("sent");
+        tokio::time::sleep(PAUSE).await;
+        // The rest in one piece: one read may take it all.
+        let answered = async {
+            client.send(&head[62_000..]).await.ok()?;
+            client.response("GET").await
+        };
+        let response = within("the refusal", answered).await;
+        assert_eq!(
+            response.map(|r| r.status),
+            Some(431),
+            "a head of {size} bytes"
+        );
+    }
+    assert!(upstream.targets().is_empty(), "{:?}", upstream.targets());
+}
+
 #[tokio::test]
 async fn mangled_requests_get_4xx_or_an_answer_and_never_hang_or_break_the_proxy() {
     let upstream = RawUpstream::echo().await;

@@ -130,9 +130,13 @@ pub(crate) fn parse_plain_request(head: &Bytes) -> Option<Plain> {
             && !line.expects_continue
             && line.method != Method::CONNECT
             // An `Expect` other than 100-continue and an `Upgrade` are
-            // what another server reads its own way.
+            // what another server reads its own way; so is a length given
+            // as a list (`0, 0`), which RFC 9110 lets a recipient take and
+            // hyper refuses.
             && !lines.iter().any(|l| {
-                l.name.eq_ignore_ascii_case("expect") || l.name.eq_ignore_ascii_case("upgrade")
+                l.name.eq_ignore_ascii_case("expect")
+                    || l.name.eq_ignore_ascii_case("upgrade")
+                    || (l.name.eq_ignore_ascii_case("content-length") && l.value.contains(&b','))
             });
         if !plain {
             return Ok(None);

@@ -65,6 +65,8 @@ fn a_plain_request_has_no_body_nothing_unusual_and_parses() {
         "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
         "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 1\r\n\r\n",
         "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: +0\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0, 0\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0,0\r\nContent-Length: 00\r\n\r\n",
         "GET / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n",
         "GET / HTTP/1.1\r\nHost: x\r\nEXPECT: something-else\r\n\r\n",
         "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
