@@ -137,7 +137,9 @@ impl FrontProxy {
                     .arg(&dir)
                     .arg("-c")
                     .arg(dir.join("nginx.conf"))
-                    .args(["-g", "daemon off;"]);
+                    // One process: killing a master leaves its workers
+                    // running, listening, after the test.
+                    .args(["-g", "daemon off; master_process off;"]);
             }
             Front::Caddy => {
                 render("Caddyfile");
