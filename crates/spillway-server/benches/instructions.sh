@@ -56,22 +56,11 @@ free_port() {
 SPILLWAY=$TARGET/release/spillway
 
 UP_PORT=$(free_port)
-mkdir -p "$WORK/up"
-cat >"$WORK/up/nginx.conf" <<EOF
-worker_processes 1;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $WORK/up; proxy_temp_path $WORK/up;
-    fastcgi_temp_path $WORK/up; uwsgi_temp_path $WORK/up; scgi_temp_path $WORK/up;
+nginx_conf "$WORK/up" 1 <<EOF
     server {
         listen 127.0.0.1:$UP_PORT;
         location / { default_type text/plain; return 200 "hello\n"; }
     }
-}
 EOF
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;' >"$WORK/up/out.log" 2>&1 &
 PIDS+=($!)
@@ -84,22 +73,12 @@ start_measured() {
     local bin=$1 port=$2 out=$3
     if [[ $bin == nginx ]]; then
         local dir=$WORK/ng.$port
-        mkdir -p "$dir"
-        cat >"$dir/nginx.conf" <<EOF
-pid $dir/nginx.pid;
-error_log $dir/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $dir; proxy_temp_path $dir;
-    fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
+        nginx_conf "$dir" 1 <<EOF
 $(peer_http_lines "$UP_PORT")
     server {
         listen 127.0.0.1:$port;
 $(peer_location)
     }
-}
 EOF
         # One process: the worker's work and the master's together.
         valgrind --tool=callgrind --callgrind-out-file="$out" nginx -p "$dir" \

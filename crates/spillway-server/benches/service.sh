@@ -103,29 +103,6 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# Writes $1/nginx.conf for an nginx with $2 workers, its state and temporary
-# files in $1, no access log and no limit on keep-alive requests; the http
-# block's own lines (servers, zones, upstreams) come from standard input.
-nginx_conf() {
-    local dir=$1 workers=$2
-    mkdir -p "$dir"
-    {
-        cat <<EOF
-worker_processes $workers;
-pid $dir/nginx.pid;
-error_log $dir/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path $dir; proxy_temp_path $dir;
-    fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
-EOF
-        cat
-        echo "}"
-    } >"$dir/nginx.conf"
-}
-
 # Waits up to 10 s for `curl ARGS...` to succeed.
 wait_for() {
     for _ in $(seq 100); do
